@@ -1,0 +1,198 @@
+//! The command lines of `pipette-run` and `pipette`, and nothing else: parsing is kept
+//! apart from the stages, which receive plain values.
+
+pub mod options;
+pub mod torchrun;
+
+pub use options::{DiscoveryOptions, ModelOptions, OutputOptions};
+pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
+
+use clap::{Parser, Subcommand};
+
+/// Exit codes, shown at the end of every `--help`.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0   success
+  2   malformed command line (as torchrun)
+  65  the Megatron arguments after SCRIPT (or --model) describe an impossible model or run
+  66  the node list is malformed (Slurm/PBS variables, --hostfile, --hosts, --include/--exclude)
+  67  the cluster profile file (--cluster) is missing, malformed or inconsistent
+  68  a node could not be reached
+  69  no parallel configuration fits in GPU memory
+  70  internal error (a bug: please report it)
+  71  not supported by this version yet (launching: use --dry-run)
+  other  the exit code of the first training worker that failed";
+
+/// Replace `torchrun` with `pipette-run` in a job script: it discovers the allocated
+/// nodes, measures them, plans tensor/pipeline/data parallelism, micro-batch and the
+/// placement of every rank on a GPU, then launches torchrun on every node.
+///
+/// Everything after SCRIPT belongs to the script: pipette-run reads the model and
+/// training settings from the Megatron arguments there and rewrites only the parallel
+/// ones.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "pipette-run",
+    version,
+    after_help = EXIT_CODES_HELP,
+    override_usage = "pipette-run [TORCHRUN OPTIONS] [PIPETTE OPTIONS] SCRIPT [SCRIPT ARGS]...",
+    max_term_width = 100
+)]
+pub struct RunCli {
+    #[command(flatten)]
+    pub pipette: OutputOptions,
+
+    #[command(flatten)]
+    pub discovery: DiscoveryOptions,
+
+    #[command(flatten)]
+    pub model: ModelOptions,
+
+    #[command(flatten)]
+    pub torchrun: TorchrunOptions,
+
+    /// The training script (or module with -m, or program with --no-python), followed
+    /// by its own arguments. Nothing after SCRIPT is read as a pipette-run option
+    #[arg(
+        value_name = "SCRIPT [SCRIPT ARGS]",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true
+    )]
+    pub command: Vec<String>,
+}
+
+impl RunCli {
+    /// The training script (or module, or program).
+    pub fn script(&self) -> &str {
+        // `num_args = 1..` with `required = true` guarantees one element.
+        self.command.first().map(String::as_str).unwrap_or_default()
+    }
+
+    /// The arguments that belong to the script, untouched.
+    pub fn script_args(&self) -> &[String] {
+        self.command.get(1..).unwrap_or_default()
+    }
+}
+
+/// Plan LLM training on a cluster without launching it: inspect nodes, cluster files
+/// and model settings. `pipette-run` is the launcher.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "pipette", version, after_help = EXIT_CODES_HELP, max_term_width = 100)]
+pub struct PipetteCli {
+    #[command(subcommand)]
+    pub command: PipetteCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum PipetteCommand {
+    /// Show the nodes pipette-run would use here (Slurm, PBS, --hostfile, --hosts, or
+    /// this machine), after --include/--exclude
+    Discover {
+        #[command(flatten)]
+        discovery: DiscoveryOptions,
+        #[command(flatten)]
+        output: OutputOptions,
+    },
+    /// Read and validate a cluster profile file (pipette's schema, the original
+    /// Pipette bandwidth file, or mpiGraph's output) and summarise it
+    Cluster {
+        /// The file to read
+        #[arg(value_name = "FILE")]
+        file: std::path::PathBuf,
+        #[command(flatten)]
+        output: OutputOptions,
+    },
+    /// Show the model and training settings read from Megatron arguments or a preset,
+    /// with the exact parameter count: `pipette model --model llama2-7b -- --seq-length 2048`
+    Model {
+        #[command(flatten)]
+        model: ModelOptions,
+        #[command(flatten)]
+        output: OutputOptions,
+        /// Megatron arguments, as they would follow SCRIPT
+        #[arg(last = true, value_name = "MEGATRON ARGS")]
+        megatron_args: Vec<String>,
+    },
+    /// List the model presets usable with --model
+    Presets {
+        #[command(flatten)]
+        output: OutputOptions,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every long option of torchrun in PyTorch's `torch/distributed/run.py` (2.9), with
+    /// the spellings it accepts, plus `--shutdown-timeout`, `--virtual-local-rank` and
+    /// the duplicate filters of later releases.
+    const TORCHRUN_LONG: &[&str] = &[
+        "nnodes", "nproc-per-node", "nproc_per_node", "rdzv-backend", "rdzv_backend",
+        "rdzv-endpoint", "rdzv_endpoint", "rdzv-id", "rdzv_id", "rdzv-conf", "rdzv_conf",
+        "standalone", "max-restarts", "max_restarts", "monitor-interval", "monitor_interval",
+        "start-method", "start_method", "event-log-handler", "event_log_handler", "role",
+        "module", "no-python", "no_python", "run-path", "run_path", "log-dir", "log_dir",
+        "redirects", "tee", "local-ranks-filter", "local_ranks_filter", "node-rank",
+        "node_rank", "master-addr", "master_addr", "master-port", "master_port",
+        "local-addr", "local_addr", "logs-specs", "logs_specs", "numa-binding",
+        "numa_binding", "signals-to-handle", "signals_to_handle", "shutdown-timeout",
+        "shutdown_timeout", "virtual-local-rank", "virtual_local_rank",
+        "duplicate-stdout-filters", "duplicate_stdout_filters", "duplicate-stderr-filters",
+        "duplicate_stderr_filters",
+    ];
+
+    fn long_names(arg: &clap::Arg) -> Vec<String> {
+        let mut names: Vec<String> = arg.get_long().into_iter().map(String::from).collect();
+        names.extend(arg.get_all_aliases().unwrap_or_default().into_iter().map(String::from));
+        names
+    }
+
+    fn is_torchrun(arg: &clap::Arg) -> bool {
+        arg.get_help_heading()
+            .is_some_and(|h| h.starts_with("torchrun options"))
+    }
+
+    #[test]
+    fn torchrun_options_are_exactly_torchruns() {
+        let cmd = RunCli::command();
+        let mut ours: Vec<String> = cmd
+            .get_arguments()
+            .filter(|a| is_torchrun(a))
+            .flat_map(long_names)
+            .collect();
+        let mut theirs: Vec<String> = TORCHRUN_LONG.iter().map(|s| s.to_string()).collect();
+        ours.sort();
+        theirs.sort();
+        assert_eq!(ours, theirs);
+    }
+
+    #[test]
+    fn pipette_options_never_collide_with_torchruns() {
+        let cmd = RunCli::command();
+        for arg in cmd.get_arguments().filter(|a| !is_torchrun(a)) {
+            for name in long_names(arg) {
+                assert!(
+                    !TORCHRUN_LONG.contains(&name.as_str()),
+                    "--{name} is a torchrun option"
+                );
+                // argparse accepts unambiguous prefixes: ours must not be one of theirs.
+                assert!(
+                    !TORCHRUN_LONG.iter().any(|t| t.starts_with(name.as_str())),
+                    "--{name} is a prefix of a torchrun option"
+                );
+            }
+            if let Some(short) = arg.get_short() {
+                assert!(!['m', 'r', 't'].contains(&short), "-{short} is torchrun's");
+            }
+        }
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        RunCli::command().debug_assert();
+        PipetteCli::command().debug_assert();
+    }
+}

@@ -1,0 +1,1 @@
+//! Readers for bandwidth files written by other tools (original Pipette, mpiGraph).

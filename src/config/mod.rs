@@ -1,0 +1,126 @@
+//! The model and training settings of a run, read from the user's own Megatron
+//! arguments (everything after SCRIPT) or from a preset (`--model NAME`).
+//!
+//! Owns: the Megatron argument vocabulary we understand, Megatron's defaults and
+//! derivations (ffn size, kv channels, vocabulary padding), the presets, and which
+//! parallel settings the user pinned. Must not touch the cluster or plan anything.
+
+pub mod megatron;
+pub mod presets;
+
+pub use megatron::{settings_from_megatron_args, ArgsError};
+
+use serde::{Deserialize, Serialize};
+
+/// Everything the planner needs to know about what is trained and how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    pub model: ModelSpec,
+    pub training: TrainingSettings,
+    /// Parallel settings the user fixed; the planner searches only the rest.
+    pub constraints: Constraints,
+}
+
+/// The architecture of a dense GPT- or Llama-style transformer, as Megatron builds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    /// The preset's name, when the model came from `--model`.
+    pub preset: Option<String>,
+    pub num_layers: u64,
+    pub hidden_size: u64,
+    pub ffn_hidden_size: u64,
+    pub num_attention_heads: u64,
+    /// Key/value heads: equal to the attention heads unless grouped-query attention is on.
+    pub num_query_groups: u64,
+    /// Width of one attention head (`hidden / heads` unless `--kv-channels` says otherwise).
+    pub kv_channels: u64,
+    pub seq_length: u64,
+    pub max_position_embeddings: u64,
+    /// The tokenizer's vocabulary before Megatron pads it.
+    pub vocab_size: u64,
+    /// Megatron pads the vocabulary to a multiple of this times the tensor-parallel size.
+    pub make_vocab_size_divisible_by: u64,
+    pub swiglu: bool,
+    pub untie_embeddings_and_output_weights: bool,
+    pub normalization: Normalization,
+    /// Biases on the linear layers (`--disable-bias-linear` turns them off).
+    pub add_bias_linear: bool,
+    /// Bias on the QKV projection (follows `add_bias_linear` unless `--add-qkv-bias`).
+    pub add_qkv_bias: bool,
+    pub position_embedding: PositionEmbedding,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Normalization {
+    LayerNorm,
+    RMSNorm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PositionEmbedding {
+    /// Learned absolute positions (`learned_absolute`): a `max_positions × hidden` table.
+    LearnedAbsolute,
+    Rope,
+    None,
+}
+
+/// How the run trains: batch sizes, precision, memory-saving options, checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainingSettings {
+    pub global_batch_size: u64,
+    /// The user's micro-batch; a hint unless pinned.
+    pub micro_batch_size: u64,
+    pub precision: Precision,
+    pub recompute: Recompute,
+    pub sequence_parallel: bool,
+    pub distributed_optimizer: bool,
+    pub train_iters: Option<u64>,
+    pub save: Option<String>,
+    pub load: Option<String>,
+    pub save_interval: Option<u64>,
+    /// The parallel sizes the user wrote (hints unless pinned).
+    pub tensor_parallel: u64,
+    pub pipeline_parallel: u64,
+    pub virtual_pipeline: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    Bf16,
+    Fp16,
+    Fp32,
+}
+
+/// Activation recomputation, as Megatron's `--recompute-*` options say it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "granularity", rename_all = "snake_case")]
+pub enum Recompute {
+    None,
+    Selective,
+    Full {
+        method: RecomputeMethod,
+        num_layers: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecomputeMethod {
+    Uniform,
+    Block,
+}
+
+/// Parallel settings fixed by the user (`--pin`); `None` means "the planner chooses".
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Constraints {
+    pub tensor_parallel: Option<u64>,
+    pub pipeline_parallel: Option<u64>,
+    pub data_parallel: Option<u64>,
+    pub micro_batch_size: Option<u64>,
+    pub virtual_pipeline: Option<u64>,
+    pub sequence_parallel: Option<bool>,
+    pub recompute: Option<Recompute>,
+    pub distributed_optimizer: Option<bool>,
+}

@@ -1,0 +1,1 @@
+//! Named models for use without a script (`--model NAME`).

@@ -1,0 +1,72 @@
+//! The top-level error and the exit codes users and job scripts can rely on.
+//!
+//! Every stage has its own error type; this module only gathers them and says which
+//! exit code each class of failure gets. Codes are documented in the README.
+
+use crate::cluster::{DiscoveryError, ProfileError};
+use crate::config::ArgsError;
+
+/// Exit codes of `pipette-run` and `pipette`.
+///
+/// `2` matches torchrun (argparse) for a malformed command line; the others follow
+/// `sysexits.h` in spirit and never collide with a command-line error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitCode {
+    Success = 0,
+    /// A malformed pipette-run or torchrun option (the same code torchrun uses).
+    Usage = 2,
+    /// The Megatron arguments after SCRIPT (or a preset) describe an impossible model or run.
+    ModelArgs = 65,
+    /// The node list could not be read: Slurm/PBS variables, hostfile, --hosts, --include/--exclude.
+    NodeList = 66,
+    /// The cluster profile file is missing, malformed or inconsistent.
+    ClusterFile = 67,
+    /// A node could not be reached (profiling, launch).
+    Unreachable = 68,
+    /// No parallel configuration fits in the GPUs' memory.
+    NothingFits = 69,
+    /// A bug in pipette-run: please report it.
+    Internal = 70,
+    /// This version cannot do what was asked yet (launching comes with a later version).
+    Unsupported = 71,
+}
+
+impl ExitCode {
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+/// Everything that can stop pipette-run before it launches anything.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    ModelArgs(#[from] ArgsError),
+    #[error(transparent)]
+    NodeList(#[from] DiscoveryError),
+    #[error(transparent)]
+    ClusterFile(#[from] ProfileError),
+    /// The cluster file and the allocation disagree.
+    #[error("{0}")]
+    ClusterMismatch(String),
+    /// Asked for something this version cannot do yet.
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("internal error: {0} (this is a bug in pipette-run; please report it)")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            Error::Usage(_) => ExitCode::Usage,
+            Error::ModelArgs(_) => ExitCode::ModelArgs,
+            Error::NodeList(_) => ExitCode::NodeList,
+            Error::ClusterFile(_) | Error::ClusterMismatch(_) => ExitCode::ClusterFile,
+            Error::Unsupported(_) => ExitCode::Unsupported,
+            Error::Internal(_) => ExitCode::Internal,
+        }
+    }
+}

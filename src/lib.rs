@@ -1,0 +1,29 @@
+//! pipette-run: a drop-in replacement for `torchrun` that plans how to train.
+//!
+//! Data flows one way through the stages; each stage takes the previous stage's
+//! value and returns a new one:
+//!
+//! ```text
+//! Cli ─▶ Settings ─▶ ClusterSpec ─▶ ClusterProfile ─▶ Plan ─▶ LaunchSpec ─▶ RunningJob ─▶ Outcome
+//!        (config)     (cluster)      (cluster)         (plan)  (render)     (launch)      (supervise)
+//! ```
+//!
+//! - [`cli`] owns the command lines (torchrun's options, pipette's own) and nothing else.
+//! - [`config`] turns the user's Megatron arguments (or a preset) into [`config::Settings`].
+//! - [`cluster`] discovers the allocated nodes ([`cluster::ClusterSpec`]) and reads and
+//!   validates cluster profile files ([`cluster::ClusterProfile`]).
+//! - [`model`] holds the pure cost models (parameter counts so far).
+//! - [`report`] shows stage values to people (tables) and to tools (JSON).
+//! - [`error`] is the one top-level error, which maps every failure to an exit code.
+//!
+//! The binaries in `src/bin` only parse arguments, call [`app`], and exit.
+
+pub mod app;
+pub mod cli;
+pub mod cluster;
+pub mod config;
+pub mod error;
+pub mod model;
+pub mod report;
+
+pub use error::{Error, ExitCode};

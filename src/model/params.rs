@@ -1,0 +1,1 @@
+//! Exact parameter counts of a Megatron GPT model.

@@ -1,0 +1,312 @@
+//! What `pipette-run --dry-run` shows: every input pipette-run found, before planning.
+
+use comfy_table::{presets::NOTHING, CellAlignment, Table};
+use serde::Serialize;
+
+use crate::cluster::NodeSource;
+use crate::config::{
+    Constraints, ModelSpec, Normalization, PositionEmbedding, Precision, Recompute,
+    TrainingSettings,
+};
+
+use super::{device_ranges, short_count, thousands};
+
+/// Everything a dry run found, in the order the stages found it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DryRunReport {
+    pub nodes: NodesSection,
+    /// The cluster profile file, when one was given.
+    pub cluster_profile: Option<ProfileSummary>,
+    pub script: ScriptSection,
+    pub model: ModelSection,
+    pub training: TrainingSettings,
+    /// Parallel settings the user pinned with `--pin`.
+    pub constraints: Constraints,
+    /// torchrun options that differ from torchrun's defaults; handed on to torchrun.
+    pub torchrun_passthrough: Vec<String>,
+    /// The plan; `null` until the planner lands.
+    pub plan: Option<serde_json::Value>,
+    /// What this version did and did not do.
+    pub status: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NodesSection {
+    pub source: NodeSource,
+    pub job_id: Option<String>,
+    pub hosts: Vec<HostLine>,
+    /// Total workers (GPUs) across nodes, when every node's count is known.
+    pub world_size: Option<u64>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HostLine {
+    pub host: String,
+    /// Workers (one per GPU) pipette-run would start here; `null` when unknown.
+    pub workers: Option<u32>,
+    /// The device indices the node may use, when discovery restricted them.
+    pub devices: Option<Vec<u32>>,
+    /// The GPU model, from the cluster profile.
+    pub gpu: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProfileSummary {
+    pub path: String,
+    pub nodes: usize,
+    pub gpus: usize,
+    /// Distinct GPU models, e.g. `["A100-SXM4-80GB"]`.
+    pub gpu_models: Vec<String>,
+    /// Slowest and fastest attained node-to-node bandwidth, GB/s.
+    pub node_link_gbps: Option<(f64, f64)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScriptSection {
+    pub program: String,
+    /// `python`, `module` (-m), `no-python` or `run-path`.
+    pub launch: &'static str,
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelSection {
+    #[serde(flatten)]
+    pub spec: ModelSpec,
+    /// Exact parameter count of Megatron's GPT model (tensor-parallel size 1).
+    pub parameters: u64,
+    pub padded_vocab_size: u64,
+}
+
+impl DryRunReport {
+    /// The report as people read it.
+    pub fn to_human(&self) -> String {
+        let mut out = String::new();
+        self.write_nodes(&mut out);
+        self.write_model(&mut out);
+        self.write_training(&mut out);
+        self.write_launch(&mut out);
+        out.push('\n');
+        out.push_str(&self.status);
+        out.push('\n');
+        out
+    }
+
+    fn write_nodes(&self, out: &mut String) {
+        let n = &self.nodes;
+        let source = match &n.source {
+            NodeSource::Slurm { variable } => format!("Slurm ({variable})"),
+            NodeSource::Pbs { path } => format!("PBS ({path})"),
+            NodeSource::Hostfile { path } => format!("hostfile {path}"),
+            NodeSource::Hosts => "--hosts".to_string(),
+            NodeSource::Local => "this machine (no allocation found)".to_string(),
+            NodeSource::ClusterFile { path } => format!("cluster file {path}"),
+        };
+        let job = n
+            .job_id
+            .as_ref()
+            .map(|id| format!(", job {id}"))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "Nodes: {} from {source}{job}\n",
+            n.hosts.len()
+        ));
+        let mut table = Table::new();
+        table.load_preset(NOTHING);
+        table.set_header(vec!["  host", "workers", "devices", "gpu"]);
+        for h in &n.hosts {
+            table.add_row(vec![
+                format!("  {}", h.host),
+                h.workers.map_or("?".to_string(), |w| w.to_string()),
+                h.devices
+                    .as_deref()
+                    .map_or("any".to_string(), device_ranges),
+                h.gpu.clone().unwrap_or_else(|| "-".to_string()),
+            ]);
+        }
+        if let Some(col) = table.column_mut(1) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+        for line in table.lines() {
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        match n.world_size {
+            Some(w) => out.push_str(&format!("  world size {w}\n")),
+            None => out.push_str(
+                "  world size unknown (give --nproc-per-node N, or a --cluster file with the GPUs)\n",
+            ),
+        }
+        for w in &n.warnings {
+            out.push_str(&format!("  warning: {w}\n"));
+        }
+        if let Some(p) = &self.cluster_profile {
+            let links = p
+                .node_link_gbps
+                .map(|(lo, hi)| format!(", node links {lo:.1}–{hi:.1} GB/s"))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "Cluster profile: {} ({} nodes, {} GPUs: {}{links})\n",
+                p.path,
+                p.nodes,
+                p.gpus,
+                if p.gpu_models.is_empty() {
+                    "models unknown".to_string()
+                } else {
+                    p.gpu_models.join(", ")
+                }
+            ));
+        }
+    }
+
+    fn write_model(&self, out: &mut String) {
+        let m = &self.model;
+        let s = &m.spec;
+        let name = s
+            .preset
+            .as_ref()
+            .map(|p| format!("{p} — "))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "\nModel: {name}{} parameters ({})\n",
+            thousands(m.parameters),
+            short_count(m.parameters)
+        ));
+        let groups = if s.num_query_groups == s.num_attention_heads {
+            String::new()
+        } else {
+            format!(", {} query groups", s.num_query_groups)
+        };
+        out.push_str(&format!(
+            "  {} layers, hidden {}, ffn {}, {} heads{groups} of {} channels\n",
+            s.num_layers, s.hidden_size, s.ffn_hidden_size, s.num_attention_heads, s.kv_channels
+        ));
+        out.push_str(&format!(
+            "  sequence {} (max positions {}), vocabulary {} (padded to {})\n",
+            s.seq_length, s.max_position_embeddings, s.vocab_size, m.padded_vocab_size
+        ));
+        let mut traits = vec![match s.normalization {
+            Normalization::LayerNorm => "LayerNorm",
+            Normalization::RMSNorm => "RMSNorm",
+        }];
+        traits.push(if s.swiglu { "SwiGLU" } else { "GeLU" });
+        traits.push(match s.position_embedding {
+            PositionEmbedding::LearnedAbsolute => "learned positions",
+            PositionEmbedding::Rope => "rotary positions",
+            PositionEmbedding::None => "no position embedding",
+        });
+        traits.push(if s.untie_embeddings_and_output_weights {
+            "untied embeddings"
+        } else {
+            "tied embeddings"
+        });
+        traits.push(if s.add_bias_linear {
+            "linear biases"
+        } else {
+            "no linear biases"
+        });
+        out.push_str(&format!("  {}\n", traits.join(", ")));
+    }
+
+    fn write_training(&self, out: &mut String) {
+        let t = &self.training;
+        let precision = match t.precision {
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Fp32 => "fp32",
+        };
+        let recompute = match &t.recompute {
+            Recompute::None => "no recomputation".to_string(),
+            Recompute::Selective => "selective recomputation".to_string(),
+            Recompute::Full { method, num_layers } => {
+                format!("full recomputation ({method:?}, {num_layers} layers)").to_lowercase()
+            }
+        };
+        out.push_str(&format!(
+            "\nTraining: global batch {}, micro-batch {}, {precision}, {recompute}\n",
+            t.global_batch_size, t.micro_batch_size
+        ));
+        let on_off = |b: bool| if b { "on" } else { "off" };
+        let vpp = t
+            .virtual_pipeline
+            .map(|v| format!(", {v} virtual stages"))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "  as written: tp {}, pp {}{vpp}, sequence parallel {}, distributed optimizer {}\n",
+            t.tensor_parallel,
+            t.pipeline_parallel,
+            on_off(t.sequence_parallel),
+            on_off(t.distributed_optimizer)
+        ));
+        let mut ckpt = Vec::new();
+        if let Some(iters) = t.train_iters {
+            ckpt.push(format!("{iters} iterations"));
+        }
+        if let Some(save) = &t.save {
+            let every = t
+                .save_interval
+                .map(|i| format!(" every {i} iterations"))
+                .unwrap_or_default();
+            ckpt.push(format!("saves to {save}{every}"));
+        }
+        if let Some(load) = &t.load {
+            ckpt.push(format!("loads from {load}"));
+        }
+        if !ckpt.is_empty() {
+            out.push_str(&format!("  {}\n", ckpt.join(", ")));
+        }
+        let pinned = pinned_list(&self.constraints);
+        if pinned.is_empty() {
+            out.push_str("  pinned: nothing (the planner chooses every parallel setting; --pin keeps one)\n");
+        } else {
+            out.push_str(&format!("  pinned: {}\n", pinned.join(", ")));
+        }
+    }
+
+    fn write_launch(&self, out: &mut String) {
+        let s = &self.script;
+        out.push_str(&format!(
+            "\nScript: {} ({}), {} arguments passed through\n",
+            s.program,
+            s.launch,
+            s.args.len()
+        ));
+        if !self.torchrun_passthrough.is_empty() {
+            out.push_str(&format!(
+                "torchrun options passed on: {}\n",
+                self.torchrun_passthrough.join(" ")
+            ));
+        }
+    }
+}
+
+/// The pinned settings, as `tp=4`-style words.
+fn pinned_list(c: &Constraints) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut num = |name: &str, v: Option<u64>| {
+        if let Some(v) = v {
+            out.push(format!("{name}={v}"));
+        }
+    };
+    num("tp", c.tensor_parallel);
+    num("pp", c.pipeline_parallel);
+    num("dp", c.data_parallel);
+    num("mbs", c.micro_batch_size);
+    num("vpp", c.virtual_pipeline);
+    if let Some(sp) = c.sequence_parallel {
+        out.push(format!("sp={sp}"));
+    }
+    if let Some(r) = &c.recompute {
+        let r = match r {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full { .. } => "full",
+        };
+        out.push(format!("recompute={r}"));
+    }
+    if let Some(d) = c.distributed_optimizer {
+        out.push(format!("dist-opt={d}"));
+    }
+    out
+}
