@@ -95,6 +95,8 @@ pub fn read_hostfile(path: &Path) -> Result<Vec<Node>, HostfileError> {
 pub fn parse_hostfile(text: &str, path: &Path) -> Result<Vec<Node>, HostfileError> {
     let mut nodes: Vec<Node> = Vec::new();
     let mut first_lines: Vec<usize> = Vec::new();
+    // Editors on Windows may start the file with a byte-order mark.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (index, raw) in text.lines().enumerate() {
         let line = index + 1;
         let content = raw.split_once('#').map_or(raw, |(before, _)| before);
@@ -500,7 +502,7 @@ mod tests {
 
     #[test]
     fn plain_one_host_per_line_has_unknown_slots() {
-        let nodes = parse("a\nb # spare\r\nc slots=2\n").unwrap();
+        let nodes = parse("\u{feff}a\nb # spare\r\nc slots=2\n").unwrap();
         assert_eq!(
             nodes,
             [
@@ -710,6 +712,9 @@ mod tests {
             filter_nodes(four_by_four(), Some(""), Some(" ")).unwrap(),
             four_by_four()
         );
-        assert_eq!(filter_nodes(four_by_four(), None, None).unwrap(), four_by_four());
+        assert_eq!(
+            filter_nodes(four_by_four(), None, None).unwrap(),
+            four_by_four()
+        );
     }
 }
