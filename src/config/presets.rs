@@ -1,1 +1,276 @@
 //! Named models for use without a script (`--model NAME`).
+//!
+//! A preset is a list of Megatron arguments. Read through the same parser as the user's own
+//! arguments, its values are the defaults and whatever the user's arguments say overrides
+//! them (see [`super::settings_from_megatron_args`]). So a preset means exactly what its
+//! arguments mean to Megatron, and `tests/megatron_params.rs` checks each preset's
+//! parameter count against the model Megatron builds from [`Preset::megatron_args`].
+//!
+//! Sources: GPT-3 from Brown et al. 2020 (Table 2.1: layers, d_model, heads × d_head,
+//! batch in tokens; sequence 2048; GPT-2 BPE vocabulary of 50257; LayerNorm, biases,
+//! learned positions, tied embeddings, GeLU). Llama 2 from Touvron et al. 2023 and the
+//! released configurations (sequence 4096, vocabulary 32000, RMSNorm, SwiGLU, rotary
+//! positions, no biases, untied output layer; 70B with 8 key/value groups; 4M-token batches).
+
+use super::megatron::ArgsError;
+use super::ModelSpec;
+
+/// A named model: its Megatron arguments and where they come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preset {
+    pub name: &'static str,
+    /// One line for `--help` and error messages.
+    pub summary: &'static str,
+    /// Megatron arguments: the model, the vocabulary, the paper's global batch, bf16.
+    pub args: &'static [&'static str],
+}
+
+impl Preset {
+    /// The preset's arguments, as they would be written after the training script.
+    pub fn megatron_args(&self) -> Vec<String> {
+        self.args.iter().map(|a| a.to_string()).collect()
+    }
+
+    /// The model the preset describes.
+    pub fn model(&self) -> Result<ModelSpec, ArgsError> {
+        super::settings_from_megatron_args(&[], Some(self.name), &[]).map(|s| s.model)
+    }
+}
+
+// GPT-3's batch sizes are in tokens: 1M, 2M, 2M and 3.2M tokens of 2048 are 512, 1024,
+// 1024 and 1536 sequences. The paper's table gives GPT-3 XL 24 heads of 128 and 13B a
+// d_model of 5140; neither fits its own d_model (2048/24, 5140/40 are not whole numbers)
+// nor its parameter count, so these keep d_model and the head width of 128: 16 heads for
+// 1.3B and d_model 5120 for 13B, as Megatron's GPT-3 examples do.
+macro_rules! gpt3 {
+    ($layers:literal, $hidden:literal, $heads:literal, $batch:literal) => {
+        &[
+            "--num-layers",
+            $layers,
+            "--hidden-size",
+            $hidden,
+            "--num-attention-heads",
+            $heads,
+            "--seq-length",
+            "2048",
+            "--max-position-embeddings",
+            "2048",
+            "--vocab-size",
+            "50257",
+            "--micro-batch-size",
+            "1",
+            "--global-batch-size",
+            $batch,
+            "--bf16",
+        ]
+    };
+}
+
+macro_rules! llama2 {
+    ($layers:literal, $hidden:literal, $heads:literal, $ffn:literal $(, $extra:literal)*) => {
+        &[
+            "--num-layers",
+            $layers,
+            "--hidden-size",
+            $hidden,
+            "--num-attention-heads",
+            $heads,
+            $($extra,)*
+            "--ffn-hidden-size",
+            $ffn,
+            "--swiglu",
+            "--normalization",
+            "RMSNorm",
+            "--disable-bias-linear",
+            "--position-embedding-type",
+            "rope",
+            "--untie-embeddings-and-output-weights",
+            "--seq-length",
+            "4096",
+            "--max-position-embeddings",
+            "4096",
+            "--vocab-size",
+            "32000",
+            "--micro-batch-size",
+            "1",
+            "--global-batch-size",
+            "1024",
+            "--bf16",
+        ]
+    };
+}
+
+/// Every preset, in the order `--help` lists them.
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "gpt3-1.3b",
+        summary: "GPT-3 XL: 24 layers, hidden 2048, 16 heads, seq 2048, batch 512",
+        args: gpt3!("24", "2048", "16", "512"),
+    },
+    Preset {
+        name: "gpt3-6.7b",
+        summary: "GPT-3 6.7B: 32 layers, hidden 4096, 32 heads, seq 2048, batch 1024",
+        args: gpt3!("32", "4096", "32", "1024"),
+    },
+    Preset {
+        name: "gpt3-13b",
+        summary: "GPT-3 13B: 40 layers, hidden 5120, 40 heads, seq 2048, batch 1024",
+        args: gpt3!("40", "5120", "40", "1024"),
+    },
+    Preset {
+        name: "gpt3-175b",
+        summary: "GPT-3 175B: 96 layers, hidden 12288, 96 heads, seq 2048, batch 1536",
+        args: gpt3!("96", "12288", "96", "1536"),
+    },
+    Preset {
+        name: "llama2-7b",
+        summary: "Llama 2 7B: 32 layers, hidden 4096, 32 heads, ffn 11008, seq 4096, batch 1024",
+        args: llama2!("32", "4096", "32", "11008"),
+    },
+    Preset {
+        name: "llama2-13b",
+        summary: "Llama 2 13B: 40 layers, hidden 5120, 40 heads, ffn 13824, seq 4096, batch 1024",
+        args: llama2!("40", "5120", "40", "13824"),
+    },
+    Preset {
+        name: "llama2-70b",
+        summary: "Llama 2 70B: 80 layers, hidden 8192, 64 heads in 8 groups, ffn 28672, seq 4096, batch 1024",
+        args: llama2!(
+            "80",
+            "8192",
+            "64",
+            "28672",
+            "--group-query-attention",
+            "--num-query-groups",
+            "8"
+        ),
+    },
+];
+
+/// The preset called `name`, if there is one.
+pub fn preset(name: &str) -> Option<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
+
+/// The names of all presets.
+pub fn names() -> Vec<&'static str> {
+    PRESETS.iter().map(|p| p.name).collect()
+}
+
+/// The preset called `name`, or an error that lists the known names.
+pub fn lookup(name: &str) -> Result<&'static Preset, ArgsError> {
+    preset(name).ok_or_else(|| ArgsError::UnknownPreset {
+        name: name.to_string(),
+        known: names().join(", "),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Normalization, PositionEmbedding, Precision};
+    use crate::model::params::total_parameters;
+
+    #[test]
+    fn every_preset_parses_and_names_itself() {
+        for p in PRESETS {
+            let model = p.model().unwrap_or_else(|e| panic!("{}: {e}", p.name));
+            assert_eq!(model.preset.as_deref(), Some(p.name));
+            // The same arguments written after a script describe the same model.
+            let args = p.megatron_args();
+            let mut from_args = crate::config::settings_from_megatron_args(&args, None, &[])
+                .unwrap()
+                .model;
+            from_args.preset = Some(p.name.to_string());
+            assert_eq!(from_args, model, "{}", p.name);
+        }
+    }
+
+    #[test]
+    fn names_are_unique_and_include_the_required_ones() {
+        let names = names();
+        let mut sorted = names.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len());
+        for want in [
+            "gpt3-1.3b",
+            "gpt3-6.7b",
+            "gpt3-13b",
+            "gpt3-175b",
+            "llama2-7b",
+            "llama2-13b",
+            "llama2-70b",
+        ] {
+            assert!(preset(want).is_some(), "{want}");
+        }
+    }
+
+    #[test]
+    fn unknown_preset_lists_the_known_ones() {
+        let err = lookup("gpt4").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("\"gpt4\""), "{text}");
+        assert!(
+            text.contains("gpt3-175b") && text.contains("llama2-70b"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn gpt3_presets_are_gpt3() {
+        let m = preset("gpt3-175b").unwrap().model().unwrap();
+        assert_eq!(
+            (m.num_layers, m.hidden_size, m.num_attention_heads),
+            (96, 12288, 96)
+        );
+        assert_eq!(
+            (m.ffn_hidden_size, m.kv_channels, m.num_query_groups),
+            (49152, 128, 96)
+        );
+        assert_eq!(
+            (m.seq_length, m.max_position_embeddings, m.vocab_size),
+            (2048, 2048, 50257)
+        );
+        assert_eq!(m.normalization, Normalization::LayerNorm);
+        assert_eq!(m.position_embedding, PositionEmbedding::LearnedAbsolute);
+        assert!(m.add_bias_linear && m.add_qkv_bias && !m.swiglu);
+        assert!(!m.untie_embeddings_and_output_weights);
+        let m = preset("gpt3-1.3b").unwrap().model().unwrap();
+        assert_eq!(
+            (m.hidden_size, m.num_attention_heads, m.kv_channels),
+            (2048, 16, 128)
+        );
+    }
+
+    #[test]
+    fn llama2_presets_are_llama2() {
+        let m = preset("llama2-7b").unwrap().model().unwrap();
+        assert_eq!(
+            (m.num_layers, m.hidden_size, m.ffn_hidden_size),
+            (32, 4096, 11008)
+        );
+        assert_eq!(m.num_query_groups, 32);
+        assert_eq!(m.normalization, Normalization::RMSNorm);
+        assert_eq!(m.position_embedding, PositionEmbedding::Rope);
+        assert!(m.swiglu && m.untie_embeddings_and_output_weights);
+        assert!(!m.add_bias_linear && !m.add_qkv_bias);
+        // The released Llama-2-7B has 6,738,415,616 parameters; Megatron's is the same.
+        assert_eq!(total_parameters(&m, 1), 6_738_415_616);
+        let m = preset("llama2-13b").unwrap().model().unwrap();
+        assert_eq!(m.ffn_hidden_size, 13824);
+        assert_eq!(total_parameters(&m, 1), 13_015_864_320);
+        let m = preset("llama2-70b").unwrap().model().unwrap();
+        assert_eq!((m.num_attention_heads, m.num_query_groups), (64, 8));
+        assert_eq!(m.ffn_hidden_size, 28672);
+        assert_eq!(total_parameters(&m, 1), 68_976_648_192);
+    }
+
+    #[test]
+    fn presets_train_in_bf16_with_the_papers_batch() {
+        let s = crate::config::settings_from_megatron_args(&[], Some("gpt3-13b"), &[]).unwrap();
+        assert_eq!(s.training.precision, Precision::Bf16);
+        assert_eq!(s.training.global_batch_size, 1024);
+        assert_eq!(s.training.micro_batch_size, 1);
+    }
+}
