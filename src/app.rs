@@ -1,8 +1,402 @@
-//! Orchestration (being written; the full version lands once the stages exist).
+//! The orchestrator: runs the stages in order for each command and turns the outcome
+//! into an exit code. The only module that reads the outside world (environment,
+//! files) and writes to the terminal.
+
 use std::ffi::OsString;
-pub fn pipette_run_main(_args: impl IntoIterator<Item = OsString>) -> i32 {
-    0
+use std::path::Path;
+
+use clap::Parser;
+
+use crate::cli::{
+    DiscoveryOptions, ModelOptions, NodeRange, NprocPerNode, PipetteCli, PipetteCommand, RunCli,
+    TorchrunOptions,
+};
+use crate::cluster::{self, ClusterProfile, ClusterSpec, Environment, Node, NodeSource, Slots};
+use crate::config::{self, Settings};
+use crate::error::Error;
+use crate::model::params;
+use crate::report::dry_run::{
+    DryRunReport, HostLine, ModelSection, NodesSection, ProfileSummary, ScriptSection,
+};
+
+/// What this version does after reading its inputs.
+const NOT_PLANNED_YET: &str =
+    "Planning is not implemented yet: this version stops after reading its inputs.";
+
+/// Runs `pipette-run` with these arguments; returns the process exit code.
+pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let cli = match RunCli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(e),
+    };
+    finish("pipette-run", run(&cli, &current_environment()))
 }
-pub fn pipette_main(_args: impl IntoIterator<Item = OsString>) -> i32 {
-    0
+
+/// Runs `pipette` with these arguments; returns the process exit code.
+pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let cli = match PipetteCli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(e),
+    };
+    finish("pipette", pipette(&cli.command, &current_environment()))
+}
+
+fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
+    let report = dry_run_report(cli, env)?;
+    if cli.pipette.json {
+        println!("{}", to_json(&report)?);
+    } else {
+        print!("{}", report.to_human());
+    }
+    if cli.pipette.dry_run {
+        Ok(())
+    } else {
+        Err(Error::Unsupported(
+            "launching is not implemented yet in this version (run with --dry-run to preview what pipette-run found)"
+                .to_string(),
+        ))
+    }
+}
+
+fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(), Error> {
+    match command {
+        PipetteCommand::Discover { discovery, output } => {
+            let (spec, warnings) = discover_nodes(discovery, env)?;
+            for w in &warnings {
+                eprintln!("pipette: warning: {w}");
+            }
+            if output.json {
+                println!("{}", to_json(&spec)?);
+            } else {
+                for node in &spec.nodes {
+                    match node.slots.count() {
+                        Some(n) => println!("{} slots={n}", node.host),
+                        None => println!("{}", node.host),
+                    }
+                }
+            }
+            Ok(())
+        }
+        PipetteCommand::Cluster { file, output } => {
+            let profile = ClusterProfile::load(file)?;
+            if output.json {
+                println!("{}", profile.to_json_pretty());
+            } else {
+                let s = profile_summary(file, &profile);
+                println!(
+                    "{}: valid, {} nodes, {} GPUs ({})",
+                    s.path,
+                    s.nodes,
+                    s.gpus,
+                    if s.gpu_models.is_empty() {
+                        "GPU models unknown".to_string()
+                    } else {
+                        s.gpu_models.join(", ")
+                    }
+                );
+                if let Some((lo, hi)) = s.node_link_gbps {
+                    println!("node-to-node bandwidth {lo:.2}–{hi:.2} GB/s");
+                }
+            }
+            Ok(())
+        }
+        PipetteCommand::Model {
+            model,
+            output,
+            megatron_args,
+        } => {
+            let settings = read_settings(model, megatron_args)?;
+            let section = model_section(&settings);
+            if output.json {
+                #[derive(serde::Serialize)]
+                struct ModelReport<'a> {
+                    model: &'a ModelSection,
+                    training: &'a config::TrainingSettings,
+                    constraints: &'a config::Constraints,
+                }
+                let report = ModelReport {
+                    model: &section,
+                    training: &settings.training,
+                    constraints: &settings.constraints,
+                };
+                println!("{}", to_json(&report)?);
+            } else {
+                let spec = &section.spec;
+                println!(
+                    "{}: {} parameters ({})",
+                    spec.preset.as_deref().unwrap_or("model"),
+                    crate::report::thousands(section.parameters),
+                    crate::report::short_count(section.parameters)
+                );
+            }
+            Ok(())
+        }
+        PipetteCommand::Presets { output } => {
+            let names = config::presets::names();
+            if output.json {
+                println!("{}", to_json(&names)?);
+            } else {
+                for name in names {
+                    println!("{name}");
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Reads every input of a run: the nodes, the cluster profile, the model and training
+/// settings, and the script. Nothing is launched.
+pub fn dry_run_report(cli: &RunCli, env: &Environment) -> Result<DryRunReport, Error> {
+    let (spec, warnings) = discover_nodes(&cli.discovery, env)?;
+    let profile = match &cli.discovery.cluster {
+        Some(path) => Some((path.as_path(), ClusterProfile::load(path)?)),
+        None => None,
+    };
+    let settings = read_settings(&cli.model, cli.script_args())?;
+    let nodes = nodes_section(
+        spec,
+        warnings,
+        profile.as_ref().map(|(p, c)| (*p, c)),
+        &cli.torchrun,
+    )?;
+    Ok(DryRunReport {
+        nodes,
+        cluster_profile: profile.as_ref().map(|(p, c)| profile_summary(p, c)),
+        script: script_section(cli),
+        model: model_section(&settings),
+        training: settings.training.clone(),
+        constraints: settings.constraints.clone(),
+        torchrun_passthrough: cli.torchrun.passthrough_args(),
+        plan: None,
+        status: NOT_PLANNED_YET.to_string(),
+    })
+}
+
+fn discover_nodes(
+    options: &DiscoveryOptions,
+    env: &Environment,
+) -> Result<(ClusterSpec, Vec<String>), Error> {
+    let request = cluster::DiscoveryRequest {
+        hostfile: options.hostfile.clone(),
+        hosts: options.hosts.clone(),
+        include: options.include.clone(),
+        exclude: options.exclude.clone(),
+    };
+    let found = cluster::discover(&request, env, &local_hostname())?;
+    Ok((found.spec, found.warnings))
+}
+
+fn read_settings(options: &ModelOptions, megatron_args: &[String]) -> Result<Settings, Error> {
+    let pins = match &options.pin {
+        Some(text) => config::megatron::parse_pins(text)?,
+        None => Vec::new(),
+    };
+    Ok(config::settings_from_megatron_args(
+        megatron_args,
+        options.preset.as_deref(),
+        &pins,
+    )?)
+}
+
+/// Decides the hosts and how many workers each runs: discovery's nodes (or the cluster
+/// file's, when there is no allocation), `--nproc-per-node`, and `--nnodes` checked
+/// against what was found.
+fn nodes_section(
+    mut spec: ClusterSpec,
+    warnings: Vec<String>,
+    profile: Option<(&Path, &ClusterProfile)>,
+    torchrun: &TorchrunOptions,
+) -> Result<NodesSection, Error> {
+    if let Some((path, profile)) = profile {
+        let profiled = profile_hosts(profile);
+        if spec.source == NodeSource::Local {
+            spec.nodes = profiled
+                .iter()
+                .map(|(host, gpus)| Node {
+                    host: host.clone(),
+                    slots: gpus.map_or(Slots::Unknown, Slots::Count),
+                })
+                .collect();
+            spec.source = NodeSource::ClusterFile {
+                path: path.display().to_string(),
+            };
+        } else if let Some(missing) = spec
+            .nodes
+            .iter()
+            .find(|n| !profiled.iter().any(|(h, _)| h == &n.host))
+        {
+            return Err(Error::ClusterMismatch(format!(
+                "{}: has no node {:?}, which the allocation includes (profile the allocated nodes again, or pass a cluster file that covers them)",
+                path.display(),
+                missing.host
+            )));
+        }
+    }
+    if let Some(range) = torchrun.nnodes {
+        check_node_count(range, &spec)?;
+    }
+    let gpu_model = |host: &str| {
+        profile.and_then(|(_, p)| {
+            p.nodes
+                .iter()
+                .find(|n| n.host == host)
+                .and_then(|n| n.gpus()?.first().map(|g| g.name.clone()))
+        })
+    };
+    let mut hosts = Vec::with_capacity(spec.nodes.len());
+    for node in &spec.nodes {
+        let known = node.slots.count().or_else(|| {
+            profile.and_then(|(_, p)| {
+                profile_hosts(p)
+                    .into_iter()
+                    .find(|(h, _)| h == &node.host)
+                    .and_then(|(_, g)| g)
+            })
+        });
+        let workers = match torchrun.nproc_per_node {
+            Some(NprocPerNode::Count(n)) => {
+                if let Some(have) = known.filter(|have| n > *have) {
+                    return Err(Error::Usage(format!(
+                        "--nproc-per-node {n} but node {} has only {have} GPU slots (lower --nproc-per-node, or leave it out to use every GPU found)",
+                        node.host
+                    )));
+                }
+                Some(n)
+            }
+            None => Some(known.unwrap_or(1)),
+            Some(NprocPerNode::Gpu | NprocPerNode::Auto) => known,
+            Some(NprocPerNode::Cpu | NprocPerNode::Xpu) => None,
+        };
+        hosts.push(HostLine {
+            host: node.host.clone(),
+            workers,
+            devices: match &node.slots {
+                Slots::Devices(d) => Some(d.clone()),
+                _ => None,
+            },
+            gpu: gpu_model(&node.host),
+        });
+    }
+    let world_size = hosts
+        .iter()
+        .map(|h| h.workers.map(u64::from))
+        .sum::<Option<u64>>();
+    Ok(NodesSection {
+        source: spec.source,
+        job_id: spec.job_id,
+        hosts,
+        world_size,
+        warnings,
+    })
+}
+
+fn check_node_count(range: NodeRange, spec: &ClusterSpec) -> Result<(), Error> {
+    let found = spec.nodes.len();
+    if range.contains(found) {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "--nnodes {range} but {found} node{} found ({}) (pipette-run uses the nodes it discovers: drop --nnodes, or fix the node list)",
+        if found == 1 { " was" } else { "s were" },
+        spec.nodes
+            .iter()
+            .map(|n| n.host.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    )))
+}
+
+/// Each profiled host and its GPU count (`None` when the file has no inventory).
+fn profile_hosts(profile: &ClusterProfile) -> Vec<(String, Option<u32>)> {
+    profile
+        .nodes
+        .iter()
+        .map(|n| (n.host.clone(), n.gpus().map(|g| g.len() as u32)))
+        .collect()
+}
+
+fn profile_summary(path: &Path, profile: &ClusterProfile) -> ProfileSummary {
+    let mut gpu_models: Vec<String> = Vec::new();
+    for gpu in profile.nodes.iter().filter_map(|n| n.gpus()).flatten() {
+        if !gpu_models.contains(&gpu.name) {
+            gpu_models.push(gpu.name.clone());
+        }
+    }
+    let links = &profile.node_links;
+    let node_link_gbps = links.min_link().zip(links.max_link());
+    ProfileSummary {
+        path: path.display().to_string(),
+        nodes: profile.nodes.len(),
+        gpus: profile.gpu_count().unwrap_or(0),
+        gpu_models,
+        node_link_gbps,
+    }
+}
+
+fn model_section(settings: &Settings) -> ModelSection {
+    ModelSection {
+        spec: settings.model.clone(),
+        parameters: params::total_parameters(&settings.model, 1),
+        padded_vocab_size: params::padded_vocab_size(&settings.model, 1),
+    }
+}
+
+fn script_section(cli: &RunCli) -> ScriptSection {
+    let t = &cli.torchrun;
+    // torchrun's own precedence: --run-path over --no-python; -m is independent.
+    let launch = if t.run_path {
+        "run-path"
+    } else if t.no_python {
+        "no-python"
+    } else if t.module {
+        "module"
+    } else {
+        "python"
+    };
+    ScriptSection {
+        program: cli.script().to_string(),
+        launch,
+        args: cli.script_args().to_vec(),
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Error> {
+    serde_json::to_string_pretty(value).map_err(|e| Error::Internal(format!("writing JSON: {e}")))
+}
+
+/// The environment as discovery sees it. Non-UTF-8 variables are left out: none of
+/// the variables discovery reads can legitimately hold them.
+fn current_environment() -> Environment {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
+/// This machine's name, for a run without an allocation.
+fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// Prints an error the way every pipette error reads, and returns its exit code.
+fn finish(program: &str, result: Result<(), Error>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{program}: error: {e}");
+            e.exit_code().code()
+        }
+    }
+}
+
+/// Prints clap's message (help, version, or a usage error) and returns its exit code:
+/// 0 for help and version, 2 for a malformed command line, as torchrun does.
+fn clap_exit(e: clap::Error) -> i32 {
+    let _ = e.print();
+    e.exit_code()
 }

@@ -185,7 +185,10 @@ fn underscore_spellings_are_accepted() {
         "--signals-to-handle=SIGTERM,SIGUSR1",
         "--no-python",
     ] {
-        assert!(passthrough.contains(&expected), "{expected} in {passthrough:?}");
+        assert!(
+            passthrough.contains(&expected),
+            "{expected} in {passthrough:?}"
+        );
     }
 }
 
@@ -286,7 +289,9 @@ fn nnodes_must_match_the_nodes_found() {
         .args(TINY_MODEL)
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("--nnodes 3 but 2 nodes were found (a,b)"));
+        .stderr(predicate::str::contains(
+            "--nnodes 3 but 2 nodes were found (a,b)",
+        ));
     pipette_run()
         .args(["--nnodes", "1:2", "--hosts", "a,b", "--dry-run", "train.py"])
         .args(TINY_MODEL)
@@ -485,7 +490,13 @@ fn pinned_settings_become_constraints() {
 fn human_dry_run_says_planning_is_not_implemented_yet() {
     pipette_run()
         .args(["--dry-run", "--hosts", "a,b", "--nproc-per-node", "8"])
-        .args(["--model", "gpt3-13b", "pretrain_gpt.py", "--global-batch-size", "64"])
+        .args([
+            "--model",
+            "gpt3-13b",
+            "pretrain_gpt.py",
+            "--global-batch-size",
+            "64",
+        ])
         .assert()
         .success()
         .stdout(predicate::str::contains("Nodes: 2 from --hosts"))
@@ -572,7 +583,12 @@ fn include_naming_an_unknown_host_exits_66() {
 fn missing_hostfile_exits_66() {
     assert_fails(
         pipette_run()
-            .args(["--hostfile", "/nonexistent/hostfile", "--dry-run", "train.py"])
+            .args([
+                "--hostfile",
+                "/nonexistent/hostfile",
+                "--dry-run",
+                "train.py",
+            ])
             .args(TINY_MODEL),
         66,
         "/nonexistent/hostfile",

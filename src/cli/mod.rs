@@ -130,23 +130,70 @@ mod tests {
     /// the spellings it accepts, plus `--shutdown-timeout`, `--virtual-local-rank` and
     /// the duplicate filters of later releases.
     const TORCHRUN_LONG: &[&str] = &[
-        "nnodes", "nproc-per-node", "nproc_per_node", "rdzv-backend", "rdzv_backend",
-        "rdzv-endpoint", "rdzv_endpoint", "rdzv-id", "rdzv_id", "rdzv-conf", "rdzv_conf",
-        "standalone", "max-restarts", "max_restarts", "monitor-interval", "monitor_interval",
-        "start-method", "start_method", "event-log-handler", "event_log_handler", "role",
-        "module", "no-python", "no_python", "run-path", "run_path", "log-dir", "log_dir",
-        "redirects", "tee", "local-ranks-filter", "local_ranks_filter", "node-rank",
-        "node_rank", "master-addr", "master_addr", "master-port", "master_port",
-        "local-addr", "local_addr", "logs-specs", "logs_specs", "numa-binding",
-        "numa_binding", "signals-to-handle", "signals_to_handle", "shutdown-timeout",
-        "shutdown_timeout", "virtual-local-rank", "virtual_local_rank",
-        "duplicate-stdout-filters", "duplicate_stdout_filters", "duplicate-stderr-filters",
+        "nnodes",
+        "nproc-per-node",
+        "nproc_per_node",
+        "rdzv-backend",
+        "rdzv_backend",
+        "rdzv-endpoint",
+        "rdzv_endpoint",
+        "rdzv-id",
+        "rdzv_id",
+        "rdzv-conf",
+        "rdzv_conf",
+        "standalone",
+        "max-restarts",
+        "max_restarts",
+        "monitor-interval",
+        "monitor_interval",
+        "start-method",
+        "start_method",
+        "event-log-handler",
+        "event_log_handler",
+        "role",
+        "module",
+        "no-python",
+        "no_python",
+        "run-path",
+        "run_path",
+        "log-dir",
+        "log_dir",
+        "redirects",
+        "tee",
+        "local-ranks-filter",
+        "local_ranks_filter",
+        "node-rank",
+        "node_rank",
+        "master-addr",
+        "master_addr",
+        "master-port",
+        "master_port",
+        "local-addr",
+        "local_addr",
+        "logs-specs",
+        "logs_specs",
+        "numa-binding",
+        "numa_binding",
+        "signals-to-handle",
+        "signals_to_handle",
+        "shutdown-timeout",
+        "shutdown_timeout",
+        "virtual-local-rank",
+        "virtual_local_rank",
+        "duplicate-stdout-filters",
+        "duplicate_stdout_filters",
+        "duplicate-stderr-filters",
         "duplicate_stderr_filters",
     ];
 
     fn long_names(arg: &clap::Arg) -> Vec<String> {
         let mut names: Vec<String> = arg.get_long().into_iter().map(String::from).collect();
-        names.extend(arg.get_all_aliases().unwrap_or_default().into_iter().map(String::from));
+        names.extend(
+            arg.get_all_aliases()
+                .unwrap_or_default()
+                .into_iter()
+                .map(String::from),
+        );
         names
     }
 

@@ -26,24 +26,48 @@ pub struct TorchrunOptions {
     /// Number of workers per node; supported values: [auto, cpu, gpu, xpu, int].
     /// Unlike torchrun, the default is every GPU discovery or the cluster file finds on
     /// the node (1 when nothing says)
-    #[arg(long = "nproc-per-node", alias = "nproc_per_node", env = "PET_NPROC_PER_NODE",
-          value_name = "N|gpu|cpu|xpu|auto")]
+    #[arg(
+        long = "nproc-per-node",
+        alias = "nproc_per_node",
+        env = "PET_NPROC_PER_NODE",
+        value_name = "N|gpu|cpu|xpu|auto"
+    )]
     pub nproc_per_node: Option<NprocPerNode>,
 
     /// Rendezvous backend. pipette-run launches with `static` and explicit node ranks
-    #[arg(long = "rdzv-backend", alias = "rdzv_backend", env = "PET_RDZV_BACKEND", default_value = "static")]
+    #[arg(
+        long = "rdzv-backend",
+        alias = "rdzv_backend",
+        env = "PET_RDZV_BACKEND",
+        default_value = "static"
+    )]
     pub rdzv_backend: String,
 
     /// Rendezvous backend endpoint; usually in form <host>:<port>
-    #[arg(long = "rdzv-endpoint", alias = "rdzv_endpoint", env = "PET_RDZV_ENDPOINT", default_value = "")]
+    #[arg(
+        long = "rdzv-endpoint",
+        alias = "rdzv_endpoint",
+        env = "PET_RDZV_ENDPOINT",
+        default_value = ""
+    )]
     pub rdzv_endpoint: String,
 
     /// User-defined group id (defaults to the scheduler's job id when there is one)
-    #[arg(long = "rdzv-id", alias = "rdzv_id", env = "PET_RDZV_ID", default_value = "none")]
+    #[arg(
+        long = "rdzv-id",
+        alias = "rdzv_id",
+        env = "PET_RDZV_ID",
+        default_value = "none"
+    )]
     pub rdzv_id: String,
 
     /// Additional rendezvous configuration (<key1>=<value1>,<key2>=<value2>,...)
-    #[arg(long = "rdzv-conf", alias = "rdzv_conf", env = "PET_RDZV_CONF", default_value = "")]
+    #[arg(
+        long = "rdzv-conf",
+        alias = "rdzv_conf",
+        env = "PET_RDZV_CONF",
+        default_value = ""
+    )]
     pub rdzv_conf: String,
 
     /// Start a local standalone rendezvous backend (single-node, multi-worker jobs)
@@ -51,7 +75,12 @@ pub struct TorchrunOptions {
     pub standalone: bool,
 
     /// Maximum number of worker group restarts before failing
-    #[arg(long = "max-restarts", alias = "max_restarts", env = "PET_MAX_RESTARTS", default_value_t = 0)]
+    #[arg(
+        long = "max-restarts",
+        alias = "max_restarts",
+        env = "PET_MAX_RESTARTS",
+        default_value_t = 0
+    )]
     pub max_restarts: u32,
 
     /// Interval, in seconds, to monitor the state of workers
@@ -65,8 +94,12 @@ pub struct TorchrunOptions {
     pub start_method: String,
 
     /// Name of a registered event logging handler
-    #[arg(long = "event-log-handler", alias = "event_log_handler", env = "PET_EVENT_LOG_HANDLER",
-          default_value = "null")]
+    #[arg(
+        long = "event-log-handler",
+        alias = "event_log_handler",
+        env = "PET_EVENT_LOG_HANDLER",
+        default_value = "null"
+    )]
     pub event_log_handler: String,
 
     /// User-defined role for the workers
@@ -88,7 +121,12 @@ pub struct TorchrunOptions {
     pub run_path: bool,
 
     /// Base directory for log files (a job-level sub-directory is created per run)
-    #[arg(long = "log-dir", alias = "log_dir", env = "PET_LOG_DIR", value_name = "DIR")]
+    #[arg(
+        long = "log-dir",
+        alias = "log_dir",
+        env = "PET_LOG_DIR",
+        value_name = "DIR"
+    )]
     pub log_dir: Option<String>,
 
     /// Redirect std streams into a log file in the log directory (e.g. `3`, or `0:1,1:2`)
@@ -106,16 +144,31 @@ pub struct TorchrunOptions {
 
     /// Rank of the node. pipette-run chooses node ranks itself; a value here is ignored
     /// when it launches every node, and kept when it runs a single node
-    #[arg(long = "node-rank", alias = "node_rank", env = "PET_NODE_RANK", default_value_t = 0)]
+    #[arg(
+        long = "node-rank",
+        alias = "node_rank",
+        env = "PET_NODE_RANK",
+        default_value_t = 0
+    )]
     pub node_rank: u32,
 
     /// Address of the rank-0 node (static rendezvous). pipette-run uses the host it maps
     /// to node rank 0 unless this is set explicitly
-    #[arg(long = "master-addr", alias = "master_addr", env = "PET_MASTER_ADDR", default_value = "127.0.0.1")]
+    #[arg(
+        long = "master-addr",
+        alias = "master_addr",
+        env = "PET_MASTER_ADDR",
+        default_value = "127.0.0.1"
+    )]
     pub master_addr: String,
 
     /// Port on the rank-0 node for the static rendezvous
-    #[arg(long = "master-port", alias = "master_port", env = "PET_MASTER_PORT", default_value_t = 29500)]
+    #[arg(
+        long = "master-port",
+        alias = "master_port",
+        env = "PET_MASTER_PORT",
+        default_value_t = 29500
+    )]
     pub master_port: u16,
 
     /// Address of the local node for connections (default: its FQDN)
@@ -147,13 +200,19 @@ pub struct TorchrunOptions {
     pub virtual_local_rank: bool,
 
     /// Only duplicate to the log file the stdout lines that contain one of these strings
-    #[arg(long = "duplicate-stdout-filters", alias = "duplicate_stdout_filters",
-          env = "PET_DUPLICATE_STDOUT_FILTERS")]
+    #[arg(
+        long = "duplicate-stdout-filters",
+        alias = "duplicate_stdout_filters",
+        env = "PET_DUPLICATE_STDOUT_FILTERS"
+    )]
     pub duplicate_stdout_filters: Option<String>,
 
     /// Only duplicate to the log file the stderr lines that contain one of these strings
-    #[arg(long = "duplicate-stderr-filters", alias = "duplicate_stderr_filters",
-          env = "PET_DUPLICATE_STDERR_FILTERS")]
+    #[arg(
+        long = "duplicate-stderr-filters",
+        alias = "duplicate_stderr_filters",
+        env = "PET_DUPLICATE_STDERR_FILTERS"
+    )]
     pub duplicate_stderr_filters: Option<String>,
 }
 
@@ -178,15 +237,30 @@ impl TorchrunOptions {
         value("redirects", self.redirects.clone(), "0");
         value("tee", self.tee.clone(), "0");
         value("local-ranks-filter", self.local_ranks_filter.clone(), "");
-        value("local-addr", self.local_addr.clone().unwrap_or_default(), "");
-        value("logs-specs", self.logs_specs.clone().unwrap_or_default(), "");
-        value("numa-binding", self.numa_binding.clone().unwrap_or_default(), "");
+        value(
+            "local-addr",
+            self.local_addr.clone().unwrap_or_default(),
+            "",
+        );
+        value(
+            "logs-specs",
+            self.logs_specs.clone().unwrap_or_default(),
+            "",
+        );
+        value(
+            "numa-binding",
+            self.numa_binding.clone().unwrap_or_default(),
+            "",
+        );
         value(
             "signals-to-handle",
             self.signals_to_handle.clone(),
             "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         );
-        let timeout = self.shutdown_timeout.map(|t| t.to_string()).unwrap_or_default();
+        let timeout = self
+            .shutdown_timeout
+            .map(|t| t.to_string())
+            .unwrap_or_default();
         value("shutdown-timeout", timeout, "");
         value(
             "duplicate-stdout-filters",

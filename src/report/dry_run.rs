@@ -108,16 +108,13 @@ impl DryRunReport {
             .as_ref()
             .map(|id| format!(", job {id}"))
             .unwrap_or_default();
-        out.push_str(&format!(
-            "Nodes: {} from {source}{job}\n",
-            n.hosts.len()
-        ));
+        out.push_str(&format!("Nodes: {} from {source}{job}\n", n.hosts.len()));
         let mut table = Table::new();
         table.load_preset(NOTHING);
-        table.set_header(vec!["  host", "workers", "devices", "gpu"]);
+        table.set_header(vec!["host", "workers", "devices", "gpu"]);
         for h in &n.hosts {
             table.add_row(vec![
-                format!("  {}", h.host),
+                h.host.clone(),
                 h.workers.map_or("?".to_string(), |w| w.to_string()),
                 h.devices
                     .as_deref()
@@ -258,7 +255,9 @@ impl DryRunReport {
         }
         let pinned = pinned_list(&self.constraints);
         if pinned.is_empty() {
-            out.push_str("  pinned: nothing (the planner chooses every parallel setting; --pin keeps one)\n");
+            out.push_str(
+                "  pinned: nothing (the planner chooses every parallel setting; --pin keeps one)\n",
+            );
         } else {
             out.push_str(&format!("  pinned: {}\n", pinned.join(", ")));
         }
