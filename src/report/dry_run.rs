@@ -125,7 +125,9 @@ impl DryRunReport {
         if let Some(col) = table.column_mut(1) {
             col.set_cell_alignment(CellAlignment::Right);
         }
+        // The preset pads cells with one space; one more indents the table under its title.
         for line in table.lines() {
+            out.push(' ');
             out.push_str(line.trim_end());
             out.push('\n');
         }
