@@ -24,6 +24,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod model;
+pub mod plan;
 pub mod report;
 
 pub use error::{Error, ExitCode};

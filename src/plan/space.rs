@@ -1,0 +1,296 @@
+//! The search space: every parallel configuration Megatron accepts for this model, this
+//! batch and this many GPUs, with the user's pinned settings respected.
+//!
+//! Megatron's rules applied here (megatron-core 0.19.2):
+//! - tp divides the attention heads and the query groups (TransformerConfig), and we keep
+//!   a tensor-parallel group inside one node (its collectives need the fast links);
+//! - tp × pp divides the world size; dp is the quotient;
+//! - the global batch divides by micro-batch × dp (arguments.py, the microbatch calculator);
+//! - layers split evenly over pp, or unevenly through `--decoder-first-pipeline-num-layers`
+//!   / `--decoder-last-pipeline-num-layers` with the middle stages equal (arguments.py);
+//! - the interleaved schedule needs pp > 2 (without p2p overlap), layers per stage divisible
+//!   by the virtual stages, an even split, and a micro-batch count divisible by pp
+//!   (core/pipeline_parallel/schedules.py: `microbatch_group_size_per_vp_stage` = pp);
+//! - sequence parallelism only with tp > 1; the distributed optimizer only matters with dp > 1.
+
+use crate::config::{Recompute, RecomputeMethod, Settings};
+use crate::model::ParallelConfig;
+
+/// Bounds of the search that are choices, not rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpaceOptions {
+    /// The largest micro-batch tried.
+    pub max_micro_batch: u64,
+    /// The most virtual stages per pipeline rank tried.
+    pub max_virtual_stages: u64,
+    /// Whether uneven first/last stages are tried.
+    pub uneven_layers: bool,
+}
+
+impl Default for SpaceOptions {
+    fn default() -> Self {
+        SpaceOptions {
+            max_micro_batch: 16,
+            max_virtual_stages: 8,
+            uneven_layers: true,
+        }
+    }
+}
+
+/// Every configuration for `nodes` nodes of `gpus_per_node` GPUs, in a fixed order (so
+/// the planner is deterministic).
+pub fn candidates(
+    settings: &Settings,
+    nodes: u64,
+    gpus_per_node: u64,
+    options: &SpaceOptions,
+) -> Vec<ParallelConfig> {
+    let model = &settings.model;
+    let pinned = &settings.constraints;
+    let global_batch = settings.training.global_batch_size;
+    let world = nodes * gpus_per_node;
+    let mut out = Vec::new();
+    if world == 0 || model.num_layers == 0 {
+        return out;
+    }
+    for tp in divisors(gpus_per_node) {
+        if model.num_attention_heads % tp != 0
+            || model.num_query_groups % tp != 0
+            || pinned.tensor_parallel.is_some_and(|p| p != tp)
+        {
+            continue;
+        }
+        for pp in divisors(world / tp) {
+            if pp > model.num_layers || pinned.pipeline_parallel.is_some_and(|p| p != pp) {
+                continue;
+            }
+            let dp = world / (tp * pp);
+            if pinned.data_parallel.is_some_and(|p| p != dp) || global_batch % dp != 0 {
+                continue;
+            }
+            for layers in layer_splits(model.num_layers, pp, options.uneven_layers) {
+                let even = layers.iter().all(|l| *l == layers[0]);
+                for micro_batch in divisors(global_batch / dp) {
+                    if micro_batch > options.max_micro_batch
+                        || pinned.micro_batch_size.is_some_and(|p| p != micro_batch)
+                    {
+                        continue;
+                    }
+                    let microbatches = global_batch / (micro_batch * dp);
+                    for vpp in virtual_stages(&layers, pp, microbatches, even, options) {
+                        if pinned
+                            .virtual_pipeline
+                            .is_some_and(|p| p != vpp.unwrap_or(1))
+                        {
+                            continue;
+                        }
+                        for recompute in recompute_modes(pinned.recompute.as_ref()) {
+                            for sequence_parallel in flag_choices(tp > 1, pinned.sequence_parallel)
+                            {
+                                for distributed_optimizer in
+                                    flag_choices(dp > 1, pinned.distributed_optimizer)
+                                {
+                                    out.push(ParallelConfig {
+                                        tp,
+                                        pp,
+                                        dp,
+                                        micro_batch,
+                                        vpp,
+                                        recompute: recompute.clone(),
+                                        sequence_parallel,
+                                        distributed_optimizer,
+                                        layers_per_stage: layers.clone(),
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The divisors of `n`, ascending.
+fn divisors(n: u64) -> Vec<u64> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1;
+    while d * d <= n {
+        if n % d == 0 {
+            small.push(d);
+            if d * d != n {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
+}
+
+/// Layer counts per stage: the even split when pp divides the layers, and splits whose
+/// first and last stages differ from equal middle stages (what Megatron's
+/// `--decoder-first/last-pipeline-num-layers` can say): the middle size is L/pp rounded
+/// down or up, the first and last stages share the rest.
+fn layer_splits(layers: u64, pp: u64, uneven: bool) -> Vec<Vec<u64>> {
+    let mut splits = Vec::new();
+    if layers % pp == 0 {
+        splits.push(vec![layers / pp; pp as usize]);
+    }
+    if !uneven || pp == 1 {
+        return splits;
+    }
+    let middles = if pp == 2 {
+        vec![0]
+    } else {
+        vec![layers / pp, layers.div_ceil(pp)]
+    };
+    for middle in middles {
+        let inner = middle * pp.saturating_sub(2);
+        if inner >= layers {
+            continue;
+        }
+        let rest = layers - inner;
+        // First takes the smaller half: it also holds the embedding.
+        let first = rest / 2;
+        let last = rest - first;
+        for (f, l) in [(first, last), (last, first)] {
+            if f == 0 || l == 0 || (pp > 2 && middle == 0) {
+                continue;
+            }
+            let mut split = vec![middle; pp as usize];
+            split[0] = f;
+            split[pp as usize - 1] = l;
+            if !splits.contains(&split) {
+                splits.push(split);
+            }
+        }
+    }
+    splits
+}
+
+fn virtual_stages(
+    layers: &[u64],
+    pp: u64,
+    microbatches: u64,
+    even: bool,
+    options: &SpaceOptions,
+) -> Vec<Option<u64>> {
+    let mut out = vec![None];
+    if pp <= 2 || !even || microbatches % pp != 0 {
+        return out;
+    }
+    let per_stage = layers[0];
+    for v in 2..=options.max_virtual_stages.min(per_stage) {
+        if per_stage % v == 0 {
+            out.push(Some(v));
+        }
+    }
+    out
+}
+
+fn recompute_modes(pinned: Option<&Recompute>) -> Vec<Recompute> {
+    match pinned {
+        Some(r) => vec![r.clone()],
+        None => vec![
+            Recompute::None,
+            Recompute::Selective,
+            Recompute::Full {
+                method: RecomputeMethod::Uniform,
+                num_layers: 1,
+            },
+        ],
+    }
+}
+
+/// `false` and `true` when the option means something, else only `false`; a pinned
+/// value wins where it means something.
+fn flag_choices(meaningful: bool, pinned: Option<bool>) -> Vec<bool> {
+    match (meaningful, pinned) {
+        (false, _) => vec![false],
+        (true, Some(p)) => vec![p],
+        (true, None) => vec![false, true],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::settings_from_megatron_args;
+
+    fn settings(args: &[&str], preset: &str) -> Settings {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        settings_from_megatron_args(&args, Some(preset), &[]).expect("valid settings")
+    }
+
+    #[test]
+    fn divisors_are_ascending() {
+        assert_eq!(divisors(12), [1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(16), [1, 2, 4, 8, 16]);
+        assert_eq!(divisors(1), [1]);
+    }
+
+    #[test]
+    fn uneven_splits_keep_equal_middles_and_sum_to_the_layers() {
+        for (layers, pp) in [(32, 3), (30, 4), (7, 2), (40, 6), (5, 5)] {
+            for split in layer_splits(layers, pp, true) {
+                assert_eq!(split.len() as u64, pp);
+                assert_eq!(split.iter().sum::<u64>(), layers, "{split:?}");
+                assert!(split.iter().all(|l| *l > 0), "{split:?}");
+                if pp > 2 {
+                    let middle = &split[1..split.len() - 1];
+                    assert!(middle.iter().all(|m| *m == middle[0]), "{split:?}");
+                }
+            }
+        }
+        assert_eq!(layer_splits(32, 4, false), vec![vec![8; 4]]);
+    }
+
+    #[test]
+    fn every_candidate_is_one_megatron_accepts() {
+        let s = settings(&["--global-batch-size", "64"], "llama2-7b");
+        let all = candidates(&s, 2, 8, &SpaceOptions::default());
+        assert!(!all.is_empty());
+        for c in &all {
+            assert_eq!(c.world_size(), 16);
+            assert!(8 % c.tp == 0 && 32 % c.tp == 0);
+            assert_eq!(c.layers_per_stage.iter().sum::<u64>(), 32);
+            assert_eq!(64 % (c.micro_batch * c.dp), 0);
+            if let Some(v) = c.vpp {
+                assert!(c.pp > 2 && (c.layers_per_stage[0] % v == 0));
+                assert_eq!(c.num_microbatches(64) % c.pp, 0);
+            }
+            assert!(c.tp > 1 || !c.sequence_parallel);
+            assert!(c.dp > 1 || !c.distributed_optimizer);
+        }
+    }
+
+    #[test]
+    fn pinned_settings_are_respected() {
+        let args: Vec<String> = [
+            "--global-batch-size",
+            "64",
+            "--tensor-model-parallel-size",
+            "4",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let pins = crate::config::megatron::parse_pins("tp,dp=2").unwrap();
+        let s = settings_from_megatron_args(&args, Some("llama2-7b"), &pins).unwrap();
+        let all = candidates(&s, 2, 8, &SpaceOptions::default());
+        assert!(!all.is_empty());
+        assert!(all.iter().all(|c| c.tp == 4 && c.dp == 2 && c.pp == 2));
+    }
+
+    #[test]
+    fn gqa_limits_tensor_parallelism() {
+        // llama2-70b has 8 query groups: tp up to 8.
+        let s = settings(&["--global-batch-size", "32"], "llama2-70b");
+        let all = candidates(&s, 4, 16, &SpaceOptions::default());
+        assert!(all.iter().all(|c| c.tp <= 8));
+        assert!(all.iter().any(|c| c.tp == 8));
+    }
+}
