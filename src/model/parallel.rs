@@ -120,10 +120,38 @@ mod tests {
         let c = ParallelConfig::even(8, 2, 2, 3, 1);
         assert_eq!(c.world_size(), 12);
         // tp fastest, then dp, then pp.
-        assert_eq!(c.coordinates(0), RankCoordinates { tp: 0, dp: 0, pp: 0 });
-        assert_eq!(c.coordinates(1), RankCoordinates { tp: 1, dp: 0, pp: 0 });
-        assert_eq!(c.coordinates(2), RankCoordinates { tp: 0, dp: 1, pp: 0 });
-        assert_eq!(c.coordinates(6), RankCoordinates { tp: 0, dp: 0, pp: 1 });
+        assert_eq!(
+            c.coordinates(0),
+            RankCoordinates {
+                tp: 0,
+                dp: 0,
+                pp: 0
+            }
+        );
+        assert_eq!(
+            c.coordinates(1),
+            RankCoordinates {
+                tp: 1,
+                dp: 0,
+                pp: 0
+            }
+        );
+        assert_eq!(
+            c.coordinates(2),
+            RankCoordinates {
+                tp: 0,
+                dp: 1,
+                pp: 0
+            }
+        );
+        assert_eq!(
+            c.coordinates(6),
+            RankCoordinates {
+                tp: 0,
+                dp: 0,
+                pp: 1
+            }
+        );
         for r in 0..12 {
             assert_eq!(c.rank(c.coordinates(r)), r);
         }
@@ -131,7 +159,10 @@ mod tests {
 
     #[test]
     fn even_split_gives_the_remainder_to_the_first_stages() {
-        assert_eq!(ParallelConfig::even(10, 1, 4, 1, 1).layers_per_stage, [3, 3, 2, 2]);
+        assert_eq!(
+            ParallelConfig::even(10, 1, 4, 1, 1).layers_per_stage,
+            [3, 3, 2, 2]
+        );
         assert_eq!(ParallelConfig::even(8, 1, 2, 1, 1).layers_per_stage, [4, 4]);
     }
 

@@ -1,0 +1,93 @@
+//! Calibration factors: what the formulas cannot see, measured by a dry run.
+//!
+//! The memory model ([`super::memory`]) and the time model read their correction factors
+//! from one [`Calibration`]. [`Calibration::default`] holds documented first guesses; the
+//! dry run (a later issue) replaces them with values fitted to what one short real run
+//! measures on the cluster at hand. A plain struct: every field is public, serialised by
+//! name, and missing fields read as their defaults, so a calibration file written before a
+//! field existed still loads.
+
+use serde::{Deserialize, Serialize};
+
+/// One GiB, for readable defaults.
+const GIB: u64 = 1 << 30;
+
+/// Correction factors shared by the memory and time models.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Calibration {
+    /// Memory: measured activation bytes over the formula's (Korthikanti et al. 2022 as
+    /// extended in [`super::memory`]). Covers what the formula leaves out: temporaries
+    /// of the backward pass, the flash-attention softmax statistics, rotary-embedding
+    /// copies, and kernels that keep more than the paper assumes. Default 1.0 (trust the
+    /// formula) until a dry run measures the peak.
+    pub activation_factor: f64,
+    /// Memory: bytes on every GPU that no formula models: the CUDA context and kernel
+    /// images (about 0.5 GiB on a Hopper GPU), NCCL communicator buffers (a few hundred
+    /// MiB for the tp, pp and dp groups), cuBLAS / cuDNN workspaces. Default 1.5 GiB.
+    pub overhead_bytes: u64,
+    /// Memory: PyTorch's caching allocator reserves more than the live tensors need
+    /// (blocks split and freed out of order as activations come and go); this fraction of
+    /// the activation bytes is added to the overhead. Weights, gradients and optimizer
+    /// state live in a few large buffers allocated once, so they get none. Default 0.10.
+    pub allocator_slack: f64,
+    /// Time: attained share of a GPU's datasheet peak (dense tensor-core TFLOPS for the
+    /// training dtype) when the profile has no measured throughput. Megatron reaches about
+    /// 40–55 % model-FLOPs utilisation on large GPT models; default 0.45.
+    pub compute_efficiency: f64,
+    /// Time: attained share of a *measured* matrix-multiply throughput (the profile's
+    /// `measured_tflops`). Default 1.0 (take the measurement as it is) until a dry run
+    /// fits it; attention, norms and kernel launches usually make it 0.6–0.8.
+    pub measured_compute_efficiency: f64,
+    /// Time: share of the tensor-parallel collectives hidden behind the GEMMs with
+    /// `--tp-comm-overlap` (Transformer Engine's userbuffers). Default 0.5, a first guess.
+    pub tp_comm_overlap: f64,
+    /// Time: with `--overlap-grad-reduce`, the share of a stage's last backward pass that
+    /// can hide the data-parallel gradient reduce (the last bucket is reduced after the
+    /// pass ends). Default 0.9.
+    pub grad_reduce_overlap: f64,
+    /// Time: with `--overlap-param-gather`, the share of the next forward pass that can
+    /// hide the distributed optimizer's parameter all-gather. Default 0.9.
+    pub param_gather_overlap: f64,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration {
+            activation_factor: 1.0,
+            overhead_bytes: 3 * GIB / 2,
+            allocator_slack: 0.10,
+            compute_efficiency: 0.45,
+            measured_compute_efficiency: 1.0,
+            tp_comm_overlap: 0.5,
+            grad_reduce_overlap: 0.9,
+            param_gather_overlap: 0.9,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_fields_read_as_defaults() {
+        let c: Calibration = serde_json::from_str(r#"{"activation_factor": 1.25}"#).unwrap();
+        assert_eq!(c.activation_factor, 1.25);
+        assert_eq!(c.overhead_bytes, Calibration::default().overhead_bytes);
+        let c: Calibration = serde_json::from_str("{}").unwrap();
+        assert_eq!(c, Calibration::default());
+    }
+
+    #[test]
+    fn round_trips_through_json() {
+        let c = Calibration {
+            activation_factor: 1.1,
+            overhead_bytes: 123,
+            allocator_slack: 0.0,
+            ..Calibration::default()
+        };
+        let text = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<Calibration>(&text).unwrap(), c);
+    }
+}

@@ -1,0 +1,227 @@
+//! The cluster as the time model reads it: the bandwidth between any two GPUs and the
+//! throughput of each, in flat tables that one evaluation reads thousands of times.
+//!
+//! [`Fabric`] is what the fast evaluation ([`super::ConfigCosts::evaluate`]) needs;
+//! [`ClusterFabric`] implements it for a [`ClusterProfile`], and tests or the planner may
+//! implement it for anything else (a perturbed copy, a synthetic topology).
+
+use serde::Serialize;
+
+use crate::cluster::profile::{Dtype, GpuInventory};
+use crate::cluster::ClusterProfile;
+use crate::config::Precision;
+use crate::model::calibration::Calibration;
+use crate::model::parallel::Device;
+
+use super::TimeError;
+
+/// fp32 training runs on CUDA cores, not tensor cores (PyTorch leaves TF32 off for matrix
+/// multiplies by default): A100 19.5 of 312, H100 67 of 989, V100 15.7 of 125 TFLOPS. The
+/// model takes 1/16 of the fp16 tensor peak.
+pub const FP32_SHARE_OF_FP16_PEAK: f64 = 1.0 / 16.0;
+
+/// What the fast evaluation asks of a cluster. Both methods must be cheap (a table lookup)
+/// and must not allocate.
+pub trait Fabric {
+    /// Attained bandwidth from `from` to `to`, GB/s: the node's GPU-pair figure when both are
+    /// on one node, else the node pair's figure. Positive for distinct devices.
+    fn gb_per_s(&self, from: Device, to: Device) -> f64;
+    /// Milliseconds per GFLOP on `device` (1 / effective TFLOPS); infinite for a GPU that
+    /// cannot run the training dtype.
+    fn ms_per_gflop(&self, device: Device) -> f64;
+}
+
+/// Where a GPU's effective throughput came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThroughputBasis {
+    /// A measured matrix-multiply figure for the training dtype, times the calibration's
+    /// `measured_compute_efficiency`.
+    Measured,
+    /// The datasheet peak for the training dtype, times `compute_efficiency`.
+    Peak,
+    /// fp32 training: [`FP32_SHARE_OF_FP16_PEAK`] of the fp16 peak, times
+    /// `compute_efficiency`.
+    Fp32FromFp16Peak,
+    /// The GPU has no tensor cores for the training dtype (bf16 on a V100).
+    Unsupported,
+}
+
+/// The effective throughput the time model uses for one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct GpuThroughput {
+    /// Effective TFLOPS (0 when unsupported).
+    pub tflops: f64,
+    pub basis: ThroughputBasis,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct NodeSlots {
+    /// Index of the node's first GPU in the per-device tables.
+    device_base: usize,
+    /// Index of the node's GPU link matrix in `gpu_links`.
+    link_base: usize,
+    gpus: usize,
+}
+
+/// A [`ClusterProfile`] flattened for the time model: every bandwidth and every GPU's
+/// effective throughput for one training dtype and calibration.
+#[derive(Debug, Clone)]
+pub struct ClusterFabric {
+    node_count: usize,
+    /// Row-major node × node, GB/s.
+    node_links: Vec<f64>,
+    slots: Vec<NodeSlots>,
+    /// Each node's GPU × GPU matrix, row-major, one after another.
+    gpu_links: Vec<f64>,
+    /// Per device: 1 / effective TFLOPS.
+    ms_per_gflop: Vec<f64>,
+    throughput: Vec<GpuThroughput>,
+    /// Per node: its slowest GPU pair (infinite for a one-GPU node).
+    slowest_intra: Vec<f64>,
+}
+
+impl ClusterFabric {
+    /// Flattens `cluster` for training in `precision`. Fails when a node's GPUs are unknown
+    /// (imported profiles: fill them in first) or a calibration factor is out of range.
+    pub fn new(
+        cluster: &ClusterProfile,
+        precision: Precision,
+        calibration: &Calibration,
+    ) -> Result<Self, TimeError> {
+        super::check_calibration(calibration)?;
+        let node_count = cluster.nodes.len();
+        let mut node_links = Vec::with_capacity(node_count * node_count);
+        for from in 0..node_count {
+            node_links.extend_from_slice(cluster.node_links.row(from));
+        }
+        let mut slots = Vec::with_capacity(node_count);
+        let mut gpu_links = Vec::new();
+        let mut ms_per_gflop = Vec::new();
+        let mut throughput = Vec::new();
+        let mut slowest_intra = Vec::with_capacity(node_count);
+        for node in &cluster.nodes {
+            let GpuInventory::Known { gpus, links } = &node.gpus else {
+                return Err(TimeError::UnknownGpus {
+                    host: node.host.clone(),
+                });
+            };
+            slots.push(NodeSlots {
+                device_base: throughput.len(),
+                link_base: gpu_links.len(),
+                gpus: gpus.len(),
+            });
+            for from in 0..gpus.len() {
+                gpu_links.extend_from_slice(links.row(from));
+            }
+            slowest_intra.push(links.min_link().unwrap_or(f64::INFINITY));
+            for gpu in gpus {
+                let t = effective_throughput(gpu, precision, calibration);
+                ms_per_gflop.push(if t.tflops > 0.0 {
+                    1.0 / t.tflops
+                } else {
+                    f64::INFINITY
+                });
+                throughput.push(t);
+            }
+        }
+        Ok(ClusterFabric {
+            node_count,
+            node_links,
+            slots,
+            gpu_links,
+            ms_per_gflop,
+            throughput,
+            slowest_intra,
+        })
+    }
+
+    /// Nodes in the cluster.
+    pub fn node_count(&self) -> usize {
+        self.node_count
+    }
+
+    /// GPUs on `node` (0 for a node outside the cluster).
+    pub fn gpus_on(&self, node: usize) -> usize {
+        self.slots.get(node).map_or(0, |s| s.gpus)
+    }
+
+    /// GPUs in the cluster.
+    pub fn gpu_count(&self) -> usize {
+        self.throughput.len()
+    }
+
+    /// A dense index of `device` in `0..gpu_count()`, or `None` outside the cluster.
+    pub fn device_index(&self, device: Device) -> Option<usize> {
+        let slot = self.slots.get(device.node)?;
+        (device.gpu < slot.gpus).then_some(slot.device_base + device.gpu)
+    }
+
+    /// The effective throughput of `device`.
+    ///
+    /// # Panics
+    /// When the device is outside the cluster.
+    pub fn throughput(&self, device: Device) -> GpuThroughput {
+        self.throughput[self.slots[device.node].device_base + device.gpu]
+    }
+
+    /// The slowest GPU pair inside `node`, GB/s (infinite for a one-GPU node).
+    pub fn slowest_intra_node(&self, node: usize) -> f64 {
+        self.slowest_intra[node]
+    }
+}
+
+impl Fabric for ClusterFabric {
+    #[inline]
+    fn gb_per_s(&self, from: Device, to: Device) -> f64 {
+        if from.node == to.node {
+            let slot = self.slots[from.node];
+            self.gpu_links[slot.link_base + from.gpu * slot.gpus + to.gpu]
+        } else {
+            self.node_links[from.node * self.node_count + to.node]
+        }
+    }
+
+    #[inline]
+    fn ms_per_gflop(&self, device: Device) -> f64 {
+        self.ms_per_gflop[self.slots[device.node].device_base + device.gpu]
+    }
+}
+
+/// The training dtype's tensor-core dtype, `None` for fp32.
+pub(super) fn tensor_dtype(precision: Precision) -> Option<Dtype> {
+    match precision {
+        Precision::Bf16 => Some(Dtype::Bf16),
+        Precision::Fp16 => Some(Dtype::Fp16),
+        Precision::Fp32 => None,
+    }
+}
+
+fn effective_throughput(
+    gpu: &crate::cluster::profile::GpuSpec,
+    precision: Precision,
+    calibration: &Calibration,
+) -> GpuThroughput {
+    let Some(dtype) = tensor_dtype(precision) else {
+        return GpuThroughput {
+            tflops: gpu.peak_tflops.fp16 * FP32_SHARE_OF_FP16_PEAK * calibration.compute_efficiency,
+            basis: ThroughputBasis::Fp32FromFp16Peak,
+        };
+    };
+    if let Some(m) = gpu.measured_tflops.as_ref().filter(|m| m.dtype == dtype) {
+        return GpuThroughput {
+            tflops: m.tflops * calibration.measured_compute_efficiency,
+            basis: ThroughputBasis::Measured,
+        };
+    }
+    match gpu.peak_tflops.get(dtype) {
+        Some(peak) => GpuThroughput {
+            tflops: peak * calibration.compute_efficiency,
+            basis: ThroughputBasis::Peak,
+        },
+        None => GpuThroughput {
+            tflops: 0.0,
+            basis: ThroughputBasis::Unsupported,
+        },
+    }
+}

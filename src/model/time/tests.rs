@@ -1,0 +1,660 @@
+//! Unit tests of the time models on small synthetic clusters, every expected figure worked
+//! out by hand from the formulas in the module docs.
+
+use super::*;
+use crate::cluster::profile::{
+    GpuInventory, GpuSpec, LinkMatrix, NodeProfile, PeakTflops, Provenance, Source,
+};
+use crate::config::{
+    Normalization, PositionEmbedding, Precision, Recompute, RecomputeMethod, TrainingSettings,
+};
+use crate::model::flops::{stage_flops, AttentionMask};
+use crate::model::params::ParameterBreakdown;
+
+fn gpu(name: &str, bf16: Option<f64>, fp16: f64) -> GpuSpec {
+    GpuSpec {
+        index: 0,
+        name: name.into(),
+        memory_bytes: 80 << 30,
+        peak_tflops: PeakTflops { bf16, fp16 },
+        measured_tflops: None,
+        provenance: Provenance::new(Source::Datasheet),
+    }
+}
+
+fn a100() -> GpuSpec {
+    gpu("A100-SXM4-80GB", Some(312.0), 312.0)
+}
+
+/// `nodes` nodes of `per_node` GPUs, every GPU pair at `intra` GB/s, every node pair at
+/// `inter`.
+fn cluster(nodes: usize, per_node: usize, intra: f64, inter: f64) -> ClusterProfile {
+    let p = Provenance::new(Source::Estimated);
+    ClusterProfile {
+        note: None,
+        nodes: (0..nodes)
+            .map(|n| NodeProfile {
+                host: format!("n{n}"),
+                gpus: GpuInventory::Known {
+                    gpus: (0..per_node)
+                        .map(|i| GpuSpec {
+                            index: i as u32,
+                            ..a100()
+                        })
+                        .collect(),
+                    links: LinkMatrix::uniform(per_node, intra, p.clone()),
+                },
+            })
+            .collect(),
+        node_links: LinkMatrix::uniform(nodes, inter, p),
+    }
+}
+
+fn gpt() -> ModelSpec {
+    ModelSpec {
+        preset: None,
+        num_layers: 8,
+        hidden_size: 1024,
+        ffn_hidden_size: 4096,
+        num_attention_heads: 16,
+        num_query_groups: 16,
+        kv_channels: 64,
+        seq_length: 1024,
+        max_position_embeddings: 1024,
+        vocab_size: 32000,
+        make_vocab_size_divisible_by: 128,
+        swiglu: false,
+        untie_embeddings_and_output_weights: false,
+        normalization: Normalization::LayerNorm,
+        add_bias_linear: true,
+        add_qkv_bias: true,
+        position_embedding: PositionEmbedding::LearnedAbsolute,
+    }
+}
+
+fn training(global: u64) -> TrainingSettings {
+    TrainingSettings {
+        global_batch_size: global,
+        micro_batch_size: 1,
+        precision: Precision::Bf16,
+        recompute: Recompute::None,
+        sequence_parallel: false,
+        distributed_optimizer: false,
+        train_iters: None,
+        save: None,
+        load: None,
+        save_interval: None,
+        tensor_parallel: 1,
+        pipeline_parallel: 1,
+        virtual_pipeline: None,
+    }
+}
+
+struct Case {
+    model: ModelSpec,
+    training: TrainingSettings,
+    config: ParallelConfig,
+    cluster: ClusterProfile,
+    placement: Placement,
+    calibration: Calibration,
+    options: TimeOptions,
+}
+
+impl Case {
+    fn new(cluster: ClusterProfile, config: ParallelConfig, global: u64) -> Self {
+        let per_node = cluster.nodes[0].gpus().unwrap().len();
+        Case {
+            model: gpt(),
+            training: training(global),
+            placement: Placement::identity(config.world_size() as usize, per_node),
+            config,
+            cluster,
+            calibration: Calibration::default(),
+            options: TimeOptions::default(),
+        }
+    }
+
+    fn request(&self) -> TimeRequest<'_> {
+        TimeRequest {
+            model: &self.model,
+            training: &self.training,
+            config: &self.config,
+            cluster: &self.cluster,
+            placement: &self.placement,
+            calibration: &self.calibration,
+            options: self.options,
+        }
+    }
+
+    fn run(&self, model: TimeModel) -> TimeEstimate {
+        estimate(&self.request(), model).unwrap()
+    }
+
+    fn fast(&self) -> f64 {
+        let fabric =
+            ClusterFabric::new(&self.cluster, self.training.precision, &self.calibration).unwrap();
+        let costs = ConfigCosts::new(
+            &self.model,
+            &self.training,
+            &self.config,
+            &self.calibration,
+            &self.options,
+        )
+        .unwrap();
+        costs.evaluate(&fabric, &self.placement.devices)
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+fn terms_add_up(e: &TimeEstimate) {
+    let sum = e.steady_ms
+        + e.bubble_ms
+        + e.pipeline_p2p_ms
+        + e.data_parallel_exposed_ms
+        + e.param_gather_exposed_ms;
+    assert!(close(sum, e.iteration_ms), "{sum} vs {}", e.iteration_ms);
+}
+
+/// ms to run `flops` on one A100 at the default efficiency.
+fn a100_ms(flops: f64) -> f64 {
+    flops / (312.0 * 0.45) / 1e9
+}
+
+#[test]
+fn one_gpu_is_compute_only() {
+    let case = Case::new(
+        cluster(1, 1, 240.0, 23.5),
+        ParallelConfig::even(8, 1, 1, 1, 2),
+        16,
+    );
+    let e = case.run(TimeModel::Pipette);
+    let flops = stage_flops(&case.model, &case.config, 0, AttentionMask::Causal);
+    assert_eq!(e.microbatches, 8);
+    assert!(close(e.iteration_ms, 8.0 * a100_ms(flops.total())));
+    assert_eq!(e.bubble_ms, 0.0);
+    assert_eq!(e.pipeline_p2p_ms, 0.0);
+    assert_eq!(e.data_parallel_exposed_ms, 0.0);
+    assert!(close(e.stages[0].forward_ms, a100_ms(flops.forward)));
+    assert_eq!(
+        e.stages[0].gpu.as_ref().unwrap().basis,
+        ThroughputBasis::Peak
+    );
+    assert_eq!(e.iteration_ms, case.fast());
+    terms_add_up(&e);
+}
+
+#[test]
+fn pipeline_hop_is_paid_once_per_group_of_pp_microbatches() {
+    // Two one-GPU nodes with asymmetric links: activations go 0 → 1 at 20 GB/s,
+    // gradients come back 1 → 0 at 10 GB/s.
+    let mut c = cluster(2, 1, 240.0, 20.0);
+    c.node_links.set(1, 0, 10.0);
+    for m in [1u64, 2, 5, 8] {
+        let case = Case::new(c.clone(), ParallelConfig::even(8, 1, 2, 1, 1), m);
+        let e = case.run(TimeModel::Pipette);
+        let msg = 1024.0 * 1024.0 * 2.0; // s·b·h bf16 bytes
+        let pass = msg / 20e9 * 1e3 + msg / 10e9 * 1e3;
+        assert_eq!(e.pipeline.passes, m.div_ceil(2));
+        assert!(close(e.pipeline.per_pass_ms, pass));
+        assert!(close(e.pipeline_p2p_ms, m.div_ceil(2) as f64 * pass));
+        let slot = e.stages.iter().map(|s| s.slot_ms).fold(0.0, f64::max);
+        assert_eq!(e.critical_stage, 1, "the last stage has the logits");
+        assert!(close(e.steady_ms, m as f64 * slot));
+        assert!(close(e.bubble_ms, slot));
+        assert_eq!(e.pipeline.hops[0].activation.gb_per_s, 20.0);
+        assert_eq!(e.pipeline.hops[0].gradient.gb_per_s, 10.0);
+        assert!(!e.pipeline.hops[0].activation.intra_node);
+        assert_eq!(e.iteration_ms, case.fast());
+        terms_add_up(&e);
+    }
+}
+
+#[test]
+fn tensor_parallel_ring_takes_the_slowest_link() {
+    // tp 4 in one node, one GPU pair slowed to 50 GB/s.
+    let mut c = cluster(1, 4, 200.0, 23.5);
+    if let GpuInventory::Known { links, .. } = &mut c.nodes[0].gpus {
+        links.set(2, 3, 50.0);
+    }
+    let case = Case::new(c, ParallelConfig::even(8, 4, 1, 1, 1), 4);
+    let e = case.run(TimeModel::Pipette);
+    let stage = &e.stages[0];
+    let link = stage.tp_link.as_ref().unwrap();
+    assert_eq!((link.from.gpu, link.to.gpu, link.gb_per_s), (2, 3, 50.0));
+    // One stage, first and last: 4·8 + 2 half-all-reduce units each way (no SP).
+    let message = 1024.0 * 1024.0 * 2.0;
+    let units = (4.0 * 8.0 + 2.0) * 2.0;
+    let expected = units * 0.75 * message / 50e9 * 1e3;
+    assert!(close(stage.tp_comm_ms, expected), "{}", stage.tp_comm_ms);
+    assert_eq!(stage.tp_comm_hidden_ms, 0.0);
+
+    // --tp-comm-overlap hides the calibrated share.
+    let mut overlapped = case;
+    overlapped.options.tp_comm_overlap = true;
+    let o = overlapped.run(TimeModel::Pipette);
+    assert!(close(o.stages[0].tp_comm_ms, 0.5 * expected));
+    assert!(close(o.stages[0].tp_comm_hidden_ms, 0.5 * expected));
+    assert_eq!(o.iteration_ms, overlapped.fast());
+}
+
+#[test]
+fn sequence_parallelism_keeps_tp_volume_and_shrinks_pipeline_messages() {
+    let mut config = ParallelConfig::even(8, 2, 2, 1, 1);
+    let plain = Case::new(cluster(2, 2, 200.0, 20.0), config.clone(), 4).run(TimeModel::Pipette);
+    config.sequence_parallel = true;
+    let sp = Case::new(cluster(2, 2, 200.0, 20.0), config, 4).run(TimeModel::Pipette);
+    assert_eq!(
+        sp.pipeline.message_bytes * 2.0,
+        plain.pipeline.message_bytes
+    );
+    for (a, b) in plain.stages.iter().zip(&sp.stages) {
+        assert!(close(a.tp_comm_ms, b.tp_comm_ms));
+    }
+}
+
+#[test]
+fn tp_inside_a_node_beats_tp_across_nodes() {
+    // tp 2 × pp 2 on two nodes of two GPUs: the identity placement keeps each tp pair on a
+    // node; the transposed one splits every tp pair over the two nodes.
+    let config = ParallelConfig::even(8, 2, 2, 1, 1);
+    let mut case = Case::new(cluster(2, 2, 200.0, 20.0), config, 8);
+    let inside = case.run(TimeModel::Pipette);
+    case.placement.devices = vec![
+        Device { node: 0, gpu: 0 },
+        Device { node: 1, gpu: 0 },
+        Device { node: 0, gpu: 1 },
+        Device { node: 1, gpu: 1 },
+    ];
+    let across = case.run(TimeModel::Pipette);
+    assert!(inside.iteration_ms < across.iteration_ms);
+    assert!(inside.stages[0].tp_link.as_ref().unwrap().intra_node);
+    assert!(!across.stages[0].tp_link.as_ref().unwrap().intra_node);
+    assert!(across.pipeline.hops[0].activation.intra_node);
+    assert!(close(
+        across.stages[0].tp_comm_ms / inside.stages[0].tp_comm_ms,
+        10.0
+    ));
+}
+
+#[test]
+fn data_parallel_ring_bottleneck_and_overlap() {
+    // dp 4 over four one-GPU nodes; node 2 → node 3 degraded to 5 GB/s.
+    let mut c = cluster(4, 1, 240.0, 20.0);
+    c.node_links.set(2, 3, 5.0);
+    let mut case = Case::new(c, ParallelConfig::even(8, 1, 1, 4, 1), 16);
+    let e = case.run(TimeModel::Pipette);
+    let params = ParameterBreakdown::new(&case.model, 1).stage(8, true, true) as f64;
+    let grad_bytes = params * 4.0; // bf16 reduces fp32 gradients
+    let reduce = 2.0 * 0.75 * grad_bytes / 5e9 * 1e3;
+    let dp = &e.data_parallel;
+    assert_eq!(dp.collective, "all-reduce");
+    assert_eq!(dp.grad_bytes, grad_bytes);
+    assert!(close(dp.reduce_ms, reduce));
+    assert_eq!(dp.reduce_overlap_ms, 0.0);
+    assert!(close(e.data_parallel_exposed_ms, reduce));
+    let link = &dp.bottleneck.as_ref().unwrap().link;
+    assert_eq!(
+        (link.from.host.as_str(), link.to.host.as_str()),
+        ("n2", "n3")
+    );
+    assert_eq!(e.iteration_ms, case.fast());
+    terms_add_up(&e);
+
+    // --overlap-grad-reduce: 0.9 of one backward pass is credited, never more than the
+    // reduce itself.
+    case.options.overlap_grad_reduce = true;
+    let o = case.run(TimeModel::Pipette);
+    let backward = o.stages[0].backward_ms;
+    let credit = (0.9 * backward).min(reduce);
+    assert!(close(o.data_parallel.reduce_overlap_ms, credit));
+    assert!(close(o.data_parallel_exposed_ms, reduce - credit));
+    assert!(close(o.overlap_credited_ms, credit));
+    assert!(close(e.iteration_ms - o.iteration_ms, credit));
+    assert_eq!(o.iteration_ms, case.fast());
+}
+
+#[test]
+fn distributed_optimizer_reduce_scatters_then_gathers() {
+    let mut config = ParallelConfig::even(8, 1, 1, 2, 1);
+    config.distributed_optimizer = true;
+    let mut case = Case::new(cluster(2, 1, 240.0, 20.0), config, 8);
+    let e = case.run(TimeModel::Pipette);
+    let params = ParameterBreakdown::new(&case.model, 1).stage(8, true, true) as f64;
+    let dp = &e.data_parallel;
+    assert_eq!(dp.collective, "reduce-scatter");
+    assert!(close(dp.reduce_ms, 0.5 * params * 4.0 / 20e9 * 1e3));
+    assert!(close(dp.param_gather_ms, 0.5 * params * 2.0 / 20e9 * 1e3));
+    assert!(close(e.param_gather_exposed_ms, dp.param_gather_ms));
+    terms_add_up(&e);
+
+    case.options.overlap_param_gather = true;
+    case.options.grad_reduce_in_bf16 = true;
+    let o = case.run(TimeModel::Pipette);
+    assert!(close(
+        o.data_parallel.reduce_ms,
+        0.5 * params * 2.0 / 20e9 * 1e3
+    ));
+    let credit = (0.9 * o.stages[0].forward_ms).min(o.data_parallel.param_gather_ms);
+    assert!(close(o.data_parallel.param_gather_overlap_ms, credit));
+    assert_eq!(o.iteration_ms, case.fast());
+    terms_add_up(&o);
+}
+
+#[test]
+fn interleaving_shrinks_the_bubble_and_multiplies_the_hops() {
+    let mut config = ParallelConfig::even(8, 1, 4, 1, 1);
+    let plain_case = Case::new(cluster(4, 1, 240.0, 20.0), config.clone(), 8);
+    let plain = plain_case.run(TimeModel::Pipette);
+    config.vpp = Some(2);
+    let case = Case::new(cluster(4, 1, 240.0, 20.0), config, 8);
+    let e = case.run(TimeModel::Pipette);
+    let slot = e.stages[e.critical_stage].slot_ms;
+    assert!(close(e.bubble_ms, 1.5 * slot));
+    assert!(close(plain.bubble_ms, 3.0 * slot));
+    // Each pass: the three hops twice, plus the wrap-around hop from stage 3 to 0 once.
+    let hop = plain.pipeline.hops[0].ms;
+    assert!(close(e.pipeline.per_pass_ms, 2.0 * 3.0 * hop + hop));
+    assert_eq!(e.pipeline.hops.len(), 4);
+    assert_eq!(e.pipeline.hops[3].from_stage, 3);
+    assert_eq!(e.pipeline.hops[3].times, 1);
+    assert_eq!(e.iteration_ms, case.fast());
+    terms_add_up(&e);
+}
+
+#[test]
+fn recomputation_lengthens_the_backward_pass() {
+    let mut config = ParallelConfig::even(8, 2, 1, 1, 1);
+    let base = Case::new(cluster(1, 2, 200.0, 20.0), config.clone(), 4).run(TimeModel::Pipette);
+    config.recompute = Recompute::Full {
+        method: RecomputeMethod::Uniform,
+        num_layers: 1,
+    };
+    let full = Case::new(cluster(1, 2, 200.0, 20.0), config, 4).run(TimeModel::Pipette);
+    let (b, f) = (&base.stages[0], &full.stages[0]);
+    assert_eq!(b.recompute_ms, 0.0);
+    assert!(f.recompute_ms > 0.0);
+    assert!(close(f.backward_ms, b.backward_ms + f.recompute_ms));
+    assert!(
+        f.tp_comm_ms > b.tp_comm_ms,
+        "full recompute redoes the collectives"
+    );
+}
+
+#[test]
+fn slowest_gpu_governs_a_mixed_stage_and_measured_figures_win() {
+    let mut c = cluster(1, 2, 100.0, 10.0);
+    if let GpuInventory::Known { gpus, .. } = &mut c.nodes[0].gpus {
+        gpus[1] = GpuSpec {
+            index: 1,
+            ..gpu("V100-SXM2-32GB", None, 125.0)
+        };
+    }
+    let mut case = Case::new(c, ParallelConfig::even(8, 2, 1, 1, 1), 4);
+    case.training.precision = Precision::Fp16;
+    let e = case.run(TimeModel::Pipette);
+    let g = e.stages[0].gpu.as_ref().unwrap();
+    assert_eq!(g.name, "V100-SXM2-32GB");
+    assert!(close(g.tflops, 125.0 * 0.45));
+
+    // bf16 cannot run on the V100.
+    case.training.precision = Precision::Bf16;
+    let err = estimate(&case.request(), TimeModel::Pipette).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "n0 GPU 1 (V100-SXM2-32GB) has no bf16 tensor cores (train with --fp16, or leave the node out)"
+    );
+    // ...but the fast path still answers, with an infinite time.
+    let fabric = ClusterFabric::new(&case.cluster, Precision::Bf16, &case.calibration).unwrap();
+    let costs = ConfigCosts::new(
+        &case.model,
+        &case.training,
+        &case.config,
+        &case.calibration,
+        &case.options,
+    )
+    .unwrap();
+    assert_eq!(
+        costs.evaluate(&fabric, &case.placement.devices),
+        f64::INFINITY
+    );
+
+    // A measured figure for the training dtype replaces peak × efficiency.
+    if let GpuInventory::Known { gpus, .. } = &mut case.cluster.nodes[0].gpus {
+        gpus[1] = GpuSpec { index: 1, ..a100() };
+        for g in gpus.iter_mut() {
+            g.measured_tflops = Some(crate::cluster::profile::MeasuredTflops {
+                dtype: Dtype::Bf16,
+                tflops: 250.0,
+                provenance: Provenance::new(Source::Measured),
+            });
+        }
+    }
+    let m = case.run(TimeModel::Pipette);
+    let g = m.stages[0].gpu.as_ref().unwrap();
+    assert_eq!((g.tflops, g.basis), (250.0, ThroughputBasis::Measured));
+}
+
+#[test]
+fn fp32_runs_at_a_sixteenth_of_the_fp16_peak() {
+    let mut case = Case::new(
+        cluster(1, 1, 1.0, 1.0),
+        ParallelConfig::even(8, 1, 1, 1, 1),
+        1,
+    );
+    case.training.precision = Precision::Fp32;
+    let e = case.run(TimeModel::Pipette);
+    let g = e.stages[0].gpu.as_ref().unwrap();
+    assert_eq!(g.basis, ThroughputBasis::Fp32FromFp16Peak);
+    assert!(close(g.tflops, 312.0 / 16.0 * 0.45));
+    assert!(e.notes.iter().any(|n| n.contains("fp32")));
+}
+
+#[test]
+fn errors_name_the_problem_on_one_line() {
+    let good = Case::new(
+        cluster(2, 2, 200.0, 20.0),
+        ParallelConfig::even(8, 2, 2, 1, 1),
+        4,
+    );
+    let check = |case: &Case, expected: &str| {
+        let err = estimate(&case.request(), TimeModel::Pipette)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, expected);
+        assert!(!err.contains('\n'));
+    };
+
+    let mut case = Case::new(cluster(2, 2, 200.0, 20.0), good.config.clone(), 4);
+    case.cluster.nodes[1].gpus = GpuInventory::Unknown;
+    check(&case, "node n1 has no GPU inventory (profile the cluster, or fill in default GPUs for an imported profile)");
+
+    let mut case = Case::new(good.cluster.clone(), good.config.clone(), 4);
+    case.placement.devices.pop();
+    check(
+        &case,
+        "the placement lists 3 GPUs for 4 ranks (tp × pp × dp)",
+    );
+    case.placement.devices.push(Device { node: 0, gpu: 1 });
+    check(&case, "ranks 1 and 3 are both placed on GPU #1 of n0");
+    case.placement.devices[3] = Device { node: 1, gpu: 2 };
+    check(&case, "rank 3 is placed on GPU #2 of n1, which has 2 GPUs");
+    case.placement.devices[3] = Device { node: 5, gpu: 0 };
+    check(
+        &case,
+        "rank 3 is placed on node #5, but the cluster has 2 nodes",
+    );
+
+    let mut case = Case::new(good.cluster.clone(), good.config.clone(), 4);
+    case.config.layers_per_stage = vec![8, 0];
+    check(
+        &case,
+        "cannot cost this configuration: pipeline stage 1 has no layers (use fewer stages)",
+    );
+    case.config.layers_per_stage = vec![4, 3];
+    check(
+        &case,
+        "cannot cost this configuration: the stages hold 7 layers, the model has 8",
+    );
+    case.config.layers_per_stage = vec![8];
+    check(
+        &case,
+        "cannot cost this configuration: 1 layer counts for 2 pipeline stages",
+    );
+    let mut case = Case::new(good.cluster.clone(), good.config.clone(), 4);
+    case.config.micro_batch = 8;
+    check(&case, "cannot cost this configuration: global batch 4 is smaller than micro-batch 8 × dp 1 (no micro-batch per pipeline)");
+
+    let mut case = Case::new(good.cluster.clone(), good.config.clone(), 4);
+    case.calibration.compute_efficiency = 0.0;
+    check(
+        &case,
+        "calibration compute_efficiency is 0 (give a fraction in (0, 1])",
+    );
+    case.calibration.compute_efficiency = 0.5;
+    case.calibration.grad_reduce_overlap = 1.5;
+    check(
+        &case,
+        "calibration grad_reduce_overlap is 1.5 (give a fraction in [0, 1])",
+    );
+}
+
+#[test]
+fn time_model_names_round_trip() {
+    for m in TimeModel::ALL {
+        assert_eq!(m.as_str().parse::<TimeModel>().unwrap(), m);
+        assert_eq!(serde_json::to_value(m).unwrap(), m.as_str());
+    }
+    assert_eq!(TimeModel::default(), TimeModel::Pipette);
+    assert!("megatron"
+        .parse::<TimeModel>()
+        .unwrap_err()
+        .contains("pipette-compat"));
+}
+
+#[test]
+fn estimate_serialises_every_term() {
+    let case = Case::new(
+        cluster(2, 2, 200.0, 20.0),
+        ParallelConfig::even(8, 2, 1, 2, 1),
+        4,
+    );
+    for model in TimeModel::ALL {
+        let e = case.run(model);
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["model"], model.as_str());
+        for key in [
+            "iteration_ms",
+            "steady_ms",
+            "bubble_ms",
+            "pipeline_p2p_ms",
+            "data_parallel_exposed_ms",
+            "param_gather_exposed_ms",
+            "overlap_credited_ms",
+            "stages",
+            "pipeline",
+            "data_parallel",
+        ] {
+            assert!(json.get(key).is_some(), "{model}: {key} missing");
+        }
+        assert!(json["iteration_ms"].as_f64().unwrap() > 0.0);
+        terms_add_up(&e);
+    }
+}
+
+#[test]
+fn pipette_compat_follows_the_published_formula() {
+    // 4 nodes × 2 GPUs, tp 1, pp 2, dp 4: Pipette's inner dp = 2 / 1 = 2, inter = 4 / 2 = 2.
+    let mut c = cluster(4, 2, 100.0, 20.0);
+    c.node_links.set(0, 2, 8.0);
+    // Stage 0 of replicas 0..4 on nodes 0, 0, 1, 1; stage 1 on nodes 2, 2, 3, 3.
+    let mut case = Case::new(c, ParallelConfig::even(8, 1, 2, 4, 1), 20);
+    let e = case.run(TimeModel::PipetteCompat);
+    let p = case.run(TimeModel::Pipette);
+    let m = 5u64;
+    assert_eq!(e.microbatches, m);
+    let slot = p.stages.iter().map(|s| s.slot_ms).fold(0.0, f64::max);
+    // ⌊5/2⌋ = 2 groups: (pp − 1)(f + b) + 2 (pp (f + b) + C_pp); the fifth micro-batch is
+    // dropped (quirk).
+    let msg_gb = 1024.0 * 1024.0 * 2.0 / 1e9;
+    let c_pp = 2.0 * msg_gb / 8.0 * 1e3; // replicas 0 and 1 hop 0 → 2 at 8 GB/s
+    assert!(close(e.pipeline.per_pass_ms, c_pp));
+    assert!(close(e.bubble_ms, slot));
+    assert!(close(e.steady_ms, 2.0 * 2.0 * slot));
+    assert!(close(e.pipeline_p2p_ms, 2.0 * c_pp));
+    let h = 1024.0;
+    let dp_msg = (h * 32000.0 + 4.0 * 16.0 * h * h) * 2.0 / 1e9;
+    let inner = 2.0 * 1.0 * dp_msg / 100.0 / 2.0 * 1e3;
+    let inter = 2.0 * 1.0 * dp_msg / 20.0 / 2.0 * 1e3; // ring of nodes 0 and 1
+    assert!(close(e.data_parallel_exposed_ms, inner + inter));
+    assert!(close(
+        e.iteration_ms,
+        slot + 2.0 * (2.0 * slot + c_pp) + inner + inter
+    ));
+    assert!(e.notes.iter().any(|n| n.contains("dropped")));
+    terms_add_up(&e);
+
+    // Fewer micro-batches than stages: (m − 1)(f + b) + pp (f + b) + C_pp.
+    case.training.global_batch_size = 4;
+    let one = case.run(TimeModel::PipetteCompat);
+    assert!(close(one.iteration_ms, 2.0 * slot + c_pp + inner + inter));
+}
+
+#[test]
+fn amp_follows_its_published_formula() {
+    // 2 nodes × 2 GPUs, tp 1, pp 2, dp 2: stage 0 on node 0, stage 1 on node 1.
+    let mut c = cluster(2, 2, 100.0, 20.0);
+    c.node_links.set(0, 1, 10.0);
+    let case = Case::new(c, ParallelConfig::even(8, 1, 2, 2, 1), 8);
+    let e = case.run(TimeModel::Amp);
+    let b = 4.0; // micro-batches
+    let layer = crate::model::flops::LayerFlops::new(&case.model, 1, AttentionMask::Causal);
+    let logits = crate::model::flops::logits_flops(&case.model, 1, 1);
+    let len0 = 3.0 * a100_ms(4.0 * layer.total());
+    let len1 = 3.0 * a100_ms(4.0 * layer.total() + logits);
+    assert!(close(e.stages[0].slot_ms, len0));
+    assert!(close(e.stages[1].slot_ms, len1));
+    // The activation once, as 4-byte elements, over 0 → 1.
+    let c01 = 1024.0 * 1024.0 * 4.0 / 10e9 * 1e3;
+    assert!(close(e.pipeline_p2p_ms, c01));
+    // dp ring: only the link from replica 1 back to replica 0, here inside a node.
+    let h = 1024.0;
+    let elements = 12.0 * h * h * 4.0 + h * 32000.0;
+    let dp = 2.0 * 0.5 * elements * 4.0 / 100e9 * 1e3;
+    assert!(close(e.data_parallel_exposed_ms, dp));
+    assert!(close(
+        e.iteration_ms,
+        (b - 1.0) * len1 + len0 + len1 + c01 + dp
+    ));
+    terms_add_up(&e);
+}
+
+#[test]
+fn report_and_fast_path_agree_bit_for_bit() {
+    let shapes = [
+        (2, 2, 2, None, false, false),
+        (2, 1, 4, Some(2), true, false),
+        (1, 4, 2, Some(2), false, true),
+        (4, 2, 1, None, true, true),
+        (1, 8, 1, Some(4), false, false),
+    ];
+    for (tp, pp, dp, vpp, sp, dist) in shapes {
+        let mut c = cluster(4, 2, 150.0, 20.0);
+        c.node_links.set(1, 2, 7.5);
+        c.node_links.set(3, 0, 12.0);
+        let mut config = ParallelConfig::even(8, tp, pp, dp, 1);
+        config.vpp = vpp;
+        config.sequence_parallel = sp;
+        config.distributed_optimizer = dist;
+        let mut case = Case::new(c, config, 16);
+        case.options.overlap_grad_reduce = sp;
+        case.options.overlap_param_gather = dist;
+        // Reverse the placement so links are uneven.
+        case.placement.devices.reverse();
+        let e = case.run(TimeModel::Pipette);
+        assert_eq!(e.iteration_ms, case.fast(), "tp {tp} pp {pp} dp {dp}");
+        terms_add_up(&e);
+    }
+}
