@@ -5,6 +5,7 @@
 
 use crate::cluster::{DiscoveryError, ProfileError};
 use crate::config::ArgsError;
+use crate::model::time::TimeError;
 
 /// Exit codes of `pipette-run` and `pipette`.
 ///
@@ -48,6 +49,10 @@ pub enum Error {
     NodeList(#[from] DiscoveryError),
     #[error(transparent)]
     ClusterFile(#[from] ProfileError),
+    /// The cluster cannot run the configuration as described (no GPU inventory, no
+    /// tensor cores for the dtype, ...).
+    #[error(transparent)]
+    Time(#[from] TimeError),
     /// The cluster file and the allocation disagree.
     #[error("{0}")]
     ClusterMismatch(String),
@@ -64,7 +69,9 @@ impl Error {
             Error::Usage(_) => ExitCode::Usage,
             Error::ModelArgs(_) => ExitCode::ModelArgs,
             Error::NodeList(_) => ExitCode::NodeList,
-            Error::ClusterFile(_) | Error::ClusterMismatch(_) => ExitCode::ClusterFile,
+            Error::ClusterFile(_) | Error::ClusterMismatch(_) | Error::Time(_) => {
+                ExitCode::ClusterFile
+            }
             Error::Unsupported(_) => ExitCode::Unsupported,
             Error::Internal(_) => ExitCode::Internal,
         }

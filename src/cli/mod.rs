@@ -7,7 +7,12 @@ pub mod torchrun;
 pub use options::{DiscoveryOptions, ModelOptions, OutputOptions};
 pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Recompute, RecomputeMethod};
+use crate::model::time::TimeModel;
 
 /// Exit codes, shown at the end of every `--help`.
 pub const EXIT_CODES_HELP: &str = "\
@@ -114,11 +119,75 @@ pub enum PipetteCommand {
         #[arg(last = true, value_name = "MEGATRON ARGS")]
         megatron_args: Vec<String>,
     },
+    /// Cost one parallel configuration: memory per GPU for every pipeline stage, and the
+    /// iteration time term by term on a cluster (three ways: pipette, pipette-compat, amp).
+    /// Values not given come from the Megatron arguments:
+    /// `pipette estimate --cluster c.json --tp 2 --pp 4 --mbs 1 --model llama2-13b`
+    Estimate(Box<EstimateArgs>),
     /// List the model presets usable with --model
     Presets {
         #[command(flatten)]
         output: OutputOptions,
     },
+}
+
+/// `pipette estimate`'s options.
+#[derive(Debug, Clone, Args)]
+pub struct EstimateArgs {
+    /// Cluster profile to cost the time on; without it only memory is estimated
+    #[arg(long, env = "PIPETTE_CLUSTER", value_name = "FILE")]
+    pub cluster: Option<PathBuf>,
+    /// Tensor-parallel size (default: the Megatron arguments', else 1)
+    #[arg(long, value_name = "T")]
+    pub tp: Option<u64>,
+    /// Pipeline-parallel size (default: the Megatron arguments', else 1)
+    #[arg(long, value_name = "P")]
+    pub pp: Option<u64>,
+    /// Data-parallel size (default: the cluster's GPUs / (tp × pp), or 1 without a cluster)
+    #[arg(long, value_name = "D")]
+    pub dp: Option<u64>,
+    /// Micro-batch size (default: the Megatron arguments', else 1)
+    #[arg(long, value_name = "B")]
+    pub mbs: Option<u64>,
+    /// Virtual stages per pipeline rank (interleaved schedule)
+    #[arg(long, value_name = "V")]
+    pub vpp: Option<u64>,
+    /// Activation recomputation: none, selective, or full (uniform, one layer per group)
+    #[arg(long, value_name = "MODE", value_parser = parse_recompute)]
+    pub recompute: Option<Recompute>,
+    /// Sequence parallelism (with tp > 1)
+    #[arg(long = "sequence-parallel")]
+    pub sequence_parallel: bool,
+    /// The distributed optimizer (optimizer state sharded over dp)
+    #[arg(long = "distributed-optimizer")]
+    pub distributed_optimizer: bool,
+    /// Transformer layers per pipeline stage, comma-separated, for an uneven split
+    #[arg(long = "layers-per-stage", value_name = "LIST", value_delimiter = ',')]
+    pub layers_per_stage: Option<Vec<u64>>,
+    /// The time model whose full report is shown; the others are shown beside it
+    #[arg(long = "time-model", value_name = "MODEL", default_value = "pipette")]
+    pub time_model: TimeModel,
+    #[command(flatten)]
+    pub model: ModelOptions,
+    #[command(flatten)]
+    pub output: OutputOptions,
+    /// Megatron arguments, as they would follow SCRIPT
+    #[arg(last = true, value_name = "MEGATRON ARGS")]
+    pub megatron_args: Vec<String>,
+}
+
+fn parse_recompute(text: &str) -> Result<Recompute, String> {
+    match text {
+        "none" => Ok(Recompute::None),
+        "selective" => Ok(Recompute::Selective),
+        "full" => Ok(Recompute::Full {
+            method: RecomputeMethod::Uniform,
+            num_layers: 1,
+        }),
+        _ => Err(format!(
+            "{text:?} is not a recomputation mode (none, selective or full)"
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -326,6 +326,10 @@ enum Opt {
     LayersPerVirtualStage,
     VirtualStagesPerRank,
     NoOverlapP2p,
+    OverlapGradReduce,
+    OverlapParamGather,
+    GradReduceInBf16,
+    TpCommOverlap,
     /// An option we refuse: what it does, and the value that leaves it off (if any).
     Unsupported {
         what: &'static str,
@@ -448,6 +452,10 @@ const OPTIONS: &[(&str, Kind, Opt)] = &[
         Kind::Flag,
         Opt::NoOverlapP2p,
     ),
+    ("overlap-grad-reduce", Kind::Flag, Opt::OverlapGradReduce),
+    ("overlap-param-gather", Kind::Flag, Opt::OverlapParamGather),
+    ("grad-reduce-in-bf16", Kind::Flag, Opt::GradReduceInBf16),
+    ("tp-comm-overlap", Kind::Flag, Opt::TpCommOverlap),
     // Megatron options that change the model or the parallel layout beyond what the
     // parameter, memory and time models know.
     (
@@ -638,6 +646,10 @@ struct RawArgs {
     layers_per_virtual_stage: Option<u64>,
     virtual_stages_per_rank: Option<u64>,
     no_overlap_p2p: bool,
+    overlap_grad_reduce: bool,
+    overlap_param_gather: bool,
+    grad_reduce_in_bf16: bool,
+    tp_comm_overlap: bool,
     /// Megatron options written with underscores (`--num_layers`): not Megatron's, but
     /// worth a hint when the dashed one is missing.
     underscored: Vec<String>,
@@ -723,6 +735,10 @@ fn set_flag(raw: &mut RawArgs, opt: Opt, option: &str) -> Result<(), ArgsError> 
         Opt::SequenceParallel => raw.sequence_parallel = true,
         Opt::UseDistributedOptimizer => raw.use_distributed_optimizer = true,
         Opt::NoOverlapP2p => raw.no_overlap_p2p = true,
+        Opt::OverlapGradReduce => raw.overlap_grad_reduce = true,
+        Opt::OverlapParamGather => raw.overlap_param_gather = true,
+        Opt::GradReduceInBf16 => raw.grad_reduce_in_bf16 = true,
+        Opt::TpCommOverlap => raw.tp_comm_overlap = true,
         Opt::Unsupported { what, .. } => {
             return Err(ArgsError::Unsupported {
                 option: option.to_string(),
@@ -902,6 +918,10 @@ fn merge(preset: RawArgs, user: RawArgs) -> RawArgs {
             .virtual_stages_per_rank
             .or(preset.virtual_stages_per_rank),
         no_overlap_p2p: user.no_overlap_p2p || preset.no_overlap_p2p,
+        overlap_grad_reduce: user.overlap_grad_reduce || preset.overlap_grad_reduce,
+        overlap_param_gather: user.overlap_param_gather || preset.overlap_param_gather,
+        grad_reduce_in_bf16: user.grad_reduce_in_bf16 || preset.grad_reduce_in_bf16,
+        tp_comm_overlap: user.tp_comm_overlap || preset.tp_comm_overlap,
         underscored: user.underscored,
     }
 }
@@ -1306,6 +1326,10 @@ fn training_settings(
         tensor_parallel,
         pipeline_parallel,
         virtual_pipeline: virtual_pipeline(raw, model.num_layers, pipeline_parallel)?,
+        overlap_grad_reduce: raw.overlap_grad_reduce,
+        overlap_param_gather: raw.overlap_param_gather,
+        grad_reduce_in_bf16: raw.grad_reduce_in_bf16,
+        tp_comm_overlap: raw.tp_comm_overlap,
     })
 }
 

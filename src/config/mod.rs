@@ -83,6 +83,45 @@ pub struct TrainingSettings {
     pub tensor_parallel: u64,
     pub pipeline_parallel: u64,
     pub virtual_pipeline: Option<u64>,
+    /// `--overlap-grad-reduce`: the gradient reduce overlaps the backward pass.
+    #[serde(default)]
+    pub overlap_grad_reduce: bool,
+    /// `--overlap-param-gather`: the distributed optimizer's all-gather overlaps the forward.
+    #[serde(default)]
+    pub overlap_param_gather: bool,
+    /// `--grad-reduce-in-bf16`: gradients are reduced in bf16 rather than fp32.
+    #[serde(default)]
+    pub grad_reduce_in_bf16: bool,
+    /// `--tp-comm-overlap`: tensor-parallel collectives overlap the GEMMs (Transformer Engine).
+    #[serde(default)]
+    pub tp_comm_overlap: bool,
+}
+
+impl TrainingSettings {
+    /// A run with Megatron's defaults for everything but the global batch and precision:
+    /// micro-batch 1, no recomputation, no sequence parallelism, no distributed optimizer,
+    /// no overlap, no checkpoints, tp = pp = 1.
+    pub fn new(global_batch_size: u64, precision: Precision) -> Self {
+        TrainingSettings {
+            global_batch_size,
+            micro_batch_size: 1,
+            precision,
+            recompute: Recompute::None,
+            sequence_parallel: false,
+            distributed_optimizer: false,
+            train_iters: None,
+            save: None,
+            load: None,
+            save_interval: None,
+            tensor_parallel: 1,
+            pipeline_parallel: 1,
+            virtual_pipeline: None,
+            overlap_grad_reduce: false,
+            overlap_param_gather: false,
+            grad_reduce_in_bf16: false,
+            tp_comm_overlap: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

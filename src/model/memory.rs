@@ -540,21 +540,7 @@ mod tests {
     }
 
     fn training(global_batch: u64) -> TrainingSettings {
-        TrainingSettings {
-            global_batch_size: global_batch,
-            micro_batch_size: 1,
-            precision: Precision::Bf16,
-            recompute: Recompute::None,
-            sequence_parallel: false,
-            distributed_optimizer: false,
-            train_iters: None,
-            save: None,
-            load: None,
-            save_interval: None,
-            tensor_parallel: 1,
-            pipeline_parallel: 1,
-            virtual_pipeline: None,
-        }
+        TrainingSettings::new(global_batch, Precision::Bf16)
     }
 
     fn no_calibration() -> Calibration {

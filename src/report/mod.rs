@@ -2,6 +2,7 @@
 //! strings, never prints.
 
 pub mod dry_run;
+pub mod estimate;
 
 pub use dry_run::DryRunReport;
 

@@ -155,6 +155,18 @@ pub struct TimeOptions {
     pub tp_comm_overlap: bool,
 }
 
+impl TimeOptions {
+    /// The options as the user's Megatron arguments set them.
+    pub fn from_training(training: &TrainingSettings) -> Self {
+        TimeOptions {
+            overlap_grad_reduce: training.overlap_grad_reduce,
+            overlap_param_gather: training.overlap_param_gather,
+            grad_reduce_in_bf16: training.grad_reduce_in_bf16,
+            tp_comm_overlap: training.tp_comm_overlap,
+        }
+    }
+}
+
 /// Everything one estimate needs.
 #[derive(Debug, Clone, Copy)]
 pub struct TimeRequest<'a> {

@@ -73,21 +73,7 @@ fn gpt() -> ModelSpec {
 }
 
 fn training(global: u64) -> TrainingSettings {
-    TrainingSettings {
-        global_batch_size: global,
-        micro_batch_size: 1,
-        precision: Precision::Bf16,
-        recompute: Recompute::None,
-        sequence_parallel: false,
-        distributed_optimizer: false,
-        train_iters: None,
-        save: None,
-        load: None,
-        save_interval: None,
-        tensor_parallel: 1,
-        pipeline_parallel: 1,
-        virtual_pipeline: None,
-    }
+    TrainingSettings::new(global, Precision::Bf16)
 }
 
 struct Case {
