@@ -25,6 +25,7 @@ pub mod config;
 pub mod error;
 pub mod model;
 pub mod plan;
+pub mod render;
 pub mod report;
 
 pub use error::{Error, ExitCode};

@@ -1,0 +1,553 @@
+//! Every argument list render writes is one that Megatron's own parser and validate_args
+//! accept, and Megatron reads from it the plan we meant.
+//!
+//! Builds a matrix of plans by hand (presets × parallel settings: tensor, pipeline and
+//! data parallel sizes, micro-batches, virtual stages, uneven stages in all three forms,
+//! GQA, untied embeddings, selective and full recomputation, sequence parallelism, the
+//! distributed optimizer, user arguments with parallel options to replace and options of
+//! the script's own), renders each, and runs every argument list — with the environment
+//! its launch script exports — through `scripts/megatron_validate.py` in one Python
+//! process: megatron-core 0.19.2's `parse_args`, `validate_args` at the world size the
+//! scripts start, `TransformerConfig`, and the micro-batch calculator. For each plan
+//! Megatron must accept, and derive the plan's parallel sizes, micro-batches,
+//! recomputation and the layers on every pipeline stage. Deliberately wrong lists (tp not
+//! dividing the heads or the query groups, an uneven split Megatron cannot build, virtual
+//! stages that do not divide, a missing CUDA_DEVICE_MAX_CONNECTIONS) must be refused, so
+//! the check can fail.
+//!
+//! The planner is not used: plans are written here, so this tests render alone.
+//! Never skips: without the venv it fails and says how to make it
+//! (`PIPETTE_MEGATRON_PYTHON` picks the python, else `scripts/setup-megatron-venv`'s).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pipette::config::megatron::Pin;
+use pipette::config::{settings_from_megatron_args, Recompute, RecomputeMethod, Settings};
+use pipette::model::parallel::ParallelConfig;
+use pipette::render::{render, LaunchSpec, RenderInput, ScriptInvocation, Templates};
+use serde_json::{json, Value};
+
+fn words(text: &str) -> Vec<String> {
+    text.split_whitespace().map(str::to_string).collect()
+}
+
+/// One plan: the user's arguments, the settings read from them, the configuration.
+struct Case {
+    name: String,
+    user_args: Vec<String>,
+    settings: Settings,
+    config: ParallelConfig,
+    /// The training script's own options (name, is a flag), known to its parser.
+    script_options: Vec<(&'static str, bool)>,
+}
+
+impl Case {
+    fn new(preset: Option<&str>, user: &str, tp: u64, pp: u64, dp: u64, mbs: u64) -> Self {
+        Self::with_pins(preset, user, &[], tp, pp, dp, mbs)
+    }
+
+    fn with_pins(
+        preset: Option<&str>,
+        user: &str,
+        pins: &[Pin],
+        tp: u64,
+        pp: u64,
+        dp: u64,
+        mbs: u64,
+    ) -> Self {
+        let user_args = words(user);
+        let settings = settings_from_megatron_args(&user_args, preset, pins)
+            .unwrap_or_else(|e| panic!("{preset:?} {user}: {e}"));
+        let layers = settings.model.num_layers;
+        assert_eq!(layers % pp, 0, "use .stages() for uneven splits");
+        Case {
+            name: format!(
+                "{} tp{tp} pp{pp} dp{dp} mbs{mbs}",
+                preset.unwrap_or("custom")
+            ),
+            user_args,
+            settings,
+            config: ParallelConfig::even(layers, tp, pp, dp, mbs),
+            script_options: Vec::new(),
+        }
+    }
+
+    fn vpp(mut self, v: u64) -> Self {
+        self.config.vpp = Some(v);
+        self.name += &format!(" vpp{v}");
+        self
+    }
+
+    fn stages(mut self, stages: &[u64]) -> Self {
+        assert_eq!(stages.len() as u64, self.config.pp);
+        self.config.layers_per_stage = stages.to_vec();
+        self.name += &format!(" stages{stages:?}");
+        self
+    }
+
+    fn sp(mut self) -> Self {
+        self.config.sequence_parallel = true;
+        self.name += " sp";
+        self
+    }
+
+    fn dist_opt(mut self) -> Self {
+        self.config.distributed_optimizer = true;
+        self.name += " dist-opt";
+        self
+    }
+
+    fn selective(mut self) -> Self {
+        self.config.recompute = Recompute::Selective;
+        self.name += " selective";
+        self
+    }
+
+    fn full(mut self, method: RecomputeMethod, num_layers: u64) -> Self {
+        self.config.recompute = Recompute::Full { method, num_layers };
+        self.name += &format!(" full-{method:?}-{num_layers}");
+        self
+    }
+
+    fn script_options(mut self, options: &[(&'static str, bool)]) -> Self {
+        self.script_options = options.to_vec();
+        self
+    }
+
+    fn world(&self) -> u64 {
+        self.config.world_size()
+    }
+
+    /// Renders the case on `world / G` nodes of G GPUs (G the largest of 8, 4, 2, 1 that
+    /// divides the world), hosts `node00..`, GPUs in order.
+    fn render(&self) -> LaunchSpec {
+        let world = self.world();
+        let nproc = [8, 4, 2, 1].into_iter().find(|g| world % g == 0).unwrap();
+        let hosts: Vec<String> = (0..world / nproc).map(|i| format!("node{i:02}")).collect();
+        let cvd: BTreeMap<String, Vec<u32>> = hosts
+            .iter()
+            .map(|h| (h.clone(), (0..nproc as u32).collect()))
+            .collect();
+        let script = ScriptInvocation::python("pretrain_gpt.py", self.user_args.clone());
+        let input = RenderInput::new(&self.settings, script, &self.config, &hosts, &cvd);
+        render(&input, &Templates::embedded()).unwrap_or_else(|e| panic!("{}: {e}", self.name))
+    }
+
+    /// What Megatron must derive from the rendered arguments.
+    fn expected(&self) -> Value {
+        let c = &self.config;
+        let global = self.settings.training.global_batch_size;
+        let (granularity, method, layers) = match &c.recompute {
+            Recompute::None => (Value::Null, Value::Null, Value::Null),
+            Recompute::Selective => (json!("selective"), Value::Null, Value::Null),
+            Recompute::Full { method, num_layers } => (
+                json!("full"),
+                json!(match method {
+                    RecomputeMethod::Uniform => "uniform",
+                    RecomputeMethod::Block => "block",
+                }),
+                json!(num_layers),
+            ),
+        };
+        json!({
+            "tensor_model_parallel_size": c.tp,
+            "pipeline_model_parallel_size": c.pp,
+            "virtual_pipeline_model_parallel_size": c.vpp.filter(|v| *v > 1),
+            "data_parallel_size": c.dp,
+            "micro_batch_size": c.micro_batch,
+            "global_batch_size": global,
+            "num_microbatches": global / (c.micro_batch * c.dp),
+            "sequence_parallel": c.tp > 1 && c.sequence_parallel,
+            "use_distributed_optimizer": c.distributed_optimizer,
+            "recompute_granularity": granularity,
+            "recompute_method": method,
+            "recompute_num_layers": layers,
+            "num_layers": self.settings.model.num_layers,
+            "layers_per_stage": c.layers_per_stage,
+        })
+    }
+}
+
+use RecomputeMethod::{Block, Uniform};
+
+/// Arguments a real run adds that have nothing to do with parallelism, and which must pass
+/// through untouched.
+const TRAINING: &str = "--lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --weight-decay 0.1 \
+                        --clip-grad 1.0 --train-iters 1000 --log-interval 10 --seed 1234";
+
+fn cases() -> Vec<Case> {
+    let g13 = Some("gpt3-1.3b");
+    let g67 = Some("gpt3-6.7b");
+    let g13b = Some("gpt3-13b");
+    let g175 = Some("gpt3-175b");
+    let l7 = Some("llama2-7b");
+    let l13 = Some("llama2-13b");
+    let l70 = Some("llama2-70b");
+    let custom = "--num-layers 12 --hidden-size 1024 --num-attention-heads 16 \
+                  --group-query-attention --num-query-groups 4 --swiglu --normalization RMSNorm \
+                  --untie-embeddings-and-output-weights --position-embedding-type rope \
+                  --disable-bias-linear --seq-length 2048 --max-position-embeddings 2048 \
+                  --vocab-size 32000 --global-batch-size 64 --bf16";
+    vec![
+        // GPT-3 1.3B: 24 layers, 16 heads, batch 512.
+        Case::new(g13, TRAINING, 1, 1, 16, 4),
+        Case::new(g13, "", 2, 1, 8, 2).sp().selective(),
+        Case::new(g13, "", 1, 2, 8, 1).stages(&[11, 13]),
+        Case::new(g13, "", 1, 4, 4, 2).vpp(2),
+        Case::new(g13, "--fp16", 4, 2, 2, 1)
+            .vpp(2)
+            .stages(&[10, 14]),
+        // GPT-3 6.7B: 32 layers, 32 heads, batch 1024.
+        Case::new(g67, TRAINING, 4, 2, 4, 1)
+            .sp()
+            .dist_opt()
+            .full(Uniform, 1),
+        Case::new(g67, "", 8, 1, 4, 2).sp().dist_opt(),
+        Case::new(g67, "", 2, 4, 2, 1).vpp(4).selective(),
+        Case::new(g67, "", 1, 4, 4, 1).stages(&[7, 9, 9, 7]),
+        Case::new(g67, "", 2, 4, 4, 1)
+            .stages(&[5, 9, 9, 9])
+            .dist_opt(),
+        // GPT-3 13B: 40 layers, 40 heads.
+        Case::new(g13b, "", 8, 2, 2, 1)
+            .sp()
+            .dist_opt()
+            .full(Block, 2),
+        Case::new(g13b, "", 4, 4, 2, 1).vpp(5).sp(),
+        Case::new(g13b, "", 2, 4, 4, 1).stages(&[9, 10, 11, 10]),
+        Case::new(g13b, "", 1, 8, 2, 2).vpp(5),
+        // GPT-3 175B: 96 layers, 96 heads, batch 1536.
+        Case::new(g175, "", 8, 16, 4, 1).sp().dist_opt().selective(),
+        Case::new(g175, "", 8, 12, 2, 1).vpp(2).sp(),
+        Case::new(g175, "", 4, 8, 4, 1)
+            .stages(&[11, 12, 12, 12, 12, 12, 12, 13])
+            .full(Uniform, 2),
+        // Llama 2 7B: 32 layers, 32 heads, untied embeddings, batch 1024.
+        Case::new(l7, TRAINING, 1, 1, 8, 4).selective().dist_opt(),
+        Case::new(l7, "", 2, 2, 4, 2).sp().dist_opt(),
+        Case::new(l7, "", 4, 4, 1, 1).vpp(2),
+        Case::new(l7, "", 2, 4, 2, 1).stages(&[7, 9, 8, 8]),
+        Case::new(l7, "", 8, 1, 2, 1).sp().full(Uniform, 1),
+        // Llama 2 13B: 40 layers, 40 heads.
+        Case::new(l13, "", 4, 2, 4, 1).sp().dist_opt().selective(),
+        Case::new(l13, "", 2, 5, 2, 1).full(Block, 4),
+        Case::new(l13, "", 8, 4, 2, 1).vpp(5).sp().dist_opt(),
+        Case::new(l13, "", 4, 4, 2, 1).stages(&[8, 11, 11, 10]).sp(),
+        // Llama 2 70B: 80 layers, 64 heads in 8 query groups (GQA).
+        Case::new(l70, "", 8, 4, 4, 1).sp().dist_opt().selective(),
+        Case::new(l70, "", 8, 8, 2, 1).vpp(5).sp().dist_opt(),
+        Case::new(l70, "", 4, 10, 2, 1)
+            .stages(&[7, 8, 8, 8, 8, 8, 8, 8, 8, 9])
+            .full(Uniform, 1),
+        Case::new(l70, "", 2, 16, 1, 1).vpp(2),
+        Case::new(l70, "", 8, 2, 4, 1).vpp(2).stages(&[38, 42]).sp(),
+        // A model written out in full: GQA, SwiGLU, untied, three stages of 3, 4, 5 layers.
+        Case::new(None, custom, 4, 3, 2, 1)
+            .stages(&[3, 4, 5])
+            .sp()
+            .dist_opt(),
+        Case::new(None, custom, 2, 3, 2, 2)
+            .vpp(2)
+            .stages(&[4, 4, 4]),
+        // The user's own parallel options are replaced; the script's options pass through.
+        Case::new(
+            None,
+            &format!(
+                "{custom} --tensor-model-parallel-size 8 --pipeline-model-parallel-size=6 \
+                 --micro-batch-size 16 --recompute-activations --sequence-parallel \
+                 --use-distributed-optimizer --save /ckpt --save-interval 50 \
+                 --my-data-path /data/corpus --my-flag {TRAINING}"
+            ),
+            2,
+            2,
+            2,
+            4,
+        )
+        .script_options(&[("--my-data-path", false), ("--my-flag", true)]),
+        // Neither --global-batch-size nor --max-position-embeddings: both are written.
+        Case::with_pins(
+            None,
+            "--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 \
+             --vocab-size 1000 --micro-batch-size 2",
+            &[Pin::DataParallel(4)],
+            2,
+            1,
+            4,
+            1,
+        ),
+        // Flags Megatron would refuse under the plan are dropped.
+        Case::new(
+            l7,
+            "--overlap-grad-reduce --overlap-param-gather --no-overlap-p2p-communication",
+            1,
+            2,
+            4,
+            1,
+        )
+        .vpp(2),
+    ]
+}
+
+/// A wrong list and a fragment of the reason Megatron must give.
+struct Wrong {
+    name: &'static str,
+    case: Value,
+    because: &'static str,
+}
+
+fn as_case(args: &[String], world: u64, env: &[(String, String)]) -> Value {
+    let env: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    json!({"args": args, "world_size": world, "env": env})
+}
+
+fn replace(args: &[String], option: &str, value: Option<&str>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        if args[i] == option {
+            if let Some(v) = value {
+                out.extend([option.to_string(), v.to_string()]);
+            }
+            i += 2;
+        } else {
+            out.push(args[i].clone());
+            i += 1;
+        }
+    }
+    out
+}
+
+fn wrong_cases() -> Vec<Wrong> {
+    let mut wrong = Vec::new();
+    // tp = 3 does not divide Llama 2 7B's 32 heads (rendered as any plan would be).
+    let c = Case::new(Some("llama2-7b"), "", 3, 1, 4, 1);
+    let spec = c.render();
+    wrong.push(Wrong {
+        name: "tp does not divide the heads",
+        case: as_case(&spec.megatron_args, c.world(), &spec.nodes[0].env),
+        because: "num_attention_heads",
+    });
+    // tp = 4 is neither a divisor nor a multiple of 6 query groups (Megatron replicates
+    // key/value heads when tp is a multiple of the groups, so tp 16 over 8 groups is fine).
+    let c = Case::new(
+        None,
+        "--num-layers 4 --hidden-size 1536 --num-attention-heads 24 --group-query-attention \
+         --num-query-groups 6 --seq-length 512 --max-position-embeddings 512 --vocab-size 1000 \
+         --global-batch-size 8",
+        4,
+        1,
+        2,
+        1,
+    );
+    let spec = c.render();
+    wrong.push(Wrong {
+        name: "tp does not divide the query groups",
+        case: as_case(&spec.megatron_args, c.world(), &spec.nodes[0].env),
+        because: "num_query_groups",
+    });
+    // 32 layers, pp 4, first stage 6: the 26 others do not split evenly over 3 stages.
+    let c = Case::new(Some("gpt3-6.7b"), "", 1, 4, 4, 1).stages(&[7, 9, 9, 7]);
+    let spec = c.render();
+    let args = replace(
+        &spec.megatron_args,
+        "--decoder-first-pipeline-num-layers",
+        Some("6"),
+    );
+    let args = replace(&args, "--decoder-last-pipeline-num-layers", None);
+    wrong.push(Wrong {
+        name: "an uneven split with unequal middle stages",
+        case: as_case(&args, c.world(), &spec.nodes[0].env),
+        because: "divisible",
+    });
+    // 8 layers per stage in virtual stages of 3.
+    let c = Case::new(Some("gpt3-1.3b"), "", 1, 4, 4, 2).vpp(2);
+    let spec = c.render();
+    let args = replace(
+        &spec.megatron_args,
+        "--num-layers-per-virtual-pipeline-stage",
+        Some("4"),
+    );
+    wrong.push(Wrong {
+        name: "virtual stages that do not divide the stage",
+        case: as_case(&args, c.world(), &spec.nodes[0].env),
+        because: "divisible",
+    });
+    // A layout with a layer too few.
+    let c = Case::new(Some("gpt3-13b"), "", 2, 4, 4, 1).stages(&[9, 10, 11, 10]);
+    let spec = c.render();
+    let args = replace(
+        &spec.megatron_args,
+        "--pipeline-model-parallel-layout",
+        Some("Et*9|t*10|t*11|t*9L"),
+    );
+    wrong.push(Wrong {
+        name: "a layout that does not hold every layer",
+        case: as_case(&args, c.world(), &spec.nodes[0].env),
+        because: "num_layers",
+    });
+    // tp > 1 without the variable the launch scripts export.
+    let c = Case::new(Some("llama2-7b"), "", 2, 2, 4, 2);
+    let spec = c.render();
+    wrong.push(Wrong {
+        name: "tp > 1 without CUDA_DEVICE_MAX_CONNECTIONS=1",
+        case: as_case(&spec.megatron_args, c.world(), &[]),
+        because: "CUDA_DEVICE_MAX_CONNECTIONS",
+    });
+    // The same list at a world size the plan does not start.
+    wrong.push(Wrong {
+        name: "a world that tp × pp does not divide",
+        case: as_case(&spec.megatron_args, 6, &spec.nodes[0].env),
+        because: "world size",
+    });
+    wrong
+}
+
+fn megatron_python() -> PathBuf {
+    if let Some(python) = std::env::var_os("PIPETTE_MEGATRON_PYTHON") {
+        return PathBuf::from(python);
+    }
+    let setup = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/setup-megatron-venv");
+    let out = Command::new(&setup)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", setup.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({}): the venv with megatron-core 0.19.2 is needed (or set \
+         PIPETTE_MEGATRON_PYTHON to a python that has it)",
+        setup.display(),
+        out.status
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Megatron's verdict on every case, in order (one Python process).
+fn megatron_verdicts(cases: &[Value]) -> Vec<Value> {
+    let python = megatron_python();
+    assert!(
+        python.exists(),
+        "Megatron python {} not found: run scripts/setup-megatron-venv (it makes the venv \
+         with megatron-core 0.19.2), or set PIPETTE_MEGATRON_PYTHON",
+        python.display()
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/megatron_validate.py");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("cases.json");
+    let output = dir.path().join("verdicts.json");
+    let log = dir.path().join("megatron.log");
+    std::fs::write(&input, serde_json::to_vec(cases).unwrap()).unwrap();
+    // Files, not pipes: Megatron prints megabytes of arguments to stderr.
+    let mut child = Command::new(&python)
+        .arg(&script)
+        .stdin(std::fs::File::open(&input).unwrap())
+        .stdout(std::fs::File::create(&output).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("megatron_validate.py took over 5 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = std::fs::read_to_string(&output).unwrap();
+    if !status.success() {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: String = log
+            .chars()
+            .rev()
+            .take(3000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        panic!("megatron_validate.py failed ({status}):\n{tail}");
+    }
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad verdicts ({e}): {text}"))
+}
+
+#[test]
+fn megatron_accepts_every_rendered_argument_list_and_refuses_wrong_ones() {
+    let cases = cases();
+    assert!(cases.len() >= 30, "the matrix has {} plans", cases.len());
+    let mut inputs = Vec::new();
+    for case in &cases {
+        let spec = case.render();
+        // Every node exports the same Megatron-relevant environment; judge node 0's.
+        let mut input = as_case(&spec.megatron_args, case.world(), &spec.nodes[0].env);
+        input["script_options"] = case
+            .script_options
+            .iter()
+            .map(|(name, flag)| json!({"name": name, "flag": flag}))
+            .collect();
+        inputs.push(input);
+    }
+    let wrong = wrong_cases();
+    inputs.extend(wrong.iter().map(|w| w.case.clone()));
+
+    let verdicts = megatron_verdicts(&inputs);
+    assert_eq!(verdicts.len(), inputs.len());
+    let mut failures = Vec::new();
+    for ((case, input), verdict) in cases.iter().zip(&inputs).zip(&verdicts) {
+        match verdict.get("derived") {
+            Some(derived) if *derived == case.expected() => {}
+            Some(derived) => failures.push(format!(
+                "{}: Megatron read\n  {derived}\nexpected\n  {}\nfrom {}",
+                case.name,
+                case.expected(),
+                input["args"]
+            )),
+            None => failures.push(format!(
+                "{}: Megatron refused: {}\nargs: {}",
+                case.name, verdict["error"], input["args"]
+            )),
+        }
+    }
+    for (w, verdict) in wrong.iter().zip(&verdicts[cases.len()..]) {
+        match verdict.get("error").and_then(Value::as_str) {
+            Some(error) if error.contains(w.because) => {}
+            Some(error) => failures.push(format!(
+                "{}: refused, but not because of {:?}: {error}",
+                w.name, w.because
+            )),
+            None => failures.push(format!("{}: Megatron accepted a wrong list", w.name)),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn user_arguments_pass_through_byte_for_byte_and_in_order() {
+    // The case with the user's own parallel options and the script's options: everything
+    // but the parallel options comes first, as written.
+    let case = cases()
+        .into_iter()
+        .find(|c| !c.script_options.is_empty())
+        .unwrap();
+    let spec = case.render();
+    let custom: Vec<String> = case.user_args[..case
+        .user_args
+        .iter()
+        .position(|a| a == "--tensor-model-parallel-size")
+        .unwrap()]
+        .to_vec();
+    let mut kept = custom;
+    kept.extend(words(
+        "--save /ckpt --save-interval 50 --my-data-path /data/corpus --my-flag",
+    ));
+    kept.extend(words(TRAINING));
+    assert_eq!(spec.megatron_args[..kept.len()], kept[..]);
+    assert_eq!(
+        spec.megatron_args[kept.len()..].join(" "),
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --micro-batch-size 4"
+    );
+}
