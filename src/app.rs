@@ -9,22 +9,31 @@ use clap::Parser;
 
 use crate::cli::{
     DiscoveryOptions, EstimateArgs, ModelOptions, NodeRange, NprocPerNode, PipetteCli,
-    PipetteCommand, RunCli, TorchrunOptions,
+    PipetteCommand, PlanningOptions, RunCli, TorchrunOptions,
 };
+use crate::cluster::profile::{DeviceSelection, NodeSelection};
 use crate::cluster::{self, ClusterProfile, ClusterSpec, Environment, Node, NodeSource, Slots};
 use crate::config::{self, Settings};
 use crate::error::Error;
+use crate::exec::{self, SrunOptions, SshOptions, Transport};
 use crate::model::memory::estimate_memory;
-use crate::model::time::{self, TimeModel, TimeOptions, TimeRequest};
+use crate::model::time::{self, TimeEstimate, TimeModel, TimeOptions, TimeRequest};
 use crate::model::{params, Calibration, ParallelConfig, Placement};
+use crate::plan::{self, Plan, PlanOptions};
+use crate::profile::{self, ProfileOptions, ProgressBars};
+use crate::render;
 use crate::report::dry_run::{
     DryRunReport, HostLine, ModelSection, NodesSection, ProfileSummary, ScriptSection,
 };
 use crate::report::estimate::{EstimateReport, ModelTime, ParamsSection};
+use crate::report::plan::plan_to_human;
 
-/// What this version does after reading its inputs.
-const NOT_PLANNED_YET: &str =
-    "Planning is not implemented yet: this version stops after reading its inputs.";
+/// What a dry run did, when it had no profile to plan with.
+const NO_PROFILE_YET: &str = "No cluster profile to plan with: give --cluster FILE (`pipette profile --out FILE` measures the allocated nodes).";
+
+/// What a dry run did, when it planned.
+const PLANNED_NOT_LAUNCHED: &str =
+    "Dry run: planned and rendered; nothing was launched (launching lands in a later version).";
 
 /// Runs `pipette-run` with these arguments; returns the process exit code.
 pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
@@ -45,20 +54,191 @@ pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
 }
 
 fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
-    let report = dry_run_report(cli, env)?;
-    if cli.pipette.json {
-        println!("{}", to_json(&report)?);
-    } else {
-        print!("{}", report.to_human());
-    }
-    if cli.pipette.dry_run {
-        Ok(())
-    } else {
-        Err(Error::Unsupported(
-            "launching is not implemented yet in this version (run with --dry-run to preview what pipette-run found)"
+    let mut run = gather_inputs(cli, env)?;
+    if !cli.pipette.dry_run {
+        // Inputs are checked (bad ones have their own exit codes); nothing is launched.
+        return Err(Error::Unsupported(
+            "launching is not implemented yet in this version (run with --dry-run to see the plan and the commands)"
                 .to_string(),
-        ))
+        ));
     }
+    plan_and_render(cli, env, &mut run)?;
+    if cli.pipette.json {
+        println!("{}", to_json(&run.report)?);
+    } else {
+        print!("{}", run.report.to_human());
+        if let Some(plan) = &run.plan {
+            println!();
+            print!(
+                "{}",
+                plan_to_human(plan, run.runner_up.as_ref().map(|(c, t)| (c, t)))
+            );
+        }
+        if let Some(launch) = &run.report.launch {
+            println!("\nCommands, one per node, exactly as they would run:");
+            for line in launch.command_lines() {
+                println!("  {line}");
+            }
+        }
+        if let Some(dir) = &run.report.run_dir {
+            println!("\nRun directory: {dir}");
+        }
+    }
+    Ok(())
+}
+
+/// A run's inputs and what the planner and renderer made of them.
+struct Run {
+    report: DryRunReport,
+    settings: Settings,
+    /// The cluster profile narrowed to the allocated nodes and GPUs.
+    profile: Option<ClusterProfile>,
+    plan: Option<Plan>,
+    runner_up: Option<(ParallelConfig, TimeEstimate)>,
+}
+
+/// Plans on the profile (when there is one), renders the launch, writes the run directory.
+fn plan_and_render(cli: &RunCli, env: &Environment, run: &mut Run) -> Result<(), Error> {
+    let Some(profile) = &run.profile else {
+        run.report.status = NO_PROFILE_YET.to_string();
+        return Ok(());
+    };
+    let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
+    let plan = plan::plan(&run.settings, profile, &options)?;
+    run.runner_up = runner_up(&plan, &run.settings, profile, &options);
+    let workdir = std::env::current_dir()
+        .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
+    let rdzv_id = rendezvous_id(&cli.torchrun, run.report.nodes.job_id.as_deref());
+    let run_dir = match &cli.launch.run_dir {
+        Some(dir) => workdir.join(dir),
+        None => render::default_run_dir(&workdir, &rdzv_id, unix_seconds()),
+    };
+    let templates = match &cli.launch.templates {
+        Some(dir) => render::Templates::from_dir(dir)?,
+        None => render::Templates::embedded(),
+    };
+    let mut input = render::RenderInput::new(
+        &run.settings,
+        script_invocation(cli),
+        &plan.config,
+        &plan.mapping.node_order,
+        &plan.mapping.cuda_visible_devices,
+    );
+    input.master_port = cli.torchrun.master_port;
+    input.master_addr = explicit_master_addr(&cli.torchrun);
+    input.rdzv_id = rdzv_id;
+    input.torchrun_passthrough = cli.torchrun.passthrough_args();
+    input.env = render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    input.workdir = workdir.display().to_string();
+    input.run_dir = run_dir.display().to_string();
+    input.plan_json = serde_json::to_value(&plan)
+        .map_err(|e| Error::Internal(format!("writing the plan: {e}")))?;
+    let launch = render::render(&input, &templates)?;
+    render::write_run_dir(&launch, &run_dir)?;
+    run.report.run_dir = Some(run_dir.display().to_string());
+    run.report.launch = Some(launch);
+    run.report.plan = Some(
+        serde_json::to_value(&plan)
+            .map_err(|e| Error::Internal(format!("writing the plan: {e}")))?,
+    );
+    run.report.status = PLANNED_NOT_LAUNCHED.to_string();
+    run.plan = Some(plan);
+    Ok(())
+}
+
+/// How to reach the nodes: as asked, else locally when every node is this machine,
+/// with srun inside a Slurm allocation, else over ssh.
+fn transport_for(asked: Option<&str>, spec: &ClusterSpec) -> Transport {
+    match asked {
+        Some("local") => Transport::Local,
+        Some("srun") => Transport::Srun(SrunOptions::default()),
+        Some(_) => Transport::Ssh(SshOptions::default()),
+        None if spec.nodes.iter().all(|n| exec::is_local_host(&n.host))
+            || spec.source == NodeSource::Local =>
+        {
+            Transport::Local
+        }
+        None if matches!(spec.source, NodeSource::Slurm { .. }) => {
+            Transport::Srun(SrunOptions::default())
+        }
+        None => Transport::Ssh(SshOptions::default()),
+    }
+}
+
+/// The planner's options from the command line; the time options from the Megatron
+/// arguments.
+fn plan_options(
+    planning: &PlanningOptions,
+    settings: &Settings,
+    seed: u64,
+) -> Result<PlanOptions, Error> {
+    let mut options = PlanOptions {
+        seed,
+        mapping: planning.mapping,
+        budget: planning.budget,
+        top_k: planning.top_k.max(1),
+        time_options: TimeOptions::from_training(&settings.training),
+        ..PlanOptions::default()
+    };
+    if let Some(headroom) = planning.memory_headroom {
+        options.headroom = headroom;
+    }
+    Ok(options)
+}
+
+/// The second-best configuration on its own best mapping, so the report can say what
+/// makes the winner win.
+fn runner_up(
+    plan: &Plan,
+    settings: &Settings,
+    profile: &ClusterProfile,
+    options: &PlanOptions,
+) -> Option<(ParallelConfig, TimeEstimate)> {
+    let second = plan.top.get(1)?;
+    let request = TimeRequest {
+        model: &settings.model,
+        training: &settings.training,
+        config: &second.config,
+        cluster: profile,
+        placement: &second.placement,
+        calibration: &options.calibration,
+        options: options.time_options,
+    };
+    let estimate = time::estimate(&request, TimeModel::Pipette).ok()?;
+    Some((second.config.clone(), estimate))
+}
+
+/// torchrun's `--rdzv-id` when the user set one, else the scheduler's job id, else one
+/// made from the time (the static rendezvous only needs it to be the same on all nodes).
+fn rendezvous_id(torchrun: &TorchrunOptions, job_id: Option<&str>) -> String {
+    if torchrun.rdzv_id != "none" {
+        return torchrun.rdzv_id.clone();
+    }
+    job_id
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("pipette-{}", unix_seconds()))
+}
+
+/// The user's `--master-addr`, unless it is torchrun's default (then the host with node
+/// rank 0 is the master).
+fn explicit_master_addr(torchrun: &TorchrunOptions) -> Option<String> {
+    (torchrun.master_addr != "127.0.0.1").then(|| torchrun.master_addr.clone())
+}
+
+fn script_invocation(cli: &RunCli) -> render::ScriptInvocation {
+    render::ScriptInvocation {
+        program: cli.script().to_string(),
+        module: cli.torchrun.module,
+        no_python: cli.torchrun.no_python,
+        run_path: cli.torchrun.run_path,
+        args: cli.script_args().to_vec(),
+    }
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(), Error> {
@@ -140,6 +320,84 @@ fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(), Error> {
                 println!("{}", to_json(&report)?);
             } else {
                 print!("{}", report.to_human());
+            }
+            Ok(())
+        }
+        PipetteCommand::Plan(args) => {
+            let (spec, warnings) = discover_nodes(&args.discovery, env)?;
+            let Some(path) = &args.discovery.cluster else {
+                return Err(Error::Usage(
+                    "pipette plan needs a cluster profile: give --cluster FILE (`pipette profile --out FILE` measures the nodes)"
+                        .to_string(),
+                ));
+            };
+            let full = ClusterProfile::load(path)?;
+            let settings = read_settings(&args.model, &args.megatron_args)?;
+            let nodes = nodes_section(
+                spec,
+                warnings,
+                Some((path, &full)),
+                None,
+                args.nproc_per_node,
+            )?;
+            for w in &nodes.warnings {
+                eprintln!("pipette: warning: {w}");
+            }
+            let profile = allocated_part(path, &full, &nodes)?;
+            let options = plan_options(&args.planning, &settings, args.output.seed)?;
+            let plan = plan::plan(&settings, &profile, &options)?;
+            if args.output.json {
+                println!("{}", to_json(&plan)?);
+            } else {
+                let runner_up = runner_up(&plan, &settings, &profile, &options);
+                print!(
+                    "{}",
+                    plan_to_human(&plan, runner_up.as_ref().map(|(c, t)| (c, t)))
+                );
+            }
+            Ok(())
+        }
+        PipetteCommand::Profile(args) => {
+            let (spec, warnings) = discover_nodes(&args.discovery, env)?;
+            for w in &warnings {
+                eprintln!("pipette: warning: {w}");
+            }
+            let options = ProfileOptions {
+                transport: transport_for(args.launcher.as_deref(), &spec),
+                nproc_per_node: args.nproc_per_node,
+                torchrun: args.torchrun.clone(),
+                reprofile: args.reprofile,
+                env: render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())))
+                    .into_iter()
+                    .collect(),
+                ..ProfileOptions::default()
+            };
+            let progress = ProgressBars::new(!args.output.json);
+            let run = profile::run_profile(&spec, &options, &progress)?;
+            let text = run.profile.to_json_pretty();
+            std::fs::write(&args.out, &text).map_err(|e| {
+                Error::Usage(format!(
+                    "cannot write {}: {e} (choose another --out)",
+                    args.out.display()
+                ))
+            })?;
+            for note in &run.notes {
+                eprintln!("pipette: {note}");
+            }
+            if args.output.json {
+                println!("{text}");
+            } else {
+                let s = profile_summary(&args.out, &run.profile);
+                println!(
+                    "{}: {} nodes, {} GPUs ({}){}",
+                    s.path,
+                    s.nodes,
+                    s.gpus,
+                    s.gpu_models.join(", "),
+                    s.node_link_gbps
+                        .map(|(lo, hi)| format!(", node links {lo:.2}–{hi:.2} GB/s"))
+                        .unwrap_or_default()
+                );
             }
             Ok(())
         }
@@ -293,8 +551,8 @@ fn estimate_config(
 }
 
 /// Reads every input of a run: the nodes, the cluster profile, the model and training
-/// settings, and the script. Nothing is launched.
-pub fn dry_run_report(cli: &RunCli, env: &Environment) -> Result<DryRunReport, Error> {
+/// settings, and the script. Nothing is planned or launched.
+fn gather_inputs(cli: &RunCli, env: &Environment) -> Result<Run, Error> {
     let (spec, warnings) = discover_nodes(&cli.discovery, env)?;
     let profile = match &cli.discovery.cluster {
         Some(path) => Some((path.as_path(), ClusterProfile::load(path)?)),
@@ -305,18 +563,58 @@ pub fn dry_run_report(cli: &RunCli, env: &Environment) -> Result<DryRunReport, E
         spec,
         warnings,
         profile.as_ref().map(|(p, c)| (*p, c)),
-        &cli.torchrun,
+        cli.torchrun.nnodes,
+        cli.torchrun.nproc_per_node,
     )?;
-    Ok(DryRunReport {
-        nodes,
+    let allocated = match &profile {
+        Some((path, full)) => Some(allocated_part(path, full, &nodes)?),
+        None => None,
+    };
+    let report = DryRunReport {
         cluster_profile: profile.as_ref().map(|(p, c)| profile_summary(p, c)),
+        nodes,
         script: script_section(cli),
         model: model_section(&settings),
         training: settings.training.clone(),
         constraints: settings.constraints.clone(),
         torchrun_passthrough: cli.torchrun.passthrough_args(),
         plan: None,
-        status: NOT_PLANNED_YET.to_string(),
+        launch: None,
+        run_dir: None,
+        status: NO_PROFILE_YET.to_string(),
+    };
+    Ok(Run {
+        report,
+        settings,
+        profile: allocated,
+        plan: None,
+        runner_up: None,
+    })
+}
+
+/// The profile narrowed to the hosts found and the GPUs each may use.
+fn allocated_part(
+    path: &Path,
+    profile: &ClusterProfile,
+    nodes: &NodesSection,
+) -> Result<ClusterProfile, Error> {
+    let selections: Vec<NodeSelection<'_>> = nodes
+        .hosts
+        .iter()
+        .map(|h| NodeSelection {
+            host: &h.host,
+            devices: match (&h.devices, h.workers) {
+                (Some(d), _) => DeviceSelection::Indices(d.clone()),
+                (None, Some(n)) => DeviceSelection::First(n as usize),
+                (None, None) => DeviceSelection::All,
+            },
+        })
+        .collect();
+    profile.subset(&selections).map_err(|problem| {
+        Error::ClusterMismatch(format!(
+            "{}: {problem}, which the allocation includes (profile the allocated nodes again, or pass a cluster file that covers them)",
+            path.display()
+        ))
     })
 }
 
@@ -353,7 +651,8 @@ fn nodes_section(
     mut spec: ClusterSpec,
     warnings: Vec<String>,
     profile: Option<(&Path, &ClusterProfile)>,
-    torchrun: &TorchrunOptions,
+    nnodes: Option<NodeRange>,
+    nproc_per_node: Option<NprocPerNode>,
 ) -> Result<NodesSection, Error> {
     if let Some((path, profile)) = profile {
         let profiled = profile_hosts(profile);
@@ -380,7 +679,7 @@ fn nodes_section(
             )));
         }
     }
-    if let Some(range) = torchrun.nnodes {
+    if let Some(range) = nnodes {
         check_node_count(range, &spec)?;
     }
     let gpu_model = |host: &str| {
@@ -401,7 +700,7 @@ fn nodes_section(
                     .and_then(|(_, g)| g)
             })
         });
-        let workers = match torchrun.nproc_per_node {
+        let workers = match nproc_per_node {
             Some(NprocPerNode::Count(n)) => {
                 if let Some(have) = known.filter(|have| n > *have) {
                     return Err(Error::Usage(format!(

@@ -6,6 +6,9 @@
 use crate::cluster::{DiscoveryError, ProfileError};
 use crate::config::ArgsError;
 use crate::model::time::TimeError;
+use crate::plan::PlanError;
+use crate::profile::ProfileRunError;
+use crate::render::RenderError;
 
 /// Exit codes of `pipette-run` and `pipette`.
 ///
@@ -53,6 +56,12 @@ pub enum Error {
     /// tensor cores for the dtype, ...).
     #[error(transparent)]
     Time(#[from] TimeError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    #[error(transparent)]
+    Profile(#[from] ProfileRunError),
     /// The cluster file and the allocation disagree.
     #[error("{0}")]
     ClusterMismatch(String),
@@ -73,6 +82,30 @@ impl Error {
                 ExitCode::ClusterFile
             }
             Error::Unsupported(_) => ExitCode::Unsupported,
+            Error::Plan(e) => match e {
+                PlanError::NothingFits { .. } => ExitCode::NothingFits,
+                PlanError::NoCandidates { .. } => ExitCode::ModelArgs,
+                PlanError::UnsupportedTimeModel(_) => ExitCode::Usage,
+                PlanError::EmptyCluster
+                | PlanError::UnknownGpus { .. }
+                | PlanError::MixedGpuCounts { .. }
+                | PlanError::Time(_)
+                | PlanError::Mapping(_) => ExitCode::ClusterFile,
+            },
+            Error::Render(e) if e.is_bug() => ExitCode::Internal,
+            Error::Render(RenderError::Args { .. } | RenderError::Unrepresentable { .. }) => {
+                ExitCode::ModelArgs
+            }
+            Error::Render(_) => ExitCode::Usage,
+            Error::Profile(e) => match e {
+                ProfileRunError::NoNodes | ProfileRunError::MixedNodes { .. } => ExitCode::NodeList,
+                ProfileRunError::Invalid(_) => ExitCode::ClusterFile,
+                ProfileRunError::NoResult { .. } | ProfileRunError::BadResult { .. } => {
+                    ExitCode::Internal
+                }
+                // A node that cannot be reached, inventoried or run the probe.
+                _ => ExitCode::Unreachable,
+            },
             Error::Internal(_) => ExitCode::Internal,
         }
     }

@@ -23,8 +23,10 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod exec;
 pub mod model;
 pub mod plan;
+pub mod profile;
 pub mod render;
 pub mod report;
 

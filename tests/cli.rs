@@ -413,10 +413,13 @@ fn hosts_option_and_local_fallback() {
 
 #[test]
 fn cluster_file_names_the_nodes_without_an_allocation() {
+    let dir = tempfile::tempdir().unwrap();
     let report = dry_run_json(
         pipette_run()
             .arg("--cluster")
             .arg(example("examples/clusters/a100-2x8.json"))
+            .arg("--run-dir")
+            .arg(dir.path().join("run"))
             .args(["--dry-run", "--json", "train.py"])
             .args(TINY_MODEL),
     );
@@ -487,7 +490,7 @@ fn pinned_settings_become_constraints() {
 }
 
 #[test]
-fn human_dry_run_says_planning_is_not_implemented_yet() {
+fn human_dry_run_without_a_profile_says_how_to_get_one() {
     pipette_run()
         .args(["--dry-run", "--hosts", "a,b", "--nproc-per-node", "8"])
         .args([
@@ -502,7 +505,8 @@ fn human_dry_run_says_planning_is_not_implemented_yet() {
         .stdout(predicate::str::contains("Nodes: 2 from --hosts"))
         .stdout(predicate::str::contains("world size 16"))
         .stdout(predicate::str::contains("gpt3-13b"))
-        .stdout(predicate::str::contains("Planning is not implemented yet"));
+        .stdout(predicate::str::contains("No cluster profile to plan with"))
+        .stdout(predicate::str::contains("pipette profile"));
 }
 
 #[test]

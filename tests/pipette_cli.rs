@@ -123,9 +123,13 @@ fn discover_shows_the_node_list() {
 
 #[test]
 fn dry_run_as_a_user_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::cargo_bin("pipette-run").unwrap();
     cmd.env_clear().current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd.arg("--run-dir").arg(dir.path().join("run"));
     cmd.args([
+        "--rdzv-id",
+        "job-42",
         "--dry-run",
         "--cluster",
         "examples/clusters/a100-4x8-degraded.json",
@@ -148,5 +152,8 @@ fn dry_run_as_a_user_reads_it() {
         "--save-interval",
         "500",
     ]);
-    insta::assert_snapshot!(stdout(&mut cmd));
+    let shown = stdout(&mut cmd)
+        .replace(&dir.path().display().to_string(), "[RUN]")
+        .replace(env!("CARGO_MANIFEST_DIR"), "[CRATE]");
+    insta::assert_snapshot!(shown);
 }

@@ -4,7 +4,7 @@
 pub mod options;
 pub mod torchrun;
 
-pub use options::{DiscoveryOptions, ModelOptions, OutputOptions};
+pub use options::{DiscoveryOptions, LaunchOptions, ModelOptions, OutputOptions, PlanningOptions};
 pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
 
 use std::path::PathBuf;
@@ -52,6 +52,12 @@ pub struct RunCli {
 
     #[command(flatten)]
     pub model: ModelOptions,
+
+    #[command(flatten)]
+    pub planning: PlanningOptions,
+
+    #[command(flatten)]
+    pub launch: LaunchOptions,
 
     #[command(flatten)]
     pub torchrun: TorchrunOptions,
@@ -124,6 +130,15 @@ pub enum PipetteCommand {
     /// Values not given come from the Megatron arguments:
     /// `pipette estimate --cluster c.json --tp 2 --pp 4 --mbs 1 --model llama2-13b`
     Estimate(Box<EstimateArgs>),
+    /// Plan without launching: the fastest configuration that fits, and the GPU each rank
+    /// runs on, for the nodes found (or a cluster file's): `pipette plan --cluster c.json
+    /// --model llama2-13b -- --global-batch-size 512 --bf16`
+    Plan(Box<PlanArgs>),
+    /// Measure the allocated nodes: GPUs (nvidia-smi), the bandwidth every GPU pair and
+    /// node pair attains (a torchrun probe: NCCL on GPUs, gloo on CPUs) and matmul
+    /// throughput; write the cluster profile. Without GPUs, N CPU processes per node stand
+    /// in for GPUs. Cached per node set for a week
+    Profile(Box<ProfileArgs>),
     /// List the model presets usable with --model
     Presets {
         #[command(flatten)]
@@ -174,6 +189,50 @@ pub struct EstimateArgs {
     /// Megatron arguments, as they would follow SCRIPT
     #[arg(last = true, value_name = "MEGATRON ARGS")]
     pub megatron_args: Vec<String>,
+}
+
+/// `pipette plan`'s options.
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub discovery: DiscoveryOptions,
+    #[command(flatten)]
+    pub model: ModelOptions,
+    #[command(flatten)]
+    pub planning: PlanningOptions,
+    #[command(flatten)]
+    pub output: OutputOptions,
+    /// GPUs per node to plan for (default: every GPU of the profile)
+    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N")]
+    pub nproc_per_node: Option<NprocPerNode>,
+    /// Megatron arguments, as they would follow SCRIPT
+    #[arg(last = true, value_name = "MEGATRON ARGS")]
+    pub megatron_args: Vec<String>,
+}
+
+/// `pipette profile`'s options.
+#[derive(Debug, Clone, Args)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub discovery: DiscoveryOptions,
+    /// GPUs to measure per node (without GPUs: CPU processes standing in for them)
+    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N")]
+    pub nproc_per_node: Option<u32>,
+    /// How to reach the nodes: local, ssh or srun (default: local when every node is
+    /// this machine, srun inside Slurm, else ssh)
+    #[arg(long, value_name = "HOW", value_parser = ["local", "ssh", "srun"])]
+    pub launcher: Option<String>,
+    /// torchrun on the nodes
+    #[arg(long, value_name = "PATH", default_value = "torchrun")]
+    pub torchrun: String,
+    /// Measure again even when a cached profile of these nodes exists
+    #[arg(long)]
+    pub reprofile: bool,
+    /// Where to write the profile
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub output: OutputOptions,
 }
 
 fn parse_recompute(text: &str) -> Result<Recompute, String> {

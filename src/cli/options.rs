@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::plan::{MappingMode, MemoryHeadroom};
+
 /// How results are shown.
 #[derive(Debug, Clone, Default, Args)]
 #[command(next_help_heading = "Pipette options")]
@@ -66,4 +68,98 @@ pub struct ModelOptions {
     /// Without --pin, parallel sizes in the script's arguments are only replaced
     #[arg(long, env = "PIPETTE_PIN", value_name = "LIST")]
     pub pin: Option<String>,
+}
+
+/// How hard and how the planner searches.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Planning options")]
+pub struct PlanningOptions {
+    /// How ranks are placed on GPUs: auto (exhaustive when the states are few, else
+    /// simulated annealing), anneal, exhaustive, or identity (torchrun's default order)
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_mapping)]
+    pub mapping: MappingMode,
+
+    /// Annealing evaluations per mapped configuration (default: 400 per GPU, between
+    /// 20,000 and 1,000,000)
+    #[arg(long, value_name = "N")]
+    pub budget: Option<u64>,
+
+    /// How many of the best-ranked configurations get a mapping search
+    #[arg(long = "top-k", value_name = "K", default_value_t = crate::plan::search::DEFAULT_TOP_K)]
+    pub top_k: usize,
+
+    /// GPU memory to keep free beyond the estimate: a fraction (0.05, the default) or
+    /// GiB (4GiB)
+    #[arg(long = "memory-headroom", value_name = "AMOUNT", value_parser = parse_headroom)]
+    pub memory_headroom: Option<MemoryHeadroom>,
+}
+
+/// Where the launch files go.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Launch options")]
+pub struct LaunchOptions {
+    /// Directory for this launch's scripts, plan and summary (default:
+    /// ./pipette-runs/<time>-<job id>); must not exist yet
+    #[arg(long = "run-dir", value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+
+    /// Directory of templates overriding the built-in ones by file name (launch.sh.j2,
+    /// megatron-args.txt.j2, hostfile.j2, ds_config.json.j2, README.md.j2)
+    #[arg(long, value_name = "DIR")]
+    pub templates: Option<PathBuf>,
+}
+
+fn parse_mapping(text: &str) -> Result<MappingMode, String> {
+    match text {
+        "auto" => Ok(MappingMode::Auto),
+        "anneal" => Ok(MappingMode::Anneal),
+        "exhaustive" => Ok(MappingMode::Exhaustive),
+        "identity" => Ok(MappingMode::Identity),
+        _ => Err(format!(
+            "{text:?} is not a mapping mode (auto, anneal, exhaustive or identity)"
+        )),
+    }
+}
+
+fn parse_headroom(text: &str) -> Result<MemoryHeadroom, String> {
+    if let Some(gib) = text.strip_suffix("GiB") {
+        return match gib.trim().parse::<f64>() {
+            Ok(g) if g.is_finite() && g >= 0.0 => {
+                Ok(MemoryHeadroom::Bytes((g * (1u64 << 30) as f64) as u64))
+            }
+            _ => Err(format!("{text:?} is not an amount of GiB (e.g. 4GiB)")),
+        };
+    }
+    match text.parse::<f64>() {
+        Ok(f) if (0.0..1.0).contains(&f) => Ok(MemoryHeadroom::Fraction(f)),
+        _ => Err(format!(
+            "{text:?} is not a headroom (a fraction below 1 such as 0.05, or GiB such as 4GiB)"
+        )),
+    }
+}
+
+/// `10`, `10s`, `1.5s`, `500ms`, `5min`, `2h` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale = match unit.trim() {
+        "" | "s" | "sec" => 1.0,
+        "ms" => 0.001,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a duration (e.g. 30s, 500ms, 10min)"
+            ))
+        }
+    };
+    match number.parse::<f64>() {
+        Ok(n) if n.is_finite() && n >= 0.0 => Ok(std::time::Duration::from_secs_f64(n * scale)),
+        _ => Err(format!(
+            "{text:?} is not a duration (e.g. 30s, 500ms, 10min)"
+        )),
+    }
 }

@@ -56,6 +56,23 @@ pub struct ClusterProfile {
     pub node_links: LinkMatrix,
 }
 
+/// A node an allocation may use, for [`ClusterProfile::subset`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSelection<'a> {
+    pub host: &'a str,
+    pub devices: DeviceSelection,
+}
+
+/// Which of a node's GPUs an allocation may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSelection {
+    All,
+    /// The first `n` (`--nproc-per-node n`).
+    First(usize),
+    /// These device indices (`SLURM_JOB_GPUS`, `--include host:0,1`).
+    Indices(Vec<u32>),
+}
+
 /// One node: its host name and, when known, its GPUs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeProfile {
@@ -560,6 +577,72 @@ impl ClusterProfile {
     /// The host names, in node order.
     pub fn hosts(&self) -> impl Iterator<Item = &str> {
         self.nodes.iter().map(|n| n.host.as_str())
+    }
+
+    /// The part of the profile an allocation may use: these hosts, in this order, each
+    /// with only the listed device indices (`None`: all its GPUs), or its first `n` GPUs
+    /// when a count is given. Links keep their measured figures. `None` names the first
+    /// host that is missing, or a device index the node does not have.
+    pub fn subset(&self, wanted: &[NodeSelection<'_>]) -> Result<ClusterProfile, String> {
+        let mut nodes = Vec::with_capacity(wanted.len());
+        let mut index = Vec::with_capacity(wanted.len());
+        for want in wanted {
+            let Some(i) = self.node_index(want.host) else {
+                return Err(format!("has no node {:?}", want.host));
+            };
+            let node = &self.nodes[i];
+            let gpus = match (&node.gpus, &want.devices) {
+                (GpuInventory::Unknown, _) | (_, DeviceSelection::All) => node.gpus.clone(),
+                (GpuInventory::Known { gpus, links }, selection) => {
+                    let positions: Vec<usize> = match selection {
+                        DeviceSelection::All => (0..gpus.len()).collect(),
+                        DeviceSelection::First(n) => (0..(*n).min(gpus.len())).collect(),
+                        DeviceSelection::Indices(wanted) => {
+                            let mut positions = Vec::with_capacity(wanted.len());
+                            for d in wanted {
+                                match gpus.iter().position(|g| g.index == *d) {
+                                    Some(p) => positions.push(p),
+                                    None => {
+                                        return Err(format!("node {:?} has no GPU {d}", want.host))
+                                    }
+                                }
+                            }
+                            positions
+                        }
+                    };
+                    let cells = positions
+                        .iter()
+                        .flat_map(|a| positions.iter().map(move |b| links.get(*a, *b)))
+                        .collect();
+                    GpuInventory::Known {
+                        gpus: positions.iter().map(|p| gpus[*p].clone()).collect(),
+                        links: LinkMatrix::from_cells(
+                            positions.len(),
+                            cells,
+                            links.provenance.clone(),
+                        ),
+                    }
+                }
+            };
+            nodes.push(NodeProfile {
+                host: node.host.clone(),
+                gpus,
+            });
+            index.push(i);
+        }
+        let cells = index
+            .iter()
+            .flat_map(|a| index.iter().map(move |b| self.node_links.get(*a, *b)))
+            .collect();
+        Ok(ClusterProfile {
+            note: self.note.clone(),
+            nodes,
+            node_links: LinkMatrix::from_cells(
+                index.len(),
+                cells,
+                self.node_links.provenance.clone(),
+            ),
+        })
     }
 
     /// The position of `host` in `nodes` (and in `node_links`).

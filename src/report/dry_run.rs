@@ -24,8 +24,12 @@ pub struct DryRunReport {
     pub constraints: Constraints,
     /// torchrun options that differ from torchrun's defaults; handed on to torchrun.
     pub torchrun_passthrough: Vec<String>,
-    /// The plan; `null` until the planner lands.
+    /// The plan; `null` without a cluster profile to plan with.
     pub plan: Option<serde_json::Value>,
+    /// What runs on every node, and the files of the run directory.
+    pub launch: Option<crate::render::LaunchSpec>,
+    /// Where the launch scripts, plan and summary were written.
+    pub run_dir: Option<String>,
     /// What this version did and did not do.
     pub status: String,
 }

@@ -3,6 +3,7 @@
 
 pub mod dry_run;
 pub mod estimate;
+pub mod plan;
 
 pub use dry_run::DryRunReport;
 

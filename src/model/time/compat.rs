@@ -61,6 +61,7 @@
 //! AMP keeps one inter-node and one intra-node figure per node (`cluster_info`); here the
 //! link between the two GPUs stands for them.
 
+use crate::config::ModelSpec;
 use crate::model::flops::{logits_flops, AttentionMask, LayerFlops};
 use crate::model::parallel::Device;
 
@@ -70,15 +71,52 @@ use super::{
     TimeEstimate, TimeModel, TimeRequest,
 };
 
-/// Pipette's published formula (see the module doc).
-pub(super) fn pipette_compat(
+/// The numbers of Pipette's published formula for one placement, and where its maxima
+/// were found. Allocation-free: [`pipette_compat_ms`] runs it once per evaluation.
+struct CompatTerms {
+    slot: f64,
+    slot_at: (usize, usize),
+    msg_gb: f64,
+    c_pp: f64,
+    pp_at: (usize, usize),
+    groups: u64,
+    steady_ms: f64,
+    bubble_ms: f64,
+    p2p_ms: f64,
+    inner: usize,
+    inter: usize,
+    inter_at: usize,
+    dp_msg_gb: f64,
+    dp_ms: f64,
+}
+
+impl CompatTerms {
+    fn iteration_ms(&self) -> f64 {
+        self.steady_ms + self.bubble_ms + self.p2p_ms + self.dp_ms
+    }
+}
+
+/// The iteration time by Pipette's published formula (see the module doc), without the
+/// report: what [`super::estimate`] with [`TimeModel::PipetteCompat`] returns as
+/// `iteration_ms`, for planners that evaluate many placements of one configuration.
+/// `devices` must be a valid placement of `costs.world_size()` GPUs of `fabric`.
+pub fn pipette_compat_ms(
     costs: &ConfigCosts,
-    request: &TimeRequest<'_>,
+    model: &ModelSpec,
+    micro_batch: u64,
     fabric: &ClusterFabric,
     devices: &[Device],
-) -> TimeEstimate {
-    let model = request.model;
-    let cluster = request.cluster;
+) -> f64 {
+    compat_terms(costs, model, micro_batch, fabric, devices).iteration_ms()
+}
+
+fn compat_terms(
+    costs: &ConfigCosts,
+    model: &ModelSpec,
+    micro_batch: u64,
+    fabric: &ClusterFabric,
+    devices: &[Device],
+) -> CompatTerms {
     let (tp, dp, pp) = (costs.tp, costs.dp, costs.pp);
     let m = costs.microbatches;
 
@@ -97,16 +135,16 @@ pub(super) fn pipette_compat(
 
     // C_pp: the slowest (replica, tp rank) pipeline, 2 · msg / forward link per hop.
     let bytes = dtype_bytes(costs.precision);
-    let msg_gb =
-        (config_micro(request) * model.seq_length * model.hidden_size) as f64 * bytes / 1e9;
-    let hop_ms = |a: Device, b: Device| 2.0 * (msg_gb / fabric.gb_per_s(a, b)) * 1e3;
+    let msg_gb = (micro_batch * model.seq_length * model.hidden_size) as f64 * bytes / 1e9;
     let mut c_pp = 0.0f64;
     let mut pp_at = (0, 0);
     for d in 0..dp {
         for k in 0..tp {
             let mut c = 0.0;
             for s in 0..pp.saturating_sub(1) {
-                c += hop_ms(
+                c += compat_hop_ms(
+                    fabric,
+                    msg_gb,
                     costs.group(devices, d, s)[k],
                     costs.group(devices, d, s + 1)[k],
                 );
@@ -163,7 +201,60 @@ pub(super) fn pipette_compat(
     } else {
         0.0
     };
-    let dp_ms = cost_inner + cost_inter;
+    CompatTerms {
+        slot,
+        slot_at,
+        msg_gb,
+        c_pp,
+        pp_at,
+        groups,
+        steady_ms,
+        bubble_ms,
+        p2p_ms,
+        inner,
+        inter,
+        inter_at,
+        dp_msg_gb,
+        dp_ms: cost_inner + cost_inter,
+    }
+}
+
+/// One hop of Pipette's pipeline cost: the message twice over the forward link, ms.
+fn compat_hop_ms(fabric: &ClusterFabric, msg_gb: f64, a: Device, b: Device) -> f64 {
+    2.0 * (msg_gb / fabric.gb_per_s(a, b)) * 1e3
+}
+
+/// Pipette's published formula (see the module doc).
+pub(super) fn pipette_compat(
+    costs: &ConfigCosts,
+    request: &TimeRequest<'_>,
+    fabric: &ClusterFabric,
+    devices: &[Device],
+) -> TimeEstimate {
+    let model = request.model;
+    let cluster = request.cluster;
+    let (tp, pp) = (costs.tp, costs.pp);
+    let m = costs.microbatches;
+    let terms = compat_terms(costs, model, config_micro(request), fabric, devices);
+    let iteration_ms = terms.iteration_ms();
+    let CompatTerms {
+        slot,
+        slot_at,
+        msg_gb,
+        c_pp,
+        pp_at,
+        groups,
+        steady_ms,
+        bubble_ms,
+        p2p_ms,
+        inner,
+        inter,
+        inter_at,
+        dp_msg_gb,
+        dp_ms,
+    } = terms;
+    let first_of_group = |j: usize| devices[tp * j * inner];
+    let hop_ms = |a: Device, b: Device| compat_hop_ms(fabric, msg_gb, a, b);
 
     let stages: Vec<StageTime> = (0..pp)
         .map(|s| costs.stage_report(fabric, cluster, devices, slot_at.0, s))
@@ -202,7 +293,7 @@ pub(super) fn pipette_compat(
     ];
     TimeEstimate {
         model: TimeModel::PipetteCompat,
-        iteration_ms: steady_ms + bubble_ms + p2p_ms + dp_ms,
+        iteration_ms,
         steady_ms,
         bubble_ms,
         pipeline_p2p_ms: p2p_ms,

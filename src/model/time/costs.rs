@@ -345,11 +345,103 @@ impl ConfigCosts {
             };
         }
         let rings = self.stage_rings(fabric, devices, s);
+        self.stage_sync_from(s, rings.gb_per_s, rings.ms_per_gflop)
+    }
+
+    // Pieces of `evaluate` for incremental (delta) evaluation. With `group(d, s)` the tp
+    // ranks `tp·(d + dp·s) .. tp·(d + dp·s + 1)`:
+    //
+    //   replica_ms(d) = replica_ms_from(max_s group_slot_ms(group(d, s), s),
+    //                                   Σ_{s < pp−1} hop_ms(group(d, s), group(d, s + 1)),
+    //                                   hop_ms(group(d, pp − 1), group(d, 0)))
+    //   stage_sync(s) = stage_sync_from(s, min over d, k of the ring link
+    //                                   group(d, s)[k] → group((d + 1) % dp, s)[k],
+    //                                   max over the stage's GPUs of ms_per_gflop)
+    //
+    // with the hop sum taken in stage order, bit for bit what `evaluate` computes (`replica`
+    // and `stage_sync` go through the same functions). The planner caches each piece.
+
+    /// Tensor-parallel size.
+    pub fn tp(&self) -> usize {
+        self.tp
+    }
+
+    /// Data-parallel size.
+    pub fn dp(&self) -> usize {
+        self.dp
+    }
+
+    /// Pipeline-parallel size.
+    pub fn pp(&self) -> usize {
+        self.pp
+    }
+
+    /// Model chunks per pipeline rank (1 without the interleaved schedule).
+    pub fn vpp(&self) -> usize {
+        self.vpp
+    }
+
+    /// Whether one pass through the pipeline includes the wrap-around hop from the last
+    /// stage to the first (the interleaved schedule with pp > 1).
+    pub fn has_wrap_hop(&self) -> bool {
+        self.vpp > 1 && self.pp > 1
+    }
+
+    /// One micro-batch slot of stage `s` run by the tp group `group` (its `tp` devices in
+    /// tp-rank order): compute on the group's slowest GPU plus the exposed tp collectives.
+    #[inline]
+    pub fn group_slot_ms<F: Fabric + ?Sized>(&self, fabric: &F, group: &[Device], s: usize) -> f64 {
+        let (compute, tp) = self.slot(fabric, group, s);
+        compute + tp
+    }
+
+    /// One pipeline hop between two tp groups: activation forward and gradient back, the
+    /// slowest tp rank's pair governing.
+    #[inline]
+    pub fn hop_ms<F: Fabric + ?Sized>(&self, fabric: &F, from: &[Device], to: &[Device]) -> f64 {
+        hop(fabric, from, to, self.p2p_mb).0
+    }
+
+    /// A replica's pipeline time from its slowest slot, the sum of its hops in stage order
+    /// and its wrap-around hop (ignored unless [`ConfigCosts::has_wrap_hop`]).
+    #[inline]
+    pub fn replica_ms_from(&self, max_slot: f64, hop_sum: f64, wrap_hop: f64) -> f64 {
+        let pass = self.pass_from(hop_sum, wrap_hop);
+        let (steady, bubble, p2p) = self.pipeline_terms(max_slot, pass);
+        steady + bubble + p2p
+    }
+
+    /// Stage `s`'s exposed synchronisation from its slowest dp-ring link (GB/s) and its
+    /// slowest GPU (ms per GFLOP). Zero without data parallelism.
+    #[inline]
+    pub fn stage_sync_from(&self, s: usize, ring_gb_per_s: f64, ms_per_gflop: f64) -> StageSync {
+        if self.dp < 2 {
+            return StageSync {
+                grad_reduce_ms: 0.0,
+                param_gather_ms: 0.0,
+            };
+        }
+        let rings = StageRings {
+            gb_per_s: ring_gb_per_s,
+            tp_rank: 0,
+            replica: 0,
+            ms_per_gflop,
+        };
         let (_, _, grad_reduce_ms) = self.reduce_terms(s, &rings);
         let (_, _, param_gather_ms) = self.gather_terms(s, &rings);
         StageSync {
             grad_reduce_ms,
             param_gather_ms,
+        }
+    }
+
+    /// One pass through the pipeline from the sum of the hops and the wrap-around hop.
+    #[inline]
+    fn pass_from(&self, hop_sum: f64, wrap_hop: f64) -> f64 {
+        if self.has_wrap_hop() {
+            self.vpp as f64 * hop_sum + (self.vpp - 1) as f64 * wrap_hop
+        } else {
+            hop_sum
         }
     }
 
@@ -401,7 +493,7 @@ impl ConfigCosts {
                 pass += hop(fabric, group, self.group(devices, d, s + 1), self.p2p_mb).0;
             }
         }
-        if self.vpp > 1 && self.pp > 1 {
+        if self.has_wrap_hop() {
             let wrap = hop(
                 fabric,
                 self.group(devices, d, self.pp - 1),
@@ -409,7 +501,7 @@ impl ConfigCosts {
                 self.p2p_mb,
             )
             .0;
-            pass = self.vpp as f64 * pass + (self.vpp - 1) as f64 * wrap;
+            pass = self.pass_from(pass, wrap);
         }
         (slot, critical, pass)
     }

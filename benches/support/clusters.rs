@@ -1,0 +1,84 @@
+//! Generated clusters for the planner benchmark (`benches/plan.rs`,
+//! `examples/bench_plan.rs`): `nodes` identical nodes with seeded jitter on every link and
+//! a few degraded node pairs, as real measurements look.
+
+use pipette::cluster::profile::{
+    GpuInventory, GpuSpec, LinkMatrix, NodeProfile, PeakTflops, Provenance, Source,
+};
+use pipette::cluster::ClusterProfile;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// An 80 GB GPU with the given dense bf16/fp16 peak.
+pub fn gpu(name: &str, tflops: f64) -> GpuSpec {
+    GpuSpec {
+        index: 0,
+        name: name.into(),
+        memory_bytes: 80 << 30,
+        peak_tflops: PeakTflops {
+            bf16: Some(tflops),
+            fp16: tflops,
+        },
+        measured_tflops: None,
+        provenance: Provenance::new(Source::Datasheet),
+    }
+}
+
+/// `nodes` × `per_node` GPUs: GPU pairs at `intra` GB/s and node pairs at `inter`, each
+/// link jittered by ±1.5 %, and 2 % of the node pairs (one direction) at 40–60 %.
+pub fn generated(
+    nodes: usize,
+    per_node: usize,
+    gpu: &GpuSpec,
+    intra: f64,
+    inter: f64,
+    seed: u64,
+) -> ClusterProfile {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let provenance = Provenance::new(Source::Estimated).with_note("generated for the benchmark");
+    let jitter = |rng: &mut ChaCha8Rng, x: f64| x * rng.random_range(0.985..1.015);
+    let mut rows = vec![vec![0.0; nodes]; nodes];
+    for (a, row) in rows.iter_mut().enumerate() {
+        for (b, cell) in row.iter_mut().enumerate() {
+            if a != b {
+                let degraded = rng.random::<f64>() < 0.02;
+                let base = if degraded {
+                    inter * rng.random_range(0.4..0.6)
+                } else {
+                    inter
+                };
+                *cell = jitter(&mut rng, base);
+            }
+        }
+    }
+    let node_links = LinkMatrix::from_rows(&rows, provenance.clone()).expect("square");
+    let nodes = (0..nodes)
+        .map(|n| {
+            let mut gpu_rows = vec![vec![0.0; per_node]; per_node];
+            for (a, row) in gpu_rows.iter_mut().enumerate() {
+                for (b, cell) in row.iter_mut().enumerate() {
+                    if a != b {
+                        *cell = jitter(&mut rng, intra);
+                    }
+                }
+            }
+            NodeProfile {
+                host: format!("node{n:04}"),
+                gpus: GpuInventory::Known {
+                    gpus: (0..per_node)
+                        .map(|i| GpuSpec {
+                            index: i as u32,
+                            ..gpu.clone()
+                        })
+                        .collect(),
+                    links: LinkMatrix::from_rows(&gpu_rows, provenance.clone()).expect("square"),
+                },
+            }
+        })
+        .collect();
+    ClusterProfile {
+        note: Some("generated for the planner benchmark".into()),
+        nodes,
+        node_links,
+    }
+}

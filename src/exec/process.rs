@@ -1,0 +1,427 @@
+//! A command running on a node: the local process that runs it (the command itself, or
+//! `ssh`/`srun` in front of the remote wrapper), in a process group of its own, with its
+//! output read on threads.
+//!
+//! Teardown is TERM to the group, a grace period, then KILL to the group, and the process
+//! is always reaped. A remote command is torn down first by closing the pipe to its
+//! standard input (the remote watchdog then does TERM, grace, KILL over there, see
+//! [`super::transport`]) and only then locally. When the command exits by itself, what it
+//! left running in its group is killed before the command is reaped, so nothing outlives
+//! it and the group id cannot be reused meanwhile.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::error::ssh_failure;
+use super::{
+    ExecError, ExecOptions, Invocation, NodeCommand, Output, Status, Stream, TransportKind,
+};
+
+/// How long the local side waits, beyond the grace period, for a remote command to be torn
+/// down through its closed standard input before it kills `ssh`/`srun` itself.
+pub const REMOTE_TEARDOWN_MARGIN: Duration = Duration::from_secs(3);
+
+/// How long to wait for the output pipes to close once the process group is gone. Only a
+/// process that left the group (its own `setsid`) can hold them longer; its output is then
+/// cut short rather than waited for.
+const PIPE_CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// A command started with [`super::spawn`]. Dropping it kills the command (and, for remote
+/// transports, tears the remote side down through the watchdog).
+pub struct RunningCommand {
+    host: String,
+    label: String,
+    kind: TransportKind,
+    remote: bool,
+    grace: Duration,
+    child: Child,
+    pgid: Pid,
+    stdin: StdinState,
+    stdout: Option<Reader>,
+    stderr: Option<Reader>,
+    status: Option<Status>,
+    started: Instant,
+}
+
+enum StdinState {
+    Closed,
+    /// Held, never read: dropping it closes the pipe.
+    Open(#[allow(dead_code)] ChildStdin),
+    /// A thread writing [`NodeCommand::stdin`]; it hands the pipe back when done (remote
+    /// transports keep it open).
+    Writing(JoinHandle<Option<ChildStdin>>),
+}
+
+struct Reader {
+    captured: Arc<Mutex<Vec<u8>>>,
+    done: mpsc::Receiver<()>,
+    limit: Option<usize>,
+}
+
+impl RunningCommand {
+    pub(super) fn start(
+        kind: TransportKind,
+        host: &str,
+        command: &NodeCommand,
+        invocation: Invocation,
+        options: &ExecOptions,
+    ) -> Result<Self, ExecError> {
+        let mut process = Command::new(&invocation.program);
+        process
+            .args(&invocation.args)
+            .envs(invocation.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        if let Some(dir) = &invocation.cwd {
+            process.current_dir(dir);
+        }
+        let wants_stdin = invocation.remote || command.stdin.is_some();
+        process.stdin(if wants_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        let mut child = process.spawn().map_err(|source| ExecError::Start {
+            host: host.to_owned(),
+            program: invocation.program.clone(),
+            hint: start_hint(kind, &source),
+            source,
+        })?;
+        let pgid = Pid::from_raw(child.id() as i32);
+        let stdin = match (child.stdin.take(), &command.stdin) {
+            (Some(pipe), Some(data)) => {
+                let data = data.clone();
+                let keep = invocation.remote;
+                StdinState::Writing(std::thread::spawn(move || {
+                    let mut pipe = pipe;
+                    // A command that exits without reading is not an error here.
+                    let _ = pipe.write_all(&data).and_then(|()| pipe.flush());
+                    keep.then_some(pipe)
+                }))
+            }
+            (Some(pipe), None) => StdinState::Open(pipe),
+            (None, _) => StdinState::Closed,
+        };
+        let stdout = child
+            .stdout
+            .take()
+            .map(|pipe| Reader::start(pipe, host, Stream::Stdout, options));
+        let stderr = child
+            .stderr
+            .take()
+            .map(|pipe| Reader::start(pipe, host, Stream::Stderr, options));
+        Ok(RunningCommand {
+            host: host.to_owned(),
+            label: command.label(),
+            kind,
+            remote: invocation.remote,
+            grace: options.grace,
+            child,
+            pgid,
+            stdin,
+            stdout,
+            stderr,
+            status: None,
+            started: Instant::now(),
+        })
+    }
+
+    /// The host the command runs on.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The pid of the local process (the command, or `ssh`/`srun`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The local process group, which the local process leads.
+    pub fn pgid(&self) -> i32 {
+        self.pgid.as_raw()
+    }
+
+    pub fn transport(&self) -> TransportKind {
+        self.kind
+    }
+
+    /// How long ago the command was started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The exit status if the command has finished, without blocking.
+    pub fn try_status(&mut self) -> Result<Option<Status>, ExecError> {
+        if let Some(status) = self.status {
+            return Ok(Some(status));
+        }
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        match waitid(Id::Pid(pid), flags) {
+            Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => Ok(None),
+            Ok(_) => {
+                // Exited, not yet reaped: the group id is still ours, so kill what the
+                // command left behind in it, then reap.
+                let _ = killpg(self.pgid, Signal::SIGKILL);
+                let status = self.child.wait().map_err(|e| self.lost(e.to_string()))?;
+                let status = match (status.code(), status.signal()) {
+                    (Some(code), _) => Status::Exited(code),
+                    (None, Some(signal)) => Status::Signaled(signal),
+                    (None, None) => Status::Exited(-1),
+                };
+                self.status = Some(status);
+                self.close_stdin();
+                Ok(Some(status))
+            }
+            Err(e) => Err(self.lost(e.desc().to_owned())),
+        }
+    }
+
+    /// Blocks until the command exits or `deadline` passes (`None`: the deadline passed).
+    pub fn wait_until(&mut self, deadline: Option<Instant>) -> Result<Option<Status>, ExecError> {
+        let mut pause = Duration::from_millis(2);
+        loop {
+            if let Some(status) = self.try_status()? {
+                return Ok(Some(status));
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let mut sleep = pause;
+            if let Some(d) = deadline {
+                sleep = sleep.min(d - now);
+            }
+            std::thread::sleep(sleep);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Blocks until the command exits.
+    pub fn wait(&mut self) -> Result<Status, ExecError> {
+        match self.wait_until(None)? {
+            Some(status) => Ok(status),
+            None => Err(self.lost("wait ended without a status".into())),
+        }
+    }
+
+    /// Sends `signal` to the local process group. For ssh and srun that is the client, not
+    /// the remote command: use [`RunningCommand::terminate`] to stop a remote command.
+    pub fn signal(&self, signal: Signal) -> Result<(), ExecError> {
+        if self.status.is_some() {
+            return Ok(());
+        }
+        match killpg(self.pgid, signal) {
+            Ok(()) | Err(Errno::ESRCH) => Ok(()),
+            Err(e) => Err(self.lost(format!("cannot send {signal}: {}", e.desc()))),
+        }
+    }
+
+    /// Stops the command and everything it started: for a remote command, close its
+    /// standard input and give the remote watchdog the grace period (plus
+    /// [`REMOTE_TEARDOWN_MARGIN`]); then TERM the local group, wait the grace period, KILL
+    /// it, and reap. Returns the exit status (a signal, usually).
+    pub fn terminate(&mut self) -> Result<Status, ExecError> {
+        if let Some(status) = self.try_status()? {
+            return Ok(status);
+        }
+        if self.remote && self.close_stdin() {
+            let deadline = Instant::now() + self.grace + REMOTE_TEARDOWN_MARGIN;
+            if let Some(status) = self.wait_until(Some(deadline))? {
+                return Ok(status);
+            }
+        }
+        self.signal(Signal::SIGTERM)?;
+        if let Some(status) = self.wait_until(Some(Instant::now() + self.grace))? {
+            return Ok(status);
+        }
+        self.signal(Signal::SIGKILL)?;
+        self.wait()
+    }
+
+    /// What the command wrote so far (the captured part).
+    pub fn output_so_far(&self) -> (Vec<u8>, Vec<u8>) {
+        (
+            self.stdout
+                .as_ref()
+                .map(Reader::snapshot)
+                .unwrap_or_default(),
+            self.stderr
+                .as_ref()
+                .map(Reader::snapshot)
+                .unwrap_or_default(),
+        )
+    }
+
+    /// Waits for the command to exit (it is not stopped) and returns its output. An `ssh`
+    /// that could not reach its host is [`ExecError::Unreachable`].
+    pub fn into_output(mut self) -> Result<Output, ExecError> {
+        let status = self.wait()?;
+        let output = self.collect(status);
+        if self.kind == TransportKind::Ssh && output.status == Status::Exited(255) {
+            if let Some((detail, hint)) = ssh_failure(&output.stderr, &self.host) {
+                return Err(ExecError::Unreachable {
+                    host: self.host.clone(),
+                    transport: self.kind,
+                    detail,
+                    hint,
+                });
+            }
+        }
+        Ok(output)
+    }
+
+    /// A short description of the command, for messages.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Joins the readers (bounded) and takes the captured output.
+    pub(super) fn collect(&mut self, status: Status) -> Output {
+        let deadline = Instant::now() + PIPE_CLOSE_WAIT;
+        let take = |reader: Option<Reader>| reader.map(|r| r.finish(deadline)).unwrap_or_default();
+        let stdout = take(self.stdout.take());
+        let stderr = take(self.stderr.take());
+        Output {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Closes our end of the command's standard input; false when it cannot be closed
+    /// (a writer thread still blocked on it).
+    fn close_stdin(&mut self) -> bool {
+        match std::mem::replace(&mut self.stdin, StdinState::Closed) {
+            StdinState::Closed | StdinState::Open(_) => true,
+            StdinState::Writing(handle) if handle.is_finished() => {
+                drop(handle.join());
+                true
+            }
+            StdinState::Writing(handle) => {
+                self.stdin = StdinState::Writing(handle);
+                false
+            }
+        }
+    }
+
+    fn lost(&self, detail: String) -> ExecError {
+        ExecError::Lost {
+            host: self.host.clone(),
+            command: self.label.clone(),
+            detail,
+        }
+    }
+}
+
+impl Drop for RunningCommand {
+    fn drop(&mut self) {
+        if self.status.is_some() {
+            return;
+        }
+        // Closing stdin starts the remote watchdog; the local group goes at once.
+        self.close_stdin();
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl std::fmt::Debug for RunningCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningCommand")
+            .field("host", &self.host)
+            .field("command", &self.label)
+            .field("transport", &self.kind)
+            .field("pid", &self.child.id())
+            .field("status", &self.status)
+            .finish()
+    }
+}
+
+impl Reader {
+    fn start(
+        pipe: impl Read + Send + 'static,
+        host: &str,
+        stream: Stream,
+        options: &ExecOptions,
+    ) -> Self {
+        let captured = Arc::new(Mutex::new(Vec::new()));
+        let (done_tx, done) = mpsc::channel();
+        let limit = options.capture_limit;
+        let sink = options.sink.clone();
+        let host = host.to_owned();
+        let buffer = Arc::clone(&captured);
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(pipe);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if let Some(sink) = &sink {
+                    let text = line.strip_suffix(b"\n").unwrap_or(&line);
+                    sink.line(&host, stream, text.strip_suffix(b"\r").unwrap_or(text));
+                }
+                let mut buf = buffer.lock().unwrap_or_else(|p| p.into_inner());
+                buf.extend_from_slice(&line);
+                if let Some(limit) = limit {
+                    if buf.len() > limit.saturating_mul(2).max(4096) {
+                        let cut = buf.len() - limit;
+                        buf.drain(..cut);
+                    }
+                }
+            }
+            let _ = done_tx.send(());
+        });
+        Reader {
+            captured,
+            done,
+            limit,
+        }
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        let buf = self.captured.lock().unwrap_or_else(|p| p.into_inner());
+        tail(&buf, self.limit).to_vec()
+    }
+
+    fn finish(self, deadline: Instant) -> Vec<u8> {
+        let _ = self
+            .done
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()));
+        self.snapshot()
+    }
+}
+
+fn tail(buf: &[u8], limit: Option<usize>) -> &[u8] {
+    match limit {
+        Some(n) if buf.len() > n => &buf[buf.len() - n..],
+        _ => buf,
+    }
+}
+
+fn start_hint(kind: TransportKind, error: &std::io::Error) -> String {
+    let missing = error.kind() == std::io::ErrorKind::NotFound;
+    match (kind, missing) {
+        (TransportKind::Ssh, true) => "install the OpenSSH client (ssh), or put it on PATH".into(),
+        (TransportKind::Srun, true) => {
+            "srun is Slurm's; run inside a Slurm allocation, or use another transport".into()
+        }
+        (TransportKind::Local, true) => {
+            "check the program's path, or install it on this machine".into()
+        }
+        (_, false) => "check the program's permissions and the machine's process limits".into(),
+    }
+}

@@ -1,0 +1,152 @@
+//! POSIX shell quoting, and the checks that keep host names from being read as options.
+//!
+//! A remote command crosses a shell exactly once (ssh hands one string to the login shell
+//! there), so every word of it is quoted here and nothing a user, a hostfile or a node
+//! wrote is ever interpreted by a shell.
+
+/// `word` as one POSIX shell word: wrapped in single quotes, with each `'` written as
+/// `'\''`. Every byte other than `'` stands for itself inside single quotes (newlines, `$`,
+/// backticks, `\`, `;`, `*` included), so the shell hands the word on unchanged. Words made
+/// only of characters no shell treats specially are left bare, for readable logs.
+pub fn shell_quote(word: &str) -> String {
+    if !word.is_empty() && word.bytes().all(is_plain) {
+        return word.to_owned();
+    }
+    let mut out = String::with_capacity(word.len() + 2);
+    out.push('\'');
+    for c in word.chars() {
+        if c == '\'' {
+            out.push_str("'\\''");
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// The words quoted with [`shell_quote`] and joined by spaces: a command line that a POSIX
+/// shell splits back into exactly these words.
+pub fn shell_join<S: AsRef<str>>(words: impl IntoIterator<Item = S>) -> String {
+    let mut out = String::new();
+    for (k, word) in words.into_iter().enumerate() {
+        if k > 0 {
+            out.push(' ');
+        }
+        out.push_str(&shell_quote(word.as_ref()));
+    }
+    out
+}
+
+/// Bytes that no POSIX shell gives a meaning to in any position of a word (`=` and `~` are
+/// special at the start of some words, `-` only to the program, which sees it quoted or not).
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'_' | b'-' | b'.' | b'/' | b':' | b',' | b'+' | b'@' | b'%'
+        )
+}
+
+/// Why a host name cannot be handed to ssh or srun, or `None` when it can.
+///
+/// A name starting with `-` would be read as an option (`-oProxyCommand=...` runs a
+/// command); blanks, control characters and an empty name are never host names.
+pub fn host_problem(host: &str) -> Option<&'static str> {
+    if host.is_empty() {
+        Some("is empty")
+    } else if host.starts_with('-') {
+        Some("starts with '-', which ssh and srun would read as an option")
+    } else if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Some("contains a blank or a control character")
+    } else {
+        None
+    }
+}
+
+/// Whether `name` is a valid environment variable name (`[A-Za-z_][A-Za-z0-9_]*`).
+pub fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn plain_words_stay_bare() {
+        assert_eq!(shell_quote("torchrun"), "torchrun");
+        assert_eq!(shell_quote("--nproc-per-node"), "--nproc-per-node");
+        assert_eq!(shell_quote("/tmp/a.py"), "/tmp/a.py");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote("K=V"), "'K=V'");
+        assert_eq!(shell_quote("~"), "'~'");
+    }
+
+    #[test]
+    fn sh_splits_a_joined_line_back_into_the_same_words() {
+        let words = [
+            "plain",
+            "",
+            "two words",
+            "it's",
+            "'",
+            "''",
+            "$HOME",
+            "`id`",
+            "$(id)",
+            "a;b",
+            "a|b&c",
+            "line\nbreak",
+            "back\\slash",
+            "\"double\"",
+            "*",
+            "?",
+            "[x]",
+            "{a,b}",
+            "~root",
+            "#comment",
+            "tab\there",
+            "ünïcødé",
+            "!bang",
+            "-n",
+        ];
+        let line = shell_join(words);
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf '%s\\0' {line}"))
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let got: Vec<&str> = std::str::from_utf8(&out.stdout)
+            .unwrap()
+            .split_terminator('\0')
+            .collect();
+        assert_eq!(got, words);
+    }
+
+    #[test]
+    fn option_like_and_blank_hosts_are_refused() {
+        assert!(host_problem("gpu07").is_none());
+        assert!(host_problem("10.0.0.7").is_none());
+        assert!(host_problem("-oProxyCommand=x").is_some());
+        assert!(host_problem("").is_some());
+        assert!(host_problem("a b").is_some());
+        assert!(host_problem("a\nb").is_some());
+    }
+
+    #[test]
+    fn env_names() {
+        assert!(is_env_name("CUDA_VISIBLE_DEVICES"));
+        assert!(is_env_name("_x1"));
+        assert!(!is_env_name("1x"));
+        assert!(!is_env_name("A-B"));
+        assert!(!is_env_name(""));
+        assert!(!is_env_name("A=B"));
+    }
+}

@@ -1,0 +1,499 @@
+//! How a command reaches a node: run here, through the system `ssh` client, or as a Slurm
+//! job step with `srun`. [`Transport::invocation`] turns a [`NodeCommand`] for a host into
+//! the local command line that runs it there; [`super::spawn`] runs that command line.
+//!
+//! # Remote commands and their teardown
+//!
+//! ssh hands the remote side one string, which the login shell there splits; srun hands
+//! over an argument vector. Both run the same small POSIX `sh` wrapper
+//! ([`REMOTE_WRAPPER`]) with the command's words as its arguments, every word quoted with
+//! [`shell_quote`] for ssh, so nothing a user or a node wrote is interpreted by a shell.
+//! The wrapper
+//!
+//! 1. exports the environment and changes directory;
+//! 2. starts the command under `setsid`, so the command and everything it starts form one
+//!    process group (and session) whose id is the command's pid;
+//! 3. starts a watchdog that reads the wrapper's standard input until end-of-file and then
+//!    sends TERM to that group, waits the grace period and sends KILL;
+//! 4. waits for the command, kills what it left behind in its group, and exits with its
+//!    status (128 + the signal number when a signal ended it).
+//!
+//! The local side holds the pipe to `ssh`'s (or `srun`'s) standard input open for as long
+//! as the command should run. Closing it, killing `ssh`, our own process dying, or the
+//! connection dropping all end the remote standard input, so the remote process tree is torn
+//! down whatever way the local side goes: no pid file and no second connection are needed.
+//! The price is that a remote command cannot read a stream from us; it can get a fixed
+//! block of bytes ([`NodeCommand::stdin`]), which the wrapper reads first (exactly that many
+//! bytes, into a deleted temporary file that becomes the command's standard input).
+//!
+//! The login shell on ssh nodes must be POSIX-like (sh, bash, dash, zsh, ksh): it reads the
+//! single-quoted words. `setsid`, `mktemp` and `head -c` must exist there (util-linux and
+//! coreutils, on every Linux distribution).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::quote::{host_problem, is_env_name, shell_join, shell_quote};
+use super::{ExecError, NodeCommand};
+
+/// The POSIX `sh` script that runs a command on a remote node (see the module docs).
+///
+/// Arguments: grace seconds, stdin byte count (`-1`: none), working directory (empty: the
+/// login directory), the number of `NAME=VALUE` words that follow, those words, then the
+/// program and its arguments. Kept on one line, so even a login shell that mishandles
+/// newlines inside quotes passes it on intact.
+pub const REMOTE_WRAPPER: &str = concat!(
+    "g=$1 n=$2 d=$3 e=$4; shift 4; ",
+    "while [ \"$e\" -gt 0 ]; do export \"$1\" || exit 125; shift; e=$((e - 1)); done; ",
+    "if [ -n \"$d\" ]; then cd -- \"$d\" || exit 125; fi; ",
+    "exec 4<&0; ",
+    "if [ \"$n\" -ge 0 ]; then t=$(mktemp) || exit 125; head -c \"$n\" <&4 >\"$t\" || exit 125; ",
+    "exec 3<\"$t\"; rm -f -- \"$t\"; else exec 3</dev/null; fi; ",
+    "setsid -- \"$@\" <&3 3<&- 4<&- & p=$!; exec 3<&-; ",
+    "setsid -- sh -c 'cat >/dev/null; kill -s TERM -- -\"$1\" 2>/dev/null; sleep \"$2\"; ",
+    "kill -s KILL -- -\"$1\" 2>/dev/null' pipette-watch \"$p\" \"$g\" <&4 4<&- >/dev/null 2>&1 & w=$!; ",
+    "exec 4<&-; ",
+    "trap 'kill -s TERM -- -\"$p\" 2>/dev/null' HUP INT TERM; ",
+    "s=0; wait \"$p\" || s=$?; ",
+    "while kill -0 \"$p\" 2>/dev/null; do wait \"$p\"; s=$?; done; ",
+    "kill -s KILL -- -\"$p\" 2>/dev/null; kill -s KILL -- -\"$w\" 2>/dev/null; exit \"$s\""
+);
+
+/// The name the wrapper runs under (`$0`), so `ps` on a node shows what it is.
+const WRAPPER_NAME: &str = "pipette-exec";
+
+/// How commands reach the nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// On this machine, whatever the host is called. Tests use it to run several "nodes"
+    /// as local processes; a single-machine run uses it for `localhost`.
+    #[default]
+    Local,
+    /// Through the system `ssh` client.
+    Ssh(SshOptions),
+    /// As a one-task Slurm job step on the host, inside the current allocation.
+    Srun(SrunOptions),
+}
+
+/// Options of the `ssh` client. Host keys and agents come from the user's ssh configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshOptions {
+    /// The client, `ssh` on PATH by default.
+    pub program: PathBuf,
+    /// `ConnectTimeout`, rounded up to whole seconds.
+    pub connect_timeout: Duration,
+    /// `ServerAliveInterval`, rounded up to whole seconds: a dead connection is noticed
+    /// after about three of these.
+    pub server_alive_interval: Duration,
+    pub port: Option<u16>,
+    pub user: Option<String>,
+    /// A private key file (`-i`).
+    pub identity: Option<PathBuf>,
+    /// More client arguments, placed before the host, e.g. `["-o", "UserKnownHostsFile=x"]`.
+    pub extra_args: Vec<String>,
+}
+
+impl Default for SshOptions {
+    fn default() -> Self {
+        SshOptions {
+            program: PathBuf::from("ssh"),
+            connect_timeout: Duration::from_secs(10),
+            server_alive_interval: Duration::from_secs(15),
+            port: None,
+            user: None,
+            identity: None,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// Options of `srun`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SrunOptions {
+    /// `srun` on PATH by default.
+    pub program: PathBuf,
+    /// More srun arguments, placed before the command.
+    pub extra_args: Vec<String>,
+}
+
+impl Default for SrunOptions {
+    fn default() -> Self {
+        SrunOptions {
+            program: PathBuf::from("srun"),
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// Which transport a [`Transport`] is, for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    Local,
+    Ssh,
+    Srun,
+}
+
+impl TransportKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportKind::Local => "local",
+            TransportKind::Ssh => "ssh",
+            TransportKind::Srun => "srun",
+        }
+    }
+}
+
+/// A local command line: what [`super::spawn`] starts to run a [`NodeCommand`] on a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    pub program: String,
+    pub args: Vec<String>,
+    /// Set on the local process (the local transport only; remote ones pass the
+    /// environment through the wrapper).
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+    /// Whether the command runs under [`REMOTE_WRAPPER`], whose standard input must stay
+    /// open while the command should run.
+    pub remote: bool,
+}
+
+impl Invocation {
+    /// The command line as a shell would read it (for logs and `--dry-run`).
+    pub fn to_shell(&self) -> String {
+        let mut line = String::new();
+        if !self.env.is_empty() {
+            line.push_str("env ");
+            for (name, value) in &self.env {
+                // Names are checked (letters, digits, _), so only values need quoting.
+                line.push_str(&format!("{name}={} ", shell_quote(value)));
+            }
+        }
+        line.push_str(&shell_join(
+            std::iter::once(&self.program).chain(&self.args),
+        ));
+        match &self.cwd {
+            Some(dir) => format!("cd {} && {line}", shell_quote(&dir.to_string_lossy())),
+            None => line,
+        }
+    }
+}
+
+impl Transport {
+    pub fn kind(&self) -> TransportKind {
+        match self {
+            Transport::Local => TransportKind::Local,
+            Transport::Ssh(_) => TransportKind::Ssh,
+            Transport::Srun(_) => TransportKind::Srun,
+        }
+    }
+
+    /// The local command line that runs `command` on `host`. `grace` is how long the remote
+    /// watchdog waits between TERM and KILL when the command is torn down.
+    pub fn invocation(
+        &self,
+        host: &str,
+        command: &NodeCommand,
+        grace: Duration,
+    ) -> Result<Invocation, ExecError> {
+        check_command(host, command)?;
+        match self {
+            Transport::Local => Ok(Invocation {
+                program: command.program.clone(),
+                args: command.args.clone(),
+                env: command.env.clone(),
+                cwd: command.cwd.clone(),
+                remote: false,
+            }),
+            Transport::Ssh(ssh) => {
+                check_host(host)?;
+                let mut args: Vec<String> = vec![
+                    "-T".into(),
+                    "-o".into(),
+                    "BatchMode=yes".into(),
+                    "-o".into(),
+                    format!("ConnectTimeout={}", whole_seconds(ssh.connect_timeout)),
+                    "-o".into(),
+                    format!(
+                        "ServerAliveInterval={}",
+                        whole_seconds(ssh.server_alive_interval)
+                    ),
+                ];
+                if let Some(port) = ssh.port {
+                    args.extend(["-p".into(), port.to_string()]);
+                }
+                if let Some(user) = &ssh.user {
+                    args.extend(["-l".into(), user.clone()]);
+                }
+                if let Some(key) = &ssh.identity {
+                    args.extend(["-i".into(), key.to_string_lossy().into_owned()]);
+                }
+                args.extend(ssh.extra_args.iter().cloned());
+                args.push("--".into());
+                args.push(host.to_owned());
+                args.push(format!(
+                    "exec {}",
+                    shell_join(wrapper_words(command, grace))
+                ));
+                Ok(Invocation {
+                    program: ssh.program.to_string_lossy().into_owned(),
+                    args,
+                    env: Vec::new(),
+                    cwd: None,
+                    remote: true,
+                })
+            }
+            Transport::Srun(srun) => {
+                check_host(host)?;
+                let mut args: Vec<String> = vec![
+                    "--nodes=1".into(),
+                    "--ntasks=1".into(),
+                    "--overlap".into(),
+                    "-w".into(),
+                    host.to_owned(),
+                ];
+                args.extend(srun.extra_args.iter().cloned());
+                args.extend(wrapper_words(command, grace));
+                Ok(Invocation {
+                    program: srun.program.to_string_lossy().into_owned(),
+                    args,
+                    env: Vec::new(),
+                    cwd: None,
+                    remote: true,
+                })
+            }
+        }
+    }
+}
+
+/// `/bin/sh -c WRAPPER pipette-exec GRACE NSTDIN CWD NENV K=V... PROGRAM ARGS...`
+fn wrapper_words(command: &NodeCommand, grace: Duration) -> Vec<String> {
+    let mut words = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        REMOTE_WRAPPER.to_owned(),
+        WRAPPER_NAME.to_owned(),
+        whole_seconds(grace).max(1).to_string(),
+        command
+            .stdin
+            .as_ref()
+            .map_or("-1".to_owned(), |data| data.len().to_string()),
+        command
+            .cwd
+            .as_ref()
+            .map_or(String::new(), |d| d.to_string_lossy().into_owned()),
+        command.env.len().to_string(),
+    ];
+    words.extend(command.env.iter().map(|(k, v)| format!("{k}={v}")));
+    words.push(command.program.clone());
+    words.extend(command.args.iter().cloned());
+    words
+}
+
+fn whole_seconds(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+fn check_host(host: &str) -> Result<(), ExecError> {
+    match host_problem(host) {
+        Some(problem) => Err(ExecError::BadHost {
+            host: host.to_owned(),
+            problem,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn check_command(host: &str, command: &NodeCommand) -> Result<(), ExecError> {
+    let bad = |detail: String| {
+        Err(ExecError::BadCommand {
+            host: host.to_owned(),
+            detail,
+        })
+    };
+    if command.program.is_empty() {
+        return bad("the program name is empty".into());
+    }
+    for text in std::iter::once(&command.program).chain(&command.args) {
+        if text.contains('\0') {
+            return bad(format!("{} contains a NUL byte", shell_quote(text)));
+        }
+    }
+    for (name, value) in &command.env {
+        if !is_env_name(name) {
+            return bad(format!(
+                "{name:?} is not an environment variable name (use letters, digits and _)"
+            ));
+        }
+        if value.contains('\0') {
+            return bad(format!("the value of {name} contains a NUL byte"));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `host` names this machine: `localhost`, a loopback address, or this machine's
+/// host name (with or without its domain). Callers may run such hosts with
+/// [`Transport::Local`] instead of ssh.
+pub fn is_local_host(host: &str) -> bool {
+    if host.eq_ignore_ascii_case("localhost")
+        || host.starts_with("127.")
+        || host == "::1"
+        || host == "[::1]"
+    {
+        return true;
+    }
+    let Ok(name) = nix::unistd::gethostname() else {
+        return false;
+    };
+    let name = name.to_string_lossy();
+    let short = |h: &str| h.split('.').next().unwrap_or(h).to_ascii_lowercase();
+    host.eq_ignore_ascii_case(&name)
+        || (!host.contains('.') && short(&name) == host.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd() -> NodeCommand {
+        NodeCommand::new("python3")
+            .arg("probe.py")
+            .arg("a b")
+            .env("CUDA_VISIBLE_DEVICES", "0,1")
+    }
+
+    #[test]
+    fn local_runs_the_command_itself() {
+        let inv = Transport::Local
+            .invocation("node-a", &cmd(), Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(inv.program, "python3");
+        assert_eq!(inv.args, ["probe.py", "a b"]);
+        assert!(!inv.remote);
+        assert_eq!(
+            inv.to_shell(),
+            "env CUDA_VISIBLE_DEVICES=0,1 python3 probe.py 'a b'"
+        );
+    }
+
+    #[test]
+    fn ssh_passes_one_quoted_string_after_the_host() {
+        let ssh = SshOptions {
+            port: Some(2222),
+            user: Some("me".into()),
+            identity: Some("/k/id".into()),
+            extra_args: vec!["-o".into(), "StrictHostKeyChecking=no".into()],
+            connect_timeout: Duration::from_millis(2500),
+            ..SshOptions::default()
+        };
+        let inv = Transport::Ssh(ssh)
+            .invocation("gpu07", &cmd(), Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(inv.program, "ssh");
+        let n = inv.args.len();
+        assert_eq!(
+            &inv.args[..n - 1],
+            [
+                "-T",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=3",
+                "-o",
+                "ServerAliveInterval=15",
+                "-p",
+                "2222",
+                "-l",
+                "me",
+                "-i",
+                "/k/id",
+                "-o",
+                "StrictHostKeyChecking=no",
+                "--",
+                "gpu07"
+            ]
+        );
+        let remote = &inv.args[n - 1];
+        assert!(remote.starts_with("exec /bin/sh -c '"), "{remote}");
+        assert!(
+            remote.ends_with(
+                " pipette-exec 5 -1 '' 1 'CUDA_VISIBLE_DEVICES=0,1' python3 probe.py 'a b'"
+            ),
+            "{remote}"
+        );
+        assert!(inv.remote);
+    }
+
+    #[test]
+    fn srun_builds_a_one_task_step() {
+        let inv = Transport::Srun(SrunOptions::default())
+            .invocation(
+                "gpu07",
+                &cmd().stdin(b"xyz".to_vec()),
+                Duration::from_secs(3),
+            )
+            .unwrap();
+        assert_eq!(inv.program, "srun");
+        assert_eq!(
+            inv.args[..7],
+            [
+                "--nodes=1",
+                "--ntasks=1",
+                "--overlap",
+                "-w",
+                "gpu07",
+                "/bin/sh",
+                "-c"
+            ]
+        );
+        assert_eq!(
+            inv.args[8..],
+            [
+                "pipette-exec",
+                "3",
+                "3",
+                "",
+                "1",
+                "CUDA_VISIBLE_DEVICES=0,1",
+                "python3",
+                "probe.py",
+                "a b"
+            ]
+        );
+    }
+
+    #[test]
+    fn option_like_hosts_and_bad_env_names_are_refused() {
+        let ssh = Transport::Ssh(SshOptions::default());
+        let err = ssh
+            .invocation(
+                "-oProxyCommand=touch /tmp/x",
+                &cmd(),
+                Duration::from_secs(1),
+            )
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("host name \"-oProxyCommand=touch /tmp/x\" starts with '-'"),
+            "{err}"
+        );
+        let err = Transport::Local
+            .invocation("h", &cmd().env("A-B", "1"), Duration::from_secs(1))
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("\"A-B\" is not an environment variable name"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn loopback_names_are_local() {
+        assert!(is_local_host("localhost"));
+        assert!(is_local_host("127.0.0.1"));
+        assert!(is_local_host("::1"));
+        assert!(!is_local_host("gpu07.example.org"));
+        let me = nix::unistd::gethostname().unwrap();
+        assert!(is_local_host(&me.to_string_lossy()));
+    }
+}

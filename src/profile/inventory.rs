@@ -1,0 +1,754 @@
+//! What a node has: its GPUs (from `nvidia-smi`), how they are wired (`nvidia-smi topo -m`),
+//! and, for a node without GPUs, its CPUs and memory.
+//!
+//! The parsers are pure and tested on outputs captured on real machines
+//! (`tests/fixtures/nvidia-smi/`, see its README). [`peak_for`] holds the datasheet figures
+//! by model; [`estimated_link_gb_per_s`] turns a topology class into the bandwidth the
+//! profile carries until the probe measures the link.
+
+use std::time::Duration;
+
+use crate::cluster::profile::{LinkMatrix, PeakTflops, Provenance, Source};
+use crate::cluster::Slots;
+use crate::exec::{self, ExecError, NodeCommand, Status, Transport};
+
+/// `nvidia-smi` arguments that list the GPUs (what [`parse_gpu_query`] reads).
+pub const GPU_QUERY_ARGS: [&str; 2] = [
+    "--query-gpu=index,name,memory.total,pci.bus_id",
+    "--format=csv,noheader,nounits",
+];
+
+/// `nvidia-smi` arguments that print the topology matrix (what [`parse_topology`] reads).
+pub const TOPOLOGY_ARGS: [&str; 2] = ["topo", "-m"];
+
+/// One GPU as `nvidia-smi` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuRecord {
+    pub index: u32,
+    pub name: String,
+    pub memory_bytes: u64,
+    /// `00000000:07:00.0`, when the query listed it.
+    pub pci_bus_id: Option<String>,
+}
+
+/// A malformed `nvidia-smi` output: which line, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}")]
+pub struct ParseError {
+    pub what: String,
+}
+
+fn parse_error(what: impl Into<String>) -> ParseError {
+    ParseError { what: what.into() }
+}
+
+/// Reads `nvidia-smi --query-gpu=index,name,memory.total[,pci.bus_id] --format=csv[,noheader][,nounits]`.
+///
+/// With a header line (`index, name, memory.total [MiB], ...`) columns are found by name,
+/// so other column sets and orders read too; without one they are taken in
+/// [`GPU_QUERY_ARGS`]'s order. Memory may carry its unit (`32768 MiB`). Blank lines are
+/// skipped; GPUs come back in index order.
+pub fn parse_gpu_query(text: &str) -> Result<Vec<GpuRecord>, ParseError> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .map(|(n, l)| (n + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty())
+        .peekable();
+    let mut columns = [Some(0), Some(1), Some(2), Some(3)];
+    if let Some((_, first)) = lines.peek() {
+        let names: Vec<String> = split_csv(first)
+            .iter()
+            .map(|c| {
+                c.split(" [")
+                    .next()
+                    .unwrap_or(c)
+                    .trim()
+                    .to_ascii_lowercase()
+            })
+            .collect();
+        if names.first().is_some_and(|n| n == "index") {
+            let find = |key: &str| names.iter().position(|n| n == key);
+            columns = [
+                find("index"),
+                find("name"),
+                find("memory.total"),
+                find("pci.bus_id"),
+            ];
+            for (key, col) in ["name", "memory.total"].iter().zip(&columns[1..3]) {
+                if col.is_none() {
+                    return Err(parse_error(format!(
+                        "the header has no {key} column: {first:?}"
+                    )));
+                }
+            }
+            lines.next();
+        }
+    }
+    let mut gpus = Vec::new();
+    for (line_no, line) in lines {
+        let cells = split_csv(line);
+        let cell = |col: Option<usize>| col.and_then(|c| cells.get(c).copied());
+        let bad = |what: &str| parse_error(format!("line {line_no}: {what}: {line:?}"));
+        let index = cell(columns[0])
+            .and_then(|c| c.parse::<u32>().ok())
+            .ok_or_else(|| bad("no GPU index"))?;
+        let name = cell(columns[1])
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| bad("no GPU name"))?;
+        let memory_bytes = cell(columns[2])
+            .and_then(parse_memory_bytes)
+            .ok_or_else(|| bad("no memory size (expected MiB, e.g. 81920)"))?;
+        let pci_bus_id = cell(columns[3])
+            .filter(|c| !c.is_empty() && !c.starts_with('['))
+            .map(str::to_owned);
+        gpus.push(GpuRecord {
+            index,
+            name: name.to_owned(),
+            memory_bytes,
+            pci_bus_id,
+        });
+    }
+    gpus.sort_by_key(|g| g.index);
+    if let Some(w) = gpus.windows(2).find(|w| w[0].index == w[1].index) {
+        return Err(parse_error(format!(
+            "GPU index {} is listed twice",
+            w[0].index
+        )));
+    }
+    Ok(gpus)
+}
+
+fn split_csv(line: &str) -> Vec<&str> {
+    line.split(',').map(str::trim).collect()
+}
+
+/// `81920`, `81920 MiB`, `80 GiB` → bytes (a bare number is MiB, nvidia-smi's unit).
+fn parse_memory_bytes(cell: &str) -> Option<u64> {
+    let mut words = cell.split_whitespace();
+    let number: u64 = words.next()?.parse().ok()?;
+    let scale: u64 = match words.next() {
+        None | Some("MiB") => 1 << 20,
+        Some("GiB") => 1 << 30,
+        Some("KiB") => 1 << 10,
+        Some(_) => return None,
+    };
+    (number > 0).then(|| number.saturating_mul(scale))
+}
+
+/// How two GPUs are connected, as `nvidia-smi topo -m` names it (best first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinkClass {
+    /// `NV#`: a bonded set of this many NVLinks.
+    NvLink(u32),
+    /// At most one PCIe bridge.
+    Pix,
+    /// Several PCIe bridges, not the host bridge.
+    Pxb,
+    /// Through a PCIe host bridge (the CPU).
+    Phb,
+    /// Between host bridges inside one NUMA node.
+    Node,
+    /// Across the SMP interconnect between NUMA nodes (QPI/UPI); older drivers say `SOC`.
+    Sys,
+}
+
+impl LinkClass {
+    fn parse(cell: &str) -> Option<LinkClass> {
+        Some(match cell {
+            "PIX" => LinkClass::Pix,
+            "PXB" => LinkClass::Pxb,
+            "PHB" => LinkClass::Phb,
+            "NODE" => LinkClass::Node,
+            "SYS" | "SOC" => LinkClass::Sys,
+            _ => LinkClass::NvLink(cell.strip_prefix("NV")?.parse().ok().filter(|n| *n > 0)?),
+        })
+    }
+
+    pub fn as_string(self) -> String {
+        match self {
+            LinkClass::NvLink(n) => format!("NV{n}"),
+            LinkClass::Pix => "PIX".into(),
+            LinkClass::Pxb => "PXB".into(),
+            LinkClass::Phb => "PHB".into(),
+            LinkClass::Node => "NODE".into(),
+            LinkClass::Sys => "SYS".into(),
+        }
+    }
+}
+
+/// The GPU part of `nvidia-smi topo -m`: the link class of every GPU pair, by index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    gpus: usize,
+    classes: Vec<Option<LinkClass>>,
+}
+
+impl Topology {
+    /// GPUs in the matrix.
+    pub fn gpu_count(&self) -> usize {
+        self.gpus
+    }
+
+    /// The class of the link between GPU indices `a` and `b` (`None` when `a == b` or out of range).
+    pub fn class(&self, a: usize, b: usize) -> Option<LinkClass> {
+        if a >= self.gpus || b >= self.gpus {
+            return None;
+        }
+        self.classes[a * self.gpus + b]
+    }
+}
+
+/// Reads `nvidia-smi topo -m`: the header row of device names, then one row per device.
+///
+/// Tolerates what real outputs contain: ANSI colour and underline codes (newer drivers on
+/// a terminal, or captured through one), tabs or runs of spaces between cells, NIC columns
+/// (`NIC0`, `mlx5_0`), the affinity columns, a header with or without its leading tab, and
+/// the legend after the matrix.
+pub fn parse_topology(text: &str) -> Result<Topology, ParseError> {
+    let clean = strip_ansi(text);
+    let rows: Vec<Vec<&str>> = clean
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .collect();
+    let is_cell = |t: &str| t == "X" || LinkClass::parse(t).is_some();
+    let header_at = rows
+        .iter()
+        .position(|r| {
+            r.iter()
+                .position(|t| *t == "GPU0")
+                .is_some_and(|i| r.get(i + 1).is_none_or(|next| !is_cell(next)))
+        })
+        .ok_or_else(|| parse_error("no header row naming GPU0 (is this `nvidia-smi topo -m`?)"))?;
+    let header = &rows[header_at];
+    let devices: Vec<&str> = header
+        .iter()
+        .copied()
+        .take_while(|t| *t != "CPU" && *t != "NUMA")
+        .collect();
+    let gpus = devices
+        .iter()
+        .take_while(|t| {
+            t.strip_prefix("GPU")
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .count();
+    for (i, name) in devices.iter().take(gpus).enumerate() {
+        if *name != format!("GPU{i}") {
+            return Err(parse_error(format!(
+                "header column {} is {name}, expected GPU{i}",
+                i + 1
+            )));
+        }
+    }
+    let mut classes = vec![None; gpus * gpus];
+    for gpu in 0..gpus {
+        let label = format!("GPU{gpu}");
+        let row = rows[header_at + 1..]
+            .iter()
+            .find(|r| r.first() == Some(&label.as_str()))
+            .ok_or_else(|| parse_error(format!("no row for {label}")))?;
+        if row.len() < 1 + gpus {
+            return Err(parse_error(format!(
+                "the row for {label} has {} cells, expected at least {gpus}",
+                row.len() - 1
+            )));
+        }
+        for (other, cell) in row[1..=gpus].iter().enumerate() {
+            if other == gpu {
+                if *cell != "X" {
+                    return Err(parse_error(format!(
+                        "{label} to itself is {cell}, expected X"
+                    )));
+                }
+                continue;
+            }
+            let class = LinkClass::parse(cell).ok_or_else(|| {
+                parse_error(format!(
+                    "{label} to GPU{other} is {cell:?}, not a link class"
+                ))
+            })?;
+            classes[gpu * gpus + other] = Some(class);
+        }
+    }
+    Ok(Topology { gpus, classes })
+}
+
+/// Removes ANSI escape sequences (`ESC [ ... letter`, and lone `ESC x`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'[') {
+            chars.next();
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            chars.next();
+        }
+    }
+    out
+}
+
+/// What the datasheet says of a GPU model: dense tensor-core peaks and its links.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelSheet {
+    pub model: &'static str,
+    pub peak: PeakTflops,
+    /// PCIe generation of the GPU's host link (x16).
+    pub pcie_gen: u32,
+    /// One NVLink's rate in one direction, GB/s (0: no NVLink).
+    pub nvlink_gb_per_s: f64,
+}
+
+const fn sheet(
+    model: &'static str,
+    bf16: Option<f64>,
+    fp16: f64,
+    pcie_gen: u32,
+    nvlink_gb_per_s: f64,
+) -> ModelSheet {
+    ModelSheet {
+        model,
+        peak: PeakTflops { bf16, fp16 },
+        pcie_gen,
+        nvlink_gb_per_s,
+    }
+}
+
+/// Dense (no 2:4 sparsity) tensor-core TFLOPS from NVIDIA's datasheets, matched by the
+/// name `nvidia-smi` prints. Consumer cards: the FP32-accumulate figure, which is what
+/// training uses. An NVLink moves 25 GB/s per direction on V100 (NVLink 2), A100 (NVLink 3)
+/// and H100/H200 (NVLink 4), 50 GB/s on B200 (NVLink 5).
+///
+/// Each entry: the tokens that must all appear in the name (after upper-casing and
+/// splitting at blanks, `-` and `_`), checked in this order, so that more specific entries
+/// (H100 PCIe) come before general ones (H100).
+pub const DATASHEETS: &[(&[&str], ModelSheet)] = &[
+    (&["GB200"], sheet("GB200", Some(2500.0), 2500.0, 5, 50.0)),
+    (&["B200"], sheet("B200", Some(2250.0), 2250.0, 5, 50.0)),
+    (&["B100"], sheet("B100", Some(1750.0), 1750.0, 5, 50.0)),
+    (&["GH200"], sheet("GH200", Some(989.0), 989.0, 5, 25.0)),
+    (&["H200"], sheet("H200", Some(989.0), 989.0, 5, 25.0)),
+    (
+        &["H100", "PCIE"],
+        sheet("H100 PCIe", Some(756.0), 756.0, 5, 25.0),
+    ),
+    (
+        &["H100", "NVL"],
+        sheet("H100 NVL", Some(835.0), 835.0, 5, 25.0),
+    ),
+    (&["H100"], sheet("H100 SXM", Some(989.0), 989.0, 5, 25.0)),
+    (&["H800"], sheet("H800", Some(989.0), 989.0, 5, 25.0)),
+    (&["H20"], sheet("H20", Some(148.0), 148.0, 5, 25.0)),
+    (&["A100"], sheet("A100", Some(312.0), 312.0, 4, 25.0)),
+    (&["A800"], sheet("A800", Some(312.0), 312.0, 4, 25.0)),
+    (&["A30"], sheet("A30", Some(165.0), 165.0, 4, 25.0)),
+    (&["A40"], sheet("A40", Some(149.7), 149.7, 4, 25.0)),
+    (&["A10"], sheet("A10", Some(125.0), 125.0, 4, 0.0)),
+    (&["L40S"], sheet("L40S", Some(362.05), 362.05, 4, 0.0)),
+    (&["L40"], sheet("L40", Some(181.05), 181.05, 4, 0.0)),
+    (&["L4"], sheet("L4", Some(121.0), 121.0, 4, 0.0)),
+    (&["A6000"], sheet("RTX A6000", Some(154.8), 154.8, 4, 14.0)),
+    (
+        &["4090"],
+        sheet("GeForce RTX 4090", Some(165.2), 165.2, 4, 0.0),
+    ),
+    (
+        &["3090"],
+        sheet("GeForce RTX 3090", Some(71.0), 71.0, 4, 14.0),
+    ),
+    (&["V100S"], sheet("V100S", None, 130.0, 3, 25.0)),
+    (&["V100", "PCIE"], sheet("V100 PCIe", None, 112.0, 3, 25.0)),
+    (&["V100"], sheet("V100 SXM2", None, 125.0, 3, 25.0)),
+    (&["T4"], sheet("T4", None, 65.0, 3, 0.0)),
+];
+
+/// The datasheet of the model `nvidia-smi` calls `name`, if the table knows it.
+pub fn datasheet_for(name: &str) -> Option<&'static ModelSheet> {
+    let upper = name.to_ascii_uppercase();
+    let tokens: Vec<&str> = upper
+        .split(|c: char| c.is_whitespace() || c == '-' || c == '_')
+        .filter(|t| !t.is_empty())
+        .collect();
+    DATASHEETS
+        .iter()
+        .find(|(need, _)| need.iter().all(|n| tokens.contains(n)))
+        .map(|(_, s)| s)
+}
+
+/// The datasheet peak of the model `nvidia-smi` calls `name`, if the table knows it.
+pub fn peak_for(name: &str) -> Option<PeakTflops> {
+    datasheet_for(name).map(|s| s.peak)
+}
+
+/// PCIe x16 line rate in one direction, GB/s, by generation.
+fn pcie_x16_gb_per_s(gen: u32) -> f64 {
+    match gen {
+        0..=3 => 15.75,
+        4 => 31.5,
+        _ => 63.0,
+    }
+}
+
+/// Share of the datasheet rate a point-to-point copy attains, by link class. NVLink: about
+/// 80 % (A100's 300 GB/s gives ~240). PCIe falls off with every bridge on the way and most
+/// across the CPU sockets. Rough figures, marked `estimated`, used only until measured.
+pub fn attained_share(class: LinkClass) -> f64 {
+    match class {
+        LinkClass::NvLink(_) => 0.8,
+        LinkClass::Pix => 0.8,
+        LinkClass::Pxb => 0.75,
+        LinkClass::Phb => 0.7,
+        LinkClass::Node => 0.6,
+        LinkClass::Sys => 0.4,
+    }
+}
+
+/// The bandwidth a link of `class` between two GPUs described by `sheet` typically attains
+/// in one direction, GB/s.
+pub fn estimated_link_gb_per_s(class: LinkClass, sheet: Option<&ModelSheet>) -> f64 {
+    let (pcie_gen, nvlink) = sheet.map_or((4, 25.0), |s| (s.pcie_gen, s.nvlink_gb_per_s));
+    let rate = match class {
+        LinkClass::NvLink(links) => f64::from(links) * if nvlink > 0.0 { nvlink } else { 25.0 },
+        _ => pcie_x16_gb_per_s(pcie_gen),
+    };
+    rate * attained_share(class)
+}
+
+/// What a node offers to the probe.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeDevices {
+    /// The GPUs the job may use, in index order, and how they are wired.
+    Gpus {
+        gpus: Vec<GpuRecord>,
+        topology: Option<Topology>,
+    },
+    /// No GPUs: processes on the CPUs stand in for them.
+    Cpus {
+        /// `MemTotal` of `/proc/meminfo`, bytes.
+        memory_bytes: u64,
+        /// Logical CPUs.
+        cpus: u32,
+        model: String,
+    },
+}
+
+/// One node's inventory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInventory {
+    pub host: String,
+    pub devices: NodeDevices,
+    /// Things worth telling the user (a topology that could not be read, ...).
+    pub warnings: Vec<String>,
+}
+
+impl NodeInventory {
+    /// Datasheet-based estimates of the bandwidth between this node's GPUs, from the
+    /// topology classes (`NV#`, `PIX`, ... see [`estimated_link_gb_per_s`]), marked
+    /// `estimated`: what a profile can carry before the probe measured the links. `None`
+    /// for CPU nodes and when the topology is unknown or lacks one of the GPUs.
+    pub fn estimated_gpu_links(&self) -> Option<LinkMatrix> {
+        let NodeDevices::Gpus {
+            gpus,
+            topology: Some(topology),
+        } = &self.devices
+        else {
+            return None;
+        };
+        let sheet = gpus.first().and_then(|g| datasheet_for(&g.name));
+        let mut rows = vec![vec![0.0; gpus.len()]; gpus.len()];
+        let mut classes: Vec<String> = Vec::new();
+        for (i, a) in gpus.iter().enumerate() {
+            for (j, b) in gpus.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let class = topology.class(a.index as usize, b.index as usize)?;
+                rows[i][j] = estimated_link_gb_per_s(class, sheet);
+                let name = class.as_string();
+                if !classes.contains(&name) {
+                    classes.push(name);
+                }
+            }
+        }
+        let note = format!(
+            "from `nvidia-smi topo -m` ({}): datasheet link rate x typical attained share; \
+             not measured",
+            classes.join(", ")
+        );
+        LinkMatrix::from_rows(&rows, Provenance::new(Source::Estimated).with_note(note))
+    }
+}
+
+/// Why a node's inventory could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error("{host}: {detail}")]
+    Node { host: String, detail: String },
+}
+
+/// How to ask a node.
+#[derive(Debug, Clone)]
+pub struct InventoryRequest<'a> {
+    pub transport: &'a Transport,
+    pub nvidia_smi: &'a str,
+    pub timeout: Duration,
+}
+
+/// Lists `host`'s GPUs (restricted to `slots`: the listed device indices, or the first
+/// `n`), or its CPUs when it has none.
+pub fn take_inventory(
+    request: &InventoryRequest<'_>,
+    host: &str,
+    slots: &Slots,
+) -> Result<NodeInventory, InventoryError> {
+    let node_error = |detail: String| InventoryError::Node {
+        host: host.to_owned(),
+        detail,
+    };
+    let query = NodeCommand::new(request.nvidia_smi).args(GPU_QUERY_ARGS);
+    let output = match exec::run(request.transport, host, &query, request.timeout) {
+        Ok(output) => Some(output),
+        Err(ExecError::Start { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let gpus = match output {
+        // Not installed there (the wrapper reports 127 for a missing program).
+        None => None,
+        Some(o) if o.status == Status::Exited(127) => None,
+        // "No devices were found" is nvidia-smi's exit 6.
+        Some(o) if o.status == Status::Exited(6) => None,
+        Some(o) if !o.status.success() => {
+            return Err(node_error(format!(
+                "{} failed ({}): {} (check the NVIDIA driver there; a node whose GPUs cannot \
+                 be listed cannot be profiled)",
+                request.nvidia_smi,
+                o.status,
+                o.last_line().unwrap_or_default()
+            )))
+        }
+        Some(o) => {
+            let gpus = parse_gpu_query(&o.stdout_text())
+                .map_err(|e| node_error(format!("cannot read nvidia-smi's GPU list: {e}")))?;
+            (!gpus.is_empty()).then_some(gpus)
+        }
+    };
+    let Some(gpus) = gpus else {
+        return cpu_inventory(request, host);
+    };
+    let gpus = select_slots(gpus, slots).map_err(node_error)?;
+    let mut warnings = Vec::new();
+    let topo = NodeCommand::new(request.nvidia_smi).args(TOPOLOGY_ARGS);
+    let topology = match exec::run(request.transport, host, &topo, request.timeout) {
+        Ok(o) if o.status.success() => match parse_topology(&o.stdout_text()) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                warnings.push(format!("{host}: cannot read `nvidia-smi topo -m`: {e}"));
+                None
+            }
+        },
+        Ok(o) => {
+            warnings.push(format!(
+                "{host}: `nvidia-smi topo -m` failed ({}): {}",
+                o.status,
+                o.last_line().unwrap_or_default()
+            ));
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(NodeInventory {
+        host: host.to_owned(),
+        devices: NodeDevices::Gpus { gpus, topology },
+        warnings,
+    })
+}
+
+fn select_slots(gpus: Vec<GpuRecord>, slots: &Slots) -> Result<Vec<GpuRecord>, String> {
+    match slots {
+        Slots::Unknown => Ok(gpus),
+        Slots::Count(n) => {
+            let n = *n as usize;
+            if n > gpus.len() {
+                return Err(format!(
+                    "the allocation gives {n} GPU slots but nvidia-smi lists {} GPUs (check the \
+                     node list's slot count)",
+                    gpus.len()
+                ));
+            }
+            Ok(gpus.into_iter().take(n).collect())
+        }
+        Slots::Devices(devices) => devices
+            .iter()
+            .map(|d| {
+                gpus.iter().find(|g| g.index == *d).cloned().ok_or_else(|| {
+                    format!(
+                        "GPU {d} is allocated but nvidia-smi does not list it (it lists {}; \
+                         check --include or SLURM_JOB_GPUS)",
+                        gpus.iter()
+                            .map(|g| g.index.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })
+            })
+            .collect(),
+    }
+}
+
+fn cpu_inventory(
+    request: &InventoryRequest<'_>,
+    host: &str,
+) -> Result<NodeInventory, InventoryError> {
+    let command = NodeCommand::new("cat").args(["/proc/meminfo", "/proc/cpuinfo"]);
+    let output = exec::run(request.transport, host, &command, request.timeout)?;
+    let text = output.stdout_text();
+    let parsed = parse_cpu_info(&text).filter(|_| output.status.success());
+    let Some((memory_bytes, cpus, model)) = parsed else {
+        return Err(InventoryError::Node {
+            host: host.to_owned(),
+            detail: format!(
+                "no GPUs, and /proc/meminfo and /proc/cpuinfo could not be read ({}: {}); \
+                 pipette-run profiles Linux nodes only",
+                output.status,
+                output.last_line().unwrap_or_default()
+            ),
+        });
+    };
+    Ok(NodeInventory {
+        host: host.to_owned(),
+        devices: NodeDevices::Cpus {
+            memory_bytes,
+            cpus,
+            model,
+        },
+        warnings: Vec::new(),
+    })
+}
+
+/// `MemTotal` (bytes), the number of `processor` entries and the first `model name` of
+/// `/proc/meminfo` followed by `/proc/cpuinfo`.
+pub fn parse_cpu_info(text: &str) -> Option<(u64, u32, String)> {
+    let mut memory = None;
+    let mut cpus = 0u32;
+    let mut model = None;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        match key.trim() {
+            "MemTotal" => {
+                let kib: u64 = value.split_whitespace().next()?.parse().ok()?;
+                memory = Some(kib * 1024);
+            }
+            "processor" => cpus += 1,
+            "model name" if model.is_none() => model = Some(value.trim().to_owned()),
+            _ => {}
+        }
+    }
+    Some((
+        memory.filter(|m| *m > 0)?,
+        cpus.max(1),
+        model.unwrap_or_else(|| "unknown CPU".into()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_without_header_in_our_column_order() {
+        let gpus = parse_gpu_query(
+            "0, NVIDIA A100-SXM4-80GB, 81920, 00000000:07:00.0\n\n1, NVIDIA A100-SXM4-80GB, 81920, 00000000:0F:00.0\n",
+        )
+        .unwrap();
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[1].index, 1);
+        assert_eq!(gpus[0].memory_bytes, 81920 << 20);
+        assert_eq!(gpus[0].pci_bus_id.as_deref(), Some("00000000:07:00.0"));
+    }
+
+    #[test]
+    fn query_errors_name_the_line() {
+        let err = parse_gpu_query("0, A100, 81920, x\nzero, A100, 1, x\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "line 2: no GPU index: \"zero, A100, 1, x\""
+        );
+        let err = parse_gpu_query("0, A100, [N/A], x\n").unwrap_err();
+        assert!(err.to_string().contains("no memory size"), "{err}");
+        let err = parse_gpu_query("0, A, 1\n0, A, 1\n").unwrap_err();
+        assert!(err.to_string().contains("listed twice"), "{err}");
+    }
+
+    #[test]
+    fn models_match_specific_entries_first() {
+        let peak = |n: &str| peak_for(n).map(|p| (p.bf16, p.fp16));
+        assert_eq!(peak("NVIDIA A100-SXM4-80GB"), Some((Some(312.0), 312.0)));
+        assert_eq!(peak("NVIDIA A100 80GB PCIe"), Some((Some(312.0), 312.0)));
+        assert_eq!(peak("NVIDIA H100 80GB HBM3"), Some((Some(989.0), 989.0)));
+        assert_eq!(peak("NVIDIA H100 PCIe"), Some((Some(756.0), 756.0)));
+        assert_eq!(peak("NVIDIA H100 NVL"), Some((Some(835.0), 835.0)));
+        assert_eq!(peak("NVIDIA H200"), Some((Some(989.0), 989.0)));
+        assert_eq!(peak("Tesla V100-SXM2-32GB"), Some((None, 125.0)));
+        assert_eq!(peak("Tesla V100-PCIE-16GB"), Some((None, 112.0)));
+        assert_eq!(peak("Tesla V100S-PCIE-32GB"), Some((None, 130.0)));
+        assert_eq!(peak("NVIDIA A10"), Some((Some(125.0), 125.0)));
+        assert_eq!(peak("NVIDIA L40S"), Some((Some(362.05), 362.05)));
+        assert_eq!(peak("NVIDIA L4"), Some((Some(121.0), 121.0)));
+        assert_eq!(peak("Tesla T4"), Some((None, 65.0)));
+        assert_eq!(peak("NVIDIA A10G"), None, "not on a public datasheet");
+        assert_eq!(peak("cpu"), None);
+    }
+
+    #[test]
+    fn link_estimates_follow_the_class() {
+        let a100 = datasheet_for("NVIDIA A100-SXM4-80GB");
+        assert_eq!(estimated_link_gb_per_s(LinkClass::NvLink(12), a100), 240.0);
+        let v100 = datasheet_for("Tesla V100-SXM2-32GB");
+        assert_eq!(estimated_link_gb_per_s(LinkClass::NvLink(2), v100), 40.0);
+        assert_eq!(estimated_link_gb_per_s(LinkClass::Sys, v100), 15.75 * 0.4);
+        assert!(
+            estimated_link_gb_per_s(LinkClass::Pix, a100)
+                > estimated_link_gb_per_s(LinkClass::Node, a100)
+        );
+    }
+
+    #[test]
+    fn topology_errors_say_what_is_missing() {
+        assert!(parse_topology("hello\n")
+            .unwrap_err()
+            .to_string()
+            .contains("no header row"));
+        let err = parse_topology("\tGPU0\tGPU1\nGPU0\t X \tNV4\n").unwrap_err();
+        assert_eq!(err.to_string(), "no row for GPU1");
+        let err = parse_topology("\tGPU0\tGPU1\nGPU0\t X \tFAST\nGPU1\tNV4\t X \n").unwrap_err();
+        assert!(err.to_string().contains("\"FAST\""), "{err}");
+        let one = parse_topology("\tGPU0\tCPU Affinity\nGPU0\t X \t0-7\n").unwrap();
+        assert_eq!(one.gpu_count(), 1);
+        assert_eq!(one.class(0, 0), None);
+    }
+
+    #[test]
+    fn cpu_info_reads_memory_and_cores() {
+        let text = "MemTotal:       24684084 kB\nMemFree: 1 kB\nprocessor\t: 0\nmodel name\t: Intel(R) Xeon(R)\nprocessor\t: 1\nmodel name\t: Intel(R) Xeon(R)\n";
+        assert_eq!(
+            parse_cpu_info(text),
+            Some((24684084 * 1024, 2, "Intel(R) Xeon(R)".into()))
+        );
+        assert_eq!(parse_cpu_info("nothing"), None);
+    }
+}

@@ -1,0 +1,676 @@
+//! The link and compute probe: `templates/probe/bandwidth.py` run by torchrun on every node.
+//!
+//! [`run_probe`] copies the template (embedded in the binary) into a fresh temporary
+//! directory on every node through the exec seam (`mktemp -d`, the file's bytes on the
+//! command's standard input, so nothing is ever quoted into a shell), picks a free port on
+//! node 0, starts one torchrun per node with the static rendezvous (`--node-rank i`, node 0
+//! the master, so ranks are node-major), follows the progress lines rank 0 prints, stops
+//! every node as soon as one fails, and reads the one result line. The directories are
+//! removed afterwards, whatever happened.
+//!
+//! # Protocol (see the template's docstring)
+//!
+//! - Pairs inside a node: every pair of its ranks (GPUs); pairs across nodes: every pair of
+//!   nodes, between the first rank of each — "a GPU pair, i.e. one NIC", as `node_links`
+//!   means it.
+//! - Rounds of disjoint pairs from a round-robin tournament; every node's round `r` runs
+//!   at once; other ranks wait at a barrier between rounds.
+//! - Each direction separately: handshake, then the sender streams `iters` messages of one
+//!   size and the receiver acknowledges; bandwidth = `iters × size / elapsed` on the sender
+//!   (GB/s, 10⁹ bytes/s). `warmup` unrecorded runs, then the median of `repeats`.
+//! - The profile keeps the figure at the largest message size; the others are in the
+//!   [`ProbeReport`].
+//! - Compute: every rank at once multiplies `n × n` matrices (bf16 on GPUs of compute
+//!   capability 8 and up, fp16 below; fp32 and bf16 on CPUs) and reports the median
+//!   `2n³ / time`.
+
+use std::net::TcpListener;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::exec::{self, ExecOptions, NodeCommand, RunningCommand, Status, Stream, Transport};
+
+use super::progress::{Phase, Progress};
+use super::ProfileRunError;
+
+/// The probe script, embedded.
+pub const TEMPLATE: &str = include_str!("../../templates/probe/bandwidth.py");
+/// Its file name on the nodes.
+pub const TEMPLATE_NAME: &str = "bandwidth.py";
+/// The result format this code reads.
+pub const PROTOCOL: u32 = 1;
+/// What measured the figures, as provenance records it.
+pub const TOOL: &str = concat!("pipette-run probe v", env!("CARGO_PKG_VERSION"));
+
+const RESULT_MARK: &str = "PIPETTE-PROBE-RESULT ";
+const PROGRESS_MARK: &str = "PIPETTE-PROBE-PROGRESS ";
+
+/// The communication backend: NCCL between GPUs, gloo between CPU processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    Nccl,
+    Gloo,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Nccl => "nccl",
+            Backend::Gloo => "gloo",
+        }
+    }
+}
+
+/// How much the probe measures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeSettings {
+    /// Message sizes, bytes; the profile keeps the largest size's figure.
+    pub sizes: Vec<u64>,
+    pub warmup: u32,
+    pub repeats: u32,
+    /// About this many bytes are streamed per timed repeat (at most `max_iters` messages).
+    pub bytes_per_repeat: u64,
+    pub max_iters: u32,
+    /// Matrix size of the compute probe.
+    pub compute_n: u32,
+    pub compute_repeats: u32,
+}
+
+impl ProbeSettings {
+    /// GPUs: 1, 16 and 64 MiB messages, 2 warm-ups, median of 5; 8192² matmuls.
+    pub fn gpu() -> Self {
+        ProbeSettings {
+            sizes: vec![1 << 20, 16 << 20, 64 << 20],
+            warmup: 2,
+            repeats: 5,
+            bytes_per_repeat: 512 << 20,
+            max_iters: 64,
+            compute_n: 8192,
+            compute_repeats: 5,
+        }
+    }
+
+    /// CPU stand-ins: 64 KiB, 1 MiB and 4 MiB messages, 1 warm-up, median of 3; 512²
+    /// matmuls (a CPU is slow, and several processes share it).
+    pub fn cpu() -> Self {
+        ProbeSettings {
+            sizes: vec![64 << 10, 1 << 20, 4 << 20],
+            warmup: 1,
+            repeats: 3,
+            bytes_per_repeat: 16 << 20,
+            max_iters: 32,
+            compute_n: 512,
+            compute_repeats: 3,
+        }
+    }
+
+    pub fn for_backend(backend: Backend) -> Self {
+        match backend {
+            Backend::Nccl => Self::gpu(),
+            Backend::Gloo => Self::cpu(),
+        }
+    }
+
+    /// The size whose figures go into the profile.
+    pub fn reported_size(&self) -> u64 {
+        self.sizes.iter().copied().max().unwrap_or(0)
+    }
+}
+
+/// One node's part of the probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeNode {
+    pub host: String,
+    /// Processes (GPUs, or CPU stand-ins) on the node.
+    pub nproc: u32,
+    /// Environment for torchrun there (`CUDA_VISIBLE_DEVICES`, ...).
+    pub env: Vec<(String, String)>,
+    /// CPU threads per rank (CPU stand-ins).
+    pub threads: Option<u32>,
+}
+
+/// Everything [`run_probe`] needs.
+#[derive(Debug, Clone)]
+pub struct ProbeRequest<'a> {
+    pub transport: &'a Transport,
+    pub nodes: Vec<ProbeNode>,
+    pub backend: Backend,
+    pub settings: ProbeSettings,
+    pub torchrun: &'a str,
+    /// Runs the free-port query on node 0 (remote transports).
+    pub python: &'a str,
+    pub master_addr: String,
+    pub master_port: Option<u16>,
+    /// For the whole probe (and torch's collective timeout).
+    pub timeout: Duration,
+    /// For staging, port query and cleanup commands.
+    pub command_timeout: Duration,
+    pub grace: Duration,
+}
+
+/// What the probe measured, as rank 0 printed it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ProbeReport {
+    pub protocol: u32,
+    pub backend: String,
+    pub torch: String,
+    pub world_size: usize,
+    pub sizes: Vec<u64>,
+    pub warmup: u32,
+    pub repeats: u32,
+    pub ranks: Vec<RankInfo>,
+    pub links: Vec<LinkRecord>,
+    pub compute: Vec<ComputeRecord>,
+    pub elapsed_s: f64,
+}
+
+/// One rank: where it ran and on what.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RankInfo {
+    pub rank: usize,
+    /// torchrun's node rank (`GROUP_RANK`).
+    pub node: usize,
+    pub local_rank: usize,
+    pub hostname: String,
+    /// `cuda` or `cpu`.
+    pub device: String,
+    pub name: String,
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    #[serde(default)]
+    pub host_memory_bytes: Option<u64>,
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    #[serde(default)]
+    pub threads: Option<u32>,
+}
+
+/// One measured direction of one pair at one size.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct LinkRecord {
+    /// `intra` (inside a node) or `inter` (between nodes).
+    pub kind: String,
+    pub src: usize,
+    pub dst: usize,
+    pub size: u64,
+    pub iters: u32,
+    pub gb_per_s: f64,
+}
+
+/// One rank's matrix-multiply throughput in one dtype.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ComputeRecord {
+    pub rank: usize,
+    /// `bf16`, `fp16` or `fp32`.
+    pub dtype: String,
+    pub n: u32,
+    pub tflops: f64,
+}
+
+/// A progress line of the probe.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+struct ProgressLine {
+    phase: String,
+    #[serde(default)]
+    done: u64,
+    #[serde(default)]
+    total: u64,
+    #[serde(default)]
+    gpu_pair_rounds: u64,
+    #[serde(default)]
+    node_pair_rounds: u64,
+}
+
+enum Event {
+    Progress(ProgressLine),
+    Result(String),
+}
+
+/// The torchrun command for node `node_rank` of `request`, running the template in `dir`.
+pub fn torchrun_command(
+    request: &ProbeRequest<'_>,
+    node_rank: usize,
+    dir: &str,
+    master_port: u16,
+) -> NodeCommand {
+    let node = &request.nodes[node_rank];
+    let s = &request.settings;
+    let sizes: Vec<String> = s.sizes.iter().map(u64::to_string).collect();
+    let mut command = NodeCommand::new(request.torchrun)
+        .arg(format!("--nnodes={}", request.nodes.len()))
+        .arg(format!("--nproc-per-node={}", node.nproc))
+        .arg(format!("--node-rank={node_rank}"))
+        .arg(format!("--master-addr={}", request.master_addr))
+        .arg(format!("--master-port={master_port}"))
+        .arg("--max-restarts=0")
+        .arg(format!("{dir}/{TEMPLATE_NAME}"))
+        .args([
+            "--backend".to_owned(),
+            request.backend.as_str().to_owned(),
+            "--sizes".to_owned(),
+            sizes.join(","),
+            "--warmup".to_owned(),
+            s.warmup.to_string(),
+            "--repeats".to_owned(),
+            s.repeats.to_string(),
+            "--bytes-per-repeat".to_owned(),
+            s.bytes_per_repeat.to_string(),
+            "--max-iters".to_owned(),
+            s.max_iters.to_string(),
+            "--compute-n".to_owned(),
+            s.compute_n.to_string(),
+            "--compute-repeats".to_owned(),
+            s.compute_repeats.to_string(),
+            "--timeout".to_owned(),
+            request.timeout.as_secs().max(1).to_string(),
+        ]);
+    if let Some(threads) = node.threads {
+        command = command.args(["--threads".to_owned(), threads.to_string()]);
+    }
+    for (name, value) in &node.env {
+        command = command.env(name, value);
+    }
+    command
+}
+
+/// Reads a result line's JSON.
+pub fn parse_report(json: &str) -> Result<ProbeReport, String> {
+    let report: ProbeReport = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    if report.protocol != PROTOCOL {
+        return Err(format!(
+            "protocol {} (this pipette-run reads {PROTOCOL})",
+            report.protocol
+        ));
+    }
+    Ok(report)
+}
+
+/// Runs the probe on every node of `request`.
+pub fn run_probe(
+    request: &ProbeRequest<'_>,
+    progress: &dyn Progress,
+) -> Result<ProbeReport, ProfileRunError> {
+    if request.nodes.is_empty() {
+        return Err(ProfileRunError::NoNodes);
+    }
+    progress.start(Phase::Launch, request.nodes.len() as u64);
+    let mut staged = Staged {
+        transport: request.transport,
+        timeout: request.command_timeout,
+        dirs: Vec::new(),
+    };
+    for node in &request.nodes {
+        let dir = stage_template(request, &node.host)?;
+        staged.dirs.push((node.host.clone(), dir));
+    }
+    let port = match request.master_port {
+        Some(port) => port,
+        None => free_port(request)?,
+    };
+
+    let (tx, rx) = mpsc::channel::<Event>();
+    let sink = Arc::new(move |_host: &str, stream: Stream, line: &[u8]| {
+        if stream != Stream::Stdout {
+            return;
+        }
+        let text = String::from_utf8_lossy(line);
+        if let Some(json) = text.strip_prefix(RESULT_MARK) {
+            let _ = tx.send(Event::Result(json.to_owned()));
+        } else if let Some(json) = text.strip_prefix(PROGRESS_MARK) {
+            if let Ok(p) = serde_json::from_str::<ProgressLine>(json) {
+                let _ = tx.send(Event::Progress(p));
+            }
+        }
+    });
+    let exec_options = ExecOptions {
+        grace: request.grace,
+        // The result line can be large; it reaches the sink whole, so only a tail is kept.
+        capture_limit: Some(256 << 10),
+        sink: Some(sink),
+    };
+
+    let mut running: Vec<RunningCommand> = Vec::new();
+    for (rank, (host, dir)) in staged.dirs.iter().enumerate() {
+        let command = torchrun_command(request, rank, dir, port);
+        running.push(exec::spawn_with(
+            request.transport,
+            host,
+            &command,
+            &exec_options,
+        )?);
+        progress.update(Phase::Launch, rank as u64 + 1);
+    }
+    progress.finish(Phase::Launch);
+
+    let deadline = Instant::now() + request.timeout;
+    let mut result: Option<String> = None;
+    let mut phases = Phases::default();
+    loop {
+        for event in rx.try_iter() {
+            match event {
+                Event::Result(json) => result = Some(json),
+                Event::Progress(p) => phases.follow(&p, progress),
+            }
+        }
+        let mut finished = 0;
+        let mut failure = None;
+        for (i, command) in running.iter_mut().enumerate() {
+            match command.try_status()? {
+                Some(status) if status.success() => finished += 1,
+                Some(status) => {
+                    failure = Some((i, status));
+                    break;
+                }
+                None => {}
+            }
+        }
+        if let Some((i, status)) = failure {
+            let (stdout, stderr) = running[i].output_so_far();
+            stop_all(&mut running);
+            return Err(ProfileRunError::ProbeFailed {
+                host: request.nodes[i].host.clone(),
+                status,
+                detail: diagnose(&stderr, &stdout),
+                output: String::from_utf8_lossy(&stderr).into_owned(),
+            });
+        }
+        if finished == running.len() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            stop_all(&mut running);
+            return Err(ProfileRunError::ProbeTimedOut {
+                limit: request.timeout,
+                hosts: request.nodes.iter().map(|n| n.host.clone()).collect(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The readers may still be handing over the last lines.
+    for command in running {
+        let _ = command.into_output();
+    }
+    for event in rx.try_iter() {
+        match event {
+            Event::Result(json) => result = Some(json),
+            Event::Progress(p) => phases.follow(&p, progress),
+        }
+    }
+    phases.finish(progress);
+    let json = result.ok_or_else(|| ProfileRunError::NoResult {
+        host: request.nodes[0].host.clone(),
+    })?;
+    parse_report(&json).map_err(|detail| ProfileRunError::BadResult { detail })
+}
+
+/// Follows the probe's phases onto progress bars.
+#[derive(Default)]
+struct Phases {
+    started: Vec<Phase>,
+}
+
+impl Phases {
+    fn follow(&mut self, line: &ProgressLine, progress: &dyn Progress) {
+        let phase = match line.phase.as_str() {
+            "plan" => {
+                progress.start(Phase::GpuPairs, line.gpu_pair_rounds);
+                progress.start(Phase::NodePairs, line.node_pair_rounds);
+                progress.start(Phase::Compute, 1);
+                self.started = vec![Phase::GpuPairs, Phase::NodePairs, Phase::Compute];
+                return;
+            }
+            "gpu_pairs" => Phase::GpuPairs,
+            "node_pairs" => Phase::NodePairs,
+            "compute" => Phase::Compute,
+            _ => return,
+        };
+        progress.update(phase, line.done);
+        if line.done >= line.total {
+            progress.finish(phase);
+        }
+    }
+
+    fn finish(&self, progress: &dyn Progress) {
+        for phase in &self.started {
+            progress.finish(*phase);
+        }
+    }
+}
+
+fn stop_all(running: &mut [RunningCommand]) {
+    // Closing every remote side first lets their watchdogs work in parallel.
+    std::thread::scope(|scope| {
+        for command in running.iter_mut() {
+            scope.spawn(move || {
+                let _ = command.terminate();
+            });
+        }
+    });
+}
+
+/// The most telling line of a failed node's output: the last Python exception, else the
+/// last line.
+fn diagnose(stderr: &[u8], stdout: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let exception = text.lines().rev().map(str::trim).find(|l| {
+        let head = l.split(':').next().unwrap_or("");
+        (head.ends_with("Error") || head.ends_with("Exception"))
+            && !head.contains(' ')
+            && !l.contains("ChildFailedError")
+    });
+    if let Some(line) = exception {
+        return line.to_owned();
+    }
+    let out = crate::exec::Output {
+        status: Status::Exited(1),
+        stdout: stdout.to_vec(),
+        stderr: stderr.to_vec(),
+    };
+    out.last_line().unwrap_or_else(|| "no output".into())
+}
+
+/// Makes a temporary directory on `host` holding the template; returns its path.
+fn stage_template(request: &ProbeRequest<'_>, host: &str) -> Result<String, ProfileRunError> {
+    // A fixed script: the template's bytes come on standard input, nothing is interpolated.
+    let script = "d=$(mktemp -d \"${TMPDIR:-/tmp}/pipette-probe.XXXXXX\") && \
+                  cat > \"$d/bandwidth.py\" && printf '%s\\n' \"$d\"";
+    let command = NodeCommand::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(TEMPLATE.as_bytes().to_vec());
+    let output = exec::run_with(
+        request.transport,
+        host,
+        &command,
+        request.command_timeout,
+        &ExecOptions {
+            grace: request.grace,
+            ..ExecOptions::default()
+        },
+    )?;
+    let dir = output.stdout_text().trim().to_owned();
+    if !output.status.success() || !is_staging_dir(&dir) {
+        return Err(ProfileRunError::Stage {
+            host: host.to_owned(),
+            detail: format!(
+                "{}: {}",
+                output.status,
+                output.last_line().unwrap_or_else(|| "no output".into())
+            ),
+        });
+    }
+    Ok(dir)
+}
+
+/// Only directories this module made are ever removed.
+fn is_staging_dir(dir: &str) -> bool {
+    dir.starts_with('/')
+        && !dir.contains('\n')
+        && std::path::Path::new(dir)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("pipette-probe."))
+}
+
+/// The staged directories, removed on drop.
+struct Staged<'a> {
+    transport: &'a Transport,
+    timeout: Duration,
+    dirs: Vec<(String, String)>,
+}
+
+impl Drop for Staged<'_> {
+    fn drop(&mut self) {
+        for (host, dir) in &self.dirs {
+            if is_staging_dir(dir) {
+                let command = NodeCommand::new("rm").args(["-rf", "--", dir]);
+                let _ = exec::run(self.transport, host, &command, self.timeout);
+            }
+        }
+    }
+}
+
+/// A port nobody listens on at node 0 (here for the local transport, else asked of node
+/// 0's python). Another process may take it before torchrun does; that fails loudly.
+fn free_port(request: &ProbeRequest<'_>) -> Result<u16, ProfileRunError> {
+    let host = &request.nodes[0].host;
+    if *request.transport == Transport::Local {
+        let listener = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| ProfileRunError::Stage {
+            host: host.clone(),
+            detail: format!("cannot find a free port: {e}"),
+        })?;
+        return listener
+            .local_addr()
+            .map(|a| a.port())
+            .map_err(|e| ProfileRunError::Stage {
+                host: host.clone(),
+                detail: format!("cannot find a free port: {e}"),
+            });
+    }
+    let command = NodeCommand::new(request.python).args([
+        "-c",
+        "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])",
+    ]);
+    let output = exec::run(request.transport, host, &command, request.command_timeout)?;
+    output
+        .stdout_text()
+        .trim()
+        .parse()
+        .ok()
+        .filter(|_| output.status.success())
+        .ok_or_else(|| ProfileRunError::Stage {
+            host: host.clone(),
+            detail: format!(
+                "cannot find a free port with {} ({}): {} (give --master-port, or the python \
+                 to use)",
+                request.python,
+                output.status,
+                output.last_line().unwrap_or_default()
+            ),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(transport: &Transport) -> ProbeRequest<'_> {
+        ProbeRequest {
+            transport,
+            nodes: vec![
+                ProbeNode {
+                    host: "a".into(),
+                    nproc: 2,
+                    env: vec![("GLOO_SOCKET_IFNAME".into(), "lo".into())],
+                    threads: Some(1),
+                },
+                ProbeNode {
+                    host: "b".into(),
+                    nproc: 1,
+                    env: vec![],
+                    threads: None,
+                },
+            ],
+            backend: Backend::Gloo,
+            settings: ProbeSettings::cpu(),
+            torchrun: "/venv/bin/torchrun",
+            python: "python3",
+            master_addr: "127.0.0.1".into(),
+            master_port: None,
+            timeout: Duration::from_secs(90),
+            command_timeout: Duration::from_secs(10),
+            grace: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn torchrun_gets_a_static_rendezvous_and_node_rank() {
+        let t = Transport::Local;
+        let r = request(&t);
+        let c = torchrun_command(&r, 0, "/tmp/pipette-probe.abc", 29500);
+        assert_eq!(c.program, "/venv/bin/torchrun");
+        assert_eq!(
+            c.args[..7],
+            [
+                "--nnodes=2",
+                "--nproc-per-node=2",
+                "--node-rank=0",
+                "--master-addr=127.0.0.1",
+                "--master-port=29500",
+                "--max-restarts=0",
+                "/tmp/pipette-probe.abc/bandwidth.py"
+            ]
+        );
+        let line = c.args.join(" ");
+        assert!(
+            line.contains("--backend gloo --sizes 65536,1048576,4194304"),
+            "{line}"
+        );
+        assert!(line.ends_with("--timeout 90 --threads 1"), "{line}");
+        assert_eq!(c.env, [("GLOO_SOCKET_IFNAME".into(), "lo".into())]);
+        let c = torchrun_command(&r, 1, "/tmp/pipette-probe.abc", 29500);
+        assert!(c.args.contains(&"--node-rank=1".to_owned()));
+        assert!(!c.args.contains(&"--threads".to_owned()));
+    }
+
+    #[test]
+    fn only_our_directories_are_removed() {
+        assert!(is_staging_dir("/tmp/pipette-probe.x1Y2z3"));
+        assert!(!is_staging_dir("/"));
+        assert!(!is_staging_dir("/home/user"));
+        assert!(!is_staging_dir("tmp/pipette-probe.x"));
+        assert!(!is_staging_dir(""));
+    }
+
+    #[test]
+    fn the_last_exception_explains_a_failure() {
+        let stderr = b"Traceback (most recent call last):\n  File \"x\", line 1\nRuntimeError: Connection refused\n[rank0]: torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \nfoo\n";
+        assert_eq!(diagnose(stderr, b""), "RuntimeError: Connection refused");
+        assert_eq!(diagnose(b"just this\n", b""), "just this");
+        assert_eq!(diagnose(b"", b""), "no output");
+    }
+
+    #[test]
+    fn reports_of_another_protocol_are_refused() {
+        let err = parse_report(r#"{"protocol": 2}"#).unwrap_err();
+        assert!(
+            err.contains("missing field") || err.contains("protocol"),
+            "{err}"
+        );
+        let ok = r#"{"protocol": 1, "backend": "gloo", "torch": "2.15", "world_size": 1,
+            "sizes": [1], "warmup": 1, "repeats": 1, "ranks": [], "links": [], "compute": [],
+            "elapsed_s": 1.0, "extra": true}"#;
+        assert_eq!(parse_report(ok).unwrap().world_size, 1);
+        let two = ok.replace("\"protocol\": 1", "\"protocol\": 2");
+        assert!(parse_report(&two).unwrap_err().starts_with("protocol 2"));
+    }
+
+    #[test]
+    fn the_template_speaks_this_protocol() {
+        assert!(TEMPLATE.contains("PROTOCOL = 1"));
+        assert!(TEMPLATE.contains(RESULT_MARK));
+        assert!(TEMPLATE.contains(PROGRESS_MARK));
+    }
+}

@@ -1,0 +1,216 @@
+//! How a plan reads to people: the winner, why it wins, the runners-up, the mapping.
+
+use comfy_table::{presets::NOTHING, CellAlignment, Table};
+
+use crate::config::Recompute;
+use crate::model::time::TimeEstimate;
+use crate::model::ParallelConfig;
+use crate::plan::mapping::SearchMethod;
+use crate::plan::Plan;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The plan as text. `runner_up` is the second-best configuration's estimate on the same
+/// footing as the winner's (both on their best mapping), when there is one, so the text
+/// can say which terms make the difference.
+pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstimate)>) -> String {
+    let c = &plan.config;
+    let e = &plan.estimate;
+    let mut out = format!("Plan: {}\n", describe(c));
+    out.push_str(&format!(
+        "  layers per stage {}\n",
+        c.layers_per_stage
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    ));
+    out.push_str(&format!(
+        "  iteration {:.1} ms (estimated, {} micro-batches), peak memory {:.1} GiB of {:.1} GiB usable\n",
+        e.iteration_ms,
+        e.time.microbatches,
+        e.peak_memory_bytes as f64 / GIB,
+        e.usable_memory_bytes as f64 / GIB
+    ));
+    let gain = if plan.baseline_mapping_ms > 0.0 {
+        (plan.baseline_mapping_ms - e.iteration_ms) / plan.baseline_mapping_ms * 100.0
+    } else {
+        0.0
+    };
+    out.push_str(&format!(
+        "  mapping by {} ({} evaluations): {:.1} ms on torchrun's default order, {:.1} ms mapped ({gain:.1} % faster)\n",
+        method(&plan.mapping.method),
+        plan.mapping.evaluations,
+        plan.baseline_mapping_ms,
+        e.iteration_ms
+    ));
+
+    out.push_str("\nWhy it wins: where the time goes\n");
+    let t = &e.time;
+    let rows = terms(t);
+    let other = runner_up.map(|(_, r)| terms(r));
+    for (i, (name, ms)) in rows.iter().enumerate() {
+        let versus = other
+            .as_ref()
+            .map(|o| format!("   runner-up {:>10.1} ms", o[i].1))
+            .unwrap_or_default();
+        out.push_str(&format!("  {name:<40}{ms:>10.1} ms{versus}\n"));
+    }
+    if let Some((config, r)) = runner_up {
+        // The terms that differ most, either way: what the runner-up loses and gains.
+        let mut deltas: Vec<(&str, f64)> = rows
+            .iter()
+            .zip(terms(r))
+            .map(|((name, ours), (_, theirs))| (*name, theirs - ours))
+            .filter(|(_, d)| d.abs() >= 0.05)
+            .collect();
+        deltas.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
+        let differences: Vec<String> = deltas
+            .iter()
+            .take(2)
+            .map(|(name, d)| format!("{d:+.1} ms {name}"))
+            .collect();
+        out.push_str(&format!(
+            "  runner-up {}: {:.1} ms ({:+.1} ms; {})\n",
+            describe(config),
+            r.iteration_ms,
+            r.iteration_ms - t.iteration_ms,
+            if differences.is_empty() {
+                "the same terms".to_string()
+            } else {
+                differences.join(", ")
+            }
+        ));
+    }
+
+    out.push_str("\nTop configurations (memory and time per iteration)\n");
+    let mut table = Table::new();
+    table.load_preset(NOTHING);
+    table.set_header(vec![
+        "#",
+        "tp",
+        "pp",
+        "dp",
+        "mbs",
+        "vpp",
+        "recompute",
+        "sp",
+        "dist-opt",
+        "peak GiB",
+        "default ms",
+        "mapped ms",
+    ]);
+    for (i, r) in plan.top.iter().enumerate() {
+        let c = &r.config;
+        table.add_row(vec![
+            (i + 1).to_string(),
+            c.tp.to_string(),
+            c.pp.to_string(),
+            c.dp.to_string(),
+            c.micro_batch.to_string(),
+            c.vpp.map_or("-".to_string(), |v| v.to_string()),
+            recompute(&c.recompute).to_string(),
+            yes(c.sequence_parallel).to_string(),
+            yes(c.distributed_optimizer).to_string(),
+            format!("{:.1}", r.peak_memory_bytes as f64 / GIB),
+            format!("{:.1}", r.iteration_ms),
+            format!("{:.1}", r.mapped_ms),
+        ]);
+    }
+    for i in [0, 1, 2, 3, 4, 5, 9, 10, 11] {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    push_table(&mut out, &table);
+    out.push_str(&format!(
+        "  {} configurations Megatron accepts, {} fit in memory, {} mapped; {} time-model evaluations\n",
+        plan.stats.candidates, plan.stats.fitting, plan.stats.mapped, plan.stats.evaluations
+    ));
+
+    out.push_str("\nMapping (torchrun --node-rank and CUDA_VISIBLE_DEVICES per host)\n");
+    let mut table = Table::new();
+    table.load_preset(NOTHING);
+    table.set_header(vec!["node rank", "host", "CUDA_VISIBLE_DEVICES"]);
+    for (rank, host) in plan.mapping.node_order.iter().enumerate() {
+        let devices = plan
+            .mapping
+            .cuda_visible_devices
+            .get(host)
+            .map(|d| d.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+            .unwrap_or_default();
+        table.add_row(vec![rank.to_string(), host.clone(), devices]);
+    }
+    if let Some(col) = table.column_mut(0) {
+        col.set_cell_alignment(CellAlignment::Right);
+    }
+    push_table(&mut out, &table);
+    out
+}
+
+/// The time terms in the order they add up to the iteration.
+fn terms(t: &TimeEstimate) -> [(&'static str, f64); 5] {
+    [
+        ("steady state (m × slowest stage)", t.steady_ms),
+        ("pipeline fill and drain", t.bubble_ms),
+        ("pipeline sends on the critical path", t.pipeline_p2p_ms),
+        ("data-parallel reduce (exposed)", t.data_parallel_exposed_ms),
+        ("parameter all-gather (exposed)", t.param_gather_exposed_ms),
+    ]
+}
+
+/// `tp 2 × pp 4 × dp 4, micro-batch 1, selective recompute, ...`
+pub fn describe(c: &ParallelConfig) -> String {
+    let mut text = format!(
+        "tp {} × pp {} × dp {}, micro-batch {}",
+        c.tp, c.pp, c.dp, c.micro_batch
+    );
+    if let Some(v) = c.vpp {
+        text.push_str(&format!(", {v} virtual stages"));
+    }
+    match c.recompute {
+        Recompute::None => {}
+        Recompute::Selective => text.push_str(", selective recompute"),
+        Recompute::Full { .. } => text.push_str(", full recompute"),
+    }
+    if c.sequence_parallel {
+        text.push_str(", sequence parallel");
+    }
+    if c.distributed_optimizer {
+        text.push_str(", distributed optimizer");
+    }
+    text
+}
+
+fn recompute(r: &Recompute) -> &'static str {
+    match r {
+        Recompute::None => "none",
+        Recompute::Selective => "selective",
+        Recompute::Full { .. } => "full",
+    }
+}
+
+fn method(m: &SearchMethod) -> &'static str {
+    match m {
+        SearchMethod::Identity => "torchrun's default order",
+        SearchMethod::Anneal => "simulated annealing",
+        SearchMethod::Exhaustive { gpu_orders: true } => "exhaustive search (nodes and GPUs)",
+        SearchMethod::Exhaustive { gpu_orders: false } => "exhaustive search (node orders)",
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "-"
+    }
+}
+
+fn push_table(out: &mut String, table: &Table) {
+    for line in table.lines() {
+        out.push(' ');
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}

@@ -1,0 +1,368 @@
+//! The planner end to end on the example clusters: the plan's JSON contract, the same plan
+//! for the same seed whatever the thread count, pinned settings kept, a clear error (with
+//! the smallest need and what would fit) when nothing fits, and errors for profiles the
+//! planner cannot use.
+
+use std::path::PathBuf;
+
+use pipette::cluster::profile::{GpuInventory, GpuSpec, PeakTflops, Provenance, Source};
+use pipette::cluster::ClusterProfile;
+use pipette::config::{settings_from_megatron_args, Recompute, Settings};
+use pipette::model::time::TimeModel;
+use pipette::plan::{plan, MappingMode, Plan, PlanError, PlanOptions};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// An example cluster; a missing file fails the test.
+fn example(name: &str) -> ClusterProfile {
+    let path = root().join("examples/clusters").join(name);
+    assert!(path.is_file(), "{} is missing", path.display());
+    ClusterProfile::load(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn preset(name: &str, args: &[&str]) -> Settings {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    settings_from_megatron_args(&args, Some(name), &[]).unwrap()
+}
+
+fn gpu(memory_gib: u64) -> GpuSpec {
+    GpuSpec {
+        index: 0,
+        name: "A100-SXM4-40GB".into(),
+        memory_bytes: memory_gib << 30,
+        peak_tflops: PeakTflops {
+            bf16: Some(312.0),
+            fp16: 312.0,
+        },
+        measured_tflops: None,
+        provenance: Provenance::new(Source::Datasheet),
+    }
+}
+
+/// A Pipette bandwidth file's nodes with default GPUs of `memory_gib`.
+fn pipette_cluster(nodes: usize, per_node: usize, memory_gib: u64) -> ClusterProfile {
+    let hosts: Vec<String> = (0..nodes).map(|n| format!("gpu{n}")).collect();
+    let rows: Vec<Vec<String>> = (0..nodes)
+        .map(|a| {
+            (0..nodes)
+                .map(|b| {
+                    if a == b {
+                        "240".into()
+                    } else {
+                        format!("{}", 20.0 + (a * 7 + b * 3) as f64 % 4.0)
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let text = serde_json::json!({"gpus": hosts, "bandwidth": rows}).to_string();
+    ClusterProfile::from_json_str(&text, "bandwidth.json")
+        .unwrap()
+        .with_default_gpus(gpu(memory_gib), per_node, 240.0)
+        .unwrap()
+}
+
+fn quick() -> PlanOptions {
+    PlanOptions {
+        budget: Some(4_000),
+        top_k: 4,
+        ..PlanOptions::default()
+    }
+}
+
+#[test]
+fn plan_json_has_the_contract_keys() {
+    let cluster = example("a100-4x8-degraded.json");
+    let settings = preset("gpt3-1.3b", &["--global-batch-size", "128"]);
+    let result = plan(&settings, &cluster, &quick()).unwrap_or_else(|e| panic!("{e}"));
+    let json = serde_json::to_value(&result).unwrap();
+    for key in [
+        "tp",
+        "pp",
+        "dp",
+        "micro_batch",
+        "vpp",
+        "recompute",
+        "sequence_parallel",
+        "distributed_optimizer",
+        "layers_per_stage",
+    ] {
+        assert!(json["config"].get(key).is_some(), "config.{key} is missing");
+    }
+    let hosts: Vec<String> = cluster.hosts().map(str::to_string).collect();
+    let mut order: Vec<String> = json["mapping"]["node_order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_str().unwrap().to_string())
+        .collect();
+    order.sort();
+    assert_eq!(order, hosts, "every host gets one node rank");
+    let visible = json["mapping"]["cuda_visible_devices"].as_object().unwrap();
+    assert_eq!(visible.len(), 4);
+    for (host, devices) in visible {
+        let mut devices: Vec<u64> = devices
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        devices.sort_unstable();
+        assert_eq!(
+            devices,
+            (0..8).collect::<Vec<_>>(),
+            "{host} sees every GPU once"
+        );
+    }
+    assert!(json["estimate"]["iteration_ms"].as_f64().unwrap() > 0.0);
+    assert!(json["estimate"]["peak_memory_bytes"].as_u64().unwrap() > 0);
+    assert!(json["baseline_mapping_ms"].as_f64().is_some());
+
+    // The numbers agree with each other.
+    let best = &result.top[0];
+    assert_eq!(best.config, result.config);
+    assert!((result.estimate.iteration_ms - best.mapped_ms).abs() <= 1e-9 * best.mapped_ms);
+    assert!(best.mapped_ms <= result.baseline_mapping_ms);
+    assert_eq!(result.baseline_mapping_ms, best.iteration_ms);
+    assert!(result.estimate.peak_memory_bytes <= result.estimate.usable_memory_bytes);
+    assert!(result
+        .top
+        .windows(2)
+        .all(|w| w[0].mapped_ms <= w[1].mapped_ms));
+    assert!(result.stats.fitting <= result.stats.candidates);
+    assert_eq!(
+        result.stats.evaluations,
+        result.stats.ranking_evaluations + result.stats.mapping_evaluations
+    );
+    assert_eq!(
+        result.stats.mapping_evaluations,
+        result.top.iter().map(|t| t.evaluations).sum::<u64>()
+    );
+    // The degraded links are worth avoiding: the mapping beats torchrun's order.
+    assert!(
+        result.estimate.iteration_ms < result.baseline_mapping_ms,
+        "{} vs {}",
+        result.estimate.iteration_ms,
+        result.baseline_mapping_ms
+    );
+}
+
+fn plan_with_threads(threads: usize, settings: &Settings, cluster: &ClusterProfile) -> Plan {
+    let options = PlanOptions {
+        seed: 42,
+        ..quick()
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(|| plan(settings, cluster, &options))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn same_seed_same_plan_on_one_and_two_threads() {
+    let cluster = example("a100-4x8-degraded.json");
+    let settings = preset("gpt3-1.3b", &["--global-batch-size", "128"]);
+    let one = plan_with_threads(1, &settings, &cluster);
+    let two = plan_with_threads(2, &settings, &cluster);
+    assert_eq!(
+        serde_json::to_string(&one).unwrap(),
+        serde_json::to_string(&two).unwrap()
+    );
+    // Another seed may find another mapping, never a worse-ranked search space.
+    let other = plan(
+        &settings,
+        &cluster,
+        &PlanOptions {
+            seed: 43,
+            ..quick()
+        },
+    )
+    .unwrap();
+    assert_eq!(other.stats.candidates, one.stats.candidates);
+}
+
+#[test]
+fn pinned_settings_are_respected() {
+    let args: Vec<String> = [
+        "--global-batch-size",
+        "128",
+        "--tensor-model-parallel-size",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let pins = pipette::config::megatron::parse_pins("tp,pp=2,mbs=2").unwrap();
+    let settings = settings_from_megatron_args(&args, Some("gpt3-1.3b"), &pins).unwrap();
+    let result = plan(&settings, &example("a100-4x8-degraded.json"), &quick()).unwrap();
+    for c in std::iter::once(&result.config).chain(result.top.iter().map(|t| &t.config)) {
+        assert_eq!((c.tp, c.pp, c.dp, c.micro_batch), (2, 2, 8, 2), "{c:?}");
+    }
+}
+
+#[test]
+fn nothing_fits_names_the_smallest_need_and_the_fix() {
+    // 70B parameters need over a terabyte of weights and optimizer state: 16 GPUs of
+    // 16 GiB cannot hold them.
+    let cluster = pipette_cluster(2, 8, 16);
+    let settings = preset("llama2-70b", &[]);
+    let err = plan(&settings, &cluster, &quick()).unwrap_err();
+    let text = err.to_string();
+    println!("{text}");
+    let PlanError::NothingFits {
+        smallest_peak_bytes,
+        usable_memory_bytes,
+        suggestions,
+        ..
+    } = &err
+    else {
+        panic!("expected NothingFits, got {err}");
+    };
+    assert!(smallest_peak_bytes > usable_memory_bytes);
+    assert!(
+        text.contains("the smallest needs") && text.contains("GiB"),
+        "{text}"
+    );
+    assert!(!text.contains('\n'), "one line: {text}");
+    assert!(
+        suggestions
+            .iter()
+            .any(|s| s.contains("GPUs (") && s.contains("nodes of 8")),
+        "{suggestions:?}"
+    );
+
+    // Pinned no-recomputation and a large micro-batch: unpinning them would fit.
+    let mut settings = preset("gpt3-6.7b", &["--global-batch-size", "64"]);
+    settings.constraints.recompute = Some(Recompute::None);
+    settings.constraints.micro_batch_size = Some(8);
+    let cluster = pipette_cluster(2, 8, 16);
+    let err = plan(&settings, &cluster, &quick()).unwrap_err();
+    println!("{err}");
+    let PlanError::NothingFits { suggestions, .. } = &err else {
+        panic!("expected NothingFits, got {err}");
+    };
+    assert!(
+        suggestions.iter().any(|s| s.contains("full recomputation")),
+        "{err}"
+    );
+    assert!(
+        suggestions.iter().any(|s| s.contains("micro-batch 1")),
+        "{err}"
+    );
+}
+
+#[test]
+fn profiles_the_planner_cannot_use_are_errors() {
+    let settings = preset("gpt3-1.3b", &["--global-batch-size", "64"]);
+
+    let text = r#"{"gpus": ["a", "b"], "bandwidth": [["240", "20"], ["20", "240"]]}"#;
+    let unknown = ClusterProfile::from_json_str(text, "bw.json").unwrap();
+    let err = plan(&settings, &unknown, &quick()).unwrap_err();
+    assert!(
+        matches!(&err, PlanError::UnknownGpus { host } if host == "a"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("pipette profile"), "{err}");
+
+    let mut mixed = pipette_cluster(2, 8, 80);
+    if let GpuInventory::Known { gpus, .. } = &mut mixed.nodes[1].gpus {
+        gpus.truncate(4);
+    }
+    mixed = ClusterProfile {
+        nodes: mixed
+            .nodes
+            .into_iter()
+            .map(|mut n| {
+                if let GpuInventory::Known { gpus, links } = &n.gpus {
+                    if gpus.len() == 4 {
+                        let rows: Vec<Vec<f64>> =
+                            (0..4).map(|i| links.row(i)[..4].to_vec()).collect();
+                        n.gpus = GpuInventory::Known {
+                            gpus: gpus.clone(),
+                            links: pipette::cluster::profile::LinkMatrix::from_rows(
+                                &rows,
+                                links.provenance.clone(),
+                            )
+                            .unwrap(),
+                        };
+                    }
+                }
+                n
+            })
+            .collect(),
+        ..mixed
+    };
+    let err = plan(&settings, &mixed, &quick()).unwrap_err();
+    assert!(matches!(err, PlanError::MixedGpuCounts { .. }), "{err}");
+    assert!(
+        err.to_string().contains("gpu1 has 4 GPUs but gpu0 has 8"),
+        "{err}"
+    );
+
+    let empty = ClusterProfile {
+        note: None,
+        nodes: Vec::new(),
+        node_links: pipette::cluster::profile::LinkMatrix::uniform(
+            0,
+            1.0,
+            Provenance::new(Source::Estimated),
+        ),
+    };
+    assert_eq!(
+        plan(&settings, &empty, &quick()).unwrap_err(),
+        PlanError::EmptyCluster
+    );
+
+    let amp = PlanOptions {
+        time_model: TimeModel::Amp,
+        ..quick()
+    };
+    let err = plan(&settings, &pipette_cluster(2, 8, 80), &amp).unwrap_err();
+    assert_eq!(err, PlanError::UnsupportedTimeModel(TimeModel::Amp));
+
+    // bf16 on V100s: no tensor cores for it.
+    let err = plan(
+        &preset("gpt3-1.3b", &["--global-batch-size", "64"]),
+        &example("v100-8x8.json"),
+        &quick(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("bf16"), "{err}");
+}
+
+#[test]
+fn the_compat_model_and_the_exhaustive_mode_plan_too() {
+    let settings = preset("gpt3-1.3b", &["--global-batch-size", "64"]);
+    let cluster = pipette_cluster(4, 8, 80);
+    for (time_model, mapping) in [
+        (TimeModel::PipetteCompat, MappingMode::Auto),
+        (TimeModel::Pipette, MappingMode::Exhaustive),
+        (TimeModel::Pipette, MappingMode::Identity),
+    ] {
+        let options = PlanOptions {
+            time_model,
+            mapping,
+            top_k: 2,
+            ..quick()
+        };
+        let result = plan(&settings, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(result.estimate.time.model, time_model);
+        assert!(result.estimate.iteration_ms <= result.baseline_mapping_ms * (1.0 + 1e-12));
+        assert!(
+            (result.estimate.iteration_ms - result.top[0].mapped_ms).abs()
+                <= 1e-9 * result.top[0].mapped_ms
+        );
+        if mapping == MappingMode::Exhaustive || time_model == TimeModel::PipetteCompat {
+            // Uniform default GPUs: only the 4! node orders matter.
+            assert!(
+                result.top.iter().all(|t| t.evaluations == 24),
+                "{:?}",
+                result.top
+            );
+        }
+    }
+}
