@@ -12,6 +12,12 @@ pub fn shell_quote(word: &str) -> String {
     if !word.is_empty() && word.bytes().all(is_plain) {
         return word.to_owned();
     }
+    single_quote(word)
+}
+
+/// `word` always wrapped in single quotes (`'` written as `'\''`), even when it is plain:
+/// launch scripts quote every value the same way, so a reader never has to wonder.
+pub fn single_quote(word: &str) -> String {
     let mut out = String::with_capacity(word.len() + 2);
     out.push('\'');
     for c in word.chars() {

@@ -1,23 +1,11 @@
 //! Words for bash: every value a launch script carries is single-quoted here, so that no
 //! template, host name or user argument can make the shell interpret anything.
 
-/// `word` as one bash word that means exactly `word`: single-quoted, with each `'` written
-/// as `'\''` (close the quote, an escaped quote, reopen). Inside single quotes bash
-/// interprets nothing — not `$`, backticks, `\`, `;` or newlines — so the word arrives
-/// byte-for-byte. The empty word is `''`. Callers reject NUL bytes, which no argv can hold.
-pub fn shell_quote(word: &str) -> String {
-    let mut quoted = String::with_capacity(word.len() + 2);
-    quoted.push('\'');
-    for c in word.chars() {
-        if c == '\'' {
-            quoted.push_str("'\\''");
-        } else {
-            quoted.push(c);
-        }
-    }
-    quoted.push('\'');
-    quoted
-}
+/// `word` as one bash word that means exactly `word`: always single-quoted, with each `'`
+/// written as `'\''`. Inside single quotes bash interprets nothing — not `$`, backticks,
+/// `\`, `;` or newlines — so the word arrives byte-for-byte. The empty word is `''`.
+/// Callers reject NUL bytes, which no argv can hold.
+pub use crate::exec::single_quote as shell_quote;
 
 /// The words quoted and joined by single spaces: a command line to paste into bash.
 pub fn shell_join<S: AsRef<str>>(words: &[S]) -> String {
