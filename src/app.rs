@@ -124,6 +124,7 @@ fn plan_and_render(cli: &RunCli, env: &Environment, run: &mut Run) -> Result<(),
         &plan.mapping.node_order,
         &plan.mapping.cuda_visible_devices,
     );
+    input.torchrun_spelling = installed_torchrun_spelling(&input.torchrun);
     input.master_port = cli.torchrun.master_port;
     input.master_addr = explicit_master_addr(&cli.torchrun);
     input.rdzv_id = rdzv_id;
@@ -206,6 +207,22 @@ fn runner_up(
     };
     let estimate = time::estimate(&request, TimeModel::Pipette).ok()?;
     Some((second.config.clone(), estimate))
+}
+
+/// How the torchrun installed here spells its options: old releases know only
+/// `--nproc_per_node`. Dashes when it cannot be asked (not installed here, say): every
+/// current torchrun accepts them.
+pub fn installed_torchrun_spelling(torchrun: &str) -> render::TorchrunSpelling {
+    let help = exec::NodeCommand::new(torchrun).arg("--help");
+    match exec::run(
+        &Transport::Local,
+        "localhost",
+        &help,
+        std::time::Duration::from_secs(30),
+    ) {
+        Ok(out) if out.status.success() => render::TorchrunSpelling::from_help(&out.stdout_text()),
+        _ => render::TorchrunSpelling::Dashes,
+    }
 }
 
 /// torchrun's `--rdzv-id` when the user set one, else the scheduler's job id, else one

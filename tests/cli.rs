@@ -707,3 +707,30 @@ fn help_teaches_torchrun_options_and_exit_codes() {
         .stdout(predicate::str::contains("Exit codes:"))
         .stdout(predicate::str::contains("66"));
 }
+
+#[test]
+fn an_old_torchrun_gets_underscore_spellings() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // A stand-in for torchrun 1.x, whose --help lists only underscore spellings.
+    let fake = dir.path().join("torchrun");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'usage: torchrun [--nnodes NNODES] [--nproc_per_node NPROC_PER_NODE] [--node_rank NODE_RANK]'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let report = dry_run_json(
+        pipette_run()
+            .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))
+            .arg("--cluster")
+            .arg(example("examples/clusters/a100-2x8.json"))
+            .arg("--run-dir")
+            .arg(dir.path().join("run"))
+            .args(["--dry-run", "--json", "train.py"])
+            .args(TINY_MODEL),
+    );
+    let argv = report["launch"]["nodes"][0]["argv"].to_string();
+    assert!(argv.contains("--nproc_per_node="), "{argv}");
+    assert!(!argv.contains("--nproc-per-node="), "{argv}");
+}
