@@ -16,6 +16,7 @@ use crate::cluster::{self, ClusterProfile, ClusterSpec, Environment, Node, NodeS
 use crate::config::{self, Settings};
 use crate::error::Error;
 use crate::exec::{self, SrunOptions, SshOptions, Transport};
+use crate::launch;
 use crate::model::memory::estimate_memory;
 use crate::model::time::{self, TimeEstimate, TimeModel, TimeOptions, TimeRequest};
 use crate::model::{params, Calibration, ParallelConfig, Placement};
@@ -27,6 +28,7 @@ use crate::report::dry_run::{
 };
 use crate::report::estimate::{EstimateReport, ModelTime, ParamsSection};
 use crate::report::plan::plan_to_human;
+use crate::supervise;
 
 /// What a dry run did, when it had no profile to plan with.
 const NO_PROFILE_YET: &str = "No cluster profile to plan with: give --cluster FILE (`pipette profile --out FILE` measures the allocated nodes).";
@@ -41,7 +43,14 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Ok(cli) => cli,
         Err(e) => return clap_exit(e),
     };
-    finish("pipette-run", run(&cli, &current_environment()))
+    let env = current_environment();
+    if !cli.pipette.dry_run {
+        return match launch_and_supervise(&cli, &env) {
+            Ok(code) => code,
+            Err(e) => finish("pipette-run", Err(e)),
+        };
+    }
+    finish("pipette-run", run(&cli, &env))
 }
 
 /// Runs `pipette` with these arguments; returns the process exit code.
@@ -55,13 +64,6 @@ pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
 
 fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
     let mut run = gather_inputs(cli, env)?;
-    if !cli.pipette.dry_run {
-        // Inputs are checked (bad ones have their own exit codes); nothing is launched.
-        return Err(Error::Unsupported(
-            "launching is not implemented yet in this version (run with --dry-run to see the plan and the commands)"
-                .to_string(),
-        ));
-    }
     plan_and_render(cli, env, &mut run)?;
     if cli.pipette.json {
         println!("{}", to_json(&run.report)?);
@@ -85,6 +87,106 @@ fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Launches the job and supervises it to the end (re-planning after node failures):
+/// discover, read the profile, plan, render attempt 1 into the run directory, then hand
+/// over to [`supervise::supervise`]. Returns pipette-run's exit code: 0, the failing
+/// worker's, or 128 + a signal; errors before anything runs are the usual [`Error`]s.
+fn launch_and_supervise(cli: &RunCli, env: &Environment) -> Result<i32, Error> {
+    let run = gather_inputs(cli, env)?;
+    let Some(profile) = run.profile.clone() else {
+        return Err(Error::Unsupported(
+            "launching needs a cluster profile to plan with: give --cluster FILE (`pipette profile --out FILE` measures the allocated nodes), or run with --dry-run to see what was read"
+                .to_string(),
+        ));
+    };
+    let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
+    let plan = plan::plan(&run.settings, &profile, &options)?;
+    let workdir = std::env::current_dir()
+        .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
+    let rdzv_id = rendezvous_id(&cli.torchrun, run.report.nodes.job_id.as_deref());
+    let run_dir = match &cli.launch.run_dir {
+        Some(dir) => workdir.join(dir),
+        None => render::default_run_dir(&workdir, &rdzv_id, unix_seconds()),
+    };
+    let templates = match &cli.launch.templates {
+        Some(dir) => render::Templates::from_dir(dir)?,
+        None => render::Templates::embedded(),
+    };
+    let hosts: Vec<String> = run
+        .report
+        .nodes
+        .hosts
+        .iter()
+        .map(|h| h.host.clone())
+        .collect();
+    let mut ssh = SshOptions::default();
+    if let Some(config) = &cli.supervise.ssh_config {
+        ssh.extra_args = vec!["-F".to_string(), config.display().to_string()];
+    }
+    let transport = launch::choose_transport(
+        cli.supervise.launcher.as_deref(),
+        &hosts,
+        &run.report.nodes.source,
+        ssh,
+    );
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let template = launch::JobTemplate {
+        settings: run.settings.clone(),
+        script: script_invocation(cli),
+        torchrun: cli.supervise.torchrun.clone(),
+        torchrun_passthrough: cli.torchrun.passthrough_args(),
+        master_addr: explicit_master_addr(&cli.torchrun),
+        master_port: cli.torchrun.master_port,
+        rdzv_id,
+        env: render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone()))),
+        workdir,
+        run_dir: run_dir.clone(),
+        templates,
+        plan_options: options,
+        transport,
+        run_id: format!("{}-{nanos}", std::process::id()),
+    };
+    let first = template
+        .prepare(1, profile, plan, None)
+        .map_err(|e| match e {
+            launch::LaunchError::Plan(e) => Error::Plan(e),
+            launch::LaunchError::Render(e) => Error::Render(e),
+            launch::LaunchError::PlanJson(e) => Error::Internal(e),
+        })?;
+    let events = supervise::events::EventLog::create(&run_dir).map_err(|e| {
+        Error::Usage(format!(
+            "cannot write {}: {e} (choose another --run-dir)",
+            run_dir.join("events.jsonl").display()
+        ))
+    })?;
+    for note in &first.spec.notes {
+        eprintln!("pipette-run: {note}");
+    }
+    eprintln!(
+        "pipette-run: run directory {} (launch scripts, plan, logs/, events.jsonl)",
+        run_dir.display()
+    );
+    let s = &cli.supervise;
+    let options = supervise::SuperviseOptions {
+        grace: s.grace,
+        stall_timeout: (!s.stall_timeout.is_zero()).then_some(s.stall_timeout),
+        startup_timeout: Some(s.startup_timeout.unwrap_or(s.stall_timeout))
+            .filter(|d| !d.is_zero()),
+        max_replans: s.max_replans,
+        health_timeout: s.health_timeout,
+        ..supervise::SuperviseOptions::default()
+    };
+    let outcome = supervise::supervise(&template, first, &options, &events);
+    let summary = outcome.summary();
+    eprint!("{summary}");
+    if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
+        eprintln!("pipette-run: warning: cannot write the summary into the run directory: {e}");
+    }
+    Ok(outcome.exit_code)
 }
 
 /// A run's inputs and what the planner and renderer made of them.

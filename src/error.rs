@@ -31,7 +31,7 @@ pub enum ExitCode {
     NothingFits = 69,
     /// A bug in pipette-run: please report it.
     Internal = 70,
-    /// This version cannot do what was asked yet (launching comes with a later version).
+    /// This version cannot do what was asked yet (launching without a cluster profile).
     Unsupported = 71,
 }
 

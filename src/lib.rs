@@ -14,6 +14,9 @@
 //!   validates cluster profile files ([`cluster::ClusterProfile`]).
 //! - [`model`] holds the pure cost models (parameter counts so far).
 //! - [`report`] shows stage values to people (tables) and to tools (JSON).
+//! - [`launch`] renders each attempt of a plan and runs torchrun on every node through
+//!   the [`exec`] seam; [`supervise`] watches the job, tears it down on a failure or a
+//!   signal, and loops back to the planner on the surviving nodes (the only loop back).
 //! - [`error`] is the one top-level error, which maps every failure to an exit code.
 //!
 //! The binaries in `src/bin` only parse arguments, call [`app`], and exit.
@@ -24,10 +27,12 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod launch;
 pub mod model;
 pub mod plan;
 pub mod profile;
 pub mod render;
 pub mod report;
+pub mod supervise;
 
 pub use error::{Error, ExitCode};

@@ -4,7 +4,9 @@
 pub mod options;
 pub mod torchrun;
 
-pub use options::{DiscoveryOptions, LaunchOptions, ModelOptions, OutputOptions, PlanningOptions};
+pub use options::{
+    DiscoveryOptions, LaunchOptions, ModelOptions, OutputOptions, PlanningOptions, SuperviseOptions,
+};
 pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
 
 use std::path::PathBuf;
@@ -25,7 +27,7 @@ Exit codes:
   68  a node could not be reached
   69  no parallel configuration fits in GPU memory
   70  internal error (a bug: please report it)
-  71  not supported by this version yet (launching: use --dry-run)
+  71  not supported yet: launching without --cluster (run `pipette profile --out FILE` first)
   other  the exit code of the first training worker that failed";
 
 /// Replace `torchrun` with `pipette-run` in a job script: it discovers the allocated
@@ -58,6 +60,9 @@ pub struct RunCli {
 
     #[command(flatten)]
     pub launch: LaunchOptions,
+
+    #[command(flatten)]
+    pub supervise: SuperviseOptions,
 
     #[command(flatten)]
     pub torchrun: TorchrunOptions,

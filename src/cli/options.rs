@@ -138,6 +138,61 @@ fn parse_headroom(text: &str) -> Result<MemoryHeadroom, String> {
     }
 }
 
+/// How the job is launched on the nodes and supervised while it runs.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Supervision options")]
+pub struct SuperviseOptions {
+    /// How to reach the nodes: local, ssh or srun (default: local when every node is
+    /// this machine, srun inside Slurm, else ssh)
+    #[arg(long, env = "PIPETTE_LAUNCHER", value_name = "HOW", value_parser = ["local", "ssh", "srun"])]
+    pub launcher: Option<String>,
+
+    /// An ssh client configuration file for reaching the nodes (`ssh -F FILE`): user,
+    /// port, identity, host aliases
+    #[arg(long = "ssh-config", env = "PIPETTE_SSH_CONFIG", value_name = "FILE")]
+    pub ssh_config: Option<PathBuf>,
+
+    /// The torchrun executable on the nodes
+    #[arg(
+        long = "torchrun",
+        env = "PIPETTE_TORCHRUN",
+        value_name = "PATH",
+        default_value = "torchrun"
+    )]
+    pub torchrun: String,
+
+    /// Between TERM and KILL when the nodes are stopped (after a failure, or on Ctrl-C /
+    /// SIGTERM; a second Ctrl-C kills at once). A node whose torchrun does not stop within
+    /// it is treated as hung and left out of a re-plan
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub grace: std::time::Duration,
+
+    /// A job that makes no progress this long is a failure: no Megatron iteration (or
+    /// checkpoint or evaluation) line once iterations have begun. `0` never gives up. Make
+    /// it longer than --log-interval iterations take
+    #[arg(long = "stall-timeout", env = "PIPETTE_STALL_TIMEOUT", value_name = "DURATION", default_value = "30min", value_parser = parse_duration)]
+    pub stall_timeout: std::time::Duration,
+
+    /// Before the first iteration line (and after the last), no output at all from any
+    /// node this long is a failure (default: --stall-timeout; `0` never gives up)
+    #[arg(long = "startup-timeout", value_name = "DURATION", value_parser = parse_duration)]
+    pub startup_timeout: Option<std::time::Duration>,
+
+    /// How many times a failed job is re-planned on the surviving nodes and resumed from
+    /// its last checkpoint; 0 never re-plans
+    #[arg(
+        long = "max-replans",
+        env = "PIPETTE_MAX_REPLANS",
+        value_name = "N",
+        default_value_t = 3
+    )]
+    pub max_replans: u32,
+
+    /// How long a node has to answer its health check after a failure
+    #[arg(long = "health-timeout", value_name = "DURATION", default_value = "20s", value_parser = parse_duration)]
+    pub health_timeout: std::time::Duration,
+}
+
 /// `10`, `10s`, `1.5s`, `500ms`, `5min`, `2h` (a bare number is seconds).
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let text = text.trim();
@@ -161,5 +216,26 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         _ => Err(format!(
             "{text:?} is not a duration (e.g. 30s, 500ms, 10min)"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_the_usual_units() {
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30min"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("ten")
+            .unwrap_err()
+            .contains("not a duration"));
+        assert!(parse_duration("5 days").is_err());
+        assert!(parse_duration("-1s").is_err());
     }
 }

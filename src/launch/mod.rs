@@ -1,0 +1,410 @@
+//! Launch: from a plan to torchrun running on every node.
+//!
+//! A [`JobTemplate`] holds what every attempt of a job shares (the settings, the user's
+//! script and arguments, torchrun's options, the environment, the transport, the run
+//! directory); [`JobTemplate::prepare`] renders one [`Attempt`] for a plan on some nodes
+//! (with `--load SAVE` when it resumes, see [`resume_args`]) and writes its files;
+//! [`start`] runs its torchrun commands through the exec seam as a [`RunningJob`];
+//! [`teardown`] stops them all (TERM, grace, KILL, in parallel) and [`sweep`] kills what
+//! a launcher left behind (torchrun starts its workers in sessions of their own, so a
+//! killed or stopped torchrun can leave them running); [`replan()`] chooses the plan for the
+//! survivors of a failure.
+//!
+//! Every process of a job carries `PIPETTE_RUN_ID` (unique per pipette-run invocation) and
+//! `PIPETTE_HOST` in its environment; that is how the sweep finds them, on any transport.
+//!
+//! Owns spawning and stopping a job's processes; does not watch them (that is
+//! [`crate::supervise`]) and does not decide when to re-plan.
+
+pub mod replan;
+mod teardown;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::cluster::{ClusterProfile, NodeSource};
+use crate::config::Settings;
+use crate::exec::{
+    self, ExecError, ExecOptions, NodeCommand, OutputSink, RunningCommand, SrunOptions, SshOptions,
+    Status, Transport,
+};
+use crate::plan::{Plan, PlanError, PlanOptions};
+use crate::render::{self, LaunchSpec, RenderError, ScriptInvocation, Templates};
+
+pub use replan::{
+    checkpoint_format, read_checkpoint, replan, CheckpointFormat, CheckpointState, ReplanError,
+    Replanned,
+};
+pub use teardown::{sweep, teardown, NodeStop, SWEEP_SCRIPT};
+
+/// The variable that marks every process of one pipette-run invocation.
+pub const RUN_ID_VAR: &str = "PIPETTE_RUN_ID";
+
+/// What every attempt of a job shares.
+#[derive(Debug, Clone)]
+pub struct JobTemplate {
+    pub settings: Settings,
+    /// The user's script and arguments, as given.
+    pub script: ScriptInvocation,
+    /// The torchrun executable on the nodes.
+    pub torchrun: String,
+    /// The user's other torchrun options.
+    pub torchrun_passthrough: Vec<String>,
+    /// The user's `--master-addr`; otherwise the rank-0 host (`127.0.0.1` with the local
+    /// transport, where every "node" is this machine).
+    pub master_addr: Option<String>,
+    pub master_port: u16,
+    pub rdzv_id: String,
+    /// Environment for every node (see [`render::forwarded_env`]).
+    pub env: BTreeMap<String, String>,
+    /// The directory the commands run in, on every node.
+    pub workdir: PathBuf,
+    /// Attempt 1's files go here; attempt N's into `attempt-N/` below it.
+    pub run_dir: PathBuf,
+    pub templates: Templates,
+    pub plan_options: PlanOptions,
+    pub transport: Transport,
+    /// Unique per invocation: the value of [`RUN_ID_VAR`] on every node.
+    pub run_id: String,
+}
+
+/// One launch of the job: a plan on some nodes, rendered and written to its directory.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// 1 for the first launch.
+    pub number: u32,
+    pub dir: PathBuf,
+    /// The nodes of this attempt.
+    pub profile: ClusterProfile,
+    pub plan: Plan,
+    pub spec: LaunchSpec,
+    /// Where this attempt resumes from (relaunches of a job with `--save`).
+    pub resume: Option<Resume>,
+}
+
+/// The checkpoint an attempt resumes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Resume {
+    /// The user's `--save` directory, given to the script as `--load`.
+    pub dir: String,
+    /// The iteration of the last checkpoint there, when it could be read.
+    pub iteration: Option<u64>,
+}
+
+/// Why an attempt could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    #[error(
+        "the plan cannot be written as JSON: {0} (this is a bug in pipette-run; please report it)"
+    )]
+    PlanJson(String),
+}
+
+impl JobTemplate {
+    /// Attempt `number`'s directory.
+    pub fn attempt_dir(&self, number: u32) -> PathBuf {
+        if number <= 1 {
+            self.run_dir.clone()
+        } else {
+            self.run_dir.join(format!("attempt-{number}"))
+        }
+    }
+
+    /// Renders attempt `number` of `plan` on `profile`'s nodes and writes its files.
+    pub fn prepare(
+        &self,
+        number: u32,
+        profile: ClusterProfile,
+        plan: Plan,
+        resume: Option<Resume>,
+    ) -> Result<Attempt, LaunchError> {
+        let dir = self.attempt_dir(number);
+        let spec = self.render(&plan, resume.as_ref(), &dir)?;
+        render::write_run_dir(&spec, &dir)?;
+        Ok(Attempt {
+            number,
+            dir,
+            profile,
+            plan,
+            spec,
+            resume,
+        })
+    }
+
+    /// The launch of `plan` (pure: nothing is written).
+    pub fn render(
+        &self,
+        plan: &Plan,
+        resume: Option<&Resume>,
+        dir: &Path,
+    ) -> Result<LaunchSpec, LaunchError> {
+        let mut script = self.script.clone();
+        let mut notes = Vec::new();
+        if let Some(resume) = resume {
+            let (args, dropped) = resume_args(&script.args, &resume.dir);
+            script.args = args;
+            notes = dropped;
+        }
+        let mut env = self.env.clone();
+        env.insert(RUN_ID_VAR.to_string(), self.run_id.clone());
+        let mut input = render::RenderInput::new(
+            &self.settings,
+            script,
+            &plan.config,
+            &plan.mapping.node_order,
+            &plan.mapping.cuda_visible_devices,
+        );
+        input.master_addr = self
+            .master_addr
+            .clone()
+            .or_else(|| (self.transport == Transport::Local).then(|| "127.0.0.1".to_string()));
+        input.master_port = self.master_port;
+        input.rdzv_id = self.rdzv_id.clone();
+        input.torchrun = self.torchrun.clone();
+        input.torchrun_passthrough = self.torchrun_passthrough.clone();
+        input.env = env;
+        input.workdir = self.workdir.display().to_string();
+        input.run_dir = dir.display().to_string();
+        input.plan_json =
+            serde_json::to_value(plan).map_err(|e| LaunchError::PlanJson(e.to_string()))?;
+        let mut spec = render::render(&input, &self.templates)?;
+        spec.notes.extend(notes);
+        Ok(spec)
+    }
+
+    /// The command that runs node `index` of `spec` (its torchrun, environment and working
+    /// directory).
+    pub fn node_command(&self, spec: &LaunchSpec, index: usize) -> NodeCommand {
+        let node = &spec.nodes[index];
+        let mut command = NodeCommand::new(node.argv[0].clone())
+            .args(node.argv[1..].iter().cloned())
+            .cwd(&self.workdir);
+        command.env = node.env.clone();
+        command
+    }
+}
+
+/// How to reach the nodes: as asked (`--launcher`), else locally when every node is this
+/// machine (or no allocation was found), with srun inside a Slurm allocation, else ssh.
+pub fn choose_transport(
+    asked: Option<&str>,
+    hosts: &[String],
+    source: &NodeSource,
+    ssh: SshOptions,
+) -> Transport {
+    match asked {
+        Some("local") => Transport::Local,
+        Some("srun") => Transport::Srun(SrunOptions::default()),
+        Some(_) => Transport::Ssh(ssh),
+        None if *source == NodeSource::Local || hosts.iter().all(|h| exec::is_local_host(h)) => {
+            Transport::Local
+        }
+        None if matches!(source, NodeSource::Slurm { .. }) => {
+            Transport::Srun(SrunOptions::default())
+        }
+        None => Transport::Ssh(ssh),
+    }
+}
+
+/// Megatron options a relaunch must not keep: they would keep it from resuming the
+/// checkpoint of this very run (`--finetune` starts again at iteration 0, the others load
+/// only part of it or an older one). Flags, except `ckpt-step` (with a value).
+const NOT_ON_RESUME: &[&str] = &["finetune", "no-load-optim", "no-load-rng", "ckpt-step"];
+
+/// The user's arguments for a relaunch that resumes from `save`: every `--load` replaced
+/// by one `--load SAVE` (before a `--`, which ends Megatron's options), and `--finetune`,
+/// `--no-load-optim`, `--no-load-rng` and `--ckpt-step N` dropped. Returns the arguments
+/// and a note per change.
+pub fn resume_args(args: &[String], save: &str) -> (Vec<String>, Vec<String>) {
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let mut out = Vec::with_capacity(args.len() + 2);
+    let mut notes = Vec::new();
+    let mut words = args[..end].iter().peekable();
+    let mut old_load = None;
+    while let Some(word) = words.next() {
+        let Some(body) = word.strip_prefix("--") else {
+            out.push(word.clone());
+            continue;
+        };
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n.replace('_', "-"), Some(v.to_string())),
+            None => (body.replace('_', "-"), None),
+        };
+        let takes_value = name == "load" || name == "ckpt-step";
+        if name == "load" || NOT_ON_RESUME.contains(&name.as_str()) {
+            let value = match inline {
+                Some(v) => Some(v),
+                None if takes_value && words.peek().is_some_and(|w| !w.starts_with("--")) => {
+                    words.next().cloned()
+                }
+                None => None,
+            };
+            if name == "load" {
+                old_load = value;
+            } else {
+                notes.push(format!(
+                    "dropped --{name}{} to resume this run's checkpoint",
+                    value.map(|v| format!(" {v}")).unwrap_or_default()
+                ));
+            }
+            continue;
+        }
+        out.push(word.clone());
+    }
+    match old_load {
+        Some(old) if old != save => notes.push(format!(
+            "--load {old} replaced by --load {save} (the --save directory) to resume"
+        )),
+        Some(_) => {}
+        None => notes.push(format!(
+            "added --load {save} (the --save directory) to resume"
+        )),
+    }
+    out.push("--load".to_string());
+    out.push(save.to_string());
+    out.extend(args[end..].iter().cloned());
+    (out, notes)
+}
+
+/// A job's commands, one per node, as they run.
+pub struct RunningJob {
+    pub nodes: Vec<RunningNode>,
+}
+
+/// One node's torchrun.
+pub struct RunningNode {
+    pub host: String,
+    pub node_rank: u64,
+    /// `None` once it has ended and its output was collected, or when it could not start.
+    pub command: Option<RunningCommand>,
+    /// How it ended, once it has.
+    pub status: Option<Status>,
+    /// Why it could not be started.
+    pub start_error: Option<ExecError>,
+}
+
+impl RunningNode {
+    pub fn is_running(&self) -> bool {
+        self.command.is_some() && self.status.is_none()
+    }
+}
+
+/// Starts every node's torchrun of `attempt` (node-rank order). A node whose command cannot
+/// be started is kept with its [`RunningNode::start_error`]; the others run.
+pub fn start(
+    template: &JobTemplate,
+    attempt: &Attempt,
+    sink: Arc<dyn OutputSink>,
+    grace: Duration,
+) -> RunningJob {
+    let options = ExecOptions {
+        grace,
+        // Enough of the end to read torchrun's failure report.
+        capture_limit: Some(64 << 10),
+        sink: Some(sink),
+    };
+    let nodes = attempt
+        .spec
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(index, node)| {
+            let command = template.node_command(&attempt.spec, index);
+            let spawned = exec::spawn_with(&template.transport, &node.host, &command, &options);
+            let (command, start_error) = match spawned {
+                Ok(running) => (Some(running), None),
+                Err(e) => (None, Some(e)),
+            };
+            RunningNode {
+                host: node.host.clone(),
+                node_rank: node.node_rank,
+                command,
+                status: None,
+                start_error,
+            }
+        })
+        .collect();
+    RunningJob { nodes }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(text: &str) -> Vec<String> {
+        text.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn resuming_loads_the_save_directory() {
+        let (args, notes) =
+            resume_args(&words("--num-layers 2 --save /ck --save-interval 5"), "/ck");
+        assert_eq!(
+            args,
+            words("--num-layers 2 --save /ck --save-interval 5 --load /ck")
+        );
+        assert_eq!(notes, ["added --load /ck (the --save directory) to resume"]);
+
+        let (args, notes) = resume_args(
+            &words("--load /pretrained --finetune --save /ck --no-load-optim --ckpt-step 7 -- extra --load x"),
+            "/ck",
+        );
+        assert_eq!(args, words("--save /ck --load /ck -- extra --load x"));
+        assert_eq!(notes.len(), 4, "{notes:?}");
+        assert!(notes
+            .iter()
+            .any(|n| n.contains("--load /pretrained replaced")));
+
+        let (args, notes) = resume_args(&words("--load=/ck --save /ck"), "/ck");
+        assert_eq!(args, words("--save /ck --load /ck"));
+        assert!(notes.is_empty());
+    }
+
+    #[test]
+    fn transport_follows_the_nodes() {
+        let hosts = |h: &[&str]| h.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let ssh = SshOptions::default();
+        assert_eq!(
+            choose_transport(
+                None,
+                &hosts(&["localhost"]),
+                &NodeSource::Hosts,
+                ssh.clone()
+            ),
+            Transport::Local
+        );
+        assert_eq!(
+            choose_transport(
+                Some("local"),
+                &hosts(&["gpu1", "gpu2"]),
+                &NodeSource::Hosts,
+                ssh.clone()
+            ),
+            Transport::Local
+        );
+        assert!(matches!(
+            choose_transport(
+                None,
+                &hosts(&["gpu1", "gpu2"]),
+                &NodeSource::Hosts,
+                ssh.clone()
+            ),
+            Transport::Ssh(_)
+        ));
+        let slurm = NodeSource::Slurm {
+            variable: "SLURM_JOB_NODELIST".into(),
+        };
+        assert!(matches!(
+            choose_transport(None, &hosts(&["gpu1", "gpu2"]), &slurm, ssh),
+            Transport::Srun(_)
+        ));
+    }
+}

@@ -1,0 +1,330 @@
+//! Stopping a job: every node's torchrun torn down at once (TERM, the grace period, KILL,
+//! through the exec seam, which also tears remote commands down on the node), a second
+//! signal killing at once, and then a sweep for what a launcher left behind.
+//!
+//! Why the sweep: torchrun starts each worker in a session of its own, so when torchrun
+//! itself is killed (or stopped, and then killed) its workers are outside the process group
+//! the seam tears down. Every process of a job carries `PIPETTE_RUN_ID` and `PIPETTE_HOST`
+//! in its environment, so the sweep finds them by that, on this machine or on a node.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
+use super::{RunningJob, RUN_ID_VAR};
+use crate::exec::{self, ExecError, NodeCommand, Status, Transport};
+
+/// How one node's torchrun stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeStop {
+    pub host: String,
+    pub node_rank: u64,
+    /// Its status (`None` when it could not be waited for: see `error`).
+    pub status: Option<Status>,
+    /// From the start of the teardown until it was gone.
+    pub took: Duration,
+    /// Whether it stopped within the grace period after TERM. A launcher that does not is
+    /// hung (or stopped), and its node is left out of the next attempt.
+    pub stopped_in_grace: bool,
+    /// Whether it was still running when the teardown began.
+    pub was_running: bool,
+    pub error: Option<String>,
+}
+
+/// Stops every node's command that still runs, all at once, and reaps them: TERM, the
+/// grace period the commands were started with, KILL (see
+/// [`exec::RunningCommand::terminate`]); `grace` (the same) judges who stopped in time. When `kill_now` turns true (a second
+/// Ctrl-C) the local process groups are killed at once. Returns one [`NodeStop`] per node,
+/// node-rank order.
+pub fn teardown(
+    job: &mut RunningJob,
+    grace: Duration,
+    kill_now: &dyn Fn() -> bool,
+) -> Vec<NodeStop> {
+    let start = Instant::now();
+    let mut stops: Vec<Option<NodeStop>> = Vec::with_capacity(job.nodes.len());
+    std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for node in job.nodes.iter_mut() {
+            let running = node.is_running();
+            let Some(command) = node.command.as_mut().filter(|_| running) else {
+                stops.push(Some(NodeStop {
+                    host: node.host.clone(),
+                    node_rank: node.node_rank,
+                    status: node.status,
+                    took: Duration::ZERO,
+                    stopped_in_grace: true,
+                    was_running: false,
+                    error: None,
+                }));
+                continue;
+            };
+            stops.push(None);
+            let pgid = command.pgid();
+            let host = node.host.clone();
+            let rank = node.node_rank;
+            let handle = scope.spawn(move || {
+                let result = command.terminate();
+                let took = start.elapsed();
+                let (status, error) = match result {
+                    Ok(status) => (Some(status), None),
+                    Err(e) => (None, Some(e.to_string())),
+                };
+                NodeStop {
+                    host,
+                    node_rank: rank,
+                    status,
+                    took,
+                    stopped_in_grace: took < grace,
+                    was_running: true,
+                    error,
+                }
+            });
+            handles.push((stops.len() - 1, pgid, handle));
+        }
+        let mut killed = false;
+        while !handles.iter().all(|(_, _, h)| h.is_finished()) {
+            if !killed && kill_now() {
+                killed = true;
+                for (_, pgid, handle) in &handles {
+                    if !handle.is_finished() {
+                        // The group's leader is not reaped until its thread returns, so
+                        // the group id is still ours.
+                        let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for (index, _, handle) in handles {
+            stops[index] = Some(handle.join().unwrap_or_else(|_| NodeStop {
+                host: String::new(),
+                node_rank: 0,
+                status: None,
+                took: start.elapsed(),
+                stopped_in_grace: false,
+                was_running: true,
+                error: Some("the teardown thread panicked".into()),
+            }));
+        }
+    });
+    for (node, stop) in job.nodes.iter_mut().zip(&stops) {
+        if let Some(stop) = stop {
+            if node.status.is_none() {
+                node.status = stop.status;
+            }
+        }
+    }
+    stops.into_iter().flatten().collect()
+}
+
+/// The POSIX `sh` sweep run on remote nodes: kills every process whose environment holds
+/// both `$1` and `$2` (`NAME=VALUE` words) and prints how many it killed. Reads
+/// `/proc/PID/environ` with GNU grep's `-z` (NUL-separated lines).
+pub const SWEEP_SCRIPT: &str = concat!(
+    "n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ \"$p\" = \"$$\" ] && continue; ",
+    "if grep -qzxF -- \"$1\" \"$d/environ\" 2>/dev/null && grep -qzxF -- \"$2\" \"$d/environ\" 2>/dev/null; ",
+    "then kill -s KILL \"$p\" 2>/dev/null && n=$((n + 1)); fi; done; echo \"$n\""
+);
+
+/// Kills every process of run `run_id` on `host` that is still there (see the module doc).
+/// Returns how many it killed. On the local transport it reads this machine's `/proc`
+/// itself; elsewhere it runs [`SWEEP_SCRIPT`] on the node.
+pub fn sweep(
+    transport: &Transport,
+    host: &str,
+    run_id: &str,
+    timeout: Duration,
+) -> Result<usize, ExecError> {
+    let run = format!("{RUN_ID_VAR}={run_id}");
+    let node = format!("PIPETTE_HOST={host}");
+    if *transport == Transport::Local {
+        return Ok(sweep_here(&run, &node));
+    }
+    let command = NodeCommand::new("sh")
+        .arg("-c")
+        .arg(SWEEP_SCRIPT)
+        .arg("pipette-sweep")
+        .arg(run)
+        .arg(node);
+    let output = exec::run(transport, host, &command, timeout)?;
+    Ok(output.stdout_text().trim().parse().unwrap_or(0))
+}
+
+/// The local sweep: a few rounds, so that a process started while the first round ran is
+/// caught by the next.
+fn sweep_here(run: &str, node: &str) -> usize {
+    let me = std::process::id();
+    let mut killed = BTreeSet::new();
+    for _round in 0..5 {
+        let mut found = false;
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid == me || killed.contains(&pid) {
+                continue;
+            }
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+                continue;
+            };
+            let has = |want: &str| environ.split(|b| *b == 0).any(|v| v == want.as_bytes());
+            if has(run) && has(node) && kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok() {
+                killed.insert(pid);
+                found = true;
+            }
+        }
+        if !found {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    killed.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::{spawn, spawn_with, ExecOptions, Transport};
+    use crate::launch::RunningNode;
+
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rfind(')')
+                .is_some_and(|i| !stat[i + 2..].starts_with('Z'))
+        })
+    }
+
+    #[test]
+    fn the_sweep_finds_processes_outside_the_group_by_their_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let run_id = format!("sweep-test-{}", std::process::id());
+        // A launcher that starts a worker in a session of its own, as torchrun does, and
+        // is then killed: the worker outlives the group.
+        let command = NodeCommand::new("sh")
+            .arg("-c")
+            .arg("setsid sleep 60 & echo $! > \"$1\"; wait")
+            .arg("launcher")
+            .arg(pidfile.display().to_string())
+            .env(RUN_ID_VAR, &run_id)
+            .env("PIPETTE_HOST", "node-x");
+        let running = spawn(&Transport::Local, "node-x", &command).unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&pidfile).is_ok_and(|t| t.ends_with('\n')) {
+            assert!(Instant::now() < end, "the worker never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let worker: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Until `setsid` has made the worker a session leader, it is still in the group.
+        let in_own_session = || {
+            std::fs::read_to_string(format!("/proc/{worker}/stat")).is_ok_and(|stat| {
+                let after = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+                after.split(' ').nth(3) == Some(worker.to_string().as_str())
+            })
+        };
+        while !in_own_session() {
+            assert!(Instant::now() < end, "the worker never left the group");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut job = RunningJob {
+            nodes: vec![RunningNode {
+                host: "node-x".into(),
+                node_rank: 0,
+                command: Some(running),
+                status: None,
+                start_error: None,
+            }],
+        };
+        let stops = teardown(&mut job, Duration::from_secs(2), &|| false);
+        assert_eq!(stops.len(), 1);
+        assert!(stops[0].stopped_in_grace, "{stops:?}");
+        assert!(
+            alive(worker),
+            "the worker left the group, so teardown misses it"
+        );
+        // Another node's processes on the same machine are not touched.
+        assert_eq!(
+            sweep(&Transport::Local, "node-y", &run_id, Duration::from_secs(5)).unwrap(),
+            0
+        );
+        assert!(alive(worker));
+        assert_eq!(
+            sweep(&Transport::Local, "node-x", &run_id, Duration::from_secs(5)).unwrap(),
+            1
+        );
+        let end = Instant::now() + Duration::from_secs(5);
+        while alive(worker) {
+            assert!(Instant::now() < end, "the sweep did not kill {worker}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_launcher_that_ignores_term_is_killed_after_the_grace_period() {
+        let grace = Duration::from_millis(500);
+        let command = NodeCommand::new("sh")
+            .arg("-c")
+            .arg("trap '' TERM; sleep 60 & wait; wait");
+        let options = ExecOptions {
+            grace,
+            ..ExecOptions::default()
+        };
+        let running = spawn_with(&Transport::Local, "n", &command, &options).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut job = RunningJob {
+            nodes: vec![RunningNode {
+                host: "n".into(),
+                node_rank: 0,
+                command: Some(running),
+                status: None,
+                start_error: None,
+            }],
+        };
+        let stops = teardown(&mut job, grace, &|| false);
+        assert!(!stops[0].stopped_in_grace, "{stops:?}");
+        assert!(stops[0].took >= grace);
+        assert_eq!(stops[0].status, Some(Status::Signaled(9)));
+    }
+
+    #[test]
+    fn a_second_signal_kills_at_once() {
+        let command = NodeCommand::new("sh")
+            .arg("-c")
+            .arg("trap '' TERM; sleep 60 & wait; wait");
+        let running = spawn(&Transport::Local, "n", &command).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut job = RunningJob {
+            nodes: vec![RunningNode {
+                host: "n".into(),
+                node_rank: 0,
+                command: Some(running),
+                status: None,
+                start_error: None,
+            }],
+        };
+        let start = Instant::now();
+        let stops = teardown(&mut job, Duration::from_secs(30), &|| {
+            start.elapsed() > Duration::from_millis(200)
+        });
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(stops[0].status, Some(Status::Signaled(9)));
+    }
+}

@@ -1,0 +1,301 @@
+//! Helpers shared by the end-to-end launch tests: PyTorch's torchrun from the venv, a
+//! throwaway sshd on loopback, a CPU cluster profile, and the process table.
+//!
+//! Each test binary uses a different part, so unused helpers are not warnings.
+#![allow(dead_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The venv's python: `PIPETTE_MEGATRON_PYTHON`, else what `scripts/setup-megatron-venv`
+/// prints (it creates the venv on first use).
+pub fn venv_python() -> PathBuf {
+    if let Some(python) = std::env::var_os("PIPETTE_MEGATRON_PYTHON") {
+        return PathBuf::from(python);
+    }
+    let script = repo().join("scripts/setup-megatron-venv");
+    let out = Command::new(&script)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed (it makes the Python 3.12 venv with PyTorch whose torchrun this test \
+         runs; or set PIPETTE_MEGATRON_PYTHON):\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// PyTorch's torchrun next to the venv's python.
+pub fn torchrun() -> PathBuf {
+    let python = venv_python();
+    let torchrun = python.with_file_name("torchrun");
+    assert!(
+        torchrun.is_file(),
+        "{} not found next to {}: run scripts/setup-megatron-venv, or set \
+         PIPETTE_MEGATRON_PYTHON to a python whose venv has PyTorch",
+        torchrun.display(),
+        python.display()
+    );
+    torchrun
+}
+
+/// The repository root (the tests run the example script from there).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A cluster profile of `hosts`, each with `gpus` CPU stand-ins ("GPUs" named `cpu`, as
+/// `pipette profile` writes them on a machine without GPUs).
+pub fn cpu_profile(hosts: &[&str], gpus: usize) -> String {
+    let gpu = |i: usize| {
+        serde_json::json!({
+            "index": i,
+            "name": "cpu",
+            "memory_bytes": 8u64 << 30,
+            "peak_tflops": {"bf16": 0.5, "fp16": 0.5},
+            "provenance": {"source": "measured"},
+        })
+    };
+    let square = |n: usize, v: f64| -> Vec<Vec<f64>> {
+        (0..n)
+            .map(|i| (0..n).map(|j| if i == j { 0.0 } else { v }).collect())
+            .collect()
+    };
+    let nodes: Vec<_> = hosts
+        .iter()
+        .map(|h| {
+            serde_json::json!({
+                "host": h,
+                "gpus": (0..gpus).map(gpu).collect::<Vec<_>>(),
+                "gpu_links": {"provenance": {"source": "measured"}, "gb_per_s": square(gpus, 5.0)},
+            })
+        })
+        .collect();
+    serde_json::to_string_pretty(&serde_json::json!({
+        "schema": "pipette-cluster/1",
+        "note": "local CPU nodes for tests",
+        "nodes": nodes,
+        "node_links": {"provenance": {"source": "measured"}, "gb_per_s": square(hosts.len(), 2.0)},
+    }))
+    .unwrap()
+}
+
+/// A process in the process table.
+#[derive(Debug, Clone)]
+pub struct Proc {
+    pub pid: i32,
+    pub ppid: i32,
+    pub state: char,
+    pub cmdline: String,
+    pub environ: Vec<String>,
+}
+
+/// Every live (not zombie) process, with its command line and (when readable) environment.
+pub fn processes() -> Vec<Proc> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let state = fields[0].chars().next().unwrap_or('?');
+        if state == 'Z' || state == 'X' {
+            continue;
+        }
+        let ppid = fields[1].parse().unwrap_or(0);
+        let cmdline = std::fs::read(entry.path().join("cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        let environ = std::fs::read(entry.path().join("environ"))
+            .map(|b| {
+                b.split(|c| *c == 0)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Proc {
+            pid,
+            ppid,
+            state,
+            cmdline,
+            environ,
+        });
+    }
+    out
+}
+
+/// Live processes whose command line contains `marker` (never this test process).
+pub fn with_marker(marker: &str) -> Vec<Proc> {
+    let me = std::process::id() as i32;
+    processes()
+        .into_iter()
+        .filter(|p| p.pid != me && p.cmdline.contains(marker))
+        .collect()
+}
+
+/// The processes of one "node" of a job: the marker on the command line and
+/// `PIPETTE_HOST=host` in the environment (torchrun and its workers), torchrun first.
+pub fn node_processes(marker: &str, host: &str) -> Vec<Proc> {
+    let want = format!("PIPETTE_HOST={host}");
+    let mut procs: Vec<Proc> = with_marker(marker)
+        .into_iter()
+        .filter(|p| p.environ.iter().any(|e| e == &want))
+        .collect();
+    // Launchers before their workers, so a kill lands on the parent first.
+    procs.sort_by_key(|p| !p.cmdline.contains("torchrun"));
+    procs
+}
+
+/// Waits until `pred` holds, up to `limit`; returns whether it did.
+pub fn eventually(limit: Duration, mut pred: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if pred() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    pred()
+}
+
+/// Asserts that no process of the job (its marker on the command line) is left.
+pub fn assert_no_process_left(marker: &str) {
+    // Processes that are exiting right now (killed, not yet gone from the table) get a
+    // moment; anything alive after that was leaked.
+    let gone = eventually(Duration::from_secs(3), || with_marker(marker).is_empty());
+    let left = with_marker(marker);
+    assert!(
+        gone,
+        "{} process(es) of the job are still running:\n{}",
+        left.len(),
+        left.iter()
+            .map(|p| format!(
+                "  {} (ppid {}, state {}) {}",
+                p.pid, p.ppid, p.state, p.cmdline
+            ))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+pub const SSHD: &str = "/usr/sbin/sshd";
+
+/// A throwaway sshd on 127.0.0.1 (fresh host key, one authorized throwaway client key,
+/// all in a temp dir), killed on drop. Its `ssh_config` makes `hosts` aliases of 127.0.0.1.
+pub struct Sshd {
+    child: Child,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+}
+
+impl Sshd {
+    pub fn start() -> Sshd {
+        assert!(
+            Path::new(SSHD).exists(),
+            "{SSHD} not found: the ssh transport tests need OpenSSH's server \
+             (run `apt-get install -y openssh-server`)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for key in ["host_key", "client_key"] {
+            let status = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                .arg(d.join(key))
+                .status()
+                .expect("ssh-keygen (openssh-client) must be installed");
+            assert!(status.success());
+        }
+        std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys")).unwrap();
+        // sshd refuses to start without its privilege separation directory.
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        let mut last_error = String::new();
+        for _attempt in 0..5 {
+            let port = free_port();
+            let config = d.join("sshd_config");
+            std::fs::write(
+                &config,
+                format!(
+                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {dir}/host_key\n\
+                     AuthorizedKeysFile {dir}/authorized_keys\nPidFile {dir}/sshd.pid\n\
+                     StrictModes no\nUsePAM no\nPasswordAuthentication no\n\
+                     KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
+                     PermitRootLogin yes\nMaxStartups 50\nMaxSessions 50\nLogLevel ERROR\n",
+                    dir = d.display()
+                ),
+            )
+            .unwrap();
+            let mut child = Command::new(SSHD)
+                .args(["-D", "-e", "-f"])
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
+                .spawn()
+                .expect("start sshd");
+            let end = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < end {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Sshd { child, port, dir };
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            last_error = std::fs::read_to_string(d.join("sshd.log")).unwrap_or_default();
+        }
+        panic!("sshd did not start: {last_error}");
+    }
+
+    /// An ssh client configuration (`ssh -F`) that reaches this sshd under every name in
+    /// `hosts`, with the throwaway key and known-hosts file.
+    pub fn client_config(&self, hosts: &[&str]) -> PathBuf {
+        let d = self.dir.path();
+        let path = d.join("ssh_config");
+        std::fs::write(
+            &path,
+            format!(
+                "Host {hosts}\n  HostName 127.0.0.1\n  Port {port}\n  \
+                 IdentityFile {key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n  \
+                 StrictHostKeyChecking no\n  LogLevel ERROR\n",
+                hosts = hosts.join(" "),
+                port = self.port,
+                key = d.join("client_key").display(),
+                known = d.join("known_hosts").display(),
+            ),
+        )
+        .unwrap();
+        path
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,768 @@
+//! Launching, supervising and re-planning end to end, with PyTorch's real torchrun on CPU.
+//!
+//! Three local "nodes" (`node-a`, `node-b`, `node-c`, all run here through the local
+//! transport, or through a real sshd on 127.0.0.1) of two CPU processes each train
+//! `examples/train_gpt.py` (a tiny GPT, Megatron-style arguments, gloo, a checkpoint every
+//! 4 iterations). Then one node is killed (SIGKILL to its whole process tree) or stopped
+//! (SIGSTOP): pipette-run must notice, tear the job down, leave that node out, re-plan on
+//! the two others with the same global batch and tp × pp, resume from the last checkpoint
+//! (first iteration = last saved + 1) and finish with exit code 0. SIGTERM to pipette-run
+//! must stop every node within the grace period. After every test the process table must
+//! hold no process of the job (found by a marker unique to the test: its temp dir).
+//!
+//! `cargo test replan` runs them all. They run one at a time (two CPU cores cannot hold
+//! two such jobs) and each takes 30–60 s. Needs the venv of `scripts/setup-megatron-venv`
+//! (or `PIPETTE_MEGATRON_PYTHON`) and, for the ssh test, OpenSSH's server; fails, never
+//! skips, without them.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+use common::{assert_no_process_left, cpu_profile, node_processes, repo, torchrun, Sshd};
+use pipette::cluster::ClusterProfile;
+use pipette::config::settings_from_megatron_args;
+use pipette::launch::{checkpoint_format, replan, CheckpointState, ReplanError};
+use pipette::model::ParallelConfig;
+use pipette::plan::PlanOptions;
+use pipette::supervise::events::read_events;
+
+/// The end-to-end tests share two cores: one job at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const HOSTS: [&str; 3] = ["node-a", "node-b", "node-c"];
+const SAVE_INTERVAL: u64 = 4;
+const TRAIN_ITERS: u64 = 20;
+
+/// A pipette-run job under test, with its own temp dir (whose path is the marker that
+/// finds its processes).
+struct Job {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Job {
+    /// Starts `pipette-run` on the three `hosts` with `extra` pipette options.
+    fn start(hosts: &[&str; 3], extra: &[String]) -> Job {
+        Job::start_with(hosts, extra, &[])
+    }
+
+    /// [`Job::start`] with more arguments for the training script (they win over the
+    /// defaults: argparse keeps the last value).
+    fn start_with(hosts: &[&str; 3], extra: &[String], script_extra: &[&str]) -> Job {
+        let dir = tempfile::Builder::new()
+            .prefix("pipette-replan-")
+            .tempdir()
+            .unwrap();
+        let profile = dir.path().join("cluster.json");
+        std::fs::write(&profile, cpu_profile(hosts, 2)).unwrap();
+        let save = dir.path().join("save");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pipette-run"));
+        command
+            .current_dir(repo())
+            .env("GLOO_SOCKET_IFNAME", "lo")
+            .env("OMP_NUM_THREADS", "1")
+            .env("PYTHONUNBUFFERED", "1");
+        for var in [
+            "SLURM_JOB_NODELIST",
+            "SLURM_NODELIST",
+            "PBS_NODEFILE",
+            "PIPETTE_CLUSTER",
+            "PIPETTE_HOSTS",
+            "PIPETTE_HOSTFILE",
+            "PIPETTE_PIN",
+            "PIPETTE_LAUNCHER",
+        ] {
+            command.env_remove(var);
+        }
+        command
+            .arg("--cluster")
+            .arg(&profile)
+            .args(["--hosts", &hosts.join(","), "--nproc-per-node", "2"])
+            .args(["--pin", "tp=1,pp=1"])
+            .arg("--run-dir")
+            .arg(dir.path().join("run"))
+            .arg("--torchrun")
+            .arg(torchrun())
+            .args(["--master-port", &common::free_port().to_string()])
+            .arg("--health-timeout")
+            .arg("15s");
+        // Defaults the test's own options may replace (clap refuses an option twice).
+        for (option, value) in [("--grace", "3s"), ("--max-replans", "2")] {
+            if !extra.iter().any(|a| a == option) {
+                command.args([option, value]);
+            }
+        }
+        command
+            .args(extra)
+            .arg("examples/train_gpt.py")
+            .args([
+                "--num-layers",
+                "2",
+                "--hidden-size",
+                "64",
+                "--num-attention-heads",
+                "4",
+                "--seq-length",
+                "32",
+                "--max-position-embeddings",
+                "32",
+                "--vocab-size",
+                "256",
+                "--micro-batch-size",
+                "1",
+                "--global-batch-size",
+                "12",
+                "--train-iters",
+                &TRAIN_ITERS.to_string(),
+                "--save-interval",
+                &SAVE_INTERVAL.to_string(),
+                "--toy-iteration-seconds",
+                "0.3",
+            ])
+            .arg("--save")
+            .arg(&save)
+            .args(script_extra)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
+            .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap());
+        let child = command.spawn().expect("start pipette-run");
+        Job {
+            dir,
+            child: Some(child),
+        }
+    }
+
+    fn marker(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.path("run")
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(self.path("stdout")).unwrap_or_default()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.path("stderr")).unwrap_or_default()
+    }
+
+    /// The last checkpoint's iteration, from the tracker file the script writes.
+    fn saved(&self) -> Option<u64> {
+        std::fs::read_to_string(self.path("save/latest_checkpointed_iteration.txt"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Waits (up to `limit`) until the job has printed iteration `n`; fails if pipette-run
+    /// exits first.
+    fn wait_for_iteration(&mut self, n: u64, limit: Duration) {
+        let needle = format!(" iteration {n:8}/");
+        let end = Instant::now() + limit;
+        while !self.stdout().contains(&needle) {
+            if let Ok(Some(status)) = self.child.as_mut().unwrap().try_wait() {
+                panic!(
+                    "pipette-run exited ({status}) before iteration {n}:\n{}",
+                    self.stderr()
+                );
+            }
+            assert!(
+                Instant::now() < end,
+                "no iteration {n} within {limit:?}:\n{}\n{}",
+                tail(&self.stdout(), 20),
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for pipette-run to exit (killing it after `limit`).
+    fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > end {
+                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+                let _ = child.wait();
+                panic!(
+                    "pipette-run did not finish within {limit:?}:\n{}\n{}",
+                    tail(&self.stdout(), 20),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn events(&self) -> Vec<Value> {
+        read_events(&self.run_dir().join("events.jsonl")).unwrap()
+    }
+
+    /// Everything the nodes of attempt `n` wrote (its `logs/`).
+    fn attempt_logs(&self, n: u32) -> String {
+        let dir = if n == 1 {
+            self.run_dir()
+        } else {
+            self.run_dir().join(format!("attempt-{n}"))
+        };
+        let mut text = String::new();
+        for entry in std::fs::read_dir(dir.join("logs")).unwrap().flatten() {
+            text.push_str(&std::fs::read_to_string(entry.path()).unwrap());
+        }
+        text
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // A failed test must not leave its job running for the next one.
+        if let Some(mut child) = self.child.take() {
+            if child.try_wait().ok().flatten().is_none() {
+                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
+                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
+                let _ = child.wait();
+            }
+        }
+        for p in common::with_marker(&self.marker()) {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+        }
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Sends `signal` to every process of `host` (torchrun first, then its workers); returns
+/// how many.
+fn signal_node(job: &Job, host: &str, signal: Signal) -> usize {
+    let procs = node_processes(&job.marker(), host);
+    assert!(
+        procs.len() >= 3,
+        "{host} should run torchrun and two workers: {procs:?}"
+    );
+    for p in &procs {
+        kill(Pid::from_raw(p.pid), signal).unwrap();
+    }
+    procs.len()
+}
+
+fn names(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap_or("?"))
+        .collect()
+}
+
+fn find<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["event"] == name).collect()
+}
+
+/// What every re-plan test checks once pipette-run has exited: it finished (exit 0) after
+/// one re-plan that left the second host out, kept tp × pp and the global batch, and
+/// resumed at the iteration after the last checkpoint; nothing of the job is left. Returns
+/// the milliseconds from `failed_ms` (when the test broke the node) to the relaunch.
+fn assert_replanned_and_resumed(
+    hosts: &[&str; 3],
+    job: &mut Job,
+    status: ExitStatus,
+    last_saved: u64,
+    failed_ms: u64,
+) -> u64 {
+    let events = job.events();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}\n{:#?}",
+        job.stderr(),
+        names(&events)
+    );
+    let launches = find(&events, "launch");
+    assert_eq!(launches.len(), 2, "{:?}", names(&events));
+    let replans = find(&events, "replan");
+    assert_eq!(replans.len(), 1, "{:?}", names(&events));
+    let replan = replans[0];
+    assert_eq!(
+        replan["left_out"],
+        serde_json::json!([hosts[1]]),
+        "{replan}"
+    );
+    assert_eq!(
+        replan["nodes"],
+        serde_json::json!([hosts[0], hosts[2]]),
+        "{replan}"
+    );
+    assert_eq!(replan["kept_tp_pp"], true, "{replan}");
+    assert_eq!(replan["from"]["dp"], 6);
+    assert_eq!(replan["to"]["dp"], 4);
+    assert_eq!(
+        (replan["to"]["tp"].as_u64(), replan["to"]["pp"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(replan["resume"]["iteration"], last_saved, "{replan}");
+    let second = launches[1];
+    assert_eq!(second["attempt"], 2);
+    assert_eq!(second["nodes"].as_array().unwrap().len(), 2);
+
+    // Resumed from the last checkpoint: the first iteration is the one after it.
+    let progress = find(&events, "progress");
+    let resumed = progress
+        .iter()
+        .find(|p| p["attempt"] == 2)
+        .expect("attempt 2 reported progress");
+    assert_eq!(resumed["first_iteration"], last_saved + 1, "{resumed}");
+    let logs = job.attempt_logs(2);
+    assert!(
+        logs.contains(&format!(
+            "resuming training at iteration {}",
+            last_saved + 1
+        )),
+        "{}",
+        tail(&logs, 30)
+    );
+    // The same global batch on four ranks: three micro-batches each.
+    assert!(
+        logs.contains("data-parallel size: 4"),
+        "{}",
+        tail(&logs, 30)
+    );
+    assert!(
+        logs.contains("global batch 12, micro-batch 1"),
+        "{}",
+        tail(&logs, 30)
+    );
+    let args = std::fs::read_to_string(job.run_dir().join("attempt-2/megatron-args.txt")).unwrap();
+    let save = job.path("save").display().to_string();
+    assert!(
+        args.lines()
+            .any(|l| l.contains("--load") && l.contains(save.as_str())),
+        "{args}"
+    );
+    assert_eq!(job.saved(), Some(TRAIN_ITERS), "trained to the end");
+    let exit = find(&events, "exit");
+    assert_eq!(exit.len(), 1);
+    assert_eq!(exit[0]["code"], 0);
+    assert!(
+        job.stderr().contains("pipette-run: summary"),
+        "{}",
+        job.stderr()
+    );
+
+    assert_no_process_left(&job.marker());
+    second["unix_ms"].as_u64().unwrap() - failed_ms
+}
+
+#[test]
+fn replan_after_sigkill_resumes_from_last_checkpoint() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let started = Instant::now();
+    let mut job = Job::start(
+        &HOSTS,
+        &[
+            "--launcher".into(),
+            "local".into(),
+            "--stall-timeout".into(),
+            "60s".into(),
+        ],
+    );
+    // Between two checkpoints: the last one is at 4, the next would be at 8.
+    job.wait_for_iteration(SAVE_INTERVAL + 2, Duration::from_secs(120));
+    let killed = signal_node(&job, "node-b", Signal::SIGKILL);
+    let killed_ms = unix_ms();
+    let last_saved = job.saved().expect("a checkpoint was saved");
+    eprintln!("killed {killed} processes of node-b; last checkpoint at iteration {last_saved}");
+    let status = job.wait(Duration::from_secs(180));
+    let events = job.events();
+    let failed = find(&events, "node_failed");
+    assert_eq!(failed[0]["host"], "node-b", "{:?}", failed);
+    assert_eq!(failed[0]["reason"], "signal", "{:?}", failed);
+    assert_eq!(failed[0]["exit_code"], 137);
+    let detected_ms = failed[0]["unix_ms"].as_u64().unwrap();
+    let relaunch_ms = assert_replanned_and_resumed(&HOSTS, &mut job, status, last_saved, killed_ms);
+    // What a user sees from pipette-run itself (the nodes' lines are prefixed `[host rN]`).
+    for line in job.stderr().lines().filter(|l| !l.starts_with('[')) {
+        eprintln!("  | {line}");
+    }
+    let since_failure = find(&events, "launch")[1]["since_failure_s"]
+        .as_f64()
+        .unwrap();
+    let teardown_ms = find(&events, "teardown")[0]["took_s"].as_f64().unwrap() * 1000.0;
+    let replan_ms = find(&events, "replan")[0]["unix_ms"].as_u64().unwrap();
+    eprintln!(
+        "node death → relaunch: {relaunch_ms} ms (detected after {} ms; detection → relaunch {:.0} ms, \
+         of which teardown + sweep + health {teardown_ms:.0} ms, re-plan done {} ms after detection); whole test {:.1} s",
+        detected_ms.saturating_sub(killed_ms),
+        since_failure * 1000.0,
+        replan_ms.saturating_sub(detected_ms),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(relaunch_ms < 15_000, "relaunch took {relaunch_ms} ms");
+}
+
+#[test]
+fn replan_after_sigstop_stall() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let started = Instant::now();
+    let stall = Duration::from_secs(6);
+    let mut job = Job::start(
+        &HOSTS,
+        &[
+            "--launcher".into(),
+            "local".into(),
+            "--stall-timeout".into(),
+            format!("{}s", stall.as_secs()),
+            "--startup-timeout".into(),
+            "120s".into(),
+            // Healthy nodes must stop within it even on a loaded machine.
+            "--grace".into(),
+            "5s".into(),
+        ],
+    );
+    job.wait_for_iteration(SAVE_INTERVAL + 2, Duration::from_secs(120));
+    signal_node(&job, "node-b", Signal::SIGSTOP);
+    let stopped_ms = unix_ms();
+    let last_saved = job.saved().expect("a checkpoint was saved");
+    let status = job.wait(Duration::from_secs(180));
+    let events = job.events();
+    let stalled = find(&events, "stalled");
+    assert_eq!(stalled.len(), 1, "{:?}", names(&events));
+    let detected_after = stalled[0]["unix_ms"].as_u64().unwrap() - stopped_ms;
+    // The clock starts at the last iteration line, just before the stop.
+    assert!(
+        detected_after <= stall.as_millis() as u64 + 1_000,
+        "stall detected {detected_after} ms after the stop (timeout {stall:?})"
+    );
+    // The stopped node is the one whose torchrun did not stop within the grace period.
+    let teardown = find(&events, "teardown")[0];
+    let nodes = teardown["nodes"].as_array().unwrap();
+    for node in nodes {
+        let expected = node["host"] != "node-b";
+        assert_eq!(node["stopped_in_grace"], expected, "{teardown}");
+    }
+    assert!(
+        teardown["swept"].as_u64().unwrap() >= 2,
+        "the stopped workers are swept: {teardown}"
+    );
+    let relaunch_ms =
+        assert_replanned_and_resumed(&HOSTS, &mut job, status, last_saved, stopped_ms);
+    eprintln!(
+        "node stopped → stall detected: {detected_after} ms; → relaunch: {relaunch_ms} ms; whole test {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn replan_sigterm_tears_down_every_node() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let grace = Duration::from_secs(3);
+    let mut job = Job::start(&HOSTS, &["--launcher".into(), "local".into()]);
+    job.wait_for_iteration(3, Duration::from_secs(120));
+    let marker = job.marker();
+    let pid = job.pid();
+    let nodes_before: usize = HOSTS.iter().map(|h| node_processes(&marker, h).len()).sum();
+    assert!(
+        nodes_before >= 9,
+        "three torchruns and six workers: {nodes_before}"
+    );
+    let sent = Instant::now();
+    kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+    // Every node's processes (everything of the job but pipette-run itself) go away
+    // within the grace period.
+    let gone = common::eventually(grace, || {
+        common::with_marker(&marker).iter().all(|p| p.pid == pid)
+    });
+    let took = sent.elapsed();
+    assert!(
+        gone,
+        "still running {took:?} after SIGTERM: {:?}",
+        common::with_marker(&marker)
+    );
+    let status = job.wait(Duration::from_secs(30));
+    eprintln!(
+        "SIGTERM → every node's processes gone: {took:?}; pipette-run exited after {:?}",
+        sent.elapsed()
+    );
+    assert_eq!(status.code(), Some(128 + 15), "{}", job.stderr());
+    let events = job.events();
+    assert_eq!(
+        names(&events),
+        ["launch", "progress", "signal", "teardown", "exit"],
+        "{events:#?}"
+    );
+    assert_eq!(events[2]["signal"], "SIGTERM");
+    assert_eq!(events[4]["code"], 143);
+    assert!(find(&events, "replan").is_empty());
+    assert_no_process_left(&marker);
+}
+
+#[test]
+fn replan_over_ssh_runs_the_same_job() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let started = Instant::now();
+    let sshd = Sshd::start();
+    // Three addresses of the loopback, three "nodes": ssh reaches each (its configuration
+    // sends them all to this sshd) and torchrun's workers can reach the master by name.
+    let hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"];
+    let config = sshd.client_config(&hosts);
+    let mut job = Job::start(
+        &hosts,
+        &[
+            "--launcher".into(),
+            "ssh".into(),
+            "--ssh-config".into(),
+            config.display().to_string(),
+            "--stall-timeout".into(),
+            "60s".into(),
+        ],
+    );
+    job.wait_for_iteration(SAVE_INTERVAL + 2, Duration::from_secs(150));
+    let events = job.events();
+    assert_eq!(events[0]["transport"], "ssh");
+    signal_node(&job, hosts[1], Signal::SIGKILL);
+    let killed_ms = unix_ms();
+    let last_saved = job.saved().expect("a checkpoint was saved");
+    let status = job.wait(Duration::from_secs(200));
+    let events = job.events();
+    let failed = find(&events, "node_failed");
+    assert_eq!(failed[0]["host"], hosts[1], "{failed:?}");
+    // The remote wrapper reports a launcher ended by SIGKILL as 128 + 9.
+    assert_eq!(failed[0]["exit_code"], 137, "{failed:?}");
+    let relaunch_ms = assert_replanned_and_resumed(&hosts, &mut job, status, last_saved, killed_ms);
+    eprintln!(
+        "over ssh: node death → relaunch: {relaunch_ms} ms; whole test {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    drop(sshd);
+}
+
+#[test]
+fn replan_limit_reached_exits_with_the_failing_workers_code() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // Rank 0 (on node-a) exits with 7 at the end of iteration 3; the others notice a
+    // second later, at the next iteration's all-reduce. No re-plan is allowed.
+    let mut job = Job::start_with(
+        &HOSTS,
+        &[
+            "--launcher".into(),
+            "local".into(),
+            "--max-replans".into(),
+            "0".into(),
+        ],
+        &[
+            "--toy-fail-at-iteration",
+            "3",
+            "--toy-fail-code",
+            "7",
+            "--toy-iteration-seconds",
+            "1.0",
+        ],
+    );
+    let status = job.wait(Duration::from_secs(120));
+    assert_eq!(status.code(), Some(7), "{}", job.stderr());
+    let events = job.events();
+    let failed = find(&events, "node_failed");
+    assert_eq!(failed[0]["host"], "node-a", "{failed:?}");
+    assert_eq!(failed[0]["reason"], "exited");
+    assert_eq!(failed[0]["worker_rank"], 0);
+    assert_eq!(failed[0]["exit_code"], 7);
+    assert!(find(&events, "replan").is_empty());
+    let exit = find(&events, "exit")[0];
+    assert_eq!(exit["code"], 7);
+    assert!(
+        exit["reason"].as_str().unwrap().contains("--max-replans 0"),
+        "{exit}"
+    );
+    assert!(
+        job.stderr().contains(
+            "node-a (node rank 0): torchrun exited with exit code 1 (worker rank 0 exited with 7)"
+        ),
+        "{}",
+        job.stderr()
+    );
+    assert_no_process_left(&job.marker());
+}
+
+#[test]
+fn replan_second_ctrl_c_kills_at_once() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // A long grace period, and every node stopped so that TERM cannot end anything: only
+    // the second Ctrl-C (KILL at once) ends the job quickly.
+    let grace = Duration::from_secs(60);
+    let mut job = Job::start(
+        &HOSTS,
+        &[
+            "--launcher".into(),
+            "local".into(),
+            "--grace".into(),
+            "60s".into(),
+        ],
+    );
+    job.wait_for_iteration(2, Duration::from_secs(120));
+    for host in HOSTS {
+        signal_node(&job, host, Signal::SIGSTOP);
+    }
+    let pid = Pid::from_raw(job.pid());
+    let first = Instant::now();
+    kill(pid, Signal::SIGINT).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    kill(pid, Signal::SIGINT).unwrap();
+    let status = job.wait(Duration::from_secs(30));
+    let took = first.elapsed();
+    eprintln!("two Ctrl-Cs → pipette-run exited after {took:?} (grace {grace:?})");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert_eq!(status.code(), Some(128 + 2), "{}", job.stderr());
+    let events = job.events();
+    assert_eq!(find(&events, "signal")[0]["signal"], "SIGINT");
+    let teardown = find(&events, "teardown")[0];
+    assert!(
+        teardown["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["status"] == "signal 9 (SIGKILL)"),
+        "{teardown}"
+    );
+    assert_no_process_left(&job.marker());
+}
+
+// ---- the re-plan rule, without launching anything -------------------------------------
+
+fn settings(args: &str) -> pipette::config::Settings {
+    let words: Vec<String> = args.split_whitespace().map(String::from).collect();
+    settings_from_megatron_args(&words, None, &[]).unwrap()
+}
+
+fn profile(hosts: &[&str], gpus: usize) -> ClusterProfile {
+    ClusterProfile::from_json_str(&cpu_profile(hosts, gpus), "test.json").unwrap()
+}
+
+const MODEL: &str = "--num-layers 6 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
+                     --max-position-embeddings 32 --vocab-size 256 --global-batch-size 12 \
+                     --save /ck --save-interval 4";
+
+#[test]
+fn replan_rule_keeps_tp_and_pp_when_the_survivors_allow_it() {
+    let s = settings(MODEL);
+    let cluster = profile(&HOSTS, 2);
+    let previous = ParallelConfig::even(6, 2, 1, 3, 1);
+    let r = replan(
+        &s,
+        &cluster,
+        &["node-a".into(), "node-c".into()],
+        &previous,
+        &PlanOptions::default(),
+        CheckpointState::At(4),
+        &checkpoint_format(&[]),
+    )
+    .unwrap();
+    assert!(r.kept_tp_pp && !r.resharded);
+    assert_eq!(
+        (r.plan.config.tp, r.plan.config.pp, r.plan.config.dp),
+        (2, 1, 2)
+    );
+    assert_eq!(r.plan.mapping.node_order, ["node-a", "node-c"]);
+    assert_eq!(12 % (r.plan.config.dp * r.plan.config.micro_batch), 0);
+}
+
+#[test]
+fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
+    let s = settings(MODEL);
+    let cluster = profile(&HOSTS, 1);
+    // pp = 3 over three one-GPU nodes cannot be kept on two.
+    let previous = ParallelConfig::even(6, 1, 3, 1, 1);
+    let survivors = ["node-a".to_string(), "node-b".to_string()];
+    let options = PlanOptions::default();
+
+    let r = replan(
+        &s,
+        &cluster,
+        &survivors,
+        &previous,
+        &options,
+        CheckpointState::At(4),
+        &checkpoint_format(&[]),
+    )
+    .unwrap();
+    assert!(!r.kept_tp_pp && r.resharded);
+    assert!(
+        r.notes.iter().any(|n| n.contains("resharded")),
+        "{:?}",
+        r.notes
+    );
+
+    let legacy: Vec<String> = ["--ckpt-format", "torch"].map(String::from).to_vec();
+    let err = replan(
+        &s,
+        &cluster,
+        &survivors,
+        &previous,
+        &options,
+        CheckpointState::At(4),
+        &checkpoint_format(&legacy),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ReplanError::CannotReshard { .. }), "{err}");
+    assert!(err.to_string().contains("cannot be resharded"), "{err}");
+
+    let mut dist_opt = previous.clone();
+    dist_opt.distributed_optimizer = true;
+    let err = replan(
+        &s,
+        &cluster,
+        &survivors,
+        &dist_opt,
+        &options,
+        CheckpointState::At(4),
+        &checkpoint_format(&[]),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("--dist-ckpt-optim-fully-reshardable"),
+        "{err}"
+    );
+
+    // Nothing saved yet: any plan will do.
+    let r = replan(
+        &s,
+        &cluster,
+        &survivors,
+        &previous,
+        &options,
+        CheckpointState::None,
+        &checkpoint_format(&legacy),
+    )
+    .unwrap();
+    assert!(!r.resharded);
+    assert_eq!(r.plan.config.world_size(), 2);
+}
