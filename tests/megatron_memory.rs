@@ -31,11 +31,11 @@
 //! `PIPETTE_WRITE_REFERENCE=1` rewrites `tests/data/megatron_memory.json` from Megatron's
 //! live figures.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use pipette::config::presets;
 use pipette::config::{settings_from_megatron_args, ModelSpec, PositionEmbedding, Precision};
@@ -178,53 +178,8 @@ fn megatron() -> &'static Vec<Value> {
                 })
             })
             .collect();
-        let script =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/megatron_memory_reference.py");
-        let dir = tempfile::tempdir().expect("temp dir");
-        let input = dir.path().join("cases.json");
-        let output = dir.path().join("out.json");
-        let log = dir.path().join("megatron.log");
-        std::fs::write(&input, serde_json::to_vec(&cases).unwrap()).unwrap();
-        // Files, not pipes: Megatron prints megabytes of arguments to stderr.
-        let mut child = Command::new(&python)
-            .arg(&script)
-            .stdin(std::fs::File::open(&input).unwrap())
-            .stdout(std::fs::File::create(&output).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .env("PYTHONUNBUFFERED", "1")
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run {}: {e} (run scripts/setup-megatron-venv)",
-                    python.display()
-                )
-            });
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("megatron_memory_reference.py took over 10 minutes");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let stdout = std::fs::read_to_string(&output).unwrap_or_default();
-        let stderr = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: String = {
-            let lines: Vec<&str> = stderr.lines().collect();
-            lines[lines.len().saturating_sub(40)..].join("\n")
-        };
-        assert!(
-            status.success(),
-            "megatron_memory_reference.py failed ({status}); is the venv complete? \
-             (run scripts/setup-megatron-venv)\n{tail}"
-        );
-        let figures: Vec<Value> = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-            panic!("megatron_memory_reference.py printed no JSON ({e}):\n{stdout}\n{tail}")
-        });
+        let figures =
+            common::run_python_batch(&python, "megatron_memory_reference.py", &[], &json!(cases));
         assert_eq!(figures.len(), CASES.len());
         for (case, v) in CASES.iter().zip(&figures) {
             assert!(

@@ -10,11 +10,11 @@
 //! The test never skips: without the venv it fails and says how to make it.
 //! `PIPETTE_MEGATRON_PYTHON` picks another python; `PIPETTE_MEGATRON_VENV` another venv.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use pipette::config::presets::{self, PRESETS};
 use pipette::config::{
@@ -22,7 +22,7 @@ use pipette::config::{
     RecomputeMethod, Settings,
 };
 use pipette::model::params::{padded_vocab_size, total_parameters};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// A Megatron argument list and the name it is reported under.
 struct Case {
@@ -190,55 +190,13 @@ fn megatron() -> &'static BTreeMap<String, Value> {
             python.display()
         );
         let cases = all_cases();
-        let script =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/megatron_reference.py");
-        let dir = tempfile::tempdir().expect("temp dir");
-        let input = dir.path().join("cases.json");
-        let output = dir.path().join("out.json");
-        let log = dir.path().join("megatron.log");
         let lists: Vec<&Vec<String>> = cases.iter().map(|c| &c.args).collect();
-        std::fs::write(&input, serde_json::to_vec(&lists).unwrap()).unwrap();
-        // Files, not pipes: Megatron prints megabytes of arguments to stderr.
-        let mut child = Command::new(&python)
-            .arg(&script)
-            .arg("--batch")
-            .stdin(std::fs::File::open(&input).unwrap())
-            .stdout(std::fs::File::create(&output).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .env("PYTHONUNBUFFERED", "1")
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run {}: {e} (run scripts/setup-megatron-venv)",
-                    python.display()
-                )
-            });
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("megatron_reference.py took over 10 minutes");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let stdout = std::fs::read_to_string(&output).unwrap_or_default();
-        let stderr = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: String = {
-            let lines: Vec<&str> = stderr.lines().collect();
-            lines[lines.len().saturating_sub(40)..].join("\n")
-        };
-        assert!(
-            status.success(),
-            "megatron_reference.py failed ({status}); is the venv complete? \
-             (run scripts/setup-megatron-venv)\n{tail}"
+        let verdicts = common::run_python_batch(
+            &python,
+            "megatron_reference.py",
+            &["--batch"],
+            &json!(lists),
         );
-        let verdicts: Vec<Value> = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-            panic!("megatron_reference.py printed no JSON ({e}):\n{stdout}\n{tail}")
-        });
         assert_eq!(verdicts.len(), cases.len());
         cases.into_iter().map(|c| c.name).zip(verdicts).collect()
     })

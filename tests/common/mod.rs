@@ -299,3 +299,60 @@ impl Drop for Sshd {
         let _ = self.child.wait();
     }
 }
+
+/// Runs one of `scripts/*.py` with `python`, feeding it `input` as JSON on stdin, and
+/// returns the JSON list it prints: one Python process judges every case of a test file.
+/// Panics, with the tail of the script's stderr, when it fails or prints no JSON.
+pub fn run_python_batch(
+    python: &Path,
+    script_name: &str,
+    extra_args: &[&str],
+    input: &serde_json::Value,
+) -> Vec<serde_json::Value> {
+    let script = repo().join("scripts").join(script_name);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let input_file = dir.path().join("cases.json");
+    let output = dir.path().join("out.json");
+    let log = dir.path().join("python.log");
+    std::fs::write(&input_file, serde_json::to_vec(input).unwrap()).unwrap();
+    // Files, not pipes: Megatron prints megabytes of arguments to stderr.
+    let mut child = Command::new(python)
+        .arg(&script)
+        .args(extra_args)
+        .stdin(std::fs::File::open(&input_file).unwrap())
+        .stdout(std::fs::File::create(&output).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .env("PYTHONUNBUFFERED", "1")
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {}: {e} (run scripts/setup-megatron-venv)",
+                python.display()
+            )
+        });
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{script_name} took over 10 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stdout = std::fs::read_to_string(&output).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let tail: String = {
+        let lines: Vec<&str> = stderr.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    };
+    assert!(
+        status.success(),
+        "{script_name} failed ({status}); is the venv complete? \
+         (run scripts/setup-megatron-venv)\n{tail}"
+    );
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{script_name} printed no JSON ({e}):\n{stdout}\n{tail}"))
+}
