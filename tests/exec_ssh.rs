@@ -7,10 +7,10 @@
 //! the venv of `scripts/setup-megatron-venv` (PyTorch's torchrun), or
 //! `PIPETTE_MEGATRON_PYTHON`.
 
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
 
 use pipette::cluster::{ClusterSpec, Node, NodeSource, Slots};
 use pipette::exec::{
@@ -18,76 +18,16 @@ use pipette::exec::{
 };
 use pipette::profile::{run_profile, NoProgress, ProbeSettings, ProfileOptions};
 
-const SSHD: &str = "/usr/sbin/sshd";
+use common::{eventually, free_port, venv_python, Sshd};
 
-/// A throwaway sshd, killed on drop.
-struct Sshd {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
+/// How these tests reach the throwaway sshd: its key and known-hosts file, no user config.
+trait SshdClient {
+    fn transport(&self) -> Transport;
+    fn options(&self) -> SshOptions;
+    fn path(&self, name: &str) -> PathBuf;
 }
 
-impl Sshd {
-    fn start() -> Sshd {
-        assert!(
-            Path::new(SSHD).exists(),
-            "{SSHD} not found: the ssh transport tests need OpenSSH's server \
-             (run `apt-get install -y openssh-server`)"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        for key in ["host_key", "client_key"] {
-            let status = Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-                .arg(d.join(key))
-                .status()
-                .expect("ssh-keygen (openssh-client) must be installed");
-            assert!(status.success());
-        }
-        std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys")).unwrap();
-        // sshd refuses to start without its privilege separation directory.
-        std::fs::create_dir_all("/run/sshd").unwrap();
-        let mut last_error = String::new();
-        for _attempt in 0..5 {
-            let port = free_port();
-            let config = d.join("sshd_config");
-            std::fs::write(
-                &config,
-                format!(
-                    "Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nHostKey {dir}/host_key\n\
-                     AuthorizedKeysFile {dir}/authorized_keys\nPidFile {dir}/sshd.pid\n\
-                     StrictModes no\nUsePAM no\nPasswordAuthentication no\n\
-                     KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
-                     PermitRootLogin yes\nLogLevel ERROR\n",
-                    dir = d.display()
-                ),
-            )
-            .unwrap();
-            let mut child = Command::new(SSHD)
-                .args(["-D", "-e", "-f"])
-                .arg(&config)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
-                .spawn()
-                .expect("start sshd");
-            let end = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < end {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Sshd { child, port, dir };
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            last_error = std::fs::read_to_string(d.join("sshd.log")).unwrap_or_default();
-        }
-        panic!("sshd did not start: {last_error}");
-    }
-
+impl SshdClient for Sshd {
     fn transport(&self) -> Transport {
         Transport::Ssh(self.options())
     }
@@ -116,37 +56,11 @@ impl Sshd {
     }
 }
 
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind(("127.0.0.1", 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         stat.rfind(')')
             .is_some_and(|i| !stat[i + 2..].starts_with('Z'))
     })
-}
-
-fn eventually(limit: Duration, mut pred: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if pred() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    pred()
 }
 
 fn read_pid(path: &Path) -> i32 {
@@ -333,25 +247,6 @@ fn option_like_host_names_never_reach_ssh() {
     .unwrap_err();
     assert!(matches!(err, ExecError::BadHost { .. }), "{err}");
     assert!(!marker.exists());
-}
-
-/// The venv's python: `PIPETTE_MEGATRON_PYTHON`, else what `scripts/setup-megatron-venv`
-/// prints (it creates the venv on first use).
-fn venv_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("PIPETTE_MEGATRON_PYTHON") {
-        return PathBuf::from(python);
-    }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/setup-megatron-venv");
-    let out = Command::new(&script)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} failed (or set PIPETTE_MEGATRON_PYTHON): {}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 /// The whole profiling path over ssh: two "nodes" (127.0.0.1 and 127.0.0.2, both this

@@ -202,7 +202,7 @@ pub fn assert_no_process_left(marker: &str) {
 
 pub const SSHD: &str = "/usr/sbin/sshd";
 
-/// A throwaway sshd on 127.0.0.1 (fresh host key, one authorized throwaway client key,
+/// A throwaway sshd on 127.0.0.1 and 127.0.0.2 (fresh host key, one authorized throwaway client key,
 /// all in a temp dir), killed on drop. Its `ssh_config` makes `hosts` aliases of 127.0.0.1.
 pub struct Sshd {
     child: Child,
@@ -237,7 +237,7 @@ impl Sshd {
             std::fs::write(
                 &config,
                 format!(
-                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {dir}/host_key\n\
+                    "Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nHostKey {dir}/host_key\n\
                      AuthorizedKeysFile {dir}/authorized_keys\nPidFile {dir}/sshd.pid\n\
                      StrictModes no\nUsePAM no\nPasswordAuthentication no\n\
                      KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
