@@ -21,6 +21,7 @@
 mod error;
 mod process;
 mod quote;
+pub mod staged;
 pub mod transport;
 
 use std::path::PathBuf;

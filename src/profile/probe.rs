@@ -1,12 +1,11 @@
 //! The link and compute probe: `templates/probe/bandwidth.py` run by torchrun on every node.
 //!
-//! [`run_probe`] copies the template (embedded in the binary) into a fresh temporary
-//! directory on every node through the exec seam (`mktemp -d`, the file's bytes on the
-//! command's standard input, so nothing is ever quoted into a shell), picks a free port on
-//! node 0, starts one torchrun per node with the static rendezvous (`--node-rank i`, node 0
-//! the master, so ranks are node-major), follows the progress lines rank 0 prints, stops
-//! every node as soon as one fails, and reads the one result line. The directories are
-//! removed afterwards, whatever happened.
+//! [`run_probe`] runs it as a staged job ([`crate::exec::staged`]): the template (embedded
+//! in the binary) is copied into a fresh temporary directory on every node, node 0 gets a
+//! free port, one torchrun per node starts with the static rendezvous (`--node-rank i`,
+//! node 0 the master, so ranks are node-major); the progress lines rank 0 prints are
+//! followed, every node is stopped as soon as one fails, and the one result line is read.
+//! The directories are removed afterwards, whatever happened.
 //!
 //! # Protocol (see the template's docstring)
 //!
@@ -24,14 +23,14 @@
 //!   capability 8 and up, fp16 below; fp32 and bf16 on CPUs) and reports the median
 //!   `2n³ / time`.
 
-use std::net::TcpListener;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::exec::{self, ExecOptions, NodeCommand, RunningCommand, Status, Stream, Transport};
+use crate::exec::staged::{self, JobError, StageError, StagedFile};
+use crate::exec::{ExecOptions, NodeCommand, Status, Stream, Transport};
 
 use super::progress::{Phase, Progress};
 use super::ProfileRunError;
@@ -44,6 +43,9 @@ pub const TEMPLATE_NAME: &str = "bandwidth.py";
 pub const PROTOCOL: u32 = 1;
 /// What measured the figures, as provenance records it.
 pub const TOOL: &str = concat!("pipette-run probe v", env!("CARGO_PKG_VERSION"));
+
+/// The staged directories' name prefix on the nodes.
+const STAGING_PREFIX: &str = "pipette-probe";
 
 const RESULT_MARK: &str = "PIPETTE-PROBE-RESULT ";
 const PROGRESS_MARK: &str = "PIPETTE-PROBE-PROGRESS ";
@@ -297,18 +299,29 @@ pub fn run_probe(
         return Err(ProfileRunError::NoNodes);
     }
     progress.start(Phase::Launch, request.nodes.len() as u64);
-    let mut staged = Staged {
-        transport: request.transport,
-        timeout: request.command_timeout,
-        dirs: Vec::new(),
+    let hosts: Vec<String> = request.nodes.iter().map(|n| n.host.clone()).collect();
+    let file = StagedFile {
+        prefix: STAGING_PREFIX,
+        name: TEMPLATE_NAME,
+        contents: TEMPLATE.as_bytes(),
     };
-    for node in &request.nodes {
-        let dir = stage_template(request, &node.host)?;
-        staged.dirs.push((node.host.clone(), dir));
-    }
+    let staged = staged::stage(
+        request.transport,
+        &hosts,
+        &file,
+        request.command_timeout,
+        request.grace,
+    )
+    .map_err(stage_error)?;
     let port = match request.master_port {
         Some(port) => port,
-        None => free_port(request)?,
+        None => staged::free_port(
+            request.transport,
+            &hosts[0],
+            request.python,
+            request.command_timeout,
+        )
+        .map_err(stage_error)?,
     };
 
     let (tx, rx) = mpsc::channel::<Event>();
@@ -331,72 +344,53 @@ pub fn run_probe(
         capture_limit: Some(256 << 10),
         sink: Some(sink),
     };
+    let commands: Vec<(String, NodeCommand)> = staged
+        .iter()
+        .enumerate()
+        .map(|(rank, (host, dir))| (host.to_owned(), torchrun_command(request, rank, dir, port)))
+        .collect();
 
-    let mut running: Vec<RunningCommand> = Vec::new();
-    for (rank, (host, dir)) in staged.dirs.iter().enumerate() {
-        let command = torchrun_command(request, rank, dir, port);
-        running.push(exec::spawn_with(
-            request.transport,
-            host,
-            &command,
-            &exec_options,
-        )?);
-        progress.update(Phase::Launch, rank as u64 + 1);
-    }
-    progress.finish(Phase::Launch);
-
-    let deadline = Instant::now() + request.timeout;
     let mut result: Option<String> = None;
     let mut phases = Phases::default();
-    loop {
-        for event in rx.try_iter() {
-            match event {
-                Event::Result(json) => result = Some(json),
-                Event::Progress(p) => phases.follow(&p, progress),
+    let mut launched = false;
+    let outcome = staged::run_on_every_node(
+        request.transport,
+        &commands,
+        &exec_options,
+        request.timeout,
+        || {
+            if !launched {
+                progress.update(Phase::Launch, commands.len() as u64);
+                progress.finish(Phase::Launch);
+                launched = true;
             }
-        }
-        let mut finished = 0;
-        let mut failure = None;
-        for (i, command) in running.iter_mut().enumerate() {
-            match command.try_status()? {
-                Some(status) if status.success() => finished += 1,
-                Some(status) => {
-                    failure = Some((i, status));
-                    break;
+            for event in rx.try_iter() {
+                match event {
+                    Event::Result(json) => result = Some(json),
+                    Event::Progress(p) => phases.follow(&p, progress),
                 }
-                None => {}
             }
-        }
-        if let Some((i, status)) = failure {
-            let (stdout, stderr) = running[i].output_so_far();
-            stop_all(&mut running);
+        },
+    );
+    match outcome {
+        Ok(_) => {}
+        Err(JobError::Exec(e)) => return Err(e.into()),
+        Err(JobError::Failed {
+            node,
+            status,
+            outputs,
+            ..
+        }) => {
+            let (stdout, stderr) = &outputs[node];
             return Err(ProfileRunError::ProbeFailed {
-                host: request.nodes[i].host.clone(),
+                host: request.nodes[node].host.clone(),
                 status,
-                detail: diagnose(&stderr, &stdout),
-                output: String::from_utf8_lossy(&stderr).into_owned(),
+                detail: diagnose(stderr, stdout),
+                output: String::from_utf8_lossy(stderr).into_owned(),
             });
         }
-        if finished == running.len() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            stop_all(&mut running);
-            return Err(ProfileRunError::ProbeTimedOut {
-                limit: request.timeout,
-                hosts: request.nodes.iter().map(|n| n.host.clone()).collect(),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // The readers may still be handing over the last lines.
-    for command in running {
-        let _ = command.into_output();
-    }
-    for event in rx.try_iter() {
-        match event {
-            Event::Result(json) => result = Some(json),
-            Event::Progress(p) => phases.follow(&p, progress),
+        Err(JobError::TimedOut { limit, .. }) => {
+            return Err(ProfileRunError::ProbeTimedOut { limit, hosts });
         }
     }
     phases.finish(progress);
@@ -404,6 +398,13 @@ pub fn run_probe(
         host: request.nodes[0].host.clone(),
     })?;
     parse_report(&json).map_err(|detail| ProfileRunError::BadResult { detail })
+}
+
+fn stage_error(e: StageError) -> ProfileRunError {
+    match e {
+        StageError::Exec(e) => e.into(),
+        StageError::Node { host, detail } => ProfileRunError::Stage { host, detail },
+    }
 }
 
 /// Follows the probe's phases onto progress bars.
@@ -440,17 +441,6 @@ impl Phases {
     }
 }
 
-fn stop_all(running: &mut [RunningCommand]) {
-    // Closing every remote side first lets their watchdogs work in parallel.
-    std::thread::scope(|scope| {
-        for command in running.iter_mut() {
-            scope.spawn(move || {
-                let _ = command.terminate();
-            });
-        }
-    });
-}
-
 /// The most telling line of a failed node's output: the last Python exception, else the
 /// last line.
 fn diagnose(stderr: &[u8], stdout: &[u8]) -> String {
@@ -470,106 +460,6 @@ fn diagnose(stderr: &[u8], stdout: &[u8]) -> String {
         stderr: stderr.to_vec(),
     };
     out.last_line().unwrap_or_else(|| "no output".into())
-}
-
-/// Makes a temporary directory on `host` holding the template; returns its path.
-fn stage_template(request: &ProbeRequest<'_>, host: &str) -> Result<String, ProfileRunError> {
-    // A fixed script: the template's bytes come on standard input, nothing is interpolated.
-    let script = "d=$(mktemp -d \"${TMPDIR:-/tmp}/pipette-probe.XXXXXX\") && \
-                  cat > \"$d/bandwidth.py\" && printf '%s\\n' \"$d\"";
-    let command = NodeCommand::new("sh")
-        .arg("-c")
-        .arg(script)
-        .stdin(TEMPLATE.as_bytes().to_vec());
-    let output = exec::run_with(
-        request.transport,
-        host,
-        &command,
-        request.command_timeout,
-        &ExecOptions {
-            grace: request.grace,
-            ..ExecOptions::default()
-        },
-    )?;
-    let dir = output.stdout_text().trim().to_owned();
-    if !output.status.success() || !is_staging_dir(&dir) {
-        return Err(ProfileRunError::Stage {
-            host: host.to_owned(),
-            detail: format!(
-                "{}: {}",
-                output.status,
-                output.last_line().unwrap_or_else(|| "no output".into())
-            ),
-        });
-    }
-    Ok(dir)
-}
-
-/// Only directories this module made are ever removed.
-fn is_staging_dir(dir: &str) -> bool {
-    dir.starts_with('/')
-        && !dir.contains('\n')
-        && std::path::Path::new(dir)
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("pipette-probe."))
-}
-
-/// The staged directories, removed on drop.
-struct Staged<'a> {
-    transport: &'a Transport,
-    timeout: Duration,
-    dirs: Vec<(String, String)>,
-}
-
-impl Drop for Staged<'_> {
-    fn drop(&mut self) {
-        for (host, dir) in &self.dirs {
-            if is_staging_dir(dir) {
-                let command = NodeCommand::new("rm").args(["-rf", "--", dir]);
-                let _ = exec::run(self.transport, host, &command, self.timeout);
-            }
-        }
-    }
-}
-
-/// A port nobody listens on at node 0 (here for the local transport, else asked of node
-/// 0's python). Another process may take it before torchrun does; that fails loudly.
-fn free_port(request: &ProbeRequest<'_>) -> Result<u16, ProfileRunError> {
-    let host = &request.nodes[0].host;
-    if *request.transport == Transport::Local {
-        let listener = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| ProfileRunError::Stage {
-            host: host.clone(),
-            detail: format!("cannot find a free port: {e}"),
-        })?;
-        return listener
-            .local_addr()
-            .map(|a| a.port())
-            .map_err(|e| ProfileRunError::Stage {
-                host: host.clone(),
-                detail: format!("cannot find a free port: {e}"),
-            });
-    }
-    let command = NodeCommand::new(request.python).args([
-        "-c",
-        "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])",
-    ]);
-    let output = exec::run(request.transport, host, &command, request.command_timeout)?;
-    output
-        .stdout_text()
-        .trim()
-        .parse()
-        .ok()
-        .filter(|_| output.status.success())
-        .ok_or_else(|| ProfileRunError::Stage {
-            host: host.clone(),
-            detail: format!(
-                "cannot find a free port with {} ({}): {} (give --master-port, or the python \
-                 to use)",
-                request.python,
-                output.status,
-                output.last_line().unwrap_or_default()
-            ),
-        })
 }
 
 #[cfg(test)]
@@ -633,15 +523,6 @@ mod tests {
         let c = torchrun_command(&r, 1, "/tmp/pipette-probe.abc", 29500);
         assert!(c.args.contains(&"--node-rank=1".to_owned()));
         assert!(!c.args.contains(&"--threads".to_owned()));
-    }
-
-    #[test]
-    fn only_our_directories_are_removed() {
-        assert!(is_staging_dir("/tmp/pipette-probe.x1Y2z3"));
-        assert!(!is_staging_dir("/"));
-        assert!(!is_staging_dir("/home/user"));
-        assert!(!is_staging_dir("tmp/pipette-probe.x"));
-        assert!(!is_staging_dir(""));
     }
 
     #[test]

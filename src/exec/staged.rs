@@ -1,0 +1,386 @@
+//! Staged jobs: a file copied into a fresh temporary directory on every node, then one
+//! long-running command per node, watched together — how the link probe and the trial
+//! run their Python through torchrun on every node.
+//!
+//! - [`stage`] makes the directory with `mktemp -d` on each node and writes the file from
+//!   the command's standard input; the directory's prefix and the file's name travel as
+//!   positional arguments of a fixed `sh -c` script, so nothing is ever quoted into a
+//!   shell. The [`StagedDirs`] it returns removes the directories when dropped, whatever
+//!   happened, and only directories whose name carries the prefix.
+//! - [`free_port`] finds a port nobody listens on at a node (for torchrun's master).
+//! - [`run_on_every_node`] starts every node's command, calls back while they run, stops
+//!   every node as soon as one fails or the time limit passes (TERM, grace, KILL, all nodes
+//!   in parallel), and hands back every node's output.
+//!
+//! Knows nothing of torchrun or of what the staged file does.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use super::{
+    format_duration, run, run_with, spawn_with, ExecError, ExecOptions, NodeCommand, Output,
+    RunningCommand, Status, Transport,
+};
+
+/// One file to put on every node.
+#[derive(Debug, Clone, Copy)]
+pub struct StagedFile<'a> {
+    /// The directory's name starts with this (`pipette-probe` → `pipette-probe.XXXXXX`).
+    pub prefix: &'a str,
+    /// The file's name in the directory.
+    pub name: &'a str,
+    pub contents: &'a [u8],
+}
+
+/// Why a node could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error("{detail}")]
+    Node { host: String, detail: String },
+}
+
+/// The staged directories, one per node in order, removed on drop.
+#[derive(Debug)]
+pub struct StagedDirs<'a> {
+    transport: &'a Transport,
+    timeout: Duration,
+    prefix: String,
+    dirs: Vec<(String, String)>,
+}
+
+impl StagedDirs<'_> {
+    /// Node `i`'s directory.
+    pub fn dir(&self, i: usize) -> &str {
+        &self.dirs[i].1
+    }
+
+    /// `(host, directory)` of every node, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.dirs.iter().map(|(h, d)| (h.as_str(), d.as_str()))
+    }
+}
+
+impl Drop for StagedDirs<'_> {
+    fn drop(&mut self) {
+        for (host, dir) in &self.dirs {
+            if is_staging_dir(dir, &self.prefix) {
+                let command = NodeCommand::new("rm").args(["-rf", "--", dir]);
+                let _ = run(self.transport, host, &command, self.timeout);
+            }
+        }
+    }
+}
+
+/// Makes a temporary directory holding `file` on every host; `timeout` and `grace` bound
+/// each staging (and cleanup) command.
+pub fn stage<'a>(
+    transport: &'a Transport,
+    hosts: &[String],
+    file: &StagedFile<'_>,
+    timeout: Duration,
+    grace: Duration,
+) -> Result<StagedDirs<'a>, StageError> {
+    let mut staged = StagedDirs {
+        transport,
+        timeout,
+        prefix: file.prefix.to_owned(),
+        dirs: Vec::new(),
+    };
+    // A fixed script: prefix and name are its arguments, the bytes come on standard input.
+    let script =
+        "d=$(mktemp -d \"${TMPDIR:-/tmp}/$1.XXXXXX\") && cat > \"$d/$2\" && printf '%s\\n' \"$d\"";
+    for host in hosts {
+        let command = NodeCommand::new("sh")
+            .args(["-c", script, "sh", file.prefix, file.name])
+            .stdin(file.contents.to_vec());
+        let output = run_with(
+            transport,
+            host,
+            &command,
+            timeout,
+            &ExecOptions {
+                grace,
+                ..ExecOptions::default()
+            },
+        )?;
+        let dir = output.stdout_text().trim().to_owned();
+        if !output.status.success() || !is_staging_dir(&dir, file.prefix) {
+            return Err(StageError::Node {
+                host: host.clone(),
+                detail: format!(
+                    "{}: {}",
+                    output.status,
+                    output.last_line().unwrap_or_else(|| "no output".into())
+                ),
+            });
+        }
+        staged.dirs.push((host.clone(), dir));
+    }
+    Ok(staged)
+}
+
+/// Only directories [`stage`] made are ever removed.
+pub fn is_staging_dir(dir: &str, prefix: &str) -> bool {
+    dir.starts_with('/')
+        && !dir.contains('\n')
+        && std::path::Path::new(dir)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{prefix}.")))
+}
+
+/// A port nobody listens on at `host` (found here for the local transport, else asked of
+/// `python` there). Another process may take it before torchrun does; that fails loudly.
+pub fn free_port(
+    transport: &Transport,
+    host: &str,
+    python: &str,
+    timeout: Duration,
+) -> Result<u16, StageError> {
+    let node = |detail: String| StageError::Node {
+        host: host.to_owned(),
+        detail,
+    };
+    if *transport == Transport::Local {
+        return TcpListener::bind(("0.0.0.0", 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| node(format!("cannot find a free port: {e}")));
+    }
+    let command = NodeCommand::new(python).args([
+        "-c",
+        "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])",
+    ]);
+    let output = run(transport, host, &command, timeout)?;
+    output
+        .stdout_text()
+        .trim()
+        .parse()
+        .ok()
+        .filter(|_| output.status.success())
+        .ok_or_else(|| {
+            node(format!(
+                "cannot find a free port with {python} ({}): {} (give --master-port, or the \
+                 python to use)",
+                output.status,
+                output.last_line().unwrap_or_default()
+            ))
+        })
+}
+
+/// How a job of one command per node ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    /// Node `node` exited unsuccessfully; every node was stopped.
+    #[error("{host} exited with {status}")]
+    Failed {
+        node: usize,
+        host: String,
+        status: Status,
+        /// Every node's output (standard output, standard error) when it was stopped.
+        outputs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    /// The limit passed; every node was stopped.
+    #[error("did not finish within {}", format_duration(*.limit))]
+    TimedOut {
+        limit: Duration,
+        outputs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+}
+
+/// Runs `commands` (host, command), one per node, until all succeed (their outputs, in
+/// order), one fails, or `timeout` passes. `tick` is called about every 50 ms while they
+/// run, and once more at the end.
+pub fn run_on_every_node(
+    transport: &Transport,
+    commands: &[(String, NodeCommand)],
+    options: &ExecOptions,
+    timeout: Duration,
+    mut tick: impl FnMut(),
+) -> Result<Vec<Output>, JobError> {
+    let mut running: Vec<RunningCommand> = Vec::with_capacity(commands.len());
+    for (host, command) in commands {
+        match spawn_with(transport, host, command, options) {
+            Ok(r) => running.push(r),
+            Err(e) => {
+                stop_all(&mut running);
+                return Err(e.into());
+            }
+        }
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        tick();
+        let mut finished = 0;
+        let mut failure = None;
+        for (i, command) in running.iter_mut().enumerate() {
+            match command.try_status() {
+                Ok(Some(status)) if status.success() => finished += 1,
+                Ok(Some(status)) => {
+                    failure = Some((i, status));
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    stop_all(&mut running);
+                    return Err(e.into());
+                }
+            }
+        }
+        if let Some((node, status)) = failure {
+            stop_all(&mut running);
+            return Err(JobError::Failed {
+                node,
+                host: commands[node].0.clone(),
+                status,
+                outputs: running.iter().map(RunningCommand::output_so_far).collect(),
+            });
+        }
+        if finished == running.len() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            stop_all(&mut running);
+            return Err(JobError::TimedOut {
+                limit: timeout,
+                outputs: running.iter().map(RunningCommand::output_so_far).collect(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The readers may still be handing over the last lines.
+    let outputs = running
+        .into_iter()
+        .map(RunningCommand::into_output)
+        .collect::<Result<Vec<_>, _>>()?;
+    tick();
+    Ok(outputs)
+}
+
+fn stop_all(running: &mut [RunningCommand]) {
+    // Closing every remote side first lets their watchdogs work in parallel.
+    std::thread::scope(|scope| {
+        for command in running.iter_mut() {
+            scope.spawn(move || {
+                let _ = command.terminate();
+            });
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_our_directories_are_removed() {
+        assert!(is_staging_dir("/tmp/pipette-probe.x1Y2z3", "pipette-probe"));
+        assert!(!is_staging_dir(
+            "/tmp/pipette-probe.x1Y2z3",
+            "pipette-trial"
+        ));
+        assert!(!is_staging_dir("/", "pipette-probe"));
+        assert!(!is_staging_dir("/home/user", "pipette-probe"));
+        assert!(!is_staging_dir("tmp/pipette-probe.x", "pipette-probe"));
+        assert!(!is_staging_dir("", "pipette-probe"));
+    }
+
+    #[test]
+    fn stages_runs_and_cleans_up() {
+        let t = Transport::Local;
+        let hosts = vec!["a".to_owned(), "b".to_owned()];
+        let file = StagedFile {
+            prefix: "pipette-test",
+            name: "it's here.txt",
+            contents: b"hello $HOME `x`",
+        };
+        let dirs = stage(
+            &t,
+            &hosts,
+            &file,
+            Duration::from_secs(10),
+            DEFAULT_GRACE_TEST,
+        )
+        .unwrap();
+        let commands: Vec<(String, NodeCommand)> = dirs
+            .iter()
+            .map(|(h, d)| {
+                (
+                    h.to_owned(),
+                    NodeCommand::new("cat").arg(format!("{d}/it's here.txt")),
+                )
+            })
+            .collect();
+        let mut ticks = 0;
+        let out = run_on_every_node(
+            &t,
+            &commands,
+            &ExecOptions::default(),
+            Duration::from_secs(10),
+            || ticks += 1,
+        )
+        .unwrap();
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[1].stdout_text(), "hello $HOME `x`");
+        assert!(ticks >= 2);
+        let first = dirs.dir(0).to_owned();
+        assert!(std::path::Path::new(&first).is_dir());
+        drop(dirs);
+        assert!(!std::path::Path::new(&first).exists());
+    }
+
+    #[test]
+    fn a_failure_stops_every_node() {
+        let t = Transport::Local;
+        let commands = vec![
+            ("a".to_owned(), NodeCommand::new("sleep").arg("30")),
+            (
+                "b".to_owned(),
+                NodeCommand::new("sh").args(["-c", "echo bye; exit 7"]),
+            ),
+        ];
+        let started = Instant::now();
+        let err = run_on_every_node(
+            &t,
+            &commands,
+            &ExecOptions {
+                grace: Duration::from_secs(1),
+                ..ExecOptions::default()
+            },
+            Duration::from_secs(20),
+            || {},
+        )
+        .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        match err {
+            JobError::Failed {
+                node,
+                status,
+                outputs,
+                ..
+            } => {
+                assert_eq!(node, 1);
+                assert_eq!(status, Status::Exited(7));
+                assert_eq!(outputs[1].0, b"bye\n");
+            }
+            other => panic!("{other:?}"),
+        }
+        let err = run_on_every_node(
+            &t,
+            &commands[..1],
+            &ExecOptions {
+                grace: Duration::from_secs(1),
+                ..ExecOptions::default()
+            },
+            Duration::from_millis(300),
+            || {},
+        )
+        .unwrap_err();
+        assert!(matches!(err, JobError::TimedOut { .. }), "{err:?}");
+    }
+
+    const DEFAULT_GRACE_TEST: Duration = Duration::from_secs(1);
+}
