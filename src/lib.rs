@@ -34,5 +34,6 @@ pub mod profile;
 pub mod render;
 pub mod report;
 pub mod supervise;
+pub mod trial;
 
 pub use error::{Error, ExitCode};

@@ -224,40 +224,20 @@ const NOT_ON_RESUME: &[&str] = &["finetune", "no-load-optim", "no-load-rng", "ck
 /// `--no-load-optim`, `--no-load-rng` and `--ckpt-step N` dropped. Returns the arguments
 /// and a note per change.
 pub fn resume_args(args: &[String], save: &str) -> (Vec<String>, Vec<String>) {
-    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let mut out = Vec::with_capacity(args.len() + 2);
+    let mut names = vec!["load"];
+    names.extend(NOT_ON_RESUME);
+    let (mut out, dropped, tail) = drop_options(args, &names, &["load", "ckpt-step"]);
     let mut notes = Vec::new();
-    let mut words = args[..end].iter().peekable();
     let mut old_load = None;
-    while let Some(word) = words.next() {
-        let Some(body) = word.strip_prefix("--") else {
-            out.push(word.clone());
-            continue;
-        };
-        let (name, inline) = match body.split_once('=') {
-            Some((n, v)) => (n.replace('_', "-"), Some(v.to_string())),
-            None => (body.replace('_', "-"), None),
-        };
-        let takes_value = name == "load" || name == "ckpt-step";
-        if name == "load" || NOT_ON_RESUME.contains(&name.as_str()) {
-            let value = match inline {
-                Some(v) => Some(v),
-                None if takes_value && words.peek().is_some_and(|w| !w.starts_with("--")) => {
-                    words.next().cloned()
-                }
-                None => None,
-            };
-            if name == "load" {
-                old_load = value;
-            } else {
-                notes.push(format!(
-                    "dropped --{name}{} to resume this run's checkpoint",
-                    value.map(|v| format!(" {v}")).unwrap_or_default()
-                ));
-            }
-            continue;
+    for (name, value) in dropped {
+        if name == "load" {
+            old_load = value;
+        } else {
+            notes.push(format!(
+                "dropped --{name}{} to resume this run's checkpoint",
+                value.map(|v| format!(" {v}")).unwrap_or_default()
+            ));
         }
-        out.push(word.clone());
     }
     match old_load {
         Some(old) if old != save => notes.push(format!(
@@ -270,8 +250,52 @@ pub fn resume_args(args: &[String], save: &str) -> (Vec<String>, Vec<String>) {
     }
     out.push("--load".to_string());
     out.push(save.to_string());
-    out.extend(args[end..].iter().cloned());
+    out.extend(tail.iter().cloned());
     (out, notes)
+}
+
+/// An option [`drop_options`] dropped: its name (with dashes) and value.
+pub type DroppedOption = (String, Option<String>);
+
+/// Splits the script's arguments at a `--` (which ends Megatron's options) and drops from
+/// the part before it every option named in `names`, in any spelling (`--opt value`,
+/// `--opt=value`, underscores for dashes); those in `with_value` take the next word as
+/// their value unless it is another option. Returns the words kept, what was dropped
+/// (name with dashes, value) in order, and the part from the `--` on.
+pub fn drop_options<'a>(
+    args: &'a [String],
+    names: &[&str],
+    with_value: &[&str],
+) -> (Vec<String>, Vec<DroppedOption>, &'a [String]) {
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let mut kept = Vec::with_capacity(end);
+    let mut dropped = Vec::new();
+    let mut words = args[..end].iter().peekable();
+    while let Some(word) = words.next() {
+        let Some(body) = word.strip_prefix("--") else {
+            kept.push(word.clone());
+            continue;
+        };
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n.replace('_', "-"), Some(v.to_string())),
+            None => (body.replace('_', "-"), None),
+        };
+        if !names.contains(&name.as_str()) {
+            kept.push(word.clone());
+            continue;
+        }
+        let value = match inline {
+            Some(v) => Some(v),
+            None if with_value.contains(&name.as_str())
+                && words.peek().is_some_and(|w| !w.starts_with("--")) =>
+            {
+                words.next().cloned()
+            }
+            None => None,
+        };
+        dropped.push((name, value));
+    }
+    (kept, dropped, &args[end..])
 }
 
 /// A job's commands, one per node, as they run.

@@ -22,6 +22,8 @@ pub enum Phase {
     NodePairs,
     /// Matrix-multiply throughput on every GPU.
     Compute,
+    /// The trial run of the user's script: iterations done.
+    Trial,
 }
 
 impl Phase {
@@ -32,6 +34,7 @@ impl Phase {
             Phase::GpuPairs => "GPU pairs",
             Phase::NodePairs => "node pairs",
             Phase::Compute => "compute",
+            Phase::Trial => "trial run",
         }
     }
 }

@@ -1,0 +1,200 @@
+//! Reading what a trial's training script prints: Megatron's iteration line and its memory
+//! report line (megatron-core 0.19.2, `megatron/training/training.py` `training_log` and
+//! `megatron/training/utils/common_utils.py` `report_memory`), and torchrun's verdict on
+//! a worker that ran out of memory.
+//!
+//! Both lines are matched anywhere in a line, so prefixes that launchers add
+//! (`0: ` from `srun --label`, `[default0]:` from torchrun's `--tee`) do not matter.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+/// ` [2024-10-24 21:02:23] iteration       20/   40000 | consumed samples: 1280 | elapsed
+/// time per iteration (ms): 826.6 | ...`: the iteration, the total and the time.
+static ITERATION: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"iteration\s+(\d+)/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9]+(?:\.[0-9]+)?)",
+    )
+    .expect("a valid regex")
+});
+
+/// `[Rank 0] (after 20 iterations) memory (MB) | allocated: 1550.40 | max allocated:
+/// 20561.49 | reserved: 28404.0 | max reserved: 28404.0`.
+static MEMORY: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: ([0-9.]+) \| max allocated: ([0-9.]+) \| reserved: ([0-9.]+) \| max reserved: ([0-9.]+)",
+    )
+    .expect("a valid regex")
+});
+
+/// One iteration line.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct IterationLine {
+    pub iteration: u64,
+    pub total: u64,
+    pub elapsed_ms: f64,
+}
+
+/// One memory report line, in bytes (Megatron prints MiB: `/ (1024 * 1024)`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MemoryLine {
+    pub rank: u64,
+    pub after_iterations: u64,
+    pub allocated_bytes: u64,
+    pub max_allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub max_reserved_bytes: u64,
+}
+
+/// The iteration line in `line`, if it is one.
+pub fn parse_iteration_line(line: &str) -> Option<IterationLine> {
+    let c = ITERATION.captures(line)?;
+    Some(IterationLine {
+        iteration: c[1].parse().ok()?,
+        total: c[2].parse().ok()?,
+        elapsed_ms: c[3].parse().ok()?,
+    })
+}
+
+/// The memory report in `line`, if it is one.
+pub fn parse_memory_line(line: &str) -> Option<MemoryLine> {
+    let c = MEMORY.captures(line)?;
+    let mib = |i: usize| -> Option<u64> {
+        let v: f64 = c[i].parse().ok()?;
+        Some((v * (1u64 << 20) as f64).round() as u64)
+    };
+    Some(MemoryLine {
+        rank: c[1].parse().ok()?,
+        after_iterations: c[2].parse().ok()?,
+        allocated_bytes: mib(3)?,
+        max_allocated_bytes: mib(4)?,
+        reserved_bytes: mib(5)?,
+        max_reserved_bytes: mib(6)?,
+    })
+}
+
+/// The time per iteration: the median of the iterations after the first (the first pays
+/// for warm-up: allocator growth, kernel selection, communicator set-up). `None` without
+/// at least two iterations.
+pub fn iteration_ms(lines: &[IterationLine]) -> Option<f64> {
+    let first = lines.iter().map(|l| l.iteration).min()?;
+    let mut times: Vec<f64> = lines
+        .iter()
+        .filter(|l| l.iteration > first)
+        .map(|l| l.elapsed_ms)
+        .collect();
+    if times.is_empty() {
+        return None;
+    }
+    times.sort_by(f64::total_cmp);
+    let n = times.len();
+    Some(if n % 2 == 1 {
+        times[n / 2]
+    } else {
+        (times[n / 2 - 1] + times[n / 2]) / 2.0
+    })
+}
+
+/// Whether a failed worker's output says it ran out of memory: PyTorch's CUDA allocator
+/// (`torch.OutOfMemoryError: CUDA out of memory`), Python's `MemoryError`, or a CPU
+/// allocation that failed (`DefaultCPUAllocator: can't allocate memory`).
+pub fn ran_out_of_memory(output: &str) -> bool {
+    [
+        "CUDA out of memory",
+        "OutOfMemoryError",
+        "MemoryError",
+        "can't allocate memory",
+    ]
+    .iter()
+    .any(|s| output.contains(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Real lines, from a Megatron-LM training log pasted in a public GitHub issue (an MoE
+    // experiment, October 2024):
+    const ISSUE_MEMORY: &str = "[Rank 0] (after 20 iterations) memory (MB) | allocated: 1550.404296875 | max allocated: 20561.49462890625 | reserved: 28404.0 | max reserved: 28404.0";
+    const ISSUE_ITERATION: &str = " [2024-10-24 21:02:23] iteration       20/   40000 | consumed samples:         1280 | elapsed time per iteration (ms): 826.6 | throughput per GPU (TFLOP/s/GPU): 23.5 | learning rate: 1.200000E-05 | global batch size:    64 | lm loss: 1.145711E+01 | loss scale: 1.0 | grad norm: 2.456 | num zeros: 57219176.0 | params norm: 315.023 | number of skipped iterations:   0 | number of nan iterations:   0 |";
+    // From another public issue's log, run under `srun --label` (the `2: ` prefix) with
+    // Megatron-DeepSpeed, whose line has no date.
+    const LABELLED_MEMORY: &str = "2: [Rank 2] (after 1 iterations) memory (MB) | allocated: 7063.22802734375 | max allocated: 23105.095703125 | reserved: 35048.0 | max reserved: 35048.0";
+    const UNDATED_ITERATION: &str = " iteration        2/   23841 | consumed samples:         2048 | elapsed time per iteration (ms): 428149.6 | mfu: 61.2272 |";
+    // What megatron-core 0.19.2's training_log prints (format strings in training.py,
+    // lines 2844-2852: the date now has microseconds), and examples/train_gpt.py.
+    const CORE_0_19_ITERATION: &str = " [2026-11-22 05:34:39.123456] iteration        3/       5 | consumed samples:           24 | elapsed time per iteration (ms): 1234.5 | learning rate: 1.000000E-03 | global batch size:     8 | lm loss: 5.412300E+00 | loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations:   0 |";
+
+    #[test]
+    fn reads_megatron_iteration_lines() {
+        assert_eq!(
+            parse_iteration_line(ISSUE_ITERATION),
+            Some(IterationLine {
+                iteration: 20,
+                total: 40000,
+                elapsed_ms: 826.6
+            })
+        );
+        assert_eq!(
+            parse_iteration_line(UNDATED_ITERATION).map(|l| (l.iteration, l.elapsed_ms)),
+            Some((2, 428149.6))
+        );
+        assert_eq!(
+            parse_iteration_line(CORE_0_19_ITERATION).map(|l| (l.iteration, l.total, l.elapsed_ms)),
+            Some((3, 5, 1234.5))
+        );
+        assert_eq!(parse_iteration_line(ISSUE_MEMORY), None);
+        assert_eq!(
+            parse_iteration_line("resuming training at iteration 5"),
+            None
+        );
+    }
+
+    #[test]
+    fn reads_megatron_memory_lines() {
+        let m = parse_memory_line(ISSUE_MEMORY).unwrap();
+        assert_eq!((m.rank, m.after_iterations), (0, 20));
+        assert_eq!(m.max_reserved_bytes, 28404 << 20);
+        assert_eq!(m.reserved_bytes, 28404 << 20);
+        assert_eq!(
+            m.max_allocated_bytes,
+            (20561.49462890625f64 * 1048576.0).round() as u64
+        );
+        let m = parse_memory_line(LABELLED_MEMORY).unwrap();
+        assert_eq!((m.rank, m.after_iterations), (2, 1));
+        assert_eq!(m.max_reserved_bytes, 35048 << 20);
+        assert_eq!(parse_memory_line(ISSUE_ITERATION), None);
+    }
+
+    #[test]
+    fn iteration_time_is_the_median_after_warm_up() {
+        let line = |iteration, elapsed_ms| IterationLine {
+            iteration,
+            total: 5,
+            elapsed_ms,
+        };
+        let lines = [
+            line(1, 9000.0),
+            line(2, 100.0),
+            line(3, 130.0),
+            line(4, 110.0),
+            line(5, 500.0),
+        ];
+        assert_eq!(iteration_ms(&lines), Some(120.0));
+        assert_eq!(iteration_ms(&lines[..4]), Some(110.0));
+        assert_eq!(iteration_ms(&lines[..1]), None);
+        assert_eq!(iteration_ms(&[]), None);
+    }
+
+    #[test]
+    fn out_of_memory_is_recognised() {
+        assert!(ran_out_of_memory(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+        ));
+        assert!(ran_out_of_memory("MemoryError"));
+        assert!(ran_out_of_memory("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes."));
+        assert!(!ran_out_of_memory("RuntimeError: Connection refused"));
+    }
+}

@@ -1,0 +1,813 @@
+//! The trial run: the user's own script, a few iterations under a candidate plan, to
+//! measure what the estimators can only guess — each rank's peak memory and the time per
+//! iteration — and fit their [`Calibration`] to it. (Named *trial*, not "dry run":
+//! `--dry-run` means "plan and render, launch nothing".)
+//!
+//! - [`trial_args`] (pure): the user's arguments for a short, side-effect-free run; the
+//!   plan's parallel arguments are then written by the renderer exactly as for the launch
+//!   ([`JobTemplate::render`]), so the trial runs what the launch will run.
+//! - [`run_trial`]: stages `templates/trial/sitecustomize.py` on every node as a staged
+//!   job ([`crate::exec::staged`]), puts its directory first on `PYTHONPATH` so every
+//!   worker reports its peak memory at exit without any change to the script, runs
+//!   torchrun on every node, reads the result lines, Megatron's iteration and memory lines
+//!   ([`logs`]), and stops every node when one fails or the time limit passes.
+//! - [`calibrate`] (pure): fits the calibration to the trials ([`fit`]) and reports the
+//!   estimates before and after, and their errors.
+//!
+//! Owns the trial's arguments, hook, log reading and fit. Must not plan (the caller
+//! re-plans with the fitted calibration) or launch the job.
+
+pub mod fit;
+pub mod logs;
+
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::ClusterProfile;
+use crate::config::Settings;
+use crate::exec::staged::{self, JobError, StageError, StagedFile};
+use crate::exec::{format_duration, ExecError, ExecOptions, NodeCommand, Status, Stream};
+use crate::launch::{self, JobTemplate, LaunchError};
+use crate::model::memory::estimate_memory;
+use crate::model::time::{self, ThroughputBasis, TimeError, TimeModel, TimeOptions, TimeRequest};
+use crate::model::{Calibration, ParallelConfig, Placement};
+use crate::plan::Plan;
+use crate::profile::{Phase, Progress};
+use crate::supervise::output::torchrun_root_cause;
+
+pub use fit::{MemoryFit, MemoryFitMethod, MemoryPoint};
+pub use logs::{IterationLine, MemoryLine};
+
+/// The hook, embedded.
+pub const SITECUSTOMIZE: &str = include_str!("../../templates/trial/sitecustomize.py");
+/// What marks the hook's result line.
+pub const RESULT_MARK: &str = "PIPETTE-TRIAL-RESULT ";
+/// The result format this code reads.
+pub const PROTOCOL: u32 = 1;
+/// Iterations of a trial unless `--trial-iters` says otherwise.
+pub const DEFAULT_ITERS: u64 = 5;
+/// The staged directories' name prefix on the nodes.
+const STAGING_PREFIX: &str = "pipette-trial";
+/// Lines of a failed node's output kept for the report.
+const TAIL_LINES: usize = 20;
+
+/// Megatron options the trial decides, each with a value. Left out, for a trial that is
+/// quick and has no side effects: `--save`/`--save-interval` (no checkpoint of a
+/// throw-away run may overwrite the user's), `--load` (resuming would skip the iterations
+/// we measure, and loading takes time that says nothing of an iteration), the length and
+/// evaluation of the run (replaced by ours).
+const TRIAL_OPTIONS: &[&str] = &[
+    "train-iters",
+    "train-samples",
+    "exit-interval",
+    "eval-iters",
+    "eval-interval",
+    "log-interval",
+    "save",
+    "save-interval",
+    "load",
+];
+
+/// The user's arguments for a trial of `iters` iterations: [`TRIAL_OPTIONS`] dropped,
+/// then `--train-iters N --exit-interval N --eval-iters 0 --log-interval 1` (before a
+/// `--`). Returns the arguments and a note per dropped option.
+pub fn trial_args(args: &[String], iters: u64) -> (Vec<String>, Vec<String>) {
+    let (mut out, dropped, tail) = launch::drop_options(args, TRIAL_OPTIONS, TRIAL_OPTIONS);
+    let notes = dropped
+        .into_iter()
+        .filter(|(name, _)| matches!(name.as_str(), "save" | "save-interval" | "load"))
+        .map(|(name, value)| {
+            format!(
+                "the trial leaves out --{name}{} (no checkpoints in a trial)",
+                value.map(|v| format!(" {v}")).unwrap_or_default()
+            )
+        })
+        .collect();
+    let n = iters.max(2).to_string();
+    for (option, value) in [
+        ("--train-iters", n.as_str()),
+        ("--exit-interval", n.as_str()),
+        ("--eval-iters", "0"),
+        ("--log-interval", "1"),
+    ] {
+        out.push(option.to_string());
+        out.push(value.to_string());
+    }
+    out.extend(tail.iter().cloned());
+    (out, notes)
+}
+
+/// What one trial needs.
+#[derive(Debug, Clone)]
+pub struct TrialRequest<'a> {
+    /// How the job is launched (script, torchrun, environment, transport).
+    pub template: &'a JobTemplate,
+    /// The plan whose configuration and mapping are tried.
+    pub plan: &'a Plan,
+    pub iters: u64,
+    /// For the whole trial.
+    pub timeout: Duration,
+    /// For staging, the port query and cleanup.
+    pub command_timeout: Duration,
+    /// A python on node 0, for the free-port query (remote transports).
+    pub python: &'a str,
+}
+
+/// One rank's report from the hook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankResult {
+    pub rank: i64,
+    pub local_rank: i64,
+    pub host: String,
+    pub peak_rss_bytes: u64,
+    #[serde(default)]
+    pub cuda: Option<CudaPeak>,
+}
+
+/// What PyTorch's CUDA allocator saw on a rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CudaPeak {
+    pub device: String,
+    pub max_reserved_bytes: u64,
+    pub max_allocated_bytes: u64,
+}
+
+impl RankResult {
+    /// The peak the memory model predicts: the CUDA allocator's reserved peak on a GPU,
+    /// else (CPU stand-ins) the process's peak RSS.
+    pub fn peak_bytes(&self) -> u64 {
+        self.cuda
+            .as_ref()
+            .map_or(self.peak_rss_bytes, |c| c.max_reserved_bytes)
+    }
+}
+
+/// What one trial measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialMeasurement {
+    pub config: ParallelConfig,
+    /// Each node's command, as one shell line, in node-rank order.
+    pub commands: Vec<String>,
+    /// Every rank's report, by rank.
+    pub ranks: Vec<RankResult>,
+    pub iterations: Vec<IterationLine>,
+    pub memory_lines: Vec<MemoryLine>,
+    /// The median iteration after the first, ms.
+    pub iteration_ms: Option<f64>,
+    pub wall_s: f64,
+    /// What the trial changed in the user's arguments.
+    pub notes: Vec<String>,
+}
+
+/// Why a trial gave no measurement.
+#[derive(Debug, thiserror::Error)]
+pub enum TrialError {
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error("cannot set up the trial run on {host}: {detail}")]
+    Stage { host: String, detail: String },
+    #[error("the trial run cannot be rendered: {0}")]
+    Launch(#[from] LaunchError),
+    #[error("the training script failed in the trial run on {host}{} with exit code {code}{}; nothing was launched (fix the script or its arguments; the trial ran: {command})\n{}", .rank.map(|r| format!(" (rank {r})")).unwrap_or_default(), if *.out_of_memory { ", out of memory" } else { "" }, indent(.tail))]
+    ScriptFailed {
+        host: String,
+        node_rank: usize,
+        /// The global rank torchrun named as the first failure, when it said.
+        rank: Option<u64>,
+        code: i32,
+        out_of_memory: bool,
+        /// The last lines of that node's output.
+        tail: String,
+        command: String,
+    },
+    #[error("the trial run did not finish within {} (stopped it on every node; allow more time with --trial-timeout, or lower --trial-iters; the trial ran: {command})\n{}", format_duration(*.limit), indent(.tail))]
+    TimedOut {
+        limit: Duration,
+        tail: String,
+        command: String,
+    },
+    #[error("the trial run finished but {missing} of {expected} ranks reported no peak memory (is PYTHONPATH replaced by the script or its environment?)")]
+    NoResults { expected: usize, missing: usize },
+}
+
+impl TrialError {
+    /// The trial ran out of memory: the configuration does not fit.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            TrialError::ScriptFailed {
+                out_of_memory: true,
+                ..
+            }
+        )
+    }
+}
+
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|l| format!("  | {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+enum Event {
+    Result(String),
+    Iteration(IterationLine),
+    Memory(MemoryLine),
+}
+
+/// A trial's commands: (host, command) per node, each as one shell line, and what the
+/// trial changed in the user's arguments.
+pub type TrialCommands = (Vec<(String, NodeCommand)>, Vec<String>, Vec<String>);
+
+/// The trial's commands and notes, without running anything: what `--dry-run` shows.
+pub fn trial_commands(
+    template: &JobTemplate,
+    plan: &Plan,
+    iters: u64,
+    staging_dirs: &[&str],
+) -> Result<TrialCommands, LaunchError> {
+    let mut job = template.clone();
+    let (args, notes) = trial_args(&template.script.args, iters);
+    job.script.args = args;
+    let spec = job.render(plan, None, &template.run_dir.join("trial"))?;
+    let mut commands = Vec::new();
+    let mut lines = Vec::new();
+    for (i, node) in spec.nodes.iter().enumerate() {
+        let mut command = job.node_command(&spec, i);
+        let dir = staging_dirs.get(i).copied().unwrap_or("$PIPETTE_TRIAL_DIR");
+        let path = match command.env.iter().position(|(k, _)| k == "PYTHONPATH") {
+            Some(at) => format!("{dir}:{}", command.env.remove(at).1),
+            None => dir.to_string(),
+        };
+        command.env.push(("PYTHONPATH".into(), path));
+        command.env.push(("PIPETTE_HOST".into(), node.host.clone()));
+        let mut shown = node.clone();
+        shown.env = command.env.clone();
+        lines.push(shown.command_line(&spec.workdir));
+        commands.push((node.host.clone(), command));
+    }
+    Ok((commands, lines, notes))
+}
+
+/// Runs one trial (see the module doc).
+pub fn run_trial(
+    request: &TrialRequest<'_>,
+    progress: &dyn Progress,
+) -> Result<TrialMeasurement, TrialError> {
+    let template = request.template;
+    let hosts = request.plan.mapping.node_order.clone();
+    let file = StagedFile {
+        prefix: STAGING_PREFIX,
+        name: "sitecustomize.py",
+        contents: SITECUSTOMIZE.as_bytes(),
+    };
+    let grace = Duration::from_secs(5);
+    let staged = staged::stage(
+        &template.transport,
+        &hosts,
+        &file,
+        request.command_timeout,
+        grace,
+    )
+    .map_err(stage_error)?;
+    let port = staged::free_port(
+        &template.transport,
+        &hosts[0],
+        request.python,
+        request.command_timeout,
+    )
+    .map_err(stage_error)?;
+    let mut job = template.clone();
+    job.master_port = port;
+    let dirs: Vec<&str> = staged.iter().map(|(_, d)| d).collect();
+    let (commands, lines, notes) = trial_commands(&job, request.plan, request.iters, &dirs)?;
+    let shown = lines.join(" ; ");
+
+    let (tx, rx) = mpsc::channel::<Event>();
+    let sink = Arc::new(move |_host: &str, stream: Stream, line: &[u8]| {
+        let text = String::from_utf8_lossy(line);
+        if let Some(json) = text.strip_prefix(RESULT_MARK) {
+            let _ = tx.send(Event::Result(json.to_owned()));
+        } else if stream == Stream::Stdout {
+            if let Some(l) = logs::parse_iteration_line(&text) {
+                let _ = tx.send(Event::Iteration(l));
+            } else if let Some(m) = logs::parse_memory_line(&text) {
+                let _ = tx.send(Event::Memory(m));
+            }
+        }
+    });
+    let options = ExecOptions {
+        grace,
+        capture_limit: Some(64 << 10),
+        sink: Some(sink),
+    };
+    let mut results = Vec::new();
+    let mut iterations = Vec::new();
+    let mut memory_lines = Vec::new();
+    let total = request.iters.max(2);
+    progress.start(Phase::Trial, total);
+    let started = std::time::Instant::now();
+    let outcome = staged::run_on_every_node(
+        &template.transport,
+        &commands,
+        &options,
+        request.timeout,
+        || {
+            for event in rx.try_iter() {
+                match event {
+                    Event::Result(json) => results.push(json),
+                    Event::Iteration(l) => {
+                        progress.update(Phase::Trial, l.iteration.min(total));
+                        iterations.push(l);
+                    }
+                    Event::Memory(m) => memory_lines.push(m),
+                }
+            }
+        },
+    );
+    progress.finish(Phase::Trial);
+    let tail_of = |outputs: &[(Vec<u8>, Vec<u8>)], node: usize| {
+        outputs
+            .get(node)
+            .map(|(out, err)| tail(&[out.as_slice(), err.as_slice()]))
+            .unwrap_or_default()
+    };
+    match outcome {
+        Ok(_) => {}
+        Err(JobError::Exec(e)) => return Err(e.into()),
+        Err(JobError::Failed {
+            node,
+            host,
+            status,
+            outputs,
+        }) => {
+            let (out, err) = &outputs[node];
+            let text = format!(
+                "{}\n{}",
+                String::from_utf8_lossy(out),
+                String::from_utf8_lossy(err)
+            );
+            let cause = torchrun_root_cause(&text);
+            let code = cause
+                .map(|(_, c)| c)
+                .or(status.code())
+                .unwrap_or(match status {
+                    Status::Signaled(s) => 128 + s,
+                    Status::Exited(c) => c,
+                });
+            return Err(TrialError::ScriptFailed {
+                host,
+                node_rank: node,
+                rank: cause.and_then(|(r, _)| r),
+                code,
+                out_of_memory: logs::ran_out_of_memory(&text),
+                tail: tail_of(&outputs, node),
+                command: shown,
+            });
+        }
+        Err(JobError::TimedOut { limit, outputs }) => {
+            return Err(TrialError::TimedOut {
+                limit,
+                tail: tail_of(&outputs, 0),
+                command: shown,
+            });
+        }
+    }
+    let mut ranks: Vec<RankResult> = results
+        .iter()
+        .filter_map(|json| parse_result(json).ok())
+        .collect();
+    ranks.sort_by_key(|r| r.rank);
+    ranks.dedup_by_key(|r| r.rank);
+    let expected = request.plan.config.world_size() as usize;
+    if ranks.len() < expected {
+        return Err(TrialError::NoResults {
+            expected,
+            missing: expected - ranks.len(),
+        });
+    }
+    iterations.sort_by_key(|l| l.iteration);
+    iterations.dedup_by_key(|l| l.iteration);
+    Ok(TrialMeasurement {
+        config: request.plan.config.clone(),
+        commands: lines,
+        ranks,
+        iteration_ms: logs::iteration_ms(&iterations),
+        iterations,
+        memory_lines,
+        wall_s: started.elapsed().as_secs_f64(),
+        notes,
+    })
+}
+
+fn stage_error(e: StageError) -> TrialError {
+    match e {
+        StageError::Exec(e) => e.into(),
+        StageError::Node { host, detail } => TrialError::Stage { host, detail },
+    }
+}
+
+/// The last [`TAIL_LINES`] lines of a node's standard output and error (in that order:
+/// torchrun's failure report is on standard error), without the hook's result lines.
+fn tail(streams: &[&[u8]]) -> String {
+    let text: Vec<String> = streams
+        .iter()
+        .flat_map(|s| {
+            String::from_utf8_lossy(s)
+                .lines()
+                .filter(|l| !l.starts_with(RESULT_MARK) && !l.trim().is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    text[text.len().saturating_sub(TAIL_LINES)..].join("\n")
+}
+
+/// Reads a result line's JSON.
+pub fn parse_result(json: &str) -> Result<RankResult, String> {
+    #[derive(Deserialize)]
+    struct Line {
+        protocol: u32,
+        #[serde(flatten)]
+        result: RankResult,
+    }
+    let line: Line = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    if line.protocol != PROTOCOL {
+        return Err(format!(
+            "protocol {} (this pipette-run reads {PROTOCOL})",
+            line.protocol
+        ));
+    }
+    Ok(line.result)
+}
+
+/// What a trial measured beside what the estimators say, before and after the fit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialReport {
+    pub trials: Vec<TrialCheck>,
+    /// The calibration the estimates were made with before the trial.
+    pub before: Calibration,
+    /// The fitted calibration.
+    pub calibration: Calibration,
+    pub memory_fit: Option<MemoryFit>,
+    /// Which efficiency was fitted (`measured_compute_efficiency` or
+    /// `compute_efficiency`), when an iteration time was measured.
+    pub efficiency_field: Option<String>,
+    pub notes: Vec<String>,
+}
+
+/// One trial's measurement and the estimates of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialCheck {
+    pub measurement: TrialMeasurement,
+    /// Per rank: its pipeline stage and the peak estimated for it, before and after.
+    pub ranks: Vec<RankCheck>,
+    /// The largest measured peak, and the estimate of the stage it was on.
+    pub peak: Comparison,
+    pub iteration_ms: Option<Comparison>,
+}
+
+/// One rank's peak against the estimate of its stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankCheck {
+    pub rank: i64,
+    pub host: String,
+    pub stage: usize,
+    pub measured_bytes: u64,
+    pub estimate_before_bytes: u64,
+    pub estimate_after_bytes: u64,
+}
+
+/// A measurement, the estimates before and after the fit, and their errors in % of the
+/// measurement (positive: the estimate is higher).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub measured: f64,
+    pub before: f64,
+    pub after: f64,
+    pub error_before_pct: f64,
+    pub error_after_pct: f64,
+}
+
+impl Comparison {
+    pub fn new(measured: f64, before: f64, after: f64) -> Self {
+        let pct = |e: f64| {
+            if measured > 0.0 {
+                (e - measured) / measured * 100.0
+            } else {
+                0.0
+            }
+        };
+        Comparison {
+            measured,
+            before,
+            after,
+            error_before_pct: pct(before),
+            error_after_pct: pct(after),
+        }
+    }
+}
+
+/// The pipeline stage of global rank `rank` (Megatron orders ranks tp, cp, dp, pp: tp
+/// fastest, pp slowest, so a stage is a contiguous block of tp · dp ranks).
+pub fn stage_of(rank: u64, config: &ParallelConfig) -> usize {
+    (rank / (config.tp.max(1) * config.dp.max(1))) as usize
+}
+
+/// Fits `before` to `trials` (run on `cluster` with `placement`s, one per trial) and
+/// reports the estimates before and after. Pure.
+pub fn calibrate(
+    settings: &Settings,
+    cluster: &ClusterProfile,
+    trials: &[(TrialMeasurement, Placement)],
+    before: &Calibration,
+    options: TimeOptions,
+) -> Result<TrialReport, TimeError> {
+    let (model, training) = (&settings.model, &settings.training);
+    let estimate_time =
+        |config: &ParallelConfig, placement: &Placement, calibration: &Calibration| {
+            let request = TimeRequest {
+                model,
+                training,
+                config,
+                cluster,
+                placement,
+                calibration,
+                options,
+            };
+            time::estimate(&request, TimeModel::Pipette)
+        };
+    let mut notes = Vec::new();
+    // Memory.
+    let mut points = Vec::new();
+    for (m, _) in trials {
+        let estimate = estimate_memory(model, training, &m.config, before);
+        for r in &m.ranks {
+            let Some(stage) = estimate
+                .stages
+                .get(stage_of(r.rank.max(0) as u64, &m.config))
+            else {
+                continue;
+            };
+            points.push(MemoryPoint {
+                fixed_bytes: stage.weights_and_optimizer_bytes,
+                activation_bytes: stage.activations.total(),
+                measured_bytes: r.peak_bytes(),
+            });
+        }
+    }
+    let memory_fit = fit::fit_memory(&points, before.activation_factor, before.allocator_slack);
+    let mut after = before.clone();
+    if let Some(f) = &memory_fit {
+        after.activation_factor = f.activation_factor;
+        after.overhead_bytes = f.overhead_bytes;
+        notes.extend(f.notes.iter().cloned());
+    }
+    // Time: every trial with an iteration time, fitted one efficiency for the mean ratio.
+    let mut efficiency_field = None;
+    let timed: Vec<(&TrialMeasurement, &Placement, f64)> = trials
+        .iter()
+        .filter_map(|(m, p)| m.iteration_ms.map(|t| (m, p, t)))
+        .collect();
+    if !timed.is_empty() {
+        let basis_measured = {
+            let (m, p, _) = timed[0];
+            estimate_time(&m.config, p, before)?.stages.iter().any(|s| {
+                s.gpu
+                    .as_ref()
+                    .is_some_and(|g| g.basis == ThroughputBasis::Measured)
+            })
+        };
+        let set = |c: &mut Calibration, e: f64| {
+            if basis_measured {
+                c.measured_compute_efficiency = e;
+            } else {
+                c.compute_efficiency = e;
+            }
+        };
+        // The efficiency that makes the summed modelled time equal the summed measurement.
+        let measured_sum: f64 = timed.iter().map(|(_, _, t)| t).sum();
+        let (e, clamped) = fit::fit_efficiency(measured_sum, |e| {
+            let mut c = after.clone();
+            set(&mut c, e);
+            timed.iter().try_fold(0.0, |sum, (m, p, _)| {
+                let request = TimeRequest {
+                    model,
+                    training,
+                    config: &m.config,
+                    cluster,
+                    placement: p,
+                    calibration: &c,
+                    options,
+                };
+                Ok::<f64, TimeError>(
+                    sum + time::estimate(&request, TimeModel::Pipette)?.iteration_ms,
+                )
+            })
+        })?;
+        if clamped {
+            notes.push(format!(
+                "the fitted compute efficiency was clamped to {e} (the time model cannot reach the measured time within {}–{})",
+                fit::EFFICIENCY_RANGE.0,
+                fit::EFFICIENCY_RANGE.1
+            ));
+        }
+        set(&mut after, e);
+        efficiency_field = Some(
+            if basis_measured {
+                "measured_compute_efficiency"
+            } else {
+                "compute_efficiency"
+            }
+            .to_string(),
+        );
+    } else {
+        notes.push(
+            "no iteration time was read (no Megatron iteration lines after the first): the time calibration is unchanged"
+                .to_string(),
+        );
+    }
+    // Before and after, trial by trial.
+    let mut checks = Vec::new();
+    for (m, placement) in trials {
+        let est_before = estimate_memory(model, training, &m.config, before);
+        let est_after = estimate_memory(model, training, &m.config, &after);
+        let ranks: Vec<RankCheck> = m
+            .ranks
+            .iter()
+            .map(|r| {
+                let stage = stage_of(r.rank.max(0) as u64, &m.config);
+                let at = |e: &crate::model::MemoryEstimate| {
+                    e.stages.get(stage).map_or(0, |s| s.total_bytes)
+                };
+                RankCheck {
+                    rank: r.rank,
+                    host: r.host.clone(),
+                    stage,
+                    measured_bytes: r.peak_bytes(),
+                    estimate_before_bytes: at(&est_before),
+                    estimate_after_bytes: at(&est_after),
+                }
+            })
+            .collect();
+        let top = ranks.iter().max_by_key(|r| r.measured_bytes).cloned();
+        let peak = top.map_or(Comparison::new(0.0, 0.0, 0.0), |r| {
+            Comparison::new(
+                r.measured_bytes as f64,
+                r.estimate_before_bytes as f64,
+                r.estimate_after_bytes as f64,
+            )
+        });
+        let iteration_ms = match m.iteration_ms {
+            Some(t) => {
+                let ms = |c: &Calibration| {
+                    estimate_time(&m.config, placement, c).map(|e| e.iteration_ms)
+                };
+                Some(Comparison::new(t, ms(before)?, ms(&after)?))
+            }
+            None => None,
+        };
+        checks.push(TrialCheck {
+            measurement: m.clone(),
+            ranks,
+            peak,
+            iteration_ms,
+        });
+    }
+    Ok(TrialReport {
+        trials: checks,
+        before: before.clone(),
+        calibration: after,
+        memory_fit,
+        efficiency_field,
+        notes,
+    })
+}
+
+impl TrialReport {
+    /// A few lines for people.
+    pub fn to_human(&self) -> String {
+        let mib = |b: f64| b / (1u64 << 20) as f64;
+        let mut out = String::new();
+        for (i, t) in self.trials.iter().enumerate() {
+            let c = &t.measurement.config;
+            out.push_str(&format!(
+                "trial {}: tp {} pp {} dp {} micro-batch {}, {} iterations in {:.1} s\n",
+                i + 1,
+                c.tp,
+                c.pp,
+                c.dp,
+                c.micro_batch,
+                t.measurement.iterations.len(),
+                t.measurement.wall_s
+            ));
+            for r in &t.ranks {
+                out.push_str(&format!(
+                    "  rank {} on {} (stage {}): peak {:.0} MiB, estimated {:.0} MiB before, {:.0} MiB after\n",
+                    r.rank,
+                    r.host,
+                    r.stage,
+                    mib(r.measured_bytes as f64),
+                    mib(r.estimate_before_bytes as f64),
+                    mib(r.estimate_after_bytes as f64)
+                ));
+            }
+            out.push_str(&format!(
+                "  peak memory: measured {:.0} MiB; estimate {:+.1} % before, {:+.1} % after calibration\n",
+                mib(t.peak.measured),
+                t.peak.error_before_pct,
+                t.peak.error_after_pct
+            ));
+            if let Some(ms) = &t.iteration_ms {
+                out.push_str(&format!(
+                    "  iteration: measured {:.1} ms; estimate {:+.1} % before, {:+.1} % after calibration\n",
+                    ms.measured, ms.error_before_pct, ms.error_after_pct
+                ));
+            }
+        }
+        let c = &self.calibration;
+        out.push_str(&format!(
+            "calibration: activation factor {:.3}, overhead {:.0} MiB, compute efficiency {:.3} (measured TFLOPS) / {:.3} (datasheet)\n",
+            c.activation_factor,
+            mib(c.overhead_bytes as f64),
+            c.measured_compute_efficiency,
+            c.compute_efficiency
+        ));
+        for note in &self.notes {
+            out.push_str(&format!("note: {note}\n"));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(text: &str) -> Vec<String> {
+        text.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn trial_args_are_short_and_side_effect_free() {
+        let (args, notes) = trial_args(
+            &w(
+                "--num-layers 2 --train-iters 1000 --save /ck --save_interval=50 --load /ck \
+                --eval-interval 100 --eval-iters 10 --log-interval 10 --lr 1e-3 -- --extra",
+            ),
+            5,
+        );
+        assert_eq!(
+            args,
+            w(
+                "--num-layers 2 --lr 1e-3 --train-iters 5 --exit-interval 5 --eval-iters 0 \
+               --log-interval 1 -- --extra"
+            )
+        );
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(notes[0].contains("--save /ck"));
+        // A trial needs two iterations: the first is warm-up.
+        let (args, _) = trial_args(&w("--num-layers 2"), 1);
+        assert!(args.windows(2).any(|p| p == ["--train-iters", "2"]));
+    }
+
+    #[test]
+    fn result_lines_are_read() {
+        let json = r#"{"protocol":1,"rank":3,"local_rank":1,"host":"n1","pid":9,"peak_rss_bytes":1024,"cuda":null}"#;
+        let r = parse_result(json).unwrap();
+        assert_eq!((r.rank, r.local_rank, r.peak_bytes()), (3, 1, 1024));
+        let json = r#"{"protocol":1,"rank":0,"local_rank":0,"host":"n1","pid":9,"peak_rss_bytes":1024,"cuda":{"device":"H100","max_reserved_bytes":5,"max_allocated_bytes":4}}"#;
+        assert_eq!(parse_result(json).unwrap().peak_bytes(), 5);
+        assert!(
+            parse_result(&json.replace("\"protocol\":1", "\"protocol\":2"))
+                .unwrap_err()
+                .starts_with("protocol 2")
+        );
+    }
+
+    #[test]
+    fn stages_are_blocks_of_tp_times_dp_ranks() {
+        let c = ParallelConfig::even(8, 2, 2, 2, 1);
+        assert_eq!(
+            (0..8).map(|r| stage_of(r, &c)).collect::<Vec<_>>(),
+            [0, 0, 0, 0, 1, 1, 1, 1]
+        );
+    }
+
+    #[test]
+    fn the_hook_speaks_this_protocol() {
+        assert!(SITECUSTOMIZE.contains("PROTOCOL = 1"));
+        assert!(SITECUSTOMIZE.contains(RESULT_MARK));
+    }
+
+    #[test]
+    fn a_failure_report_keeps_the_last_lines() {
+        let out = (1..=30).map(|i| format!("line {i}\n")).collect::<String>();
+        let t = tail(&[out.as_bytes(), b"PIPETTE-TRIAL-RESULT {}\nerr\n"]);
+        assert_eq!(t.lines().count(), TAIL_LINES);
+        assert!(t.ends_with("line 30\nerr"));
+    }
+}
