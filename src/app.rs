@@ -29,6 +29,7 @@ use crate::report::dry_run::{
 use crate::report::estimate::{EstimateReport, ModelTime, ParamsSection};
 use crate::report::plan::plan_to_human;
 use crate::supervise;
+use crate::trial;
 
 /// What a dry run did, when it had no profile to plan with.
 const NO_PROFILE_YET: &str = "No cluster profile to plan with: give --cluster FILE (`pipette profile --out FILE` measures the allocated nodes).";
@@ -63,7 +64,7 @@ pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
 }
 
 fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
-    let mut run = gather_inputs(cli, env)?;
+    let mut run = gather_inputs(cli, env, false)?;
     plan_and_render(cli, env, &mut run)?;
     if cli.pipette.json {
         println!("{}", to_json(&run.report)?);
@@ -85,24 +86,118 @@ fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
         if let Some(dir) = &run.report.run_dir {
             println!("\nRun directory: {dir}");
         }
+        if let Some(plan) = run
+            .plan
+            .as_ref()
+            .filter(|_| !cli.trial.no_trial && cli.planning.calibration.is_none())
+        {
+            let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
+            let template = job_template(cli, env, &run, options)?;
+            let (_, lines, notes) =
+                trial::trial_commands(&template, plan, cli.trial.trial_iters, &[])
+                    .map_err(launch_error)?;
+            print_trial_commands(&lines, &notes);
+        }
     }
     Ok(())
 }
 
 /// Launches the job and supervises it to the end (re-planning after node failures):
-/// discover, read the profile, plan, render attempt 1 into the run directory, then hand
-/// over to [`supervise::supervise`]. Returns pipette-run's exit code: 0, the failing
-/// worker's, or 128 + a signal; errors before anything runs are the usual [`Error`]s.
+/// discover, profile the nodes (or read --cluster), plan, run the trial and re-plan with
+/// the fitted calibration (unless --no-trial or --calibration), render attempt 1 into the
+/// run directory, then hand over to [`supervise::supervise`]. Returns pipette-run's exit
+/// code: 0, the failing worker's, or 128 + a signal; errors before anything runs are the
+/// usual [`Error`]s.
 fn launch_and_supervise(cli: &RunCli, env: &Environment) -> Result<i32, Error> {
-    let run = gather_inputs(cli, env)?;
+    let mut job = prepare_job(cli, env)?;
+    let trial = if cli.trial.no_trial || cli.planning.calibration.is_some() {
+        None
+    } else {
+        let (plan, report) = trial_and_replan(cli, &job, MAX_TRIAL_ROUNDS)?;
+        job.plan = plan;
+        job.template.plan_options.calibration = report.calibration.clone();
+        Some(report)
+    };
+    let Job {
+        template,
+        profile,
+        plan,
+        ..
+    } = job;
+    let run_dir = template.run_dir.clone();
+    let first = template
+        .prepare(1, profile, plan, None)
+        .map_err(launch_error)?;
+    if let Some(report) = &trial {
+        write_json(&run_dir.join("trial.json"), report, "--run-dir")?;
+    }
+    let events = supervise::events::EventLog::create(&run_dir).map_err(|e| {
+        Error::Usage(format!(
+            "cannot write {}: {e} (choose another --run-dir)",
+            run_dir.join("events.jsonl").display()
+        ))
+    })?;
+    for note in &first.spec.notes {
+        eprintln!("pipette-run: {note}");
+    }
+    eprintln!(
+        "pipette-run: run directory {} (launch scripts, plan, trial.json, logs/, events.jsonl)",
+        run_dir.display()
+    );
+    let s = &cli.supervise;
+    let options = supervise::SuperviseOptions {
+        grace: s.grace,
+        stall_timeout: (!s.stall_timeout.is_zero()).then_some(s.stall_timeout),
+        startup_timeout: Some(s.startup_timeout.unwrap_or(s.stall_timeout))
+            .filter(|d| !d.is_zero()),
+        max_replans: s.max_replans,
+        health_timeout: s.health_timeout,
+        ..supervise::SuperviseOptions::default()
+    };
+    let outcome = supervise::supervise(&template, first, &options, &events);
+    let summary = outcome.summary();
+    eprint!("{summary}");
+    if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
+        eprintln!("pipette-run: warning: cannot write the summary into the run directory: {e}");
+    }
+    Ok(outcome.exit_code)
+}
+
+/// A job ready to try or launch: its inputs, the nodes' profile, the first plan and what
+/// every attempt shares.
+struct Job {
+    run: Run,
+    profile: ClusterProfile,
+    plan: Plan,
+    template: launch::JobTemplate,
+}
+
+/// Discovers and profiles (or reads --cluster), plans, and builds the job template.
+fn prepare_job(cli: &RunCli, env: &Environment) -> Result<Job, Error> {
+    let run = gather_inputs(cli, env, true)?;
     let Some(profile) = run.profile.clone() else {
-        return Err(Error::Unsupported(
-            "launching needs a cluster profile to plan with: give --cluster FILE (`pipette profile --out FILE` measures the allocated nodes), or run with --dry-run to see what was read"
-                .to_string(),
+        return Err(Error::Internal(
+            "no profile after profiling the nodes".to_string(),
         ));
     };
     let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
     let plan = plan::plan(&run.settings, &profile, &options)?;
+    let template = job_template(cli, env, &run, options)?;
+    Ok(Job {
+        run,
+        profile,
+        plan,
+        template,
+    })
+}
+
+/// What every attempt of the job shares, from the command line.
+fn job_template(
+    cli: &RunCli,
+    env: &Environment,
+    run: &Run,
+    options: PlanOptions,
+) -> Result<launch::JobTemplate, Error> {
     let workdir = std::env::current_dir()
         .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
     let rdzv_id = rendezvous_id(&cli.torchrun, run.report.nodes.job_id.as_deref());
@@ -134,7 +229,7 @@ fn launch_and_supervise(cli: &RunCli, env: &Environment) -> Result<i32, Error> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let template = launch::JobTemplate {
+    Ok(launch::JobTemplate {
         settings: run.settings.clone(),
         script: script_invocation(cli),
         torchrun: cli.supervise.torchrun.clone(),
@@ -144,49 +239,181 @@ fn launch_and_supervise(cli: &RunCli, env: &Environment) -> Result<i32, Error> {
         rdzv_id,
         env: render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone()))),
         workdir,
-        run_dir: run_dir.clone(),
+        run_dir,
         templates,
         plan_options: options,
         transport,
         run_id: format!("{}-{nanos}", std::process::id()),
-    };
-    let first = template
-        .prepare(1, profile, plan, None)
-        .map_err(|e| match e {
-            launch::LaunchError::Plan(e) => Error::Plan(e),
-            launch::LaunchError::Render(e) => Error::Render(e),
-            launch::LaunchError::PlanJson(e) => Error::Internal(e),
-        })?;
-    let events = supervise::events::EventLog::create(&run_dir).map_err(|e| {
+    })
+}
+
+/// At most this many rounds of trial, fit and re-plan.
+const MAX_TRIAL_ROUNDS: usize = 2;
+
+/// Runs the trial of the job's plan (at each `--trial-micro-batches` size), fits the
+/// calibration and re-plans with it. When the re-plan picks another configuration, or the
+/// trial ran out of memory, the new plan is tried too (at most [`MAX_TRIAL_ROUNDS`]
+/// rounds, `rounds` here). Returns the plan to launch and the report.
+fn trial_and_replan(
+    cli: &RunCli,
+    job: &Job,
+    rounds: usize,
+) -> Result<(Plan, trial::TrialReport), Error> {
+    let settings = &job.run.settings;
+    let mut options = job.template.plan_options.clone();
+    let before = options.calibration.clone();
+    let progress = ProgressBars::new(!cli.pipette.json);
+    let mut plan = job.plan.clone();
+    let mut trials: Vec<(trial::TrialMeasurement, Placement)> = Vec::new();
+    let mut report = None;
+    for round in 0..rounds {
+        let sizes = match (&cli.trial.trial_micro_batches, round) {
+            (Some(list), 0) => list.clone(),
+            _ => vec![plan.config.micro_batch],
+        };
+        let mut out_of_memory = None;
+        for mbs in sizes {
+            let mut tried = plan.clone();
+            tried.config.micro_batch = mbs;
+            let batch = mbs * tried.config.dp;
+            if mbs == 0 || settings.training.global_batch_size % batch != 0 {
+                return Err(Error::Usage(format!(
+                    "--trial-micro-batches {mbs}: the global batch {} is not a multiple of micro-batch {mbs} × dp {} (choose sizes that divide it)",
+                    settings.training.global_batch_size, tried.config.dp
+                )));
+            }
+            eprintln!(
+                "pipette-run: trial run: tp {} pp {} dp {} micro-batch {}, {} iterations",
+                tried.config.tp, tried.config.pp, tried.config.dp, mbs, cli.trial.trial_iters
+            );
+            let request = trial::TrialRequest {
+                template: &job.template,
+                plan: &tried,
+                iters: cli.trial.trial_iters,
+                timeout: cli.trial.trial_timeout,
+                command_timeout: std::time::Duration::from_secs(60),
+                python: "python3",
+            };
+            match trial::run_trial(&request, &progress) {
+                Ok(m) => trials.push((m, tried.placement.clone())),
+                Err(e) if e.is_out_of_memory() && round + 1 < rounds => {
+                    out_of_memory = Some((tried, e));
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some((tried, e)) = out_of_memory {
+            // The estimate was too low: raise the overhead until that configuration no
+            // longer fits, and plan again.
+            let peak = tried.estimate.peak_memory_bytes;
+            let usable = tried.estimate.usable_memory_bytes;
+            options.calibration.overhead_bytes += usable.saturating_sub(peak) + (1 << 20);
+            eprintln!("pipette-run: the trial ran out of memory ({e}); re-planning with a larger memory estimate");
+            plan = plan::plan(settings, &job.profile, &options)?;
+            continue;
+        }
+        let fitted = trial::calibrate(
+            settings,
+            &job.profile,
+            &trials,
+            &before,
+            options.time_options,
+        )?;
+        options.calibration = fitted.calibration.clone();
+        eprint!("{}", indent_lines(&fitted.to_human(), "pipette-run: "));
+        report = Some(fitted);
+        let replanned = plan::plan(settings, &job.profile, &options)?;
+        let changed = replanned.config != plan.config;
+        if changed {
+            eprintln!(
+                "pipette-run: re-planned with the calibrated estimates: tp {} pp {} dp {} micro-batch {} (was tp {} pp {} dp {} micro-batch {})",
+                replanned.config.tp,
+                replanned.config.pp,
+                replanned.config.dp,
+                replanned.config.micro_batch,
+                plan.config.tp,
+                plan.config.pp,
+                plan.config.dp,
+                plan.config.micro_batch
+            );
+        }
+        plan = replanned;
+        if !changed || round + 1 == rounds {
+            break;
+        }
+    }
+    let report = report.ok_or_else(|| Error::Internal("no trial was measured".to_string()))?;
+    Ok((plan, report))
+}
+
+fn indent_lines(text: &str, prefix: &str) -> String {
+    text.lines().map(|l| format!("{prefix}{l}\n")).collect()
+}
+
+/// `pipette calibrate`: the trial alone, its report written to `--out`.
+fn calibrate(args: &crate::cli::CalibrateArgs, env: &Environment) -> Result<(), Error> {
+    let cli = args.as_run();
+    let job = prepare_job(&cli, env)?;
+    if cli.pipette.dry_run {
+        let (_, lines, notes) =
+            trial::trial_commands(&job.template, &job.plan, cli.trial.trial_iters, &[])
+                .map_err(launch_error)?;
+        print_trial_commands(&lines, &notes);
+        return Ok(());
+    }
+    // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
+    let (_, report) = trial_and_replan(&cli, &job, 1)?;
+    write_json(&args.out, &report, "--out")?;
+    if cli.pipette.json {
+        println!("{}", to_json(&report)?);
+    } else {
+        print!("{}", report.to_human());
+        println!("written to {}", args.out.display());
+    }
+    Ok(())
+}
+
+fn print_trial_commands(lines: &[String], notes: &[String]) {
+    println!("\nTrial run, one command per node (unless --no-trial or --calibration):");
+    for line in lines {
+        println!("  {line}");
+    }
+    for note in notes {
+        println!("  note: {note}");
+    }
+}
+
+fn launch_error(e: launch::LaunchError) -> Error {
+    match e {
+        launch::LaunchError::Plan(e) => Error::Plan(e),
+        launch::LaunchError::Render(e) => Error::Render(e),
+        launch::LaunchError::PlanJson(e) => Error::Internal(e),
+    }
+}
+
+fn write_json<T: serde::Serialize>(path: &Path, value: &T, option: &str) -> Result<(), Error> {
+    std::fs::write(path, format!("{}\n", to_json(value)?)).map_err(|e| {
         Error::Usage(format!(
-            "cannot write {}: {e} (choose another --run-dir)",
-            run_dir.join("events.jsonl").display()
+            "cannot write {}: {e} (choose another {option})",
+            path.display()
         ))
-    })?;
-    for note in &first.spec.notes {
-        eprintln!("pipette-run: {note}");
-    }
-    eprintln!(
-        "pipette-run: run directory {} (launch scripts, plan, logs/, events.jsonl)",
-        run_dir.display()
-    );
-    let s = &cli.supervise;
-    let options = supervise::SuperviseOptions {
-        grace: s.grace,
-        stall_timeout: (!s.stall_timeout.is_zero()).then_some(s.stall_timeout),
-        startup_timeout: Some(s.startup_timeout.unwrap_or(s.stall_timeout))
-            .filter(|d| !d.is_zero()),
-        max_replans: s.max_replans,
-        health_timeout: s.health_timeout,
-        ..supervise::SuperviseOptions::default()
+    })
+}
+
+/// A calibration file: `pipette calibrate`'s report (its `calibration`), or a bare
+/// calibration object.
+fn read_calibration(path: &Path) -> Result<Calibration, Error> {
+    let bad = |detail: String| {
+        Error::Usage(format!(
+            "--calibration {}: {detail} (give a file `pipette calibrate --out FILE` wrote)",
+            path.display()
+        ))
     };
-    let outcome = supervise::supervise(&template, first, &options, &events);
-    let summary = outcome.summary();
-    eprint!("{summary}");
-    if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
-        eprintln!("pipette-run: warning: cannot write the summary into the run directory: {e}");
-    }
-    Ok(outcome.exit_code)
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let object = value.get("calibration").cloned().unwrap_or(value);
+    serde_json::from_value(object).map_err(|e| bad(e.to_string()))
 }
 
 /// A run's inputs and what the planner and renderer made of them.
@@ -285,6 +512,9 @@ fn plan_options(
     };
     if let Some(headroom) = planning.memory_headroom {
         options.headroom = headroom;
+    }
+    if let Some(path) = &planning.calibration {
+        options.calibration = read_calibration(path)?;
     }
     Ok(options)
 }
@@ -520,6 +750,7 @@ fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(), Error> {
             }
             Ok(())
         }
+        PipetteCommand::Calibrate(args) => calibrate(args, env),
         PipetteCommand::Presets { output } => {
             let names = config::presets::names();
             if output.json {
@@ -544,7 +775,10 @@ fn estimate(args: &EstimateArgs) -> Result<EstimateReport, Error> {
     let config = estimate_config(args, &settings, cluster.as_ref())?;
     let model = &settings.model;
     let training = &settings.training;
-    let calibration = Calibration::default();
+    let calibration = match &args.calibration {
+        Some(path) => read_calibration(path)?,
+        None => Calibration::default(),
+    };
     let memory = estimate_memory(model, training, &config, &calibration);
     let breakdown = params::ParameterBreakdown::new(model, config.tp);
     let last = config.layers_per_stage.len().saturating_sub(1);
@@ -669,19 +903,23 @@ fn estimate_config(
     Ok(config)
 }
 
-/// Reads every input of a run: the nodes, the cluster profile, the model and training
-/// settings, and the script. Nothing is planned or launched.
-fn gather_inputs(cli: &RunCli, env: &Environment) -> Result<Run, Error> {
+/// Reads every input of a run: the nodes, the cluster profile (--cluster, else, when
+/// `measure`, the nodes are profiled as `pipette profile` does, with its cache), the model
+/// and training settings, and the script. Nothing is planned or launched.
+fn gather_inputs(cli: &RunCli, env: &Environment, measure: bool) -> Result<Run, Error> {
     let (spec, warnings) = discover_nodes(&cli.discovery, env)?;
+    // Read the settings first: a mistake there is cheaper to report than after profiling.
+    let settings = read_settings(&cli.model, cli.script_args())?;
     let profile = match &cli.discovery.cluster {
-        Some(path) => Some((path.as_path(), ClusterProfile::load(path)?)),
+        Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
+        None if measure => Some(measure_nodes(cli, env, &spec)?),
         None => None,
     };
-    let settings = read_settings(&cli.model, cli.script_args())?;
+    let profile = profile.as_ref().map(|(p, c)| (p.as_path(), c));
     let nodes = nodes_section(
         spec,
         warnings,
-        profile.as_ref().map(|(p, c)| (*p, c)),
+        profile,
         cli.torchrun.nnodes,
         cli.torchrun.nproc_per_node,
     )?;
@@ -709,6 +947,41 @@ fn gather_inputs(cli: &RunCli, env: &Environment) -> Result<Run, Error> {
         plan: None,
         runner_up: None,
     })
+}
+
+/// Profiles the discovered nodes (or reuses the cached profile of the same nodes); returns
+/// the cache file's path (or a description) and the profile.
+fn measure_nodes(
+    cli: &RunCli,
+    env: &Environment,
+    spec: &ClusterSpec,
+) -> Result<(std::path::PathBuf, ClusterProfile), Error> {
+    let options = ProfileOptions {
+        transport: transport_for(cli.supervise.launcher.as_deref(), spec),
+        nproc_per_node: match cli.torchrun.nproc_per_node {
+            Some(NprocPerNode::Count(n)) => Some(n),
+            _ => None,
+        },
+        torchrun: cli.supervise.torchrun.clone(),
+        env: render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .into_iter()
+            .collect(),
+        ..ProfileOptions::default()
+    };
+    eprintln!(
+        "pipette-run: no --cluster given: profiling the {} node(s) found",
+        spec.nodes.len()
+    );
+    let progress = ProgressBars::new(!cli.pipette.json);
+    let run = profile::run_profile(spec, &options, &progress)?;
+    for note in &run.notes {
+        eprintln!("pipette-run: {note}");
+    }
+    let path = run
+        .cache_file
+        .clone()
+        .unwrap_or_else(|| "the measured profile".into());
+    Ok((path, run.profile))
 }
 
 /// The profile narrowed to the hosts found and the GPUs each may use.

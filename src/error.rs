@@ -9,6 +9,7 @@ use crate::model::time::TimeError;
 use crate::plan::PlanError;
 use crate::profile::ProfileRunError;
 use crate::render::RenderError;
+use crate::trial::TrialError;
 
 /// Exit codes of `pipette-run` and `pipette`.
 ///
@@ -31,8 +32,11 @@ pub enum ExitCode {
     NothingFits = 69,
     /// A bug in pipette-run: please report it.
     Internal = 70,
-    /// This version cannot do what was asked yet (launching without a cluster profile).
+    /// This version cannot do what was asked yet.
     Unsupported = 71,
+    /// The training script failed, or did not finish in time, in the trial run; nothing
+    /// was launched.
+    TrialFailed = 72,
 }
 
 impl ExitCode {
@@ -62,6 +66,8 @@ pub enum Error {
     Render(#[from] RenderError),
     #[error(transparent)]
     Profile(#[from] ProfileRunError),
+    #[error(transparent)]
+    Trial(#[from] TrialError),
     /// The cluster file and the allocation disagree.
     #[error("{0}")]
     ClusterMismatch(String),
@@ -105,6 +111,16 @@ impl Error {
                 }
                 // A node that cannot be reached, inventoried or run the probe.
                 _ => ExitCode::Unreachable,
+            },
+            Error::Trial(e) => match e {
+                TrialError::ScriptFailed { .. }
+                | TrialError::TimedOut { .. }
+                | TrialError::NoResults { .. } => ExitCode::TrialFailed,
+                TrialError::Launch(crate::launch::LaunchError::Render(e)) if !e.is_bug() => {
+                    ExitCode::ModelArgs
+                }
+                TrialError::Launch(_) => ExitCode::Internal,
+                TrialError::Exec(_) | TrialError::Stage { .. } => ExitCode::Unreachable,
             },
             Error::Internal(_) => ExitCode::Internal,
         }

@@ -510,13 +510,15 @@ fn human_dry_run_without_a_profile_says_how_to_get_one() {
 }
 
 #[test]
-fn without_dry_run_nothing_is_launched_and_the_exit_code_says_why() {
+fn without_a_cluster_file_launching_profiles_the_nodes_first() {
+    // No torchrun there: the profile's probe cannot start, and nothing is launched.
     pipette_run()
+        .args(["--torchrun", "/nonexistent/torchrun"])
         .args(["train.py"])
         .args(TINY_MODEL)
         .assert()
-        .code(71)
-        .stderr(predicate::str::contains("--dry-run"));
+        .code(68)
+        .stderr(predicate::str::contains("no --cluster given: profiling"));
 }
 
 // ---- bad input: one class each, with its exit code ------------------------------------

@@ -82,7 +82,9 @@ impl Job {
         ] {
             command.env_remove(var);
         }
+        // The trial run has tests of its own (tests/trial.rs); these test re-planning.
         command
+            .arg("--no-trial")
             .arg("--cluster")
             .arg(&profile)
             .args(["--hosts", &hosts.join(","), "--nproc-per-node", "2"])

@@ -5,7 +5,8 @@ pub mod options;
 pub mod torchrun;
 
 pub use options::{
-    DiscoveryOptions, LaunchOptions, ModelOptions, OutputOptions, PlanningOptions, SuperviseOptions,
+    DiscoveryOptions, LaunchOptions, ModelOptions, OutputOptions, PlanningOptions,
+    SuperviseOptions, TrialOptions,
 };
 pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
 
@@ -27,7 +28,8 @@ Exit codes:
   68  a node could not be reached
   69  no parallel configuration fits in GPU memory
   70  internal error (a bug: please report it)
-  71  not supported yet: launching without --cluster (run `pipette profile --out FILE` first)
+  71  not supported yet
+  72  the training script failed (or timed out) in the trial run; nothing was launched
   other  the exit code of the first training worker that failed";
 
 /// Replace `torchrun` with `pipette-run` in a job script: it discovers the allocated
@@ -63,6 +65,9 @@ pub struct RunCli {
 
     #[command(flatten)]
     pub supervise: SuperviseOptions,
+
+    #[command(flatten)]
+    pub trial: TrialOptions,
 
     #[command(flatten)]
     pub torchrun: TorchrunOptions,
@@ -144,6 +149,12 @@ pub enum PipetteCommand {
     /// throughput; write the cluster profile. Without GPUs, N CPU processes per node stand
     /// in for GPUs. Cached per node set for a week
     Profile(Box<ProfileArgs>),
+    /// Run the trial alone: profile the nodes (or read --cluster), plan, run the script for
+    /// a few iterations under the plan on every node, fit the estimators' calibration to the
+    /// measured peak memory and iteration time, and write it with the full report to
+    /// --out (read it back with --calibration FILE):
+    /// `pipette calibrate --cluster c.json --out cal.json train.py --num-layers 2 ...`
+    Calibrate(Box<CalibrateArgs>),
     /// List the model presets usable with --model
     Presets {
         #[command(flatten)]
@@ -187,6 +198,9 @@ pub struct EstimateArgs {
     /// The time model whose full report is shown; the others are shown beside it
     #[arg(long = "time-model", value_name = "MODEL", default_value = "pipette")]
     pub time_model: TimeModel,
+    /// Calibration of the estimators (`pipette calibrate --out FILE`)
+    #[arg(long, env = "PIPETTE_CALIBRATION", value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelOptions,
     #[command(flatten)]
@@ -194,6 +208,55 @@ pub struct EstimateArgs {
     /// Megatron arguments, as they would follow SCRIPT
     #[arg(last = true, value_name = "MEGATRON ARGS")]
     pub megatron_args: Vec<String>,
+}
+
+/// `pipette calibrate`'s options: pipette-run's, and where the calibration goes.
+#[derive(Debug, Clone, Args)]
+pub struct CalibrateArgs {
+    /// Where to write the trial report with the fitted calibration (JSON)
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub pipette: OutputOptions,
+    #[command(flatten)]
+    pub discovery: DiscoveryOptions,
+    #[command(flatten)]
+    pub model: ModelOptions,
+    #[command(flatten)]
+    pub planning: PlanningOptions,
+    #[command(flatten)]
+    pub launch: LaunchOptions,
+    #[command(flatten)]
+    pub supervise: SuperviseOptions,
+    #[command(flatten)]
+    pub trial: TrialOptions,
+    #[command(flatten)]
+    pub torchrun: TorchrunOptions,
+    /// The training script and its arguments, as pipette-run takes them
+    #[arg(
+        value_name = "SCRIPT [SCRIPT ARGS]",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true
+    )]
+    pub command: Vec<String>,
+}
+
+impl CalibrateArgs {
+    /// The same run as pipette-run's command line.
+    pub fn as_run(&self) -> RunCli {
+        RunCli {
+            pipette: self.pipette.clone(),
+            discovery: self.discovery.clone(),
+            model: self.model.clone(),
+            planning: self.planning.clone(),
+            launch: self.launch.clone(),
+            supervise: self.supervise.clone(),
+            trial: self.trial.clone(),
+            torchrun: self.torchrun.clone(),
+            command: self.command.clone(),
+        }
+    }
 }
 
 /// `pipette plan`'s options.

@@ -92,6 +92,42 @@ pub struct PlanningOptions {
     /// GiB (4GiB)
     #[arg(long = "memory-headroom", value_name = "AMOUNT", value_parser = parse_headroom)]
     pub memory_headroom: Option<MemoryHeadroom>,
+
+    /// Calibration of the memory and time estimators, as `pipette calibrate --out FILE`
+    /// wrote it (or a bare calibration object). pipette-run then runs no trial
+    #[arg(long, env = "PIPETTE_CALIBRATION", value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
+}
+
+/// The trial run: before launching, pipette-run runs the script itself for a few
+/// iterations under the chosen plan (no checkpoints saved or loaded, no evaluation),
+/// records every rank's peak memory and the time per iteration, fits the estimators to
+/// them, re-plans with the fitted calibration, and only then launches.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Trial options")]
+pub struct TrialOptions {
+    /// Launch without a trial run (the estimators keep their defaults, or --calibration's)
+    #[arg(long = "no-trial", env = "PIPETTE_NO_TRIAL")]
+    pub no_trial: bool,
+
+    /// Iterations of the trial run; the first is warm-up, the time is the median of the
+    /// others
+    #[arg(long = "trial-iters", value_name = "N", default_value_t = crate::trial::DEFAULT_ITERS, value_parser = clap::value_parser!(u64).range(2..))]
+    pub trial_iters: u64,
+
+    /// Stop the trial run (on every node) and report it after this long
+    #[arg(long = "trial-timeout", value_name = "DURATION", default_value = "15min", value_parser = parse_duration)]
+    pub trial_timeout: std::time::Duration,
+
+    /// Micro-batch sizes to run the trial at, comma-separated (default: the plan's). With
+    /// two or more the fit separates activation memory from fixed overhead; with one it
+    /// fits the overhead only (unless the plan has several pipeline stages)
+    #[arg(
+        long = "trial-micro-batches",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub trial_micro_batches: Option<Vec<u64>>,
 }
 
 /// Where the launch files go.

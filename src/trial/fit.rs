@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 pub const ACTIVATION_FACTOR_RANGE: (f64, f64) = (0.25, 8.0);
 /// And the overhead within this one.
 pub const OVERHEAD_RANGE: (u64, u64) = (0, 64 << 30);
-/// The compute efficiency within this one.
-pub const EFFICIENCY_RANGE: (f64, f64) = (0.001, 4.0);
+/// The compute efficiency within this one (the time model accepts at most 1).
+pub const EFFICIENCY_RANGE: (f64, f64) = (0.001, 1.0);
 
 /// What one rank measured, beside what the formula says of its stage.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -243,7 +243,6 @@ pub fn trial_commands(
             None => dir.to_string(),
         };
         command.env.push(("PYTHONPATH".into(), path));
-        command.env.push(("PIPETTE_HOST".into(), node.host.clone()));
         let mut shown = node.clone();
         shown.env = command.env.clone();
         lines.push(shown.command_line(&spec.workdir));
@@ -410,20 +409,22 @@ fn stage_error(e: StageError) -> TrialError {
     }
 }
 
-/// The last [`TAIL_LINES`] lines of a node's standard output and error (in that order:
-/// torchrun's failure report is on standard error), without the hook's result lines.
+/// The last lines of a node's standard output and then of its standard error (the
+/// script's last words, then torchrun's failure report), [`TAIL_LINES`] at most of each,
+/// without the hook's result lines.
 fn tail(streams: &[&[u8]]) -> String {
     let text: Vec<String> = streams
         .iter()
         .flat_map(|s| {
-            String::from_utf8_lossy(s)
+            let lines: Vec<String> = String::from_utf8_lossy(s)
                 .lines()
                 .filter(|l| !l.starts_with(RESULT_MARK) && !l.trim().is_empty())
                 .map(str::to_owned)
-                .collect::<Vec<_>>()
+                .collect();
+            lines[lines.len().saturating_sub(TAIL_LINES)..].to_vec()
         })
         .collect();
-    text[text.len().saturating_sub(TAIL_LINES)..].join("\n")
+    text.join("\n")
 }
 
 /// Reads a result line's JSON.
@@ -807,7 +808,8 @@ mod tests {
     fn a_failure_report_keeps_the_last_lines() {
         let out = (1..=30).map(|i| format!("line {i}\n")).collect::<String>();
         let t = tail(&[out.as_bytes(), b"PIPETTE-TRIAL-RESULT {}\nerr\n"]);
-        assert_eq!(t.lines().count(), TAIL_LINES);
+        assert_eq!(t.lines().count(), TAIL_LINES + 1);
+        assert!(t.starts_with("line 11\n"));
         assert!(t.ends_with("line 30\nerr"));
     }
 }

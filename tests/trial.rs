@@ -1,0 +1,230 @@
+//! The trial run end to end on CPUs with PyTorch's real torchrun: two "nodes" (`node-a`,
+//! `node-b`, one CPU process each, run here through the local transport) run
+//! `examples/train_gpt.py` for a few iterations under the plan; the sitecustomize hook
+//! reports every rank's peak RSS, Megatron's iteration lines give the time.
+//!
+//! - `pipette calibrate` records each rank's peak memory and the iteration time, and the
+//!   calibration fitted on two micro-batch sizes predicts the peak of a third trial, run
+//!   independently, within 10 % (the default calibration is far off: it assumes 1.5 GiB
+//!   of CUDA context and NCCL buffers that a CPU process does not have);
+//! - a script that fails in the trial gives exit code 72, names the rank, launches
+//!   nothing and leaves no process; a script that hangs hits `--trial-timeout`.
+//!
+//! Needs the venv of `scripts/setup-megatron-venv` (PyTorch with torchrun);
+//! `PIPETTE_MEGATRON_PYTHON` picks another python. Fails, never skips, without it.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{assert_no_process_left, cpu_profile, repo, torchrun};
+use serde_json::Value;
+
+/// A command of `bin` (and its subcommand) with the test environment: CPU stand-ins on loopback, no
+/// allocation from the environment.
+fn command(bin: &str, subcommand: Option<&str>, dir: &Path) -> Command {
+    let mut command = Command::new(bin);
+    command.args(subcommand);
+    command
+        .current_dir(repo())
+        .env("GLOO_SOCKET_IFNAME", "lo")
+        .env("OMP_NUM_THREADS", "1")
+        .env("PYTHONUNBUFFERED", "1");
+    for var in [
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+        "PBS_NODEFILE",
+        "PIPETTE_CLUSTER",
+        "PIPETTE_HOSTS",
+        "PIPETTE_HOSTFILE",
+        "PIPETTE_PIN",
+        "PIPETTE_LAUNCHER",
+        "PIPETTE_CALIBRATION",
+        "PIPETTE_NO_TRIAL",
+    ] {
+        command.env_remove(var);
+    }
+    let profile = dir.join("cluster.json");
+    std::fs::write(&profile, cpu_profile(&["node-a", "node-b"], 1)).unwrap();
+    command
+        .arg("--cluster")
+        .arg(&profile)
+        .args(["--hosts", "node-a,node-b", "--nproc-per-node", "1"])
+        .args(["--launcher", "local", "--pin", "tp=1,pp=1,dp=2"])
+        .arg("--torchrun")
+        .arg(torchrun());
+    command
+}
+
+/// A model whose activations are a sizeable share of a rank's RSS: at micro-batch 8 about
+/// 0.8 of 1.6 GB (sequence 1024; the toy's attention keeps the 4 heads' 1024² scores).
+const SIZED_MODEL: &[&str] = &[
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "256",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "1024",
+    "--vocab-size",
+    "256",
+    "--global-batch-size",
+    "16",
+];
+
+const TINY_MODEL: &[&str] = &[
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--vocab-size",
+    "256",
+    "--global-batch-size",
+    "4",
+];
+
+fn calibrate(dir: &Path, name: &str, micro_batches: &str) -> Value {
+    let out = dir.join(name);
+    let output = command(env!("CARGO_BIN_EXE_pipette"), Some("calibrate"), dir)
+        .arg("--out")
+        .arg(&out)
+        .args(["--trial-iters", "3", "--trial-micro-batches", micro_batches])
+        .arg("examples/train_gpt.py")
+        .args(SIZED_MODEL)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "pipette calibrate failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+}
+
+#[test]
+fn calibrated_memory_estimate_predicts_an_independent_trial_within_10_percent() {
+    let dir = tempfile::tempdir().unwrap();
+    // Fitted on micro-batches 2 and 8 ...
+    let fitted = calibrate(dir.path(), "fit.json", "2,8");
+    let trials = fitted["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2);
+    for t in trials {
+        let m = &t["measurement"];
+        let ranks = m["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 2, "every rank reports: {m}");
+        for r in ranks {
+            let rss = r["peak_rss_bytes"].as_u64().unwrap();
+            assert!(rss > 200 << 20, "a torch process has a few hundred MB: {r}");
+            assert!(r["cuda"].is_null());
+        }
+        let ms = m["iteration_ms"].as_f64().unwrap();
+        assert!(ms > 0.0, "{m}");
+        assert_eq!(m["iterations"].as_array().unwrap().len(), 3);
+        eprintln!(
+            "micro-batch {}: peak RSS {:?} MiB, {ms:.1} ms per iteration",
+            m["config"]["micro_batch"],
+            ranks
+                .iter()
+                .map(|r| r["peak_rss_bytes"].as_u64().unwrap() >> 20)
+                .collect::<Vec<_>>()
+        );
+    }
+    assert_eq!(fitted["memory_fit"]["method"], "least-squares");
+    let calibration = dir.path().join("fit.json");
+
+    // ... checked against micro-batch 4, measured by a trial of its own.
+    let check = calibrate(dir.path(), "check.json", "4");
+    let peak = &check["trials"][0]["peak"];
+    let measured = peak["measured"].as_f64().unwrap();
+    let default_error = peak["error_before_pct"].as_f64().unwrap();
+
+    let estimate = Command::new(env!("CARGO_BIN_EXE_pipette"))
+        .current_dir(repo())
+        .env_remove("PIPETTE_CLUSTER")
+        .args([
+            "estimate", "--tp", "1", "--pp", "1", "--dp", "2", "--mbs", "4",
+        ])
+        .arg("--calibration")
+        .arg(&calibration)
+        .arg("--json")
+        .arg("--")
+        .args(SIZED_MODEL)
+        .output()
+        .unwrap();
+    assert!(estimate.status.success(), "{estimate:?}");
+    let estimate: Value = serde_json::from_slice(&estimate.stdout).unwrap();
+    let calibrated = estimate["memory"]["peak_bytes"].as_f64().unwrap();
+    let calibrated_error = (calibrated - measured) / measured * 100.0;
+    eprintln!(
+        "micro-batch 4: measured {:.0} MiB; default estimate {default_error:+.1} %, calibrated (fitted on 2 and 8) {calibrated_error:+.1} %",
+        measured / (1u64 << 20) as f64
+    );
+    assert!(
+        calibrated_error.abs() <= 10.0,
+        "calibrated estimate {calibrated_error:+.1} % off"
+    );
+    assert!(
+        default_error.abs() > 20.0,
+        "the default calibration was expected to be far off on a CPU: {default_error:+.1} %"
+    );
+}
+
+#[test]
+fn a_script_failing_in_the_trial_is_reported_and_nothing_is_launched() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("marker").display().to_string();
+    let run_dir = dir.path().join("run");
+    let output = command(env!("CARGO_BIN_EXE_pipette-run"), None, dir.path())
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .arg("examples/train_gpt.py")
+        .args(TINY_MODEL)
+        .args(["--train-iters", "50", "--toy-fail-at-iteration", "1"])
+        .args(["--data-path", &marker])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(72), "{stderr}");
+    assert!(stderr.contains("failed in the trial run"), "{stderr}");
+    assert!(stderr.contains("rank 0"), "{stderr}");
+    assert!(stderr.contains("exit code 3"), "{stderr}");
+    assert!(
+        stderr.contains("failing at iteration 1 as asked"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("'--train-iters' '5'"),
+        "the trial command: {stderr}"
+    );
+    assert!(!run_dir.join("events.jsonl").exists(), "nothing launched");
+    assert_no_process_left(&marker);
+}
+
+#[test]
+fn a_hanging_script_hits_the_trial_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("marker").display().to_string();
+    let started = std::time::Instant::now();
+    let output = command(env!("CARGO_BIN_EXE_pipette-run"), None, dir.path())
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .args(["--trial-timeout", "8s", "--grace", "2s"])
+        .arg("examples/train_gpt.py")
+        .args(TINY_MODEL)
+        .args(["--toy-iteration-seconds", "600"])
+        .args(["--data-path", &marker])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(72), "{stderr}");
+    assert!(stderr.contains("did not finish within 8 s"), "{stderr}");
+    assert!(started.elapsed().as_secs() < 60);
+    assert_no_process_left(&marker);
+}
