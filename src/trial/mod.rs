@@ -237,14 +237,20 @@ pub fn trial_commands(
     let mut lines = Vec::new();
     for (i, node) in spec.nodes.iter().enumerate() {
         let mut command = job.node_command(&spec, i);
-        let dir = staging_dirs.get(i).copied().unwrap_or("$PIPETTE_TRIAL_DIR");
+        // Not staged yet (`--dry-run`): where it would be.
+        let dir = staging_dirs
+            .get(i)
+            .copied()
+            .unwrap_or("/tmp/pipette-trial.XXXXXX");
         let path = match command.env.iter().position(|(k, _)| k == "PYTHONPATH") {
             Some(at) => format!("{dir}:{}", command.env.remove(at).1),
             None => dir.to_string(),
         };
         command.env.push(("PYTHONPATH".into(), path));
         let mut shown = node.clone();
+        // The run id differs on every invocation and says nothing to a reader.
         shown.env = command.env.clone();
+        shown.env.retain(|(k, _)| k != launch::RUN_ID_VAR);
         lines.push(shown.command_line(&spec.workdir));
         commands.push((node.host.clone(), command));
     }
