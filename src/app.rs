@@ -353,8 +353,8 @@ fn indent_lines(text: &str, prefix: &str) -> String {
 
 /// `pipette calibrate`: the trial alone, its report written to `--out`.
 fn calibrate(args: &crate::cli::CalibrateArgs, env: &Environment) -> Result<(), Error> {
-    let cli = args.as_run();
-    let job = prepare_job(&cli, env)?;
+    let cli = &args.run;
+    let job = prepare_job(cli, env)?;
     if cli.pipette.dry_run {
         let (_, lines, notes) =
             trial::trial_commands(&job.template, &job.plan, cli.trial.trial_iters, &[])
@@ -363,7 +363,7 @@ fn calibrate(args: &crate::cli::CalibrateArgs, env: &Environment) -> Result<(), 
         return Ok(());
     }
     // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
-    let (_, report) = trial_and_replan(&cli, &job, 1)?;
+    let (_, report) = trial_and_replan(cli, &job, 1)?;
     write_json(&args.out, &report, "--out")?;
     if cli.pipette.json {
         println!("{}", to_json(&report)?);

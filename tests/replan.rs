@@ -18,7 +18,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -26,7 +26,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use common::{assert_no_process_left, cpu_profile, node_processes, repo, torchrun, Sshd};
+use common::{
+    assert_no_process_left, cpu_job_command, cpu_profile, node_processes, torchrun, Sshd,
+};
 use pipette::cluster::ClusterProfile;
 use pipette::config::settings_from_megatron_args;
 use pipette::launch::{checkpoint_format, replan, CheckpointState, ReplanError};
@@ -64,24 +66,7 @@ impl Job {
         let profile = dir.path().join("cluster.json");
         std::fs::write(&profile, cpu_profile(hosts, 2)).unwrap();
         let save = dir.path().join("save");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_pipette-run"));
-        command
-            .current_dir(repo())
-            .env("GLOO_SOCKET_IFNAME", "lo")
-            .env("OMP_NUM_THREADS", "1")
-            .env("PYTHONUNBUFFERED", "1");
-        for var in [
-            "SLURM_JOB_NODELIST",
-            "SLURM_NODELIST",
-            "PBS_NODEFILE",
-            "PIPETTE_CLUSTER",
-            "PIPETTE_HOSTS",
-            "PIPETTE_HOSTFILE",
-            "PIPETTE_PIN",
-            "PIPETTE_LAUNCHER",
-        ] {
-            command.env_remove(var);
-        }
+        let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
         // The trial run has tests of its own (tests/trial.rs); these test re-planning.
         command
             .arg("--no-trial")

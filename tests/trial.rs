@@ -18,33 +18,14 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{assert_no_process_left, cpu_profile, repo, torchrun};
+use common::{assert_no_process_left, cpu_job_command, cpu_profile, repo, torchrun};
 use serde_json::Value;
 
 /// A command of `bin` (and its subcommand) with the test environment: CPU stand-ins on loopback, no
 /// allocation from the environment.
 fn command(bin: &str, subcommand: Option<&str>, dir: &Path) -> Command {
-    let mut command = Command::new(bin);
+    let mut command = cpu_job_command(bin);
     command.args(subcommand);
-    command
-        .current_dir(repo())
-        .env("GLOO_SOCKET_IFNAME", "lo")
-        .env("OMP_NUM_THREADS", "1")
-        .env("PYTHONUNBUFFERED", "1");
-    for var in [
-        "SLURM_JOB_NODELIST",
-        "SLURM_NODELIST",
-        "PBS_NODEFILE",
-        "PIPETTE_CLUSTER",
-        "PIPETTE_HOSTS",
-        "PIPETTE_HOSTFILE",
-        "PIPETTE_PIN",
-        "PIPETTE_LAUNCHER",
-        "PIPETTE_CALIBRATION",
-        "PIPETTE_NO_TRIAL",
-    ] {
-        command.env_remove(var);
-    }
     let profile = dir.join("cluster.json");
     std::fs::write(&profile, cpu_profile(&["node-a", "node-b"], 1)).unwrap();
     command

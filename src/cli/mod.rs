@@ -154,6 +154,10 @@ pub enum PipetteCommand {
     /// measured peak memory and iteration time, and write it with the full report to
     /// --out (read it back with --calibration FILE):
     /// `pipette calibrate --cluster c.json --out cal.json train.py --num-layers 2 ...`
+    #[command(
+        override_usage = "pipette calibrate --out FILE [TORCHRUN OPTIONS] [PIPETTE OPTIONS] SCRIPT [SCRIPT ARGS]...",
+        disable_version_flag = true
+    )]
     Calibrate(Box<CalibrateArgs>),
     /// List the model presets usable with --model
     Presets {
@@ -216,47 +220,9 @@ pub struct CalibrateArgs {
     /// Where to write the trial report with the fitted calibration (JSON)
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
+    /// The run to calibrate, exactly as pipette-run takes it
     #[command(flatten)]
-    pub pipette: OutputOptions,
-    #[command(flatten)]
-    pub discovery: DiscoveryOptions,
-    #[command(flatten)]
-    pub model: ModelOptions,
-    #[command(flatten)]
-    pub planning: PlanningOptions,
-    #[command(flatten)]
-    pub launch: LaunchOptions,
-    #[command(flatten)]
-    pub supervise: SuperviseOptions,
-    #[command(flatten)]
-    pub trial: TrialOptions,
-    #[command(flatten)]
-    pub torchrun: TorchrunOptions,
-    /// The training script and its arguments, as pipette-run takes them
-    #[arg(
-        value_name = "SCRIPT [SCRIPT ARGS]",
-        required = true,
-        num_args = 1..,
-        trailing_var_arg = true
-    )]
-    pub command: Vec<String>,
-}
-
-impl CalibrateArgs {
-    /// The same run as pipette-run's command line.
-    pub fn as_run(&self) -> RunCli {
-        RunCli {
-            pipette: self.pipette.clone(),
-            discovery: self.discovery.clone(),
-            model: self.model.clone(),
-            planning: self.planning.clone(),
-            launch: self.launch.clone(),
-            supervise: self.supervise.clone(),
-            trial: self.trial.clone(),
-            torchrun: self.torchrun.clone(),
-            command: self.command.clone(),
-        }
-    }
+    pub run: RunCli,
 }
 
 /// `pipette plan`'s options.

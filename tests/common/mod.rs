@@ -48,6 +48,33 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A command of `bin` set up for a CPU job on loopback: run from the repository, gloo on
+/// `lo`, one thread per worker, unbuffered Python, and none of the variables from which
+/// discovery or planning would read this machine's allocation or pipette settings.
+pub fn cpu_job_command(bin: &str) -> Command {
+    let mut command = Command::new(bin);
+    command
+        .current_dir(repo())
+        .env("GLOO_SOCKET_IFNAME", "lo")
+        .env("OMP_NUM_THREADS", "1")
+        .env("PYTHONUNBUFFERED", "1");
+    for var in [
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+        "PBS_NODEFILE",
+        "PIPETTE_CLUSTER",
+        "PIPETTE_HOSTS",
+        "PIPETTE_HOSTFILE",
+        "PIPETTE_PIN",
+        "PIPETTE_LAUNCHER",
+        "PIPETTE_CALIBRATION",
+        "PIPETTE_NO_TRIAL",
+    ] {
+        command.env_remove(var);
+    }
+    command
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind(("127.0.0.1", 0))
         .unwrap()
