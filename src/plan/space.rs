@@ -134,7 +134,7 @@ fn divisors(n: u64) -> Vec<u64> {
 /// first and last stages differ from equal middle stages (what Megatron's
 /// `--decoder-first/last-pipeline-num-layers` can say): the middle size is L/pp rounded
 /// down or up, the first and last stages share the rest.
-fn layer_splits(layers: u64, pp: u64, uneven: bool) -> Vec<Vec<u64>> {
+pub(crate) fn layer_splits(layers: u64, pp: u64, uneven: bool) -> Vec<Vec<u64>> {
     let mut splits = Vec::new();
     if layers % pp == 0 {
         splits.push(vec![layers / pp; pp as usize]);
