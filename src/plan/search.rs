@@ -2,16 +2,29 @@
 //! configuration that fits and its rank mapping out.
 //!
 //! 1. **Candidates**: every configuration Megatron accepts for this model on the profile's
-//!    nodes × GPUs per node ([`super::space::candidates`]), pinned settings respected.
-//! 2. **Memory**: drop every configuration whose worst stage needs more than the smallest
-//!    GPU's memory less the headroom ([`MemoryHeadroom`], default 5 %). When none is left:
-//!    [`PlanError::NothingFits`], with the smallest need and what would make it fit.
-//! 3. **Rank** the rest by the time model on torchrun's default placement (in parallel;
-//!    ties broken by a stable key of the configuration, so the order is the same on every
-//!    machine).
+//!    nodes × GPUs per node ([`super::space::candidates`]), pinned settings respected. The
+//!    planner needs the same GPU count on every node ([`PlanError::MixedGpuCounts`]).
+//!    On a cluster that mixes kinds of GPU ([`super::hetero`]), every candidate is taken
+//!    on every order of the GPU classes along the pipeline (an [`Arrangement`]), and each
+//!    plain-1F1B shape also gets its layers balanced over that arrangement's stages by
+//!    speed within each stage's memory ([`super::layers`]; `SpaceOptions::uneven_layers`
+//!    off leaves only even splits, which is how the report's even-split comparison is
+//!    planned).
+//! 2. **Memory**: drop every configuration one of whose stages needs more than its own
+//!    GPUs' memory less the headroom ([`MemoryHeadroom`], default 5 %); on a homogeneous
+//!    cluster that is the worst stage against the smallest GPU. When none is left:
+//!    [`PlanError::NothingFits`], with the smallest need (per stage on mixed GPUs) and what
+//!    would make it fit.
+//! 3. **Rank** the rest by the time model on torchrun's default placement of their
+//!    arrangement (in parallel; ties broken by a stable key of the configuration, then the
+//!    arrangement, so the order is the same on every machine).
 //! 4. **Map** the best `top_k` (in parallel, each with a seed derived from the plan's seed
-//!    and its rank, so the thread count changes nothing) with [`super::mapping`], and keep
-//!    the lowest mapped cost (ties: the better-ranked configuration).
+//!    and its rank, so the thread count changes nothing) with [`super::mapping`], node
+//!    swaps confined to a GPU class on mixed clusters, and keep the lowest mapped cost
+//!    (ties: the better-ranked configuration).
+//!
+//! On a homogeneous cluster there is one arrangement (the profile's order, every swap
+//! allowed) and the plan is what it was before heterogeneous planning, bit for bit.
 //!
 //! Pure: no I/O, no clock. Timing a plan is left to callers (the benchmark).
 
