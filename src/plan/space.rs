@@ -12,6 +12,10 @@
 //!   by the virtual stages, an even split, and a micro-batch count divisible by pp
 //!   (core/pipeline_parallel/schedules.py: `microbatch_group_size_per_vp_stage` = pp);
 //! - sequence parallelism only with tp > 1; the distributed optimizer only matters with dp > 1.
+//!
+//! Splits by GPU speed on mixed clusters (any layer count per stage, rendered as
+//! `--pipeline-model-parallel-layout` when first/last counts cannot say it) are added by
+//! the planner ([`super::layers`]), not here: they depend on where each stage runs.
 
 use crate::config::{Recompute, RecomputeMethod, Settings};
 use crate::model::ParallelConfig;
