@@ -219,8 +219,13 @@ fn nothing_fits_names_the_stage_and_its_gpus() {
     let err = plan(&settings, &cluster, &PlanOptions::default()).unwrap_err();
     let text = err.to_string();
     assert!(text.contains("no configuration fits"), "{text}");
-    assert!(text.contains(" on stage "), "{text}");
-    assert!(text.contains("GPUs"), "{text}");
+    assert!(text.contains(" on its stage "), "{text}");
+    assert!(
+        text.contains("(V100-SXM2-32GB)") || text.contains("(A100-SXM4-80GB)"),
+        "{text}"
+    );
+    // More GPUs of the kind with the most memory.
+    assert!(text.contains("A100-SXM4-80GB) would fit"), "{text}");
 }
 
 #[test]

@@ -314,7 +314,7 @@ pub enum PlanError {
     NothingFits {
         smallest_peak_bytes: u64,
         /// On a heterogeneous cluster, the stage that overflows least and its GPUs
-        /// (" on stage 2 of 4, V100-SXM2-32GB"); empty otherwise.
+        /// (" on its stage 2 of 4 (V100-SXM2-32GB)"); empty otherwise.
         on_stage: String,
         gpu_memory_bytes: u64,
         usable_memory_bytes: u64,
@@ -1150,7 +1150,7 @@ fn nothing_fits(
         options,
         shortfall,
         &fits_here,
-        (shape.gpu_memory_bytes, usable),
+        (shape.gpu_memory_bytes, usable, ""),
     )
 }
 
@@ -1207,7 +1207,7 @@ fn nothing_fits_per_stage(
         .join("+");
     let shortfall = Shortfall {
         need: needs[c][s],
-        on_stage: format!(" on stage {} of {}, {gpu}", s + 1, config.pp),
+        on_stage: format!(" on its stage {} of {} ({gpu})", s + 1, config.pp),
         gpu_memory_bytes: arrangement.stage_memory(config, s),
         usable_memory_bytes: arrangement.stage_usable(config, s),
         config: config.clone(),
@@ -1243,20 +1243,21 @@ fn nothing_fits_per_stage(
         options,
         shortfall,
         &fits_here,
-        (largest.memory_bytes, largest.usable_bytes),
+        (largest.memory_bytes, largest.usable_bytes, &largest.name),
     )
 }
 
 /// [`PlanError::NothingFits`] for `shortfall`, with what would make something fit:
 /// unpinning settings (`fits_here` says whether anything fits with other settings on this
-/// cluster), or more GPUs like those of `more` (memory, usable memory).
+/// cluster), or more GPUs like those of `more` (memory, usable memory, and their name
+/// when the cluster mixes kinds).
 fn explain_shortfall(
     settings: &Settings,
     shape: &ClusterShape,
     options: &PlanOptions,
     shortfall: Shortfall,
     fits_here: &(dyn Fn(&Settings) -> bool + Sync),
-    more: (u64, u64),
+    more: (u64, u64, &str),
 ) -> PlanError {
     let g = shape.gpus_per_node;
     let smallest = shortfall.need;
@@ -1320,13 +1321,18 @@ fn explain_shortfall(
         }
     }
     // More nodes of the same kind: doubling until something fits.
-    let (more_memory, _) = more;
+    let (more_memory, _, kind) = more;
+    let kind = if kind.is_empty() {
+        String::new()
+    } else {
+        format!(" {kind}")
+    };
     let enough = (1..=10)
         .map(|k| shape.nodes << k)
         .find(|&nodes| fits(settings, nodes));
     match enough {
         Some(nodes) => suggestions.push(format!(
-            "about {} GPUs ({nodes} nodes of {g}) would fit",
+            "about {} GPUs ({nodes} nodes of {g}{kind}) would fit",
             nodes * g
         )),
         None => suggestions.push(format!(
