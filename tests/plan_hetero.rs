@@ -112,6 +112,17 @@ fn uneven_beats_even(file: &str, settings: &Settings) -> (Plan, Plan) {
             "{file}: stage {s} needs {peak} bytes, its GPUs give {usable}"
         );
     }
+    // The search's cost of the winner (on the class-ordered view of the cluster) is the
+    // estimate on the cluster itself.
+    let best = &uneven.top[0];
+    assert_eq!(best.config, uneven.config);
+    assert!(
+        (best.mapped_ms - uneven.estimate.iteration_ms).abs() <= 1e-9 * best.mapped_ms,
+        "{file}: mapped {} ms, estimated {} ms",
+        best.mapped_ms,
+        uneven.estimate.iteration_ms
+    );
+    assert!(best.mapped_ms <= uneven.baseline_mapping_ms);
     // The report's comparison is the even plan.
     let h = uneven
         .heterogeneous

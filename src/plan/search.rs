@@ -274,7 +274,8 @@ pub struct SearchSettings {
 /// How much the planner looked at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PlanStats {
-    /// Configurations Megatron accepts with the pinned settings.
+    /// Configurations Megatron accepts with the pinned settings (on mixed GPUs: per order
+    /// of the GPU kinds along the pipeline, balanced splits included).
     pub candidates: usize,
     /// Those that fit in memory.
     pub fitting: usize,
