@@ -519,17 +519,18 @@ pub fn plan(
         .flat_map(|c| (0..arrangements.len()).map(move |a| (c, a)))
         .collect();
     if heterogeneous && options.space.uneven_layers {
+        // Balanced splits are never among the candidates' own (even, first/last) splits,
+        // but two arrangements may balance a shape alike: one configuration, two pairs.
+        let known = configs.len();
         for (config, a) in balanced_configs(settings, &configs, &arrangements, &identity, options) {
-            let at = match configs.iter().rposition(|c| *c == config) {
-                Some(at) => at,
+            let at = match configs[known..].iter().position(|c| *c == config) {
+                Some(at) => known + at,
                 None => {
                     configs.push(config);
                     configs.len() - 1
                 }
             };
-            if !pairs.contains(&(at, a)) {
-                pairs.push((at, a));
-            }
+            pairs.push((at, a));
         }
     }
 
@@ -885,8 +886,7 @@ fn balanced_configs(
                     options,
                 );
                 let config = with_split(base, split);
-                if !known.contains(&config.layers_per_stage) && !out.contains(&(config.clone(), a))
-                {
+                if !known.contains(&config.layers_per_stage) {
                     out.push((config, a));
                 }
             }
