@@ -294,4 +294,13 @@ impl Arrangement {
         }
         out
     }
+
+    /// The GPU model(s) stage `s` runs on, `+`-joined when it spans classes.
+    pub fn stage_gpu(&self, config: &ParallelConfig, s: usize, classes: &[GpuClass]) -> String {
+        self.stage_classes(config, s)
+            .iter()
+            .map(|&k| classes[k].name.as_str())
+            .collect::<Vec<_>>()
+            .join("+")
+    }
 }

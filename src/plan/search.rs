@@ -559,9 +559,11 @@ pub fn plan(
                 settings,
                 &shape,
                 options,
-                &configs,
-                &pairs,
-                &needs,
+                Candidates {
+                    configs: &configs,
+                    pairs: &pairs,
+                    needs: &needs,
+                },
                 &arrangements,
                 &classes,
             ));
@@ -695,17 +697,17 @@ pub fn plan(
         &best.config,
         &options.calibration,
     );
-    let heterogeneous = heterogeneous.then(|| {
-        heterogeneous_plan(
+    let heterogeneous = heterogeneous.then(|| HeterogeneousPlan {
+        stages: stage_plans(
             settings,
-            cluster,
             options,
             &best.config,
             &arrangements[arrangement],
             &classes,
             &memory,
             &time,
-        )
+        ),
+        even_split: even_split(settings, cluster, options, time.iteration_ms),
     });
     let mapping = rank_mapping(cluster, &state, best.method, best.evaluations);
     Ok(Plan {
@@ -995,29 +997,22 @@ fn stage_needs(
         .collect()
 }
 
-/// The stages of the winning `config` on its `arrangement`, and the best even split.
-#[allow(clippy::too_many_arguments)]
-fn heterogeneous_plan(
+/// The stages of the winning `config` on its `arrangement`.
+fn stage_plans(
     settings: &Settings,
-    cluster: &ClusterProfile,
     options: &PlanOptions,
     config: &ParallelConfig,
     arrangement: &Arrangement,
     classes: &[GpuClass],
     memory: &MemoryEstimate,
     time: &TimeEstimate,
-) -> HeterogeneousPlan {
+) -> Vec<StagePlan> {
     let usable = stage_usables(arrangement, config);
     let tables = StageTables::new(settings, &with_split(config, Vec::new()), options, false);
-    let stages = (0..config.pp as usize)
+    (0..config.pp as usize)
         .map(|s| StagePlan {
             stage: s,
-            gpu: arrangement
-                .stage_classes(config, s)
-                .iter()
-                .map(|&k| classes[k].name.as_str())
-                .collect::<Vec<_>>()
-                .join("+"),
+            gpu: arrangement.stage_gpu(config, s, classes),
             gpus: config.tp * config.dp,
             layers: config.layers_per_stage[s],
             layer_capacity: tables.as_ref().map_or(0, |t| {
@@ -1028,23 +1023,28 @@ fn heterogeneous_plan(
             usable_memory_bytes: usable[s],
             slot_ms: time.stages.get(s).map_or(0.0, |t| t.slot_ms),
         })
-        .collect();
-    // The comparison the report shows: the same search with even splits only.
-    let even_split = options
-        .space
-        .uneven_layers
-        .then(|| {
-            let mut even = options.clone();
-            even.space.uneven_layers = false;
-            plan(settings, cluster, &even).ok()
-        })
-        .flatten()
-        .map(|even| EvenSplit {
-            ratio: even.estimate.iteration_ms / time.iteration_ms,
-            iteration_ms: even.estimate.iteration_ms,
-            config: even.config,
-        });
-    HeterogeneousPlan { stages, even_split }
+        .collect()
+}
+
+/// The comparison the report shows for a plan of `iteration_ms`: the same search with
+/// even splits only; `None` when uneven splits are off already or no even split fits.
+fn even_split(
+    settings: &Settings,
+    cluster: &ClusterProfile,
+    options: &PlanOptions,
+    iteration_ms: f64,
+) -> Option<EvenSplit> {
+    if !options.space.uneven_layers {
+        return None;
+    }
+    let mut even = options.clone();
+    even.space.uneven_layers = false;
+    let even = plan(settings, cluster, &even).ok()?;
+    Some(EvenSplit {
+        ratio: even.estimate.iteration_ms / iteration_ms,
+        iteration_ms: even.estimate.iteration_ms,
+        config: even.config,
+    })
 }
 
 /// Host names and device indices of a mapping.
@@ -1155,6 +1155,15 @@ fn nothing_fits(
     )
 }
 
+/// The candidates of a plan: configurations, the (configuration, arrangement) pairs
+/// considered, and every configuration's memory need per stage.
+#[derive(Clone, Copy)]
+struct Candidates<'a> {
+    configs: &'a [ParallelConfig],
+    pairs: &'a [(usize, usize)],
+    needs: &'a [Vec<u64>],
+}
+
 /// The configuration that comes closest to fitting, and where it does not.
 struct Shortfall {
     /// The memory need of its stage that overflows least, per GPU.
@@ -1167,17 +1176,19 @@ struct Shortfall {
 
 /// The error when nothing fits on a heterogeneous cluster: the configuration and
 /// arrangement whose worst stage overflows its own GPUs' memory by the smallest share.
-#[allow(clippy::too_many_arguments)]
 fn nothing_fits_per_stage(
     settings: &Settings,
     shape: &ClusterShape,
     options: &PlanOptions,
-    configs: &[ParallelConfig],
-    pairs: &[(usize, usize)],
-    needs: &[Vec<u64>],
+    considered: Candidates<'_>,
     arrangements: &[Arrangement],
     classes: &[GpuClass],
 ) -> PlanError {
+    let Candidates {
+        configs,
+        pairs,
+        needs,
+    } = considered;
     // Per pair: (need / usable of its worst stage, that stage).
     let worst = |&(c, a): &(usize, usize)| {
         (0..needs[c].len())
@@ -1200,12 +1211,7 @@ fn nothing_fits_per_stage(
         .expect("called with candidates");
     let arrangement = &arrangements[a];
     let config = &configs[c];
-    let gpu = arrangement
-        .stage_classes(config, s)
-        .iter()
-        .map(|&k| classes[k].name.as_str())
-        .collect::<Vec<_>>()
-        .join("+");
+    let gpu = arrangement.stage_gpu(config, s, classes);
     let shortfall = Shortfall {
         need: needs[c][s],
         on_stage: format!(" on its stage {} of {} ({gpu})", s + 1, config.pp),
