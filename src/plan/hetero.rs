@@ -304,3 +304,121 @@ impl Arrangement {
             .join("+")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::profile::Dtype;
+    use crate::cluster::profile::{
+        GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile, PeakTflops, Provenance, Source,
+    };
+
+    /// Nodes of 2 GPUs: (name, memory GiB, measured bf16 TFLOPS).
+    fn cluster(nodes: &[(&str, u64, f64)]) -> ClusterProfile {
+        let p = Provenance::new(Source::Estimated);
+        ClusterProfile {
+            note: None,
+            nodes: nodes
+                .iter()
+                .enumerate()
+                .map(|(n, &(name, gib, tflops))| NodeProfile {
+                    host: format!("n{n}"),
+                    gpus: GpuInventory::Known {
+                        gpus: (0..2)
+                            .map(|i| GpuSpec {
+                                index: i,
+                                name: name.into(),
+                                memory_bytes: gib << 30,
+                                peak_tflops: PeakTflops {
+                                    bf16: Some(312.0),
+                                    fp16: 312.0,
+                                },
+                                measured_tflops: Some(MeasuredTflops {
+                                    dtype: Dtype::Bf16,
+                                    tflops,
+                                    provenance: p.clone(),
+                                }),
+                                provenance: p.clone(),
+                            })
+                            .collect(),
+                        links: LinkMatrix::uniform(2, 200.0, p.clone()),
+                    },
+                })
+                .collect(),
+            node_links: LinkMatrix::uniform(nodes.len(), 20.0, p),
+        }
+    }
+
+    fn classes(nodes: &[(&str, u64, f64)]) -> Vec<GpuClass> {
+        let c = cluster(nodes);
+        let fabric = ClusterFabric::new(&c, Precision::Bf16, &Calibration::default()).unwrap();
+        gpu_classes(&c, &fabric, MemoryHeadroom::default())
+    }
+
+    #[test]
+    fn jitter_is_one_class_and_a_slow_node_or_other_memory_is_another() {
+        // Measured figures a few per cent apart: one class, homogeneous.
+        let same = classes(&[
+            ("A100", 80, 250.0),
+            ("A100", 80, 246.0),
+            ("A100", 80, 252.0),
+        ]);
+        assert_eq!(same.len(), 1);
+        assert_eq!(same[0].nodes, [0, 1, 2]);
+        // A node 20 % slower, and a node with less memory: three classes, fastest first.
+        let mixed = classes(&[
+            ("A100", 80, 250.0),
+            ("A100", 40, 250.0),
+            ("A100", 80, 200.0),
+            ("A100", 80, 249.0),
+        ]);
+        let summary: Vec<(u64, Vec<usize>)> = mixed
+            .iter()
+            .map(|c| (c.memory_bytes >> 30, c.nodes.clone()))
+            .collect();
+        // (The 40 GB node is fastest: its class is not held back by the 249-TFLOPS node.)
+        assert_eq!(summary, [(40, vec![1]), (80, vec![0, 3]), (80, vec![2])]);
+        assert_eq!(mixed[1].usable_bytes, (80u64 << 30) - (80u64 << 30) / 20);
+    }
+
+    #[test]
+    fn orders_are_every_permutation_of_few_classes_else_the_two_extremes() {
+        assert_eq!(class_orders(2), [vec![0, 1], vec![1, 0]]);
+        let four = class_orders(4);
+        assert_eq!(four.len(), 24);
+        assert_eq!(four[0], [0, 1, 2, 3], "fastest first comes first");
+        assert_eq!(class_orders(5), [vec![0, 1, 2, 3, 4], vec![4, 3, 2, 1, 0]]);
+    }
+
+    #[test]
+    fn an_arrangement_puts_classes_in_order_and_stages_take_their_nodes() {
+        let c = cluster(&[
+            ("V100", 32, 100.0),
+            ("A100", 80, 250.0),
+            ("V100", 32, 100.0),
+        ]);
+        let fabric = ClusterFabric::new(&c, Precision::Bf16, &Calibration::default()).unwrap();
+        let classes = gpu_classes(&c, &fabric, MemoryHeadroom::Bytes(0));
+        let a = Arrangement::new(
+            &c,
+            &fabric,
+            &classes,
+            &[1, 0],
+            MemoryHeadroom::Bytes(0),
+            Precision::Bf16,
+            &Calibration::default(),
+        )
+        .unwrap();
+        assert_eq!(a.order, [0, 2, 1], "the V100s first, then the A100");
+        assert_eq!(a.space.node_groups(), [(0, 2), (2, 3)]);
+        // Stages of 3 GPUs over nodes of 2: stage 1 spans a V100 and the A100 node.
+        let config = ParallelConfig::even(6, 1, 2, 3, 1);
+        assert_eq!(a.stage_nodes(&config, 0), 0..2);
+        assert_eq!(a.stage_nodes(&config, 1), 1..3);
+        assert_eq!(a.stage_usable(&config, 1), 32 << 30);
+        assert_eq!(a.stage_gpu(&config, 1, &classes), "V100+A100");
+        // The arranged fabric is the profile's with the nodes in that order.
+        let d = |node, gpu| Device { node, gpu };
+        assert_eq!(a.fabric.ms_per_gflop(d(2, 0)), fabric.ms_per_gflop(d(1, 0)));
+    }
+}

@@ -1593,6 +1593,67 @@ mod tests {
     }
 
     #[test]
+    fn node_groups_confine_node_swaps_in_every_search() {
+        // Node ranks 0–1 and 2–4 are two classes: no search may move a node across.
+        let space = MappingSpace::from_parts(5, 2, vec![false; 5]).with_node_groups(&[2, 3]);
+        assert_eq!(space.node_groups(), [(0, 2), (2, 5)]);
+        assert_eq!(space.states(false), Some(2 * 6));
+        assert_eq!(space.states(true), Some(2 * 6 * 32));
+        let in_class = |d: &[Device]| {
+            d.iter()
+                .enumerate()
+                .all(|(r, dev)| (r / 2 < 2) == (dev.node < 2))
+        };
+        let mut seen = std::collections::HashSet::new();
+        let result = search_mapping(
+            &mut FullObjective::new(|d: &[Device]| {
+                assert!(in_class(d), "a node left its class: {d:?}");
+                seen.insert(d.to_vec());
+                toy(d)
+            }),
+            &space,
+            &MappingSearch::Exhaustive { limit: 1_000 },
+        )
+        .unwrap();
+        assert_eq!(seen.len(), 384, "every state within the classes once");
+        let brute = seen.iter().map(|d| toy(d)).fold(f64::INFINITY, f64::min);
+        assert_eq!(result.cost_ms, brute);
+        for seed in 0..4 {
+            let result = search_mapping(
+                &mut FullObjective::new(|d: &[Device]| {
+                    assert!(in_class(d), "a node left its class: {d:?}");
+                    toy(d)
+                }),
+                &space,
+                &MappingSearch::Anneal {
+                    budget: 3_000,
+                    seed,
+                },
+            )
+            .unwrap();
+            assert!(in_class(&result.state.devices()));
+            assert_eq!(result.cost_ms, brute, "seed {seed}");
+        }
+        // A class of one node cannot swap: only the other moves.
+        let single = MappingSpace::from_parts(3, 1, vec![true; 3]).with_node_groups(&[1, 2]);
+        let mut moved = std::collections::HashSet::new();
+        search_mapping(
+            &mut FullObjective::new(|d: &[Device]| {
+                assert_eq!(d[0].node, 0);
+                moved.insert(d.to_vec());
+                toy(d)
+            }),
+            &single,
+            &MappingSearch::Anneal {
+                budget: 200,
+                seed: 1,
+            },
+        )
+        .unwrap();
+        assert_eq!(moved.len(), 2);
+    }
+
+    #[test]
     fn exhaustive_visits_every_state_and_finds_the_minimum() {
         let space = MappingSpace::from_parts(3, 2, vec![false, true, false]);
         assert_eq!(space.states(true), Some(6 * 2 * 2));
