@@ -157,3 +157,34 @@ fn dry_run_as_a_user_reads_it() {
         .replace(env!("CARGO_MANIFEST_DIR"), "[CRATE]");
     insta::assert_snapshot!(shown);
 }
+
+#[test]
+fn dry_run_on_mixed_gpus_as_a_user_reads_it() {
+    // A100 and V100 nodes: the stages, the even-split comparison and the uneven layout in
+    // the Megatron arguments.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::cargo_bin("pipette-run").unwrap();
+    cmd.env_clear().current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd.arg("--run-dir").arg(dir.path().join("run"));
+    cmd.args([
+        "--rdzv-id",
+        "job-43",
+        "--dry-run",
+        "--cluster",
+        "examples/clusters/a100-v100-mixed-4x8.json",
+        "--model",
+        "gpt3-13b",
+        "pretrain_gpt.py",
+        "--fp16",
+        "--global-batch-size",
+        "64",
+    ]);
+    let shown = stdout(&mut cmd)
+        .replace(&dir.path().display().to_string(), "[RUN]")
+        .replace(env!("CARGO_MANIFEST_DIR"), "[CRATE]");
+    assert!(
+        shown.contains("--pipeline-model-parallel-layout"),
+        "{shown}"
+    );
+    insta::assert_snapshot!(shown);
+}
