@@ -121,13 +121,21 @@ fn discover_shows_the_node_list() {
         .stdout("a1 slots=4\na2 slots=4\n");
 }
 
-#[test]
-fn dry_run_as_a_user_reads_it() {
+/// What `pipette-run --run-dir DIR ARGS` prints, with DIR and the crate's path masked.
+fn dry_run(args: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::cargo_bin("pipette-run").unwrap();
     cmd.env_clear().current_dir(env!("CARGO_MANIFEST_DIR"));
     cmd.arg("--run-dir").arg(dir.path().join("run"));
-    cmd.args([
+    cmd.args(args);
+    stdout(&mut cmd)
+        .replace(&dir.path().display().to_string(), "[RUN]")
+        .replace(env!("CARGO_MANIFEST_DIR"), "[CRATE]")
+}
+
+#[test]
+fn dry_run_as_a_user_reads_it() {
+    let shown = dry_run(&[
         "--rdzv-id",
         "job-42",
         "--dry-run",
@@ -152,9 +160,6 @@ fn dry_run_as_a_user_reads_it() {
         "--save-interval",
         "500",
     ]);
-    let shown = stdout(&mut cmd)
-        .replace(&dir.path().display().to_string(), "[RUN]")
-        .replace(env!("CARGO_MANIFEST_DIR"), "[CRATE]");
     insta::assert_snapshot!(shown);
 }
 
@@ -162,11 +167,7 @@ fn dry_run_as_a_user_reads_it() {
 fn dry_run_on_mixed_gpus_as_a_user_reads_it() {
     // A100 and V100 nodes: the stages, the even-split comparison and the uneven layout in
     // the Megatron arguments.
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = Command::cargo_bin("pipette-run").unwrap();
-    cmd.env_clear().current_dir(env!("CARGO_MANIFEST_DIR"));
-    cmd.arg("--run-dir").arg(dir.path().join("run"));
-    cmd.args([
+    let shown = dry_run(&[
         "--rdzv-id",
         "job-43",
         "--dry-run",
@@ -179,9 +180,6 @@ fn dry_run_on_mixed_gpus_as_a_user_reads_it() {
         "--global-batch-size",
         "64",
     ]);
-    let shown = stdout(&mut cmd)
-        .replace(&dir.path().display().to_string(), "[RUN]")
-        .replace(env!("CARGO_MANIFEST_DIR"), "[CRATE]");
     assert!(
         shown.contains("--pipeline-model-parallel-layout"),
         "{shown}"
