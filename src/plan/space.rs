@@ -27,7 +27,9 @@ pub struct SpaceOptions {
     pub max_micro_batch: u64,
     /// The most virtual stages per pipeline rank tried.
     pub max_virtual_stages: u64,
-    /// Whether uneven first/last stages are tried.
+    /// Whether uneven splits are tried: first/last stages here, and on mixed GPUs the
+    /// planner's splits by stage speed and memory. Off: even splits only (what the plan
+    /// report compares a mixed-GPU plan with).
     pub uneven_layers: bool,
 }
 
