@@ -323,7 +323,7 @@ proptest! {
         let args: Vec<String> = [
             "--num-layers", &layers_arg, "--hidden-size", "2048", "--num-attention-heads", "16",
             "--seq-length", "2048", "--max-position-embeddings", "2048", "--vocab-size",
-            "50000", "--global-batch-size", "32", "--bf16",
+            "50000", "--global-batch-size", "120", "--bf16",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -337,7 +337,12 @@ proptest! {
         let p = match plan(&settings, &cluster, &options) {
             Ok(p) => p,
             Err(e) => {
-                prop_assert!(e.to_string().contains("no configuration fits"), "{}", e);
+                // (A tiny model on 20 GPUs may have no configuration at all.)
+                prop_assert!(
+                    e.to_string().contains("no configuration fits")
+                        || e.to_string().contains("no parallel configuration"),
+                    "{}", e
+                );
                 return Ok(());
             }
         };
