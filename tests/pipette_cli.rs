@@ -121,13 +121,21 @@ fn discover_shows_the_node_list() {
         .stdout("a1 slots=4\na2 slots=4\n");
 }
 
-#[test]
-fn dry_run_as_a_user_reads_it() {
+/// What `pipette-run --run-dir DIR ARGS` prints, with DIR and the crate's path masked.
+fn dry_run(args: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::cargo_bin("pipette-run").unwrap();
     cmd.env_clear().current_dir(env!("CARGO_MANIFEST_DIR"));
     cmd.arg("--run-dir").arg(dir.path().join("run"));
-    cmd.args([
+    cmd.args(args);
+    stdout(&mut cmd)
+        .replace(&dir.path().display().to_string(), "[RUN]")
+        .replace(env!("CARGO_MANIFEST_DIR"), "[CRATE]")
+}
+
+#[test]
+fn dry_run_as_a_user_reads_it() {
+    let shown = dry_run(&[
         "--rdzv-id",
         "job-42",
         "--dry-run",
@@ -152,8 +160,29 @@ fn dry_run_as_a_user_reads_it() {
         "--save-interval",
         "500",
     ]);
-    let shown = stdout(&mut cmd)
-        .replace(&dir.path().display().to_string(), "[RUN]")
-        .replace(env!("CARGO_MANIFEST_DIR"), "[CRATE]");
+    insta::assert_snapshot!(shown);
+}
+
+#[test]
+fn dry_run_on_mixed_gpus_as_a_user_reads_it() {
+    // A100 and V100 nodes: the stages, the even-split comparison and the uneven layout in
+    // the Megatron arguments.
+    let shown = dry_run(&[
+        "--rdzv-id",
+        "job-43",
+        "--dry-run",
+        "--cluster",
+        "examples/clusters/a100-v100-mixed-4x8.json",
+        "--model",
+        "gpt3-13b",
+        "pretrain_gpt.py",
+        "--fp16",
+        "--global-batch-size",
+        "64",
+    ]);
+    assert!(
+        shown.contains("--pipeline-model-parallel-layout"),
+        "{shown}"
+    );
     insta::assert_snapshot!(shown);
 }

@@ -159,4 +159,11 @@ fn plan_for_the_example_clusters() {
         "llama2-70b",
         &["--global-batch-size", "512", "--bf16"],
     );
+    // Mixed GPUs: layers by speed, the stage table and the even-split comparison.
+    snapshot(
+        "a100_v100_mixed_4x8_gpt3_13b_fp16",
+        "examples/clusters/a100-v100-mixed-4x8.json",
+        "gpt3-13b",
+        &["--global-batch-size", "64", "--fp16"],
+    );
 }

@@ -15,7 +15,10 @@
 //! stages that do not divide, a missing CUDA_DEVICE_MAX_CONNECTIONS) must be refused, so
 //! the check can fail.
 //!
-//! The planner is not used: plans are written here, so this tests render alone.
+//! The matrix is written here, so it tests render alone; last come the plans the planner
+//! makes on the mixed-GPU example clusters (layers split by GPU speed and memory, rendered
+//! as first/last stage counts or as `--pipeline-model-parallel-layout`), so the uneven
+//! layouts it really produces are judged by Megatron too.
 //! Never skips: without the venv it fails and says how to make it
 //! (`PIPETTE_MEGATRON_PYTHON` picks the python, else `scripts/setup-megatron-venv`'s).
 
@@ -24,9 +27,11 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use pipette::cluster::ClusterProfile;
 use pipette::config::megatron::Pin;
 use pipette::config::{settings_from_megatron_args, Recompute, RecomputeMethod, Settings};
 use pipette::model::parallel::ParallelConfig;
+use pipette::plan::{plan, PlanOptions};
 use pipette::render::{render, LaunchSpec, RenderInput, ScriptInvocation, Templates};
 use serde_json::{json, Value};
 
@@ -475,9 +480,62 @@ fn megatron_verdicts(cases: &[Value]) -> Vec<Value> {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad verdicts ({e}): {text}"))
 }
 
+/// The planner's plans on the mixed example clusters, as cases.
+fn planned_mixed_cases() -> Vec<Case> {
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/clusters");
+    [
+        (
+            "a100-v100-mixed-4x8.json",
+            "gpt3-13b",
+            "--fp16 --global-batch-size 64",
+        ),
+        (
+            "a100-v100-mixed-4x8.json",
+            "gpt3-6.7b",
+            "--fp16 --global-batch-size 64",
+        ),
+        (
+            "h100-a100-mixed-4x8.json",
+            "llama2-13b",
+            "--global-batch-size 64",
+        ),
+        (
+            "h100-a100-mixed-4x8.json",
+            "gpt3-13b",
+            "--global-batch-size 128",
+        ),
+    ]
+    .into_iter()
+    .map(|(file, preset, user)| {
+        let cluster = ClusterProfile::load(examples.join(file)).unwrap();
+        let user_args = words(user);
+        let settings = settings_from_megatron_args(&user_args, Some(preset), &[]).unwrap();
+        let options = PlanOptions {
+            budget: Some(2_000),
+            top_k: 2,
+            ..PlanOptions::default()
+        };
+        let plan = plan(&settings, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
+        let stages = &plan.config.layers_per_stage;
+        assert!(
+            stages.iter().any(|l| *l != stages[0]),
+            "{file} {preset}: the planner split evenly ({stages:?})"
+        );
+        Case {
+            name: format!("{preset} planned on {file} stages{stages:?}"),
+            user_args,
+            settings,
+            config: plan.config,
+            script_options: Vec::new(),
+        }
+    })
+    .collect()
+}
+
 #[test]
 fn megatron_accepts_every_rendered_argument_list_and_refuses_wrong_ones() {
-    let cases = cases();
+    let mut cases = cases();
+    cases.extend(planned_mixed_cases());
     assert!(cases.len() >= 30, "the matrix has {} plans", cases.len());
     let mut inputs = Vec::new();
     for case in &cases {

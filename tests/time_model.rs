@@ -107,6 +107,7 @@ fn every_example_cluster_is_costed_three_ways() {
         ("a100-2x8.json", Precision::Bf16),
         ("a100-4x8-degraded.json", Precision::Bf16),
         ("a100-v100-mixed-4x8.json", Precision::Fp16),
+        ("h100-a100-mixed-4x8.json", Precision::Bf16),
         ("h100-16x8.json", Precision::Bf16),
         ("h100-128x8.json", Precision::Bf16),
         ("v100-8x8.json", Precision::Fp16),

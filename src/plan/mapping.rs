@@ -27,6 +27,12 @@
 //!   with each node's GPUs in index order ([`SearchMethod::Exhaustive`] says which).
 //! - **Auto**: exhaustive when every state fits in the limit, else annealing.
 //!
+//! **Node groups** ([`MappingSpace::with_node_groups`]): on a heterogeneous cluster the
+//! planner fixes which class of GPU holds which pipeline stages (a stage's layer count is
+//! sized to its GPUs' memory), so node swaps are confined to runs of node ranks whose nodes
+//! are of one class: annealing proposes only those, exhaustive search enumerates the orders
+//! of each run. With one group (the default) every node swap is allowed, as before.
+//!
 //! Symmetry is used where it is cheap and exact: a node whose GPU pairs all attain the same
 //! bandwidth and whose GPUs are equally fast gains nothing from reordering its GPUs (links
 //! to other nodes are node-pair figures), so no GPU move is proposed or enumerated there.
@@ -167,6 +173,9 @@ pub struct MappingSpace {
     gpus_per_node: usize,
     /// Per profile node: every GPU pair equally fast and every GPU equally fast.
     symmetric: Vec<bool>,
+    /// Runs of node ranks `start..end` inside which nodes may trade places, in order,
+    /// covering every node rank.
+    groups: Vec<(usize, usize)>,
 }
 
 impl MappingSpace {
@@ -197,6 +206,7 @@ impl MappingSpace {
             nodes,
             gpus_per_node: g,
             symmetric,
+            groups: vec![(0, nodes)],
         })
     }
 
@@ -208,7 +218,42 @@ impl MappingSpace {
             nodes,
             gpus_per_node,
             symmetric,
+            groups: vec![(0, nodes)],
         }
+    }
+
+    /// The same space with node swaps confined to consecutive runs of node ranks of these
+    /// sizes (they must add up to the nodes); see the module doc.
+    pub fn with_node_groups(mut self, sizes: &[usize]) -> Self {
+        assert_eq!(
+            sizes.iter().sum::<usize>(),
+            self.nodes,
+            "node groups cover every node"
+        );
+        let mut start = 0;
+        self.groups = sizes
+            .iter()
+            .filter(|&&n| n > 0)
+            .map(|&n| {
+                start += n;
+                (start - n, start)
+            })
+            .collect();
+        self
+    }
+
+    /// The runs of node ranks inside which nodes may trade places.
+    pub fn node_groups(&self) -> &[(usize, usize)] {
+        &self.groups
+    }
+
+    /// The group (`start..end`) holding node rank `slot`.
+    fn group_of(&self, slot: usize) -> (usize, usize) {
+        *self
+            .groups
+            .iter()
+            .find(|(start, end)| (*start..*end).contains(&slot))
+            .expect("groups cover every node rank")
     }
 
     pub fn nodes(&self) -> usize {
@@ -232,7 +277,10 @@ impl MappingSpace {
     /// States an exhaustive search visits: node orders × (GPU orders of every node whose
     /// order matters, when `gpu_orders`). `None` beyond `u64`.
     pub fn states(&self, gpu_orders: bool) -> Option<u64> {
-        let mut total = factorial(self.nodes as u64)?;
+        let mut total = 1u64;
+        for (start, end) in &self.groups {
+            total = total.checked_mul(factorial((end - start) as u64)?)?;
+        }
         if gpu_orders {
             let per_node = factorial(self.gpus_per_node as u64)?;
             for node in 0..self.nodes {
@@ -1219,15 +1267,20 @@ fn exhaustive<O: Objective>(
             components.push((Some(node), HeapSwaps::new(space.gpus_per_node)));
         }
     }
-    components.push((None, HeapSwaps::new(space.nodes)));
-    let enumerated_gpus = components.len() > 1;
+    let gpu_components = components.len();
+    for &(start, end) in &space.groups {
+        components.push((None, HeapSwaps::new(end - start)));
+    }
+    // The node rank each node component's swaps are counted from.
+    let starts: Vec<usize> = space.groups.iter().map(|g| g.0).collect();
+    let enumerated_gpus = gpu_components > 0;
 
     let identity = objective.reset(&walker.devices);
     let mut best = identity;
     let mut evaluations = 1u64;
     'states: loop {
         let mut step = None;
-        for (node, heap) in &mut components {
+        for (c, (node, heap)) in components.iter_mut().enumerate() {
             if let Some((a, b)) = heap.next_swap() {
                 step = Some(match *node {
                     Some(node) => Move::Gpus {
@@ -1235,7 +1288,10 @@ fn exhaustive<O: Objective>(
                         a,
                         b,
                     },
-                    None => Move::Nodes(a, b),
+                    None => {
+                        let start = starts[c - gpu_components];
+                        Move::Nodes(start + a, start + b)
+                    }
                 });
                 break;
             }
@@ -1289,7 +1345,19 @@ fn anneal<O: Objective>(
     let n = space.nodes;
     let g = space.gpus_per_node;
     let movable: Vec<usize> = (0..n).filter(|&p| space.gpu_order_matters(p)).collect();
-    let node_moves = n >= 2;
+    // Node ranks that have another in their group to trade places with.
+    let swappable: Vec<usize> = space
+        .groups
+        .iter()
+        .filter(|(start, end)| end - start >= 2)
+        .flat_map(|&(start, end)| start..end)
+        .collect();
+    let node_swaps: usize = space
+        .groups
+        .iter()
+        .map(|(start, end)| (end - start) * (end - start).saturating_sub(1) / 2)
+        .sum();
+    let node_moves = swappable.len() >= 2;
     if (!node_moves && movable.is_empty()) || budget <= 1 {
         return walker.finish(identity, identity, evaluations, SearchMethod::Anneal);
     }
@@ -1299,8 +1367,8 @@ fn anneal<O: Objective>(
     let node_share = match (node_moves, movable.is_empty()) {
         (true, true) => 1.0,
         (false, _) => 0.0,
-        (true, false) if n < 4 => {
-            let node_swaps = (n * (n - 1) / 2) as f64;
+        (true, false) if swappable.len() < 4 => {
+            let node_swaps = node_swaps as f64;
             let gpu_swaps = (movable.len() * g * (g - 1) / 2) as f64;
             (node_swaps / (node_swaps + gpu_swaps)).clamp(0.1, 0.5)
         }
@@ -1308,8 +1376,11 @@ fn anneal<O: Objective>(
     };
     let propose = |rng: &mut ChaCha8Rng, slot_of: &[usize]| -> Move {
         if rng.random::<f64>() < node_share {
-            let a = rng.random_range(0..n);
-            let b = (a + rng.random_range(1..n)) % n;
+            // With one group this draws exactly what an unconstrained walk draws.
+            let a = swappable[rng.random_range(0..swappable.len())];
+            let (start, end) = space.group_of(a);
+            let k = end - start;
+            let b = start + (a - start + rng.random_range(1..k)) % k;
             Move::Nodes(a, b)
         } else {
             let node = movable[rng.random_range(0..movable.len())];
@@ -1519,6 +1590,67 @@ mod tests {
             .enumerate()
             .map(|(r, d)| r as f64 * (d.node * 10 + d.gpu) as f64)
             .sum()
+    }
+
+    #[test]
+    fn node_groups_confine_node_swaps_in_every_search() {
+        // Node ranks 0–1 and 2–4 are two classes: no search may move a node across.
+        let space = MappingSpace::from_parts(5, 2, vec![false; 5]).with_node_groups(&[2, 3]);
+        assert_eq!(space.node_groups(), [(0, 2), (2, 5)]);
+        assert_eq!(space.states(false), Some(2 * 6));
+        assert_eq!(space.states(true), Some(2 * 6 * 32));
+        let in_class = |d: &[Device]| {
+            d.iter()
+                .enumerate()
+                .all(|(r, dev)| (r / 2 < 2) == (dev.node < 2))
+        };
+        let mut seen = std::collections::HashSet::new();
+        let result = search_mapping(
+            &mut FullObjective::new(|d: &[Device]| {
+                assert!(in_class(d), "a node left its class: {d:?}");
+                seen.insert(d.to_vec());
+                toy(d)
+            }),
+            &space,
+            &MappingSearch::Exhaustive { limit: 1_000 },
+        )
+        .unwrap();
+        assert_eq!(seen.len(), 384, "every state within the classes once");
+        let brute = seen.iter().map(|d| toy(d)).fold(f64::INFINITY, f64::min);
+        assert_eq!(result.cost_ms, brute);
+        for seed in 0..4 {
+            let result = search_mapping(
+                &mut FullObjective::new(|d: &[Device]| {
+                    assert!(in_class(d), "a node left its class: {d:?}");
+                    toy(d)
+                }),
+                &space,
+                &MappingSearch::Anneal {
+                    budget: 3_000,
+                    seed,
+                },
+            )
+            .unwrap();
+            assert!(in_class(&result.state.devices()));
+            assert_eq!(result.cost_ms, brute, "seed {seed}");
+        }
+        // A class of one node cannot swap: only the other moves.
+        let single = MappingSpace::from_parts(3, 1, vec![true; 3]).with_node_groups(&[1, 2]);
+        let mut moved = std::collections::HashSet::new();
+        search_mapping(
+            &mut FullObjective::new(|d: &[Device]| {
+                assert_eq!(d[0].node, 0);
+                moved.insert(d.to_vec());
+                toy(d)
+            }),
+            &single,
+            &MappingSearch::Anneal {
+                budget: 200,
+                seed: 1,
+            },
+        )
+        .unwrap();
+        assert_eq!(moved.len(), 2);
     }
 
     #[test]

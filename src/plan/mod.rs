@@ -6,16 +6,20 @@
 //! - [`space`]: every configuration Megatron accepts, pinned settings respected;
 //! - [`search`]: [`plan`] filters them by memory, ranks them with the time model and maps
 //!   the best;
+//! - [`hetero`]: on clusters that mix kinds of GPU, the orders of the kinds along the
+//!   pipeline; [`layers`]: each stage's share of the layers by its speed and memory;
 //! - [`mapping`]: which host gets which node rank and which GPU each local rank uses
 //!   (annealing, exhaustive search, incremental evaluation of the time model).
 
+pub mod hetero;
+pub mod layers;
 pub mod mapping;
 pub mod search;
 pub mod space;
 
 pub use mapping::{MappingSearch, MappingState, SearchMethod};
 pub use search::{
-    default_budget, plan, MappingMode, MemoryHeadroom, Plan, PlanError, PlanEstimate, PlanOptions,
-    PlanStats, RankMapping, RankedConfig, SearchSettings, COMPAT_BUDGET, DEFAULT_EXHAUSTIVE_LIMIT,
-    DEFAULT_TOP_K,
+    default_budget, plan, EvenSplit, HeterogeneousPlan, MappingMode, MemoryHeadroom, Plan,
+    PlanError, PlanEstimate, PlanOptions, PlanStats, RankMapping, RankedConfig, SearchSettings,
+    StagePlan, COMPAT_BUDGET, DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_TOP_K,
 };

@@ -2,16 +2,29 @@
 //! configuration that fits and its rank mapping out.
 //!
 //! 1. **Candidates**: every configuration Megatron accepts for this model on the profile's
-//!    nodes × GPUs per node ([`super::space::candidates`]), pinned settings respected.
-//! 2. **Memory**: drop every configuration whose worst stage needs more than the smallest
-//!    GPU's memory less the headroom ([`MemoryHeadroom`], default 5 %). When none is left:
-//!    [`PlanError::NothingFits`], with the smallest need and what would make it fit.
-//! 3. **Rank** the rest by the time model on torchrun's default placement (in parallel;
-//!    ties broken by a stable key of the configuration, so the order is the same on every
-//!    machine).
+//!    nodes × GPUs per node ([`super::space::candidates`]), pinned settings respected. The
+//!    planner needs the same GPU count on every node ([`PlanError::MixedGpuCounts`]).
+//!    On a cluster that mixes kinds of GPU ([`super::hetero`]), every candidate is taken
+//!    on every order of the GPU classes along the pipeline (an [`Arrangement`]), and each
+//!    plain-1F1B shape also gets its layers balanced over that arrangement's stages by
+//!    speed within each stage's memory ([`super::layers`]; `SpaceOptions::uneven_layers`
+//!    off leaves only even splits, which is how the report's even-split comparison is
+//!    planned).
+//! 2. **Memory**: drop every configuration one of whose stages needs more than its own
+//!    GPUs' memory less the headroom ([`MemoryHeadroom`], default 5 %); on a homogeneous
+//!    cluster that is the worst stage against the smallest GPU. When none is left:
+//!    [`PlanError::NothingFits`], with the smallest need (per stage on mixed GPUs) and what
+//!    would make it fit.
+//! 3. **Rank** the rest by the time model on torchrun's default placement of their
+//!    arrangement (in parallel; ties broken by a stable key of the configuration, then the
+//!    arrangement, so the order is the same on every machine).
 //! 4. **Map** the best `top_k` (in parallel, each with a seed derived from the plan's seed
-//!    and its rank, so the thread count changes nothing) with [`super::mapping`], and keep
-//!    the lowest mapped cost (ties: the better-ranked configuration).
+//!    and its rank, so the thread count changes nothing) with [`super::mapping`], node
+//!    swaps confined to a GPU class on mixed clusters, and keep the lowest mapped cost
+//!    (ties: the better-ranked configuration).
+//!
+//! On a homogeneous cluster there is one arrangement (the profile's order, every swap
+//! allowed) and the plan is what it was before heterogeneous planning, bit for bit.
 //!
 //! Pure: no I/O, no clock. Timing a plan is left to callers (the benchmark).
 
@@ -21,20 +34,24 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::mapping::{
-    map_config, search_mapping, FullObjective, MappingError, MappingSearch, MappingSpace,
-    MappingState, PairFabric, SearchMethod,
+use super::hetero::{class_orders, gpu_classes, Arrangement, GpuClass};
+use super::layers::{
+    balance_layers, layer_capacity, ordered_by_speed, refine_split, BalancedSplit,
 };
-use super::space::{candidates, SpaceOptions};
+use super::mapping::{
+    map_config, search_mapping, FullObjective, MappingError, MappingSearch, MappingState,
+    PairFabric, SearchMethod,
+};
+use super::space::{candidates, layer_splits, SpaceOptions};
 use crate::cluster::profile::{Dtype, GpuInventory};
 use crate::cluster::ClusterProfile;
-use crate::config::{Precision, Recompute, RecomputeMethod, Settings};
+use crate::config::{ModelSpec, Precision, Recompute, RecomputeMethod, Settings};
 use crate::model::calibration::Calibration;
 use crate::model::memory::{estimate_memory, MemoryEstimate};
 use crate::model::parallel::{Device, ParallelConfig, Placement};
 use crate::model::time::{
-    compat::pipette_compat_ms, estimate, ClusterFabric, ConfigCosts, ThroughputBasis, TimeError,
-    TimeEstimate, TimeModel, TimeOptions, TimeRequest,
+    compat::pipette_compat_ms, estimate, ClusterFabric, ConfigCosts, Fabric, ThroughputBasis,
+    TimeError, TimeEstimate, TimeModel, TimeOptions, TimeRequest,
 };
 
 /// Memory kept free on every GPU beyond the estimate's peak.
@@ -152,6 +169,50 @@ pub struct Plan {
     pub top: Vec<RankedConfig>,
     pub search: SearchSettings,
     pub stats: PlanStats,
+    /// On a cluster that mixes kinds of GPU: each stage's GPUs, layers, memory and time,
+    /// and the best even split for comparison. Absent on a homogeneous cluster.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heterogeneous: Option<HeterogeneousPlan>,
+}
+
+/// The pipeline stages of a plan on a heterogeneous cluster.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeterogeneousPlan {
+    /// First to last.
+    pub stages: Vec<StagePlan>,
+    /// The best plan whose stages hold equal layers (planned with uneven splits off), when
+    /// this plan was made with uneven splits allowed and an even split fits.
+    pub even_split: Option<EvenSplit>,
+}
+
+/// One pipeline stage of a heterogeneous plan (before the rank mapping, which keeps every
+/// stage on GPUs of the same kind).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StagePlan {
+    pub stage: usize,
+    /// The GPU model(s) the stage runs on, `+`-joined when it spans kinds.
+    pub gpu: String,
+    /// GPUs of the stage: tp × dp.
+    pub gpus: u64,
+    pub layers: u64,
+    /// The most layers this stage's memory holds.
+    pub layer_capacity: u64,
+    /// The estimated peak per GPU.
+    pub peak_memory_bytes: u64,
+    /// The stage's smallest GPU memory, and what the plan may use of it.
+    pub gpu_memory_bytes: u64,
+    pub usable_memory_bytes: u64,
+    /// One micro-batch's forward and backward pass on the slowest pipeline, ms.
+    pub slot_ms: f64,
+}
+
+/// The best even split on the same cluster.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvenSplit {
+    pub config: ParallelConfig,
+    pub iteration_ms: f64,
+    /// Its iteration time over the plan's.
+    pub ratio: f64,
 }
 
 /// How torchrun realises the placement: node ranks and each node's device order.
@@ -213,7 +274,8 @@ pub struct SearchSettings {
 /// How much the planner looked at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PlanStats {
-    /// Configurations Megatron accepts with the pinned settings.
+    /// Configurations Megatron accepts with the pinned settings (on mixed GPUs: per order
+    /// of the GPU kinds along the pipeline, balanced splits included).
     pub candidates: usize,
     /// Those that fit in memory.
     pub fitting: usize,
@@ -249,9 +311,12 @@ pub enum PlanError {
         /// ", with the pinned settings" when some are pinned.
         pins: &'static str,
     },
-    #[error("no configuration fits in GPU memory: the smallest needs {} per GPU ({}), the GPUs have {} of which {} usable after the headroom; {}", gib(*smallest_peak_bytes), describe(config_of_smallest), gib(*gpu_memory_bytes), gib(*usable_memory_bytes), suggestions.join("; "))]
+    #[error("no configuration fits in GPU memory: the smallest needs {} per GPU ({}){}, the GPUs have {} of which {} usable after the headroom; {}", gib(*smallest_peak_bytes), describe(config_of_smallest), on_stage, gib(*gpu_memory_bytes), gib(*usable_memory_bytes), suggestions.join("; "))]
     NothingFits {
         smallest_peak_bytes: u64,
+        /// On a heterogeneous cluster, the stage that overflows least and its GPUs
+        /// (" on its stage 2 of 4 (V100-SXM2-32GB)"); empty otherwise.
+        on_stage: String,
         gpu_memory_bytes: u64,
         usable_memory_bytes: u64,
         config_of_smallest: Box<ParallelConfig>,
@@ -409,13 +474,37 @@ pub fn plan(
         return Err(PlanError::UnsupportedTimeModel(TimeModel::Amp));
     }
     let shape = cluster_shape(cluster)?;
-    let fabric = ClusterFabric::new(cluster, settings.training.precision, &options.calibration)?;
+    let precision = settings.training.precision;
+    let fabric = ClusterFabric::new(cluster, precision, &options.calibration)?;
     check_dtype(cluster, &fabric, settings)?;
-    let hosts: Vec<&str> = cluster.hosts().collect();
-    let space = MappingSpace::new(&fabric, &hosts)?;
+    let classes = gpu_classes(cluster, &fabric, options.headroom);
+    let heterogeneous = classes.len() > 1;
+    // One arrangement (the profile's order, every node swap allowed) on a homogeneous
+    // cluster: the plan is then exactly what it was before heterogeneous planning.
+    let orders = if heterogeneous {
+        class_orders(classes.len())
+    } else {
+        vec![(0..classes.len()).collect()]
+    };
+    let arrangements = orders
+        .iter()
+        .map(|order| {
+            Arrangement::new(
+                cluster,
+                &fabric,
+                &classes,
+                order,
+                options.headroom,
+                precision,
+                &options.calibration,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let gpus = shape.nodes * shape.gpus_per_node;
+    let identity = Placement::identity(gpus, shape.gpus_per_node).devices;
 
-    // 1. Candidates.
+    // 1. Candidates: every configuration on every arrangement, and on a heterogeneous
+    //    cluster each configuration's layers balanced over each arrangement's stages.
     let all = candidates(
         settings,
         shape.nodes as u64,
@@ -425,31 +514,74 @@ pub fn plan(
     if all.is_empty() {
         return Err(no_candidates(settings, &shape));
     }
+    let mut configs = all;
+    let mut pairs: Vec<(usize, usize)> = (0..configs.len())
+        .flat_map(|c| (0..arrangements.len()).map(move |a| (c, a)))
+        .collect();
+    if heterogeneous && options.space.uneven_layers {
+        // Balanced splits are never among the candidates' own (even, first/last) splits,
+        // but two arrangements may balance a shape alike: one configuration, two pairs.
+        let known = configs.len();
+        for (config, a) in balanced_configs(settings, &configs, &arrangements, &identity, options) {
+            let at = match configs[known..].iter().position(|c| *c == config) {
+                Some(at) => known + at,
+                None => {
+                    configs.push(config);
+                    configs.len() - 1
+                }
+            };
+            pairs.push((at, a));
+        }
+    }
 
-    // 2. Memory.
+    // 2. Memory: every stage against its own GPUs.
+    let needs: Vec<Vec<u64>> = configs
+        .par_iter()
+        .map(|c| stage_needs(settings, c, &options.calibration))
+        .collect();
+    let peaks: Vec<u64> = needs
+        .iter()
+        .map(|n| n.iter().copied().max().unwrap_or(0))
+        .collect();
+    let fits = |(c, a): (usize, usize)| {
+        needs[c]
+            .iter()
+            .enumerate()
+            .all(|(s, &need)| need <= arrangements[a].stage_usable(&configs[c], s))
+    };
+    let fitting: Vec<usize> = (0..pairs.len()).filter(|&p| fits(pairs[p])).collect();
     let usable = shape
         .gpu_memory_bytes
         .saturating_sub(options.headroom.bytes(shape.gpu_memory_bytes));
-    let peaks: Vec<u64> = all
-        .par_iter()
-        .map(|c| peak_bytes(settings, c, &options.calibration))
-        .collect();
-    let fitting: Vec<usize> = (0..all.len()).filter(|&i| peaks[i] <= usable).collect();
     if fitting.is_empty() {
+        if heterogeneous {
+            return Err(nothing_fits_per_stage(
+                settings,
+                &shape,
+                options,
+                Candidates {
+                    configs: &configs,
+                    pairs: &pairs,
+                    needs: &needs,
+                },
+                &arrangements,
+                &classes,
+            ));
+        }
         return Err(nothing_fits(
-            settings, &shape, options, &all, &peaks, usable,
+            settings, &shape, options, &configs, &peaks, usable,
         ));
     }
 
-    // 3. Rank on the identity placement.
-    let identity = Placement::identity(gpus, shape.gpus_per_node).devices;
+    // 3. Rank on each arrangement's torchrun default placement.
     let ranked: Vec<Result<(usize, f64, ConfigCosts), TimeError>> = fitting
         .par_iter()
-        .map(|&i| {
+        .map(|&p| {
+            let (c, a) = pairs[p];
             let costs = ConfigCosts::new(
                 &settings.model,
                 &settings.training,
-                &all[i],
+                &configs[c],
                 &options.calibration,
                 &options.time_options,
             )?;
@@ -457,20 +589,27 @@ pub fn plan(
                 settings,
                 options.time_model,
                 &costs,
-                &all[i],
-                &fabric,
+                &configs[c],
+                &arrangements[a].fabric,
                 &identity,
             );
-            Ok((i, ms, costs))
+            Ok((p, ms, costs))
         })
         .collect();
     let mut ranked = ranked.into_iter().collect::<Result<Vec<_>, _>>()?;
-    ranked.sort_by(|a, b| by_cost((a.1, &all[a.0]), (b.1, &all[b.0])));
+    let config_of = |p: usize| &configs[pairs[p].0];
+    ranked.sort_by(|a, b| {
+        by_cost((a.1, config_of(a.0)), (b.1, config_of(b.0)))
+            .then_with(|| pairs[a.0].1.cmp(&pairs[b.0].1))
+    });
     let ranking_evaluations = ranked.len() as u64;
     ranked.truncate(options.top_k.max(1));
 
-    // 4. Map the best.
-    let pairs = PairFabric::new(&fabric);
+    // 4. Map the best, node swaps confined to each arrangement's classes.
+    let pair_fabrics: Vec<PairFabric> = arrangements
+        .iter()
+        .map(|a| PairFabric::new(&a.fabric))
+        .collect();
     let budget = options.budget.unwrap_or_else(|| match options.time_model {
         TimeModel::PipetteCompat => default_budget(gpus).min(COMPAT_BUDGET),
         _ => default_budget(gpus),
@@ -478,7 +617,9 @@ pub fn plan(
     let mapped: Vec<Result<_, MappingError>> = ranked
         .par_iter()
         .enumerate()
-        .map(|(k, (i, _, costs))| {
+        .map(|(k, (p, _, costs))| {
+            let (c, a) = pairs[*p];
+            let arrangement = &arrangements[a];
             let seed = derive_seed(options.seed, k);
             let search = match options.mapping {
                 MappingMode::Auto => MappingSearch::Auto {
@@ -492,29 +633,36 @@ pub fn plan(
                 },
                 MappingMode::Identity => MappingSearch::Identity,
             };
-            match options.time_model {
+            let mut result = match options.time_model {
                 TimeModel::PipetteCompat => {
                     let model = &settings.model;
-                    let micro = all[*i].micro_batch;
+                    let micro = configs[c].micro_batch;
+                    let fabric = &arrangement.fabric;
                     let mut objective = FullObjective::new(|d: &[Device]| {
-                        pipette_compat_ms(costs, model, micro, &fabric, d)
+                        pipette_compat_ms(costs, model, micro, fabric, d)
                     });
-                    search_mapping(&mut objective, &space, &search)
+                    search_mapping(&mut objective, &arrangement.space, &search)
                 }
-                _ => map_config(costs, &pairs, &space, &search),
+                _ => map_config(costs, &pair_fabrics[a], &arrangement.space, &search),
+            }?;
+            // Back to the profile's node positions.
+            for n in &mut result.state.node_order {
+                *n = arrangement.order[*n];
             }
+            Ok(result)
         })
         .collect();
     let mapped = mapped.into_iter().collect::<Result<Vec<_>, _>>()?;
 
-    let mut top: Vec<(RankedConfig, MappingState, u64)> = ranked
+    let mut top: Vec<(RankedConfig, MappingState, u64, usize)> = ranked
         .iter()
         .zip(mapped)
-        .map(|((i, identity_ms, _), result)| {
+        .map(|((p, identity_ms, _), result)| {
+            let (c, a) = pairs[*p];
             (
                 RankedConfig {
-                    config: all[*i].clone(),
-                    peak_memory_bytes: peaks[*i],
+                    config: configs[c].clone(),
+                    peak_memory_bytes: peaks[c],
                     iteration_ms: *identity_ms,
                     mapped_ms: result.cost_ms,
                     method: result.method,
@@ -523,13 +671,14 @@ pub fn plan(
                 },
                 result.state,
                 result.evaluations,
+                a,
             )
         })
         .collect();
     let mapping_evaluations: u64 = top.iter().map(|t| t.2).sum();
     // Stable: equal costs keep the ranking's order.
     top.sort_by(|a, b| a.0.mapped_ms.total_cmp(&b.0.mapped_ms));
-    let (best, state, _) = top[0].clone();
+    let (best, state, _, arrangement) = top[0].clone();
 
     let placement = state.placement();
     let request = TimeRequest {
@@ -548,6 +697,18 @@ pub fn plan(
         &best.config,
         &options.calibration,
     );
+    let heterogeneous = heterogeneous.then(|| HeterogeneousPlan {
+        stages: stage_plans(
+            settings,
+            options,
+            &best.config,
+            &arrangements[arrangement],
+            &classes,
+            &memory,
+            &time,
+        ),
+        even_split: even_split(settings, cluster, options, time.iteration_ms),
+    });
     let mapping = rank_mapping(cluster, &state, best.method, best.evaluations);
     Ok(Plan {
         config: best.config.clone(),
@@ -563,7 +724,7 @@ pub fn plan(
         baseline_mapping_ms: best.iteration_ms,
         placement,
         stats: PlanStats {
-            candidates: all.len(),
+            candidates: pairs.len(),
             fitting: fitting.len(),
             mapped: top.len(),
             ranking_evaluations,
@@ -580,7 +741,226 @@ pub fn plan(
             top_k: options.top_k.max(1),
             headroom: options.headroom,
         },
+        heterogeneous,
     })
+}
+
+/// A configuration's stages with every possible layer count, for balancing: per count
+/// `l` (from 1 to the most one stage can hold), every stage's memory need and the
+/// configuration's costs with `l` layers on every stage (of a model of `l × pp` layers, so
+/// that the time model accepts the split). A stage's need and slot depend only on its own
+/// layer count and position, so these tables answer for any split.
+struct StageTables {
+    base: ParallelConfig,
+    most: u64,
+    needs: Vec<Vec<u64>>,
+    costs: Vec<ConfigCosts>,
+}
+
+impl StageTables {
+    /// The tables of `base`'s shape; `with_costs: false` leaves the costs out (memory
+    /// only). `None` when the time model refuses the shape.
+    fn new(
+        settings: &Settings,
+        base: &ParallelConfig,
+        options: &PlanOptions,
+        with_costs: bool,
+    ) -> Option<Self> {
+        let pp = base.pp as usize;
+        let most = settings
+            .model
+            .num_layers
+            .checked_sub(base.pp.checked_sub(1)?)?;
+        let mut needs = Vec::with_capacity(most as usize);
+        let mut costs = Vec::with_capacity(most as usize);
+        for l in 1..=most {
+            let config = with_split(base, vec![l; pp]);
+            needs.push(stage_needs(settings, &config, &options.calibration));
+            if with_costs {
+                let model = ModelSpec {
+                    num_layers: l * base.pp,
+                    ..settings.model.clone()
+                };
+                costs.push(
+                    ConfigCosts::new(
+                        &model,
+                        &settings.training,
+                        &config,
+                        &options.calibration,
+                        &options.time_options,
+                    )
+                    .ok()?,
+                );
+            }
+        }
+        Some(StageTables {
+            base: base.clone(),
+            most,
+            needs,
+            costs,
+        })
+    }
+
+    /// Whether `l` layers on stage `s` fit in `usable[s]`.
+    fn fits(&self, usable: &[u64], s: usize, l: u64) -> bool {
+        l >= 1 && l <= self.most && self.needs[l as usize - 1][s] <= usable[s]
+    }
+
+    /// Stage `s`'s slot with `l` layers on `devices` of `fabric`: its slowest replica.
+    fn slot_ms(&self, fabric: &ClusterFabric, devices: &[Device], s: usize, l: u64) -> f64 {
+        if l < 1 || l > self.most || self.costs.is_empty() {
+            return f64::INFINITY;
+        }
+        let costs = &self.costs[l as usize - 1];
+        let tp = costs.tp();
+        (0..costs.dp())
+            .map(|d| {
+                let at = tp * (d + costs.dp() * s);
+                costs.group_slot_ms(fabric, &devices[at..at + tp], s)
+            })
+            .fold(0.0, f64::max)
+    }
+}
+
+/// `base` with `split` layers per stage.
+fn with_split(base: &ParallelConfig, split: Vec<u64>) -> ParallelConfig {
+    ParallelConfig {
+        layers_per_stage: split,
+        ..base.clone()
+    }
+}
+
+/// Per stage of `config` on `arrangement`: its usable memory.
+fn stage_usables(arrangement: &Arrangement, config: &ParallelConfig) -> Vec<u64> {
+    (0..config.pp as usize)
+        .map(|s| arrangement.stage_usable(config, s))
+        .collect()
+}
+
+/// Balanced splits (see [`super::layers`]) of every configuration shape among `configs`
+/// that runs the plain 1F1B schedule on more than one stage, on every arrangement, less
+/// those the candidates already hold (the even and first/last splits of the same shape).
+///
+/// The interleaved schedule is left to even splits: our memory and time models split a
+/// rank's layers evenly over its model chunks, and a layout that gives every chunk of a
+/// fast rank more layers than a slow one's gains nothing the 1F1B split does not.
+fn balanced_configs(
+    settings: &Settings,
+    configs: &[ParallelConfig],
+    arrangements: &[Arrangement],
+    identity: &[Device],
+    options: &PlanOptions,
+) -> Vec<(ParallelConfig, usize)> {
+    let mut bases: Vec<ParallelConfig> = configs
+        .iter()
+        .filter(|c| c.vpp.is_none() && c.pp > 1)
+        .map(|c| with_split(c, Vec::new()))
+        .collect();
+    bases.sort_by(|a, b| config_key(a).cmp(&config_key(b)));
+    bases.dedup();
+    let layers = settings.model.num_layers;
+    bases
+        .par_iter()
+        .flat_map_iter(|base| {
+            let mut out: Vec<(ParallelConfig, usize)> = Vec::new();
+            let Some(tables) = StageTables::new(settings, base, options, true) else {
+                return out;
+            };
+            let known = layer_splits(layers, base.pp, true);
+            for (a, arrangement) in arrangements.iter().enumerate() {
+                let usable = stage_usables(arrangement, base);
+                let split = balance_layers(
+                    layers,
+                    base.pp as usize,
+                    |s, l| tables.slot_ms(&arrangement.fabric, identity, s, l),
+                    |s, l| tables.fits(&usable, s, l),
+                );
+                let Some(split) = split else {
+                    continue;
+                };
+                let split = refine_balanced(
+                    settings,
+                    &tables,
+                    split,
+                    &usable,
+                    arrangement,
+                    identity,
+                    options,
+                );
+                let config = with_split(base, split);
+                if !known.contains(&config.layers_per_stage) {
+                    out.push((config, a));
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// A balanced split on `arrangement` improved by moving single layers under the full
+/// time model (see [`super::layers::refine_split`]), kept ordered by stage speed.
+fn refine_balanced(
+    settings: &Settings,
+    tables: &StageTables,
+    split: BalancedSplit,
+    usable: &[u64],
+    arrangement: &Arrangement,
+    identity: &[Device],
+    options: &PlanOptions,
+) -> Vec<u64> {
+    let config = &tables.base;
+    let pp = config.pp as usize;
+    let per_stage = (config.tp * config.dp) as usize;
+    // Stages ranked by their slowest GPU (higher is faster).
+    let speed: Vec<f64> = (0..pp)
+        .map(|s| {
+            identity[per_stage * s..per_stage * (s + 1)]
+                .iter()
+                .map(|&d| Fabric::ms_per_gflop(&arrangement.fabric, d))
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    let speed_rank: Vec<u64> = speed
+        .iter()
+        .map(|x| speed.iter().filter(|y| *y > x).count() as u64)
+        .collect();
+    let cost_of = |split: &[u64]| -> Option<f64> {
+        if split
+            .iter()
+            .enumerate()
+            .any(|(s, &l)| !tables.fits(usable, s, l))
+        {
+            return None;
+        }
+        let candidate = with_split(config, split.to_vec());
+        let costs = ConfigCosts::new(
+            &settings.model,
+            &settings.training,
+            &candidate,
+            &options.calibration,
+            &options.time_options,
+        )
+        .ok()?;
+        Some(cost(
+            settings,
+            options.time_model,
+            &costs,
+            &candidate,
+            &arrangement.fabric,
+            identity,
+        ))
+    };
+    let Some(current) = cost_of(&split.layers) else {
+        return split.layers;
+    };
+    refine_split(
+        split.layers,
+        current,
+        pp,
+        |layers| ordered_by_speed(layers, &split.capacity, &speed_rank, usable),
+        cost_of,
+    )
+    .0
 }
 
 /// The objective's value of `devices` for this configuration.
@@ -602,6 +982,69 @@ fn cost(
 
 fn peak_bytes(settings: &Settings, config: &ParallelConfig, calibration: &Calibration) -> u64 {
     estimate_memory(&settings.model, &settings.training, config, calibration).peak_bytes
+}
+
+/// Every stage's memory need per GPU, first to last.
+fn stage_needs(
+    settings: &Settings,
+    config: &ParallelConfig,
+    calibration: &Calibration,
+) -> Vec<u64> {
+    estimate_memory(&settings.model, &settings.training, config, calibration)
+        .stages
+        .iter()
+        .map(|s| s.total_bytes)
+        .collect()
+}
+
+/// The stages of the winning `config` on its `arrangement`.
+fn stage_plans(
+    settings: &Settings,
+    options: &PlanOptions,
+    config: &ParallelConfig,
+    arrangement: &Arrangement,
+    classes: &[GpuClass],
+    memory: &MemoryEstimate,
+    time: &TimeEstimate,
+) -> Vec<StagePlan> {
+    let usable = stage_usables(arrangement, config);
+    let tables = StageTables::new(settings, &with_split(config, Vec::new()), options, false);
+    (0..config.pp as usize)
+        .map(|s| StagePlan {
+            stage: s,
+            gpu: arrangement.stage_gpu(config, s, classes),
+            gpus: config.tp * config.dp,
+            layers: config.layers_per_stage[s],
+            layer_capacity: tables.as_ref().map_or(0, |t| {
+                layer_capacity(s, t.most, &|s, l| t.fits(&usable, s, l))
+            }),
+            peak_memory_bytes: memory.stages[s].total_bytes,
+            gpu_memory_bytes: arrangement.stage_memory(config, s),
+            usable_memory_bytes: usable[s],
+            slot_ms: time.stages.get(s).map_or(0.0, |t| t.slot_ms),
+        })
+        .collect()
+}
+
+/// The comparison the report shows for a plan of `iteration_ms`: the same search with
+/// even splits only; `None` when uneven splits are off already or no even split fits.
+fn even_split(
+    settings: &Settings,
+    cluster: &ClusterProfile,
+    options: &PlanOptions,
+    iteration_ms: f64,
+) -> Option<EvenSplit> {
+    if !options.space.uneven_layers {
+        return None;
+    }
+    let mut even = options.clone();
+    even.space.uneven_layers = false;
+    let even = plan(settings, cluster, &even).ok()?;
+    Some(EvenSplit {
+        ratio: even.estimate.iteration_ms / iteration_ms,
+        iteration_ms: even.estimate.iteration_ms,
+        config: even.config,
+    })
 }
 
 /// Host names and device indices of a mapping.
@@ -693,8 +1136,144 @@ fn nothing_fits(
         })
         .expect("called with candidates");
     let g = shape.gpus_per_node;
+    let shortfall = Shortfall {
+        need: smallest,
+        on_stage: String::new(),
+        gpu_memory_bytes: shape.gpu_memory_bytes,
+        usable_memory_bytes: usable,
+        config: all[at].clone(),
+    };
+    let fits_here =
+        |s: &Settings| smallest_peak(s, shape.nodes, g, options).is_some_and(|p| p <= usable);
+    explain_shortfall(
+        settings,
+        shape,
+        options,
+        shortfall,
+        &fits_here,
+        (shape.gpu_memory_bytes, usable, ""),
+    )
+}
+
+/// The candidates of a plan: configurations, the (configuration, arrangement) pairs
+/// considered, and every configuration's memory need per stage.
+#[derive(Clone, Copy)]
+struct Candidates<'a> {
+    configs: &'a [ParallelConfig],
+    pairs: &'a [(usize, usize)],
+    needs: &'a [Vec<u64>],
+}
+
+/// The configuration that comes closest to fitting, and where it does not.
+struct Shortfall {
+    /// The memory need of its stage that overflows least, per GPU.
+    need: u64,
+    on_stage: String,
+    gpu_memory_bytes: u64,
+    usable_memory_bytes: u64,
+    config: ParallelConfig,
+}
+
+/// The error when nothing fits on a heterogeneous cluster: the configuration and
+/// arrangement whose worst stage overflows its own GPUs' memory by the smallest share.
+fn nothing_fits_per_stage(
+    settings: &Settings,
+    shape: &ClusterShape,
+    options: &PlanOptions,
+    considered: Candidates<'_>,
+    arrangements: &[Arrangement],
+    classes: &[GpuClass],
+) -> PlanError {
+    let Candidates {
+        configs,
+        pairs,
+        needs,
+    } = considered;
+    // Per pair: (need / usable of its worst stage, that stage).
+    let worst = |&(c, a): &(usize, usize)| {
+        (0..needs[c].len())
+            .map(|s| {
+                let usable = arrangements[a].stage_usable(&configs[c], s).max(1);
+                (needs[c][s] as f64 / usable as f64, s)
+            })
+            .max_by(|x, y| x.0.total_cmp(&y.0))
+            .unwrap_or((f64::INFINITY, 0))
+    };
+    let (c, a, s) = pairs
+        .iter()
+        .map(|p| (worst(p), p))
+        .min_by(|(x, p), (y, q)| {
+            x.0.total_cmp(&y.0)
+                .then_with(|| config_key(&configs[p.0]).cmp(&config_key(&configs[q.0])))
+                .then_with(|| p.1.cmp(&q.1))
+        })
+        .map(|((_, s), &(c, a))| (c, a, s))
+        .expect("called with candidates");
+    let arrangement = &arrangements[a];
+    let config = &configs[c];
+    let gpu = arrangement.stage_gpu(config, s, classes);
+    let shortfall = Shortfall {
+        need: needs[c][s],
+        on_stage: format!(" on its stage {} of {} ({gpu})", s + 1, config.pp),
+        gpu_memory_bytes: arrangement.stage_memory(config, s),
+        usable_memory_bytes: arrangement.stage_usable(config, s),
+        config: config.clone(),
+    };
+    let fits_here = |s: &Settings| {
+        let all = candidates(
+            s,
+            shape.nodes as u64,
+            shape.gpus_per_node as u64,
+            &options.space,
+        );
+        let identity =
+            Placement::identity(shape.nodes * shape.gpus_per_node, shape.gpus_per_node).devices;
+        all.par_iter().any(|c| {
+            let needs = stage_needs(s, c, &options.calibration);
+            arrangements.iter().any(|a| {
+                needs
+                    .iter()
+                    .enumerate()
+                    .all(|(s, &need)| need <= a.stage_usable(c, s))
+            })
+        }) || (options.space.uneven_layers
+            && !balanced_configs(s, &all, arrangements, &identity, options).is_empty())
+    };
+    // More GPUs: of the kind with the most memory.
+    let largest = classes
+        .iter()
+        .max_by_key(|k| (k.usable_bytes, std::cmp::Reverse(k.nodes[0])))
+        .expect("a heterogeneous cluster has classes");
+    explain_shortfall(
+        settings,
+        shape,
+        options,
+        shortfall,
+        &fits_here,
+        (largest.memory_bytes, largest.usable_bytes, &largest.name),
+    )
+}
+
+/// [`PlanError::NothingFits`] for `shortfall`, with what would make something fit:
+/// unpinning settings (`fits_here` says whether anything fits with other settings on this
+/// cluster), or more GPUs like those of `more` (memory, usable memory, and their name
+/// when the cluster mixes kinds).
+fn explain_shortfall(
+    settings: &Settings,
+    shape: &ClusterShape,
+    options: &PlanOptions,
+    shortfall: Shortfall,
+    fits_here: &(dyn Fn(&Settings) -> bool + Sync),
+    more: (u64, u64, &str),
+) -> PlanError {
+    let g = shape.gpus_per_node;
+    let smallest = shortfall.need;
     let fits = |s: &Settings, nodes: usize| {
-        smallest_peak(s, nodes, g, options).is_some_and(|p| p <= usable)
+        if nodes == shape.nodes {
+            fits_here(s)
+        } else {
+            smallest_peak(s, nodes, g, options).is_some_and(|p| p <= more.1)
+        }
     };
     let mut suggestions = Vec::new();
     let pins = &settings.constraints;
@@ -749,25 +1328,32 @@ fn nothing_fits(
         }
     }
     // More nodes of the same kind: doubling until something fits.
-    let more = (1..=10)
+    let (more_memory, _, kind) = more;
+    let kind = if kind.is_empty() {
+        String::new()
+    } else {
+        format!(" {kind}")
+    };
+    let enough = (1..=10)
         .map(|k| shape.nodes << k)
         .find(|&nodes| fits(settings, nodes));
-    match more {
+    match enough {
         Some(nodes) => suggestions.push(format!(
-            "about {} GPUs ({nodes} nodes of {g}) would fit",
+            "about {} GPUs ({nodes} nodes of {g}{kind}) would fit",
             nodes * g
         )),
         None => suggestions.push(format!(
             "no number of these GPUs up to {} would fit: use GPUs with at least {} of memory, a shorter sequence or a smaller model",
             (shape.nodes << 10) * g,
-            gib(smallest.saturating_add(options.headroom.bytes(shape.gpu_memory_bytes)))
+            gib(smallest.saturating_add(options.headroom.bytes(more_memory)))
         )),
     }
     PlanError::NothingFits {
         smallest_peak_bytes: smallest,
-        gpu_memory_bytes: shape.gpu_memory_bytes,
-        usable_memory_bytes: usable,
-        config_of_smallest: Box::new(all[at].clone()),
+        on_stage: shortfall.on_stage,
+        gpu_memory_bytes: shortfall.gpu_memory_bytes,
+        usable_memory_bytes: shortfall.usable_memory_bytes,
+        config_of_smallest: Box::new(shortfall.config),
         suggestions,
     }
 }

@@ -12,6 +12,10 @@
 //!   by the virtual stages, an even split, and a micro-batch count divisible by pp
 //!   (core/pipeline_parallel/schedules.py: `microbatch_group_size_per_vp_stage` = pp);
 //! - sequence parallelism only with tp > 1; the distributed optimizer only matters with dp > 1.
+//!
+//! Splits by GPU speed on mixed clusters (any layer count per stage, rendered as
+//! `--pipeline-model-parallel-layout` when first/last counts cannot say it) are added by
+//! the planner ([`super::layers`]), not here: they depend on where each stage runs.
 
 use crate::config::{Recompute, RecomputeMethod, Settings};
 use crate::model::ParallelConfig;
@@ -23,7 +27,9 @@ pub struct SpaceOptions {
     pub max_micro_batch: u64,
     /// The most virtual stages per pipeline rank tried.
     pub max_virtual_stages: u64,
-    /// Whether uneven first/last stages are tried.
+    /// Whether uneven splits are tried: first/last stages here, and on mixed GPUs the
+    /// planner's splits by stage speed and memory. Off: even splits only (what the plan
+    /// report compares a mixed-GPU plan with).
     pub uneven_layers: bool,
 }
 
@@ -134,7 +140,7 @@ fn divisors(n: u64) -> Vec<u64> {
 /// first and last stages differ from equal middle stages (what Megatron's
 /// `--decoder-first/last-pipeline-num-layers` can say): the middle size is L/pp rounded
 /// down or up, the first and last stages share the rest.
-fn layer_splits(layers: u64, pp: u64, uneven: bool) -> Vec<Vec<u64>> {
+pub(crate) fn layer_splits(layers: u64, pp: u64, uneven: bool) -> Vec<Vec<u64>> {
     let mut splits = Vec::new();
     if layers % pp == 0 {
         splits.push(vec![layers / pp; pp as usize]);

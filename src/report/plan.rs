@@ -6,7 +6,7 @@ use crate::config::Recompute;
 use crate::model::time::TimeEstimate;
 use crate::model::ParallelConfig;
 use crate::plan::mapping::SearchMethod;
-use crate::plan::Plan;
+use crate::plan::{HeterogeneousPlan, Plan};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -17,21 +17,21 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
     let c = &plan.config;
     let e = &plan.estimate;
     let mut out = format!("Plan: {}\n", describe(c));
-    out.push_str(&format!(
-        "  layers per stage {}\n",
-        c.layers_per_stage
-            .iter()
-            .map(u64::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    ));
-    out.push_str(&format!(
-        "  iteration {:.1} ms (estimated, {} micro-batches), peak memory {:.1} GiB of {:.1} GiB usable\n",
-        e.iteration_ms,
-        e.time.microbatches,
-        e.peak_memory_bytes as f64 / GIB,
-        e.usable_memory_bytes as f64 / GIB
-    ));
+    out.push_str(&format!("  layers per stage {}\n", split(c)));
+    match &plan.heterogeneous {
+        None => out.push_str(&format!(
+            "  iteration {:.1} ms (estimated, {} micro-batches), peak memory {:.1} GiB of {:.1} GiB usable\n",
+            e.iteration_ms,
+            e.time.microbatches,
+            e.peak_memory_bytes as f64 / GIB,
+            e.usable_memory_bytes as f64 / GIB
+        )),
+        // Each stage has its own GPUs' memory: the stage table says how each fits.
+        Some(_) => out.push_str(&format!(
+            "  iteration {:.1} ms (estimated, {} micro-batches), every stage within its own GPUs' memory (below)\n",
+            e.iteration_ms, e.time.microbatches,
+        )),
+    }
     let gain = if plan.baseline_mapping_ms > 0.0 {
         (plan.baseline_mapping_ms - e.iteration_ms) / plan.baseline_mapping_ms * 100.0
     } else {
@@ -44,6 +44,10 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
         plan.baseline_mapping_ms,
         e.iteration_ms
     ));
+
+    if let Some(h) = &plan.heterogeneous {
+        out.push_str(&stages(h, e.iteration_ms));
+    }
 
     out.push_str("\nWhy it wins: where the time goes\n");
     let t = &e.time;
@@ -86,7 +90,7 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
     out.push_str("\nTop configurations (memory and time per iteration)\n");
     let mut table = Table::new();
     table.load_preset(NOTHING);
-    table.set_header(vec![
+    let mut header = vec![
         "#",
         "tp",
         "pp",
@@ -99,10 +103,16 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
         "peak GiB",
         "default ms",
         "mapped ms",
-    ]);
+    ];
+    // On mixed GPUs configurations differ in their split too.
+    let mixed = plan.heterogeneous.is_some();
+    if mixed {
+        header.push("layers");
+    }
+    table.set_header(header);
     for (i, r) in plan.top.iter().enumerate() {
         let c = &r.config;
-        table.add_row(vec![
+        let mut row = vec![
             (i + 1).to_string(),
             c.tp.to_string(),
             c.pp.to_string(),
@@ -115,7 +125,11 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
             format!("{:.1}", r.peak_memory_bytes as f64 / GIB),
             format!("{:.1}", r.iteration_ms),
             format!("{:.1}", r.mapped_ms),
-        ]);
+        ];
+        if mixed {
+            row.push(split(c));
+        }
+        table.add_row(row);
     }
     for i in [0, 1, 2, 3, 4, 5, 9, 10, 11] {
         if let Some(col) = table.column_mut(i) {
@@ -146,6 +160,63 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
     }
     push_table(&mut out, &table);
     out
+}
+
+/// The stages of a plan on mixed GPUs, and how the split compares with an even one.
+fn stages(h: &HeterogeneousPlan, iteration_ms: f64) -> String {
+    let mut out =
+        String::from("\nStages on mixed GPUs (layers by speed, within each stage's own memory)\n");
+    let mut table = Table::new();
+    table.load_preset(NOTHING);
+    table.set_header(vec![
+        "stage",
+        "GPU",
+        "GPUs",
+        "layers",
+        "fit up to",
+        "peak GiB",
+        "usable GiB",
+        "slot ms",
+    ]);
+    for s in &h.stages {
+        table.add_row(vec![
+            s.stage.to_string(),
+            s.gpu.clone(),
+            s.gpus.to_string(),
+            s.layers.to_string(),
+            s.layer_capacity.to_string(),
+            format!("{:.1}", s.peak_memory_bytes as f64 / GIB),
+            format!("{:.1}", s.usable_memory_bytes as f64 / GIB),
+            format!("{:.1}", s.slot_ms),
+        ]);
+    }
+    for i in [0, 2, 3, 4, 5, 6, 7] {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    push_table(&mut out, &table);
+    match &h.even_split {
+        Some(even) => out.push_str(&format!(
+            "  the best even split ({}, layers {}) takes {:.1} ms: this split is {:.2}× as fast ({:+.1} ms)\n",
+            describe(&even.config),
+            split(&even.config),
+            even.iteration_ms,
+            even.ratio,
+            iteration_ms - even.iteration_ms
+        )),
+        None => out.push_str("  no even split of the layers fits (or uneven splits were off)\n"),
+    }
+    out
+}
+
+/// `5,5,15,15`
+fn split(c: &ParallelConfig) -> String {
+    c.layers_per_stage
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The time terms in the order they add up to the iteration.

@@ -27,6 +27,12 @@
 //! iteration = max_d R_d  +  max_s exposed grad reduce of s  +  max_s exposed param gather of s
 //! ```
 //!
+//! - **Stages differ**: every stage is costed with its own layer count (the first adds the
+//!   embedding's collectives, the last the logits) on its own GPUs, so on mixed GPUs with an
+//!   uneven split each `T_{s,d}` differs and the largest sets both the steady state and the
+//!   bubble. Taking the bubble as (pp − 1) × the largest slot errs long when the other stages
+//!   are faster (the fill and drain pass through each stage once); the planner's balanced
+//!   splits make the slots nearly equal, where the two agree.
 //! - **Compute**: [`super::flops`] per GPU (÷ tp); backward = 2 × forward, recomputation
 //!   added to the backward pass. Throughput is the measured matrix-multiply figure when the
 //!   profile has one for the training dtype (× `measured_compute_efficiency`), else the

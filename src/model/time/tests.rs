@@ -644,3 +644,37 @@ fn report_and_fast_path_agree_bit_for_bit() {
         terms_add_up(&e);
     }
 }
+
+#[test]
+fn stages_of_different_speed_and_layers_are_costed_each_and_the_slowest_governs() {
+    // Three one-GPU nodes: a V100 between two A100s, fp16. Each stage's slot is its own
+    // layers (and logits on the last) on its own GPU; the longest slot sets the steady
+    // state and the bubble.
+    let mut c = cluster(3, 1, 240.0, 20.0);
+    if let GpuInventory::Known { gpus, .. } = &mut c.nodes[1].gpus {
+        gpus[0] = gpu("V100-SXM2-32GB", None, 125.0);
+    }
+    let mut config = ParallelConfig::even(8, 1, 3, 1, 1);
+    // (The logits weigh about 2.6 layers here.)
+    for (layers, critical) in [([3, 2, 3], 2), ([2, 4, 2], 1), ([5, 1, 2], 0)] {
+        config.layers_per_stage = layers.to_vec();
+        let mut case = Case::new(c.clone(), config.clone(), 6);
+        case.training.precision = Precision::Fp16;
+        let e = case.run(TimeModel::Pipette);
+        for (s, stage) in e.stages.iter().enumerate() {
+            let flops = stage_flops(&case.model, &case.config, s, AttentionMask::Causal);
+            let tflops = if s == 1 { 125.0 } else { 312.0 } * 0.45;
+            assert_eq!(stage.layers, layers[s]);
+            assert!(
+                close(stage.slot_ms, flops.total() / tflops / 1e9),
+                "{layers:?}"
+            );
+        }
+        let slowest = e.stages.iter().map(|s| s.slot_ms).fold(0.0, f64::max);
+        assert_eq!(e.critical_stage, critical, "{layers:?}");
+        assert!(close(e.steady_ms, 6.0 * slowest));
+        assert!(close(e.bubble_ms, 2.0 * slowest));
+        assert_eq!(e.iteration_ms, case.fast());
+        terms_add_up(&e);
+    }
+}
