@@ -715,7 +715,7 @@ fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(), Error> {
                 transport: transport_for(args.launcher.as_deref(), &spec),
                 nproc_per_node: args.nproc_per_node,
                 torchrun: args.torchrun.clone(),
-                reprofile: args.reprofile,
+                reprofile: args.profiling.reprofile,
                 env: render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())))
                     .into_iter()
                     .collect(),
@@ -966,6 +966,7 @@ fn measure_nodes(
         env: render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .into_iter()
             .collect(),
+        reprofile: cli.profiling.reprofile,
         ..ProfileOptions::default()
     };
     eprintln!(

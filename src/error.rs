@@ -32,8 +32,6 @@ pub enum ExitCode {
     NothingFits = 69,
     /// A bug in pipette-run: please report it.
     Internal = 70,
-    /// This version cannot do what was asked yet.
-    Unsupported = 71,
     /// The training script failed, or did not finish in time, in the trial run; nothing
     /// was launched.
     TrialFailed = 72,
@@ -71,9 +69,6 @@ pub enum Error {
     /// The cluster file and the allocation disagree.
     #[error("{0}")]
     ClusterMismatch(String),
-    /// Asked for something this version cannot do yet.
-    #[error("{0}")]
-    Unsupported(String),
     #[error("internal error: {0} (this is a bug in pipette-run; please report it)")]
     Internal(String),
 }
@@ -87,7 +82,6 @@ impl Error {
             Error::ClusterFile(_) | Error::ClusterMismatch(_) | Error::Time(_) => {
                 ExitCode::ClusterFile
             }
-            Error::Unsupported(_) => ExitCode::Unsupported,
             Error::Plan(e) => match e {
                 PlanError::NothingFits { .. } => ExitCode::NothingFits,
                 PlanError::NoCandidates { .. } => ExitCode::ModelArgs,

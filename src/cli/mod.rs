@@ -6,7 +6,7 @@ pub mod torchrun;
 
 pub use options::{
     DiscoveryOptions, LaunchOptions, ModelOptions, OutputOptions, PlanningOptions,
-    SuperviseOptions, TrialOptions,
+    ProfilingOptions, SuperviseOptions, TrialOptions,
 };
 pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
 
@@ -28,7 +28,6 @@ Exit codes:
   68  a node could not be reached
   69  no parallel configuration fits in GPU memory
   70  internal error (a bug: please report it)
-  71  not supported yet
   72  the training script failed (or timed out) in the trial run; nothing was launched
   other  the exit code of the first training worker that failed";
 
@@ -53,6 +52,9 @@ pub struct RunCli {
 
     #[command(flatten)]
     pub discovery: DiscoveryOptions,
+
+    #[command(flatten)]
+    pub profiling: ProfilingOptions,
 
     #[command(flatten)]
     pub model: ModelOptions,
@@ -259,9 +261,8 @@ pub struct ProfileArgs {
     /// torchrun on the nodes
     #[arg(long, value_name = "PATH", default_value = "torchrun")]
     pub torchrun: String,
-    /// Measure again even when a cached profile of these nodes exists
-    #[arg(long)]
-    pub reprofile: bool,
+    #[command(flatten)]
+    pub profiling: ProfilingOptions,
     /// Where to write the profile
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,

@@ -53,6 +53,16 @@ pub struct DiscoveryOptions {
     pub exclude: Option<String>,
 }
 
+/// Profiling the nodes, when no --cluster file is given.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Node options")]
+pub struct ProfilingOptions {
+    /// Measure the nodes again even when a cached profile of the same nodes and GPUs is
+    /// fresh (profiles are cached under ~/.cache/pipette-run/profiles for a week)
+    #[arg(long, env = "PIPETTE_REPROFILE")]
+    pub reprofile: bool,
+}
+
 /// What is trained, when the script's arguments do not say it all.
 #[derive(Debug, Clone, Default, Args)]
 #[command(next_help_heading = "Model options")]
