@@ -152,6 +152,12 @@ fn launch_and_supervise(cli: &RunCli, env: &Environment) -> Result<i32, Error> {
             .filter(|d| !d.is_zero()),
         max_replans: s.max_replans,
         health_timeout: s.health_timeout,
+        // With --json, stdout carries the one result object and nothing else.
+        echo: if cli.pipette.json {
+            supervise::Echo::Stderr
+        } else {
+            supervise::Echo::Streams
+        },
         ..supervise::SuperviseOptions::default()
     };
     let outcome = supervise::supervise(&template, first, &options, &events);
@@ -160,7 +166,25 @@ fn launch_and_supervise(cli: &RunCli, env: &Environment) -> Result<i32, Error> {
     if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
         eprintln!("pipette-run: warning: cannot write the summary into the run directory: {e}");
     }
+    if cli.pipette.json {
+        let result = LaunchResult {
+            run_dir: run_dir.display().to_string(),
+            outcome: &outcome,
+            trial: trial.as_ref(),
+        };
+        println!("{}", to_json(&result)?);
+    }
     Ok(outcome.exit_code)
+}
+
+/// What `pipette-run --json` prints on stdout when the job ends (the nodes' output goes
+/// to stderr then).
+#[derive(serde::Serialize)]
+struct LaunchResult<'a> {
+    run_dir: String,
+    outcome: &'a supervise::Outcome,
+    /// The trial run's measurements and fitted calibration, when one ran.
+    trial: Option<&'a trial::TrialReport>,
 }
 
 /// A job ready to try or launch: its inputs, the nodes' profile, the first plan and what

@@ -209,3 +209,48 @@ fn a_hanging_script_hits_the_trial_timeout() {
     assert!(started.elapsed().as_secs() < 60);
     assert_no_process_left(&marker);
 }
+
+#[test]
+fn a_launch_trials_then_trains_and_reports_one_json_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("marker").display().to_string();
+    let run_dir = dir.path().join("run");
+    let output = command(env!("CARGO_BIN_EXE_pipette-run"), None, dir.path())
+        .arg("--json")
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args(["--trial-iters", "2"])
+        .arg("examples/train_gpt.py")
+        .args(TINY_MODEL)
+        .args(["--train-iters", "4", "--data-path", &marker])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    // stdout is the one result object; the nodes' lines went to stderr.
+    let result: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}):\n{stdout}"));
+    assert_eq!(result["outcome"]["exit_code"], 0, "{result}");
+    assert_eq!(result["outcome"]["replans"], 0, "{result}");
+    assert!(stderr.contains("iteration        4/       4"), "{stderr}");
+    // The trial ran first (2 iterations), and its report is in the result and the run dir.
+    let trial = &result["trial"];
+    assert_eq!(
+        trial["trials"][0]["measurement"]["iterations"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "{trial}"
+    );
+    assert!(trial["calibration"]["overhead_bytes"].as_u64().is_some());
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("trial.json")).unwrap())
+            .unwrap();
+    assert_eq!(&written, trial);
+    assert_eq!(
+        result["run_dir"].as_str(),
+        Some(run_dir.display().to_string().as_str())
+    );
+    assert_no_process_left(&marker);
+}

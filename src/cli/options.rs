@@ -15,7 +15,9 @@ pub struct OutputOptions {
     #[arg(long = "dry-run")]
     pub dry_run: bool,
 
-    /// Print the result as JSON on stdout (for tools); messages still go to stderr
+    /// Print the result as JSON on stdout (for tools); messages still go to stderr. When
+    /// launching: the outcome and the trial report once the job ends, with the nodes'
+    /// output on stderr
     #[arg(long)]
     pub json: bool,
 

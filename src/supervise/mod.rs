@@ -65,6 +65,7 @@ use crate::launch::{
 use crate::model::parallel::ParallelConfig;
 use events::{round3, EventLog};
 use health::Health;
+pub use output::Echo;
 use output::{torchrun_root_cause, JobOutput, Phase};
 use signals::{signal_name, SignalGuard};
 
@@ -85,8 +86,9 @@ pub struct SuperviseOptions {
     pub health_timeout: Duration,
     /// How often the nodes' commands are polled.
     pub poll: Duration,
-    /// Show the nodes' output and pipette-run's own messages on the terminal.
-    pub echo: bool,
+    /// Where the nodes' output is shown; pipette-run's own messages go to stderr unless
+    /// this is [`Echo::Off`].
+    pub echo: Echo,
 }
 
 impl Default for SuperviseOptions {
@@ -98,7 +100,7 @@ impl Default for SuperviseOptions {
             max_replans: 3,
             health_timeout: Duration::from_secs(20),
             poll: Duration::from_millis(50),
-            echo: true,
+            echo: Echo::Streams,
         }
     }
 }
@@ -261,7 +263,7 @@ pub fn supervise(
     let signals = SignalGuard::install().ok();
     let signal_count = || signals.as_ref().map_or(0, SignalGuard::count);
     let say = |text: String| {
-        if options.echo {
+        if options.echo != Echo::Off {
             eprintln!("pipette-run: {text}");
         }
     };

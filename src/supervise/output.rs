@@ -28,8 +28,18 @@ pub struct JobOutput {
     last_iteration: AtomicU64,
     /// The total the iteration lines give (`--train-iters`; 0: none yet).
     total_iterations: AtomicU64,
-    /// Echo lines on our stdout/stderr (off in library tests that only want the logs).
-    echo: bool,
+    echo: Echo,
+}
+
+/// Where the nodes' lines are shown besides their log files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    /// Nowhere (library callers that only want the logs).
+    Off,
+    /// On our stdout or stderr, as the node wrote them.
+    Streams,
+    /// All on our stderr, so that stdout carries nothing but a result for tools (`--json`).
+    Stderr,
 }
 
 /// Where a job is, for the stall rule.
@@ -50,7 +60,7 @@ struct NodeOutput {
 
 impl JobOutput {
     /// Output for these `(host, node_rank)` nodes, logs under `log_dir` (created).
-    pub fn new(nodes: &[(String, u64)], log_dir: &Path, echo: bool) -> std::io::Result<JobOutput> {
+    pub fn new(nodes: &[(String, u64)], log_dir: &Path, echo: Echo) -> std::io::Result<JobOutput> {
         std::fs::create_dir_all(log_dir)?;
         let mut map = BTreeMap::new();
         for (host, rank) in nodes {
@@ -146,16 +156,16 @@ impl OutputSink for JobOutput {
         if let Some(file) = node.log.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             let _ = file.write_all(line).and_then(|()| file.write_all(b"\n"));
         }
-        if self.echo {
+        if self.echo != Echo::Off {
             let mut buffer = Vec::with_capacity(node.prefix.len() + line.len() + 1);
             buffer.extend_from_slice(node.prefix.as_bytes());
             buffer.extend_from_slice(line);
             buffer.push(b'\n');
             // One write per line under the lock, so lines of different nodes never mix.
             // A closed terminal is not a reason to stop the job.
-            let _ = match stream {
-                Stream::Stdout => std::io::stdout().lock().write_all(&buffer),
-                Stream::Stderr => std::io::stderr().lock().write_all(&buffer),
+            let _ = match (stream, self.echo) {
+                (Stream::Stdout, Echo::Streams) => std::io::stdout().lock().write_all(&buffer),
+                _ => std::io::stderr().lock().write_all(&buffer),
             };
         }
     }
@@ -304,7 +314,7 @@ Root Cause (first observed failure):
     fn lines_are_prefixed_logged_and_tracked() {
         let dir = tempfile::tempdir().unwrap();
         let nodes = vec![("node-a".to_string(), 0), ("node/b".to_string(), 1)];
-        let output = JobOutput::new(&nodes, dir.path(), false).unwrap();
+        let output = JobOutput::new(&nodes, dir.path(), Echo::Off).unwrap();
         assert_eq!(output.iterations(), None);
         assert_eq!(output.since_progress().1, Phase::Starting);
         output.line("node-a", Stream::Stdout, b"hello");
