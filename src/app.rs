@@ -257,6 +257,7 @@ fn job_template(
         settings: run.settings.clone(),
         script: script_invocation(cli),
         torchrun: cli.supervise.torchrun.clone(),
+        torchrun_spelling: installed_torchrun_spelling(&cli.supervise.torchrun),
         torchrun_passthrough: cli.torchrun.passthrough_args(),
         master_addr: explicit_master_addr(&cli.torchrun),
         master_port: cli.torchrun.master_port,
@@ -459,35 +460,13 @@ fn plan_and_render(cli: &RunCli, env: &Environment, run: &mut Run) -> Result<(),
     let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
     let plan = plan::plan(&run.settings, profile, &options)?;
     run.runner_up = runner_up(&plan, &run.settings, profile, &options);
-    let workdir = std::env::current_dir()
-        .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
-    let rdzv_id = rendezvous_id(&cli.torchrun, run.report.nodes.job_id.as_deref());
-    let run_dir = match &cli.launch.run_dir {
-        Some(dir) => workdir.join(dir),
-        None => render::default_run_dir(&workdir, &rdzv_id, unix_seconds()),
-    };
-    let templates = match &cli.launch.templates {
-        Some(dir) => render::Templates::from_dir(dir)?,
-        None => render::Templates::embedded(),
-    };
-    let mut input = render::RenderInput::new(
-        &run.settings,
-        script_invocation(cli),
-        &plan.config,
-        &plan.mapping.node_order,
-        &plan.mapping.cuda_visible_devices,
-    );
-    input.torchrun_spelling = installed_torchrun_spelling(&input.torchrun);
-    input.master_port = cli.torchrun.master_port;
-    input.master_addr = explicit_master_addr(&cli.torchrun);
-    input.rdzv_id = rdzv_id;
-    input.torchrun_passthrough = cli.torchrun.passthrough_args();
-    input.env = render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())));
-    input.workdir = workdir.display().to_string();
-    input.run_dir = run_dir.display().to_string();
-    input.plan_json = serde_json::to_value(&plan)
-        .map_err(|e| Error::Internal(format!("writing the plan: {e}")))?;
-    let launch = render::render(&input, &templates)?;
+    // The same template the launch renders with, so the preview is what would run.
+    let mut template = job_template(cli, env, run, options)?;
+    template.run_id.clear();
+    let run_dir = template.run_dir.clone();
+    let launch = template
+        .render(&plan, None, &run_dir)
+        .map_err(launch_error)?;
     render::write_run_dir(&launch, &run_dir)?;
     run.report.run_dir = Some(run_dir.display().to_string());
     run.report.launch = Some(launch);
@@ -595,7 +574,7 @@ fn rendezvous_id(torchrun: &TorchrunOptions, job_id: Option<&str>) -> String {
 /// The user's `--master-addr`, unless it is torchrun's default (then the host with node
 /// rank 0 is the master).
 fn explicit_master_addr(torchrun: &TorchrunOptions) -> Option<String> {
-    (torchrun.master_addr != "127.0.0.1").then(|| torchrun.master_addr.clone())
+    torchrun.master_addr.clone()
 }
 
 fn script_invocation(cli: &RunCli) -> render::ScriptInvocation {

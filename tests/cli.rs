@@ -489,6 +489,41 @@ fn pinned_settings_become_constraints() {
     assert_eq!(report["constraints"]["pipeline_parallel"], Value::Null);
 }
 
+/// The dry run shows the master address the launch would use: the rank-0 host; 127.0.0.1
+/// when every "node" is this machine (`--launcher local`); the user's, even 127.0.0.1.
+#[test]
+fn dry_run_shows_the_master_address_the_launch_uses() {
+    let master_addr = |extra: &[&str], env: Option<(&str, &str)>| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = pipette_run();
+        cmd.arg("--cluster")
+            .arg(example("examples/clusters/a100-2x8.json"))
+            .arg("--run-dir")
+            .arg(dir.path().join("run"))
+            .args(extra)
+            .args(["--dry-run", "--json", "train.py"])
+            .args(TINY_MODEL);
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let report = dry_run_json(&mut cmd);
+        let rank0 = report["plan"]["mapping"]["node_order"][0].clone();
+        (report["launch"]["master_addr"].clone(), rank0)
+    };
+    let (addr, rank0) = master_addr(&[], None);
+    assert!(addr.as_str().unwrap().starts_with("a100-n0"), "{addr}");
+    assert_eq!(addr, rank0);
+    assert_eq!(master_addr(&["--launcher", "local"], None).0, "127.0.0.1");
+    assert_eq!(
+        master_addr(&["--master-addr", "127.0.0.1"], None).0,
+        "127.0.0.1"
+    );
+    assert_eq!(
+        master_addr(&[], Some(("PET_MASTER_ADDR", "10.1.2.3"))).0,
+        "10.1.2.3"
+    );
+}
+
 #[test]
 fn human_dry_run_without_a_profile_says_how_to_get_one() {
     pipette_run()

@@ -153,14 +153,14 @@ pub struct TorchrunOptions {
     pub node_rank: u32,
 
     /// Address of the rank-0 node (static rendezvous). pipette-run uses the host it maps
-    /// to node rank 0 unless this is set explicitly
+    /// to node rank 0 (127.0.0.1 when every node is this machine) unless this is given
     #[arg(
         long = "master-addr",
         alias = "master_addr",
         env = "PET_MASTER_ADDR",
-        default_value = "127.0.0.1"
+        value_name = "MASTER_ADDR"
     )]
-    pub master_addr: String,
+    pub master_addr: Option<String>,
 
     /// Port on the rank-0 node for the static rendezvous
     #[arg(

@@ -52,6 +52,8 @@ pub struct JobTemplate {
     pub script: ScriptInvocation,
     /// The torchrun executable on the nodes.
     pub torchrun: String,
+    /// How that torchrun spells its options (underscores before PyTorch 2.1's dashes).
+    pub torchrun_spelling: render::TorchrunSpelling,
     /// The user's other torchrun options.
     pub torchrun_passthrough: Vec<String>,
     /// The user's `--master-addr`; otherwise the rank-0 host (`127.0.0.1` with the local
@@ -68,7 +70,8 @@ pub struct JobTemplate {
     pub templates: Templates,
     pub plan_options: PlanOptions,
     pub transport: Transport,
-    /// Unique per invocation: the value of [`RUN_ID_VAR`] on every node.
+    /// Unique per invocation: the value of [`RUN_ID_VAR`] on every node. Empty for a
+    /// preview (`--dry-run`), whose scripts pipette-run never supervises.
     pub run_id: String,
 }
 
@@ -154,7 +157,9 @@ impl JobTemplate {
             notes = dropped;
         }
         let mut env = self.env.clone();
-        env.insert(RUN_ID_VAR.to_string(), self.run_id.clone());
+        if !self.run_id.is_empty() {
+            env.insert(RUN_ID_VAR.to_string(), self.run_id.clone());
+        }
         let mut input = render::RenderInput::new(
             &self.settings,
             script,
@@ -169,6 +174,7 @@ impl JobTemplate {
         input.master_port = self.master_port;
         input.rdzv_id = self.rdzv_id.clone();
         input.torchrun = self.torchrun.clone();
+        input.torchrun_spelling = self.torchrun_spelling;
         input.torchrun_passthrough = self.torchrun_passthrough.clone();
         input.env = env;
         input.workdir = self.workdir.display().to_string();
