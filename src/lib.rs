@@ -4,19 +4,29 @@
 //! value and returns a new one:
 //!
 //! ```text
-//! Cli ─▶ Settings ─▶ ClusterSpec ─▶ ClusterProfile ─▶ Plan ─▶ LaunchSpec ─▶ RunningJob ─▶ Outcome
-//!        (config)     (cluster)      (cluster)         (plan)  (render)     (launch)      (supervise)
+//! Cli ─▶ Settings ─▶ ClusterSpec ─▶ ClusterProfile ─▶ Plan ─▶ Trial ─▶ LaunchSpec ─▶ RunningJob ─▶ Outcome
+//!        (config)     (cluster)      (profile)         (plan)  (trial)   (render)     (launch)      (supervise)
+//!                                                       ▲        │ calibration                        │
+//!                                                       └────────┘                                    │
+//!                                                       ▲──────────── re-plan on the survivors ◀──────┘
 //! ```
 //!
 //! - [`cli`] owns the command lines (torchrun's options, pipette's own) and nothing else.
 //! - [`config`] turns the user's Megatron arguments (or a preset) into [`config::Settings`].
 //! - [`cluster`] discovers the allocated nodes ([`cluster::ClusterSpec`]) and reads and
 //!   validates cluster profile files ([`cluster::ClusterProfile`]).
-//! - [`model`] holds the pure cost models (parameter counts so far).
+//! - [`profile`] measures the nodes (GPU inventory, link bandwidth, matmul throughput)
+//!   into a cluster profile, cached per node set.
+//! - [`model`] holds the pure cost models: parameters, memory per stage, iteration time,
+//!   and the calibration factors they share.
+//! - [`plan`] searches the configurations (mixed GPU kinds included) and the rank mapping.
+//! - [`trial`] runs the user's script briefly under a plan and fits the calibration to
+//!   what it measured; the orchestrator then re-plans with it (the first loop back).
+//! - [`render`] writes a plan as Megatron arguments and per-node launch files.
 //! - [`report`] shows stage values to people (tables) and to tools (JSON).
 //! - [`launch`] renders each attempt of a plan and runs torchrun on every node through
 //!   the [`exec`] seam; [`supervise`] watches the job, tears it down on a failure or a
-//!   signal, and loops back to the planner on the surviving nodes (the only loop back).
+//!   signal, and loops back to the planner on the surviving nodes.
 //! - [`error`] is the one top-level error, which maps every failure to an exit code.
 //!
 //! The binaries in `src/bin` only parse arguments, call [`app`], and exit.

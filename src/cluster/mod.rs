@@ -27,6 +27,13 @@ pub struct ClusterSpec {
     pub job_id: Option<String>,
 }
 
+impl ClusterSpec {
+    /// The hosts, in order.
+    pub fn hosts(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.host.clone()).collect()
+    }
+}
+
 /// One allocated host and the accelerator slots we may use on it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {

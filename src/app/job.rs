@@ -1,0 +1,447 @@
+//! `pipette-run`: the dry run (plan and render, launch nothing) and the launch (profile,
+//! plan, trial and re-plan, launch, supervise); `pipette calibrate` (the trial alone).
+
+use super::*;
+
+/// What a dry run did, when it planned.
+pub(super) const PLANNED_NOT_LAUNCHED: &str =
+    "Dry run: planned and rendered; nothing was launched (launching lands in a later version).";
+
+pub(super) fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
+    let mut run = gather_inputs(cli, env, false)?;
+    plan_and_render(cli, env, &mut run)?;
+    if cli.pipette.json {
+        println!("{}", to_json(&run.report)?);
+    } else {
+        print!("{}", run.report.to_human());
+        if let Some(plan) = &run.plan {
+            println!();
+            print!(
+                "{}",
+                plan_to_human(plan, run.runner_up.as_ref().map(|(c, t)| (c, t)))
+            );
+        }
+        if let Some(launch) = &run.report.launch {
+            println!("\nCommands, one per node, exactly as they would run:");
+            for line in launch.command_lines() {
+                println!("  {line}");
+            }
+        }
+        if let Some(dir) = &run.report.run_dir {
+            println!("\nRun directory: {dir}");
+        }
+        if let Some(plan) = run
+            .plan
+            .as_ref()
+            .filter(|_| !cli.trial.no_trial && cli.planning.calibration.is_none())
+        {
+            let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
+            let template = job_template(cli, env, &run, options)?;
+            let (_, lines, notes) =
+                trial::trial_commands(&template, plan, cli.trial.trial_iters, &[])
+                    .map_err(launch_error)?;
+            print_trial_commands(&lines, &notes);
+        }
+    }
+    Ok(())
+}
+
+/// Launches the job and supervises it to the end (re-planning after node failures):
+/// discover, profile the nodes (or read --cluster), plan, run the trial and re-plan with
+/// the fitted calibration (unless --no-trial or --calibration), render attempt 1 into the
+/// run directory, then hand over to [`supervise::supervise`]. Returns pipette-run's exit
+/// code: 0, the failing worker's, or 128 + a signal; errors before anything runs are the
+/// usual [`Error`]s.
+pub(super) fn launch_and_supervise(cli: &RunCli, env: &Environment) -> Result<i32, Error> {
+    let mut job = prepare_job(cli, env)?;
+    let trial = if cli.trial.no_trial || cli.planning.calibration.is_some() {
+        None
+    } else {
+        let (plan, report) = trial_and_replan(cli, &job, MAX_TRIAL_ROUNDS)?;
+        job.plan = plan;
+        job.template.plan_options.calibration = report.calibration.clone();
+        Some(report)
+    };
+    let Job {
+        template,
+        profile,
+        plan,
+        ..
+    } = job;
+    let run_dir = template.run_dir.clone();
+    let first = template
+        .prepare(1, profile, plan, None)
+        .map_err(launch_error)?;
+    if let Some(report) = &trial {
+        write_json(&run_dir.join("trial.json"), report, "--run-dir")?;
+    }
+    let events = supervise::events::EventLog::create(&run_dir).map_err(|e| {
+        Error::Usage(format!(
+            "cannot write {}: {e} (choose another --run-dir)",
+            run_dir.join("events.jsonl").display()
+        ))
+    })?;
+    for note in &first.spec.notes {
+        eprintln!("pipette-run: {note}");
+    }
+    eprintln!(
+        "pipette-run: run directory {} (launch scripts, plan, trial.json, logs/, events.jsonl)",
+        run_dir.display()
+    );
+    let s = &cli.supervise;
+    let options = supervise::SuperviseOptions {
+        grace: s.grace,
+        stall_timeout: (!s.stall_timeout.is_zero()).then_some(s.stall_timeout),
+        startup_timeout: Some(s.startup_timeout.unwrap_or(s.stall_timeout))
+            .filter(|d| !d.is_zero()),
+        max_replans: s.max_replans,
+        health_timeout: s.health_timeout,
+        // With --json, stdout carries the one result object and nothing else.
+        echo: if cli.pipette.json {
+            supervise::Echo::Stderr
+        } else {
+            supervise::Echo::Streams
+        },
+        ..supervise::SuperviseOptions::default()
+    };
+    let outcome = supervise::supervise(&template, first, &options, &events);
+    let summary = outcome.summary();
+    eprint!("{summary}");
+    if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
+        eprintln!("pipette-run: warning: cannot write the summary into the run directory: {e}");
+    }
+    if cli.pipette.json {
+        let result = LaunchResult {
+            run_dir: run_dir.display().to_string(),
+            outcome: &outcome,
+            trial: trial.as_ref(),
+        };
+        println!("{}", to_json(&result)?);
+    }
+    Ok(outcome.exit_code)
+}
+
+/// What `pipette-run --json` prints on stdout when the job ends (the nodes' output goes
+/// to stderr then).
+#[derive(serde::Serialize)]
+pub(super) struct LaunchResult<'a> {
+    pub(super) run_dir: String,
+    pub(super) outcome: &'a supervise::Outcome,
+    /// The trial run's measurements and fitted calibration, when one ran.
+    pub(super) trial: Option<&'a trial::TrialReport>,
+}
+
+/// A job ready to try or launch: its inputs, the nodes' profile, the first plan and what
+/// every attempt shares.
+pub(super) struct Job {
+    pub(super) run: Run,
+    pub(super) profile: ClusterProfile,
+    pub(super) plan: Plan,
+    pub(super) template: launch::JobTemplate,
+}
+
+/// Discovers and profiles (or reads --cluster), plans, and builds the job template.
+pub(super) fn prepare_job(cli: &RunCli, env: &Environment) -> Result<Job, Error> {
+    let run = gather_inputs(cli, env, true)?;
+    let Some(profile) = run.profile.clone() else {
+        return Err(Error::Internal(
+            "no profile after profiling the nodes".to_string(),
+        ));
+    };
+    let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
+    let plan = plan::plan(&run.settings, &profile, &options)?;
+    let template = job_template(cli, env, &run, options)?;
+    Ok(Job {
+        run,
+        profile,
+        plan,
+        template,
+    })
+}
+
+/// What every attempt of the job shares, from the command line.
+pub(super) fn job_template(
+    cli: &RunCli,
+    env: &Environment,
+    run: &Run,
+    options: PlanOptions,
+) -> Result<launch::JobTemplate, Error> {
+    let workdir = std::env::current_dir()
+        .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
+    let rdzv_id = rendezvous_id(&cli.torchrun, run.report.nodes.job_id.as_deref());
+    let run_dir = match &cli.launch.run_dir {
+        Some(dir) => workdir.join(dir),
+        None => render::default_run_dir(&workdir, &rdzv_id, unix_seconds()),
+    };
+    let templates = match &cli.launch.templates {
+        Some(dir) => render::Templates::from_dir(dir)?,
+        None => render::Templates::embedded(),
+    };
+    let hosts: Vec<String> = run
+        .report
+        .nodes
+        .hosts
+        .iter()
+        .map(|h| h.host.clone())
+        .collect();
+    let transport = node_transport(
+        cli.supervise.launcher.as_deref(),
+        cli.supervise.ssh_config.as_deref(),
+        &hosts,
+        &run.report.nodes.source,
+    );
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    Ok(launch::JobTemplate {
+        settings: run.settings.clone(),
+        script: script_invocation(cli),
+        torchrun: cli.supervise.torchrun.clone(),
+        torchrun_spelling: installed_torchrun_spelling(&cli.supervise.torchrun),
+        torchrun_passthrough: cli.torchrun.passthrough_args(),
+        master_addr: explicit_master_addr(&cli.torchrun),
+        master_port: cli.torchrun.master_port,
+        rdzv_id,
+        env: render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone()))),
+        workdir,
+        run_dir,
+        templates,
+        plan_options: options,
+        transport,
+        run_id: format!("{}-{nanos}", std::process::id()),
+    })
+}
+
+/// At most this many rounds of trial, fit and re-plan.
+pub(super) const MAX_TRIAL_ROUNDS: usize = 2;
+
+/// Runs the trial of the job's plan (at each `--trial-micro-batches` size), fits the
+/// calibration and re-plans with it. When the re-plan picks another configuration, or the
+/// trial ran out of memory, the new plan is tried too (at most [`MAX_TRIAL_ROUNDS`]
+/// rounds, `rounds` here). Returns the plan to launch and the report.
+pub(super) fn trial_and_replan(
+    cli: &RunCli,
+    job: &Job,
+    rounds: usize,
+) -> Result<(Plan, trial::TrialReport), Error> {
+    let settings = &job.run.settings;
+    let mut options = job.template.plan_options.clone();
+    let before = options.calibration.clone();
+    let progress = ProgressBars::new(!cli.pipette.json);
+    let mut plan = job.plan.clone();
+    let mut trials: Vec<(trial::TrialMeasurement, Placement)> = Vec::new();
+    let mut report = None;
+    for round in 0..rounds {
+        let sizes = match (&cli.trial.trial_micro_batches, round) {
+            (Some(list), 0) => list.clone(),
+            _ => vec![plan.config.micro_batch],
+        };
+        let mut out_of_memory = None;
+        for mbs in sizes {
+            let mut tried = plan.clone();
+            tried.config.micro_batch = mbs;
+            let batch = mbs * tried.config.dp;
+            if mbs == 0 || settings.training.global_batch_size % batch != 0 {
+                return Err(Error::Usage(format!(
+                    "--trial-micro-batches {mbs}: the global batch {} is not a multiple of micro-batch {mbs} × dp {} (choose sizes that divide it)",
+                    settings.training.global_batch_size, tried.config.dp
+                )));
+            }
+            eprintln!(
+                "pipette-run: trial run: tp {} pp {} dp {} micro-batch {}, {} iterations",
+                tried.config.tp, tried.config.pp, tried.config.dp, mbs, cli.trial.trial_iters
+            );
+            let request = trial::TrialRequest {
+                template: &job.template,
+                plan: &tried,
+                iters: cli.trial.trial_iters,
+                timeout: cli.trial.trial_timeout,
+                command_timeout: std::time::Duration::from_secs(60),
+                python: "python3",
+            };
+            match trial::run_trial(&request, &progress) {
+                Ok(m) => trials.push((m, tried.placement.clone())),
+                Err(e) if e.is_out_of_memory() && round + 1 < rounds => {
+                    out_of_memory = Some((tried, e));
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some((tried, e)) = out_of_memory {
+            // The estimate was too low: raise the overhead until that configuration no
+            // longer fits, and plan again.
+            let peak = tried.estimate.peak_memory_bytes;
+            let usable = tried.estimate.usable_memory_bytes;
+            options.calibration.overhead_bytes += usable.saturating_sub(peak) + (1 << 20);
+            eprintln!("pipette-run: the trial ran out of memory ({e}); re-planning with a larger memory estimate");
+            plan = plan::plan(settings, &job.profile, &options)?;
+            continue;
+        }
+        let fitted = trial::calibrate(
+            settings,
+            &job.profile,
+            &trials,
+            &before,
+            options.time_options,
+        )?;
+        options.calibration = fitted.calibration.clone();
+        eprint!("{}", indent_lines(&fitted.to_human(), "pipette-run: "));
+        report = Some(fitted);
+        let replanned = plan::plan(settings, &job.profile, &options)?;
+        let changed = replanned.config != plan.config;
+        if changed {
+            eprintln!(
+                "pipette-run: re-planned with the calibrated estimates: tp {} pp {} dp {} micro-batch {} (was tp {} pp {} dp {} micro-batch {})",
+                replanned.config.tp,
+                replanned.config.pp,
+                replanned.config.dp,
+                replanned.config.micro_batch,
+                plan.config.tp,
+                plan.config.pp,
+                plan.config.dp,
+                plan.config.micro_batch
+            );
+        }
+        plan = replanned;
+        if !changed || round + 1 == rounds {
+            break;
+        }
+    }
+    let report = report.ok_or_else(|| Error::Internal("no trial was measured".to_string()))?;
+    Ok((plan, report))
+}
+
+/// `pipette calibrate`: the trial alone, its report written to `--out`.
+pub(super) fn calibrate(args: &crate::cli::CalibrateArgs, env: &Environment) -> Result<(), Error> {
+    let cli = &args.run;
+    let job = prepare_job(cli, env)?;
+    if cli.pipette.dry_run {
+        let (_, lines, notes) =
+            trial::trial_commands(&job.template, &job.plan, cli.trial.trial_iters, &[])
+                .map_err(launch_error)?;
+        print_trial_commands(&lines, &notes);
+        return Ok(());
+    }
+    // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
+    let (_, report) = trial_and_replan(cli, &job, 1)?;
+    write_json(&args.out, &report, "--out")?;
+    if cli.pipette.json {
+        println!("{}", to_json(&report)?);
+    } else {
+        print!("{}", report.to_human());
+        println!("written to {}", args.out.display());
+    }
+    Ok(())
+}
+
+pub(super) fn print_trial_commands(lines: &[String], notes: &[String]) {
+    println!("\nTrial run, one command per node (unless --no-trial or --calibration):");
+    for line in lines {
+        println!("  {line}");
+    }
+    for note in notes {
+        println!("  note: {note}");
+    }
+}
+
+pub(super) fn launch_error(e: launch::LaunchError) -> Error {
+    match e {
+        launch::LaunchError::Plan(e) => Error::Plan(e),
+        launch::LaunchError::Render(e) => Error::Render(e),
+        launch::LaunchError::PlanJson(e) => Error::Internal(e),
+    }
+}
+
+/// Plans on the profile (when there is one), renders the launch, writes the run directory.
+pub(super) fn plan_and_render(cli: &RunCli, env: &Environment, run: &mut Run) -> Result<(), Error> {
+    let Some(profile) = &run.profile else {
+        run.report.status = NO_PROFILE_YET.to_string();
+        return Ok(());
+    };
+    let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
+    let plan = plan::plan(&run.settings, profile, &options)?;
+    run.runner_up = runner_up(&plan, &run.settings, profile, &options);
+    // The same template the launch renders with, so the preview is what would run.
+    let mut template = job_template(cli, env, run, options)?;
+    template.run_id.clear();
+    let run_dir = template.run_dir.clone();
+    let launch = template
+        .render(&plan, None, &run_dir)
+        .map_err(launch_error)?;
+    render::write_run_dir(&launch, &run_dir)?;
+    run.report.run_dir = Some(run_dir.display().to_string());
+    run.report.launch = Some(launch);
+    run.report.plan = Some(
+        serde_json::to_value(&plan)
+            .map_err(|e| Error::Internal(format!("writing the plan: {e}")))?,
+    );
+    run.report.status = PLANNED_NOT_LAUNCHED.to_string();
+    run.plan = Some(plan);
+    Ok(())
+}
+
+/// The second-best configuration on its own best mapping, so the report can say what
+/// makes the winner win.
+pub(super) fn runner_up(
+    plan: &Plan,
+    settings: &Settings,
+    profile: &ClusterProfile,
+    options: &PlanOptions,
+) -> Option<(ParallelConfig, TimeEstimate)> {
+    let second = plan.top.get(1)?;
+    let request = TimeRequest {
+        model: &settings.model,
+        training: &settings.training,
+        config: &second.config,
+        cluster: profile,
+        placement: &second.placement,
+        calibration: &options.calibration,
+        options: options.time_options,
+    };
+    let estimate = time::estimate(&request, TimeModel::Pipette).ok()?;
+    Some((second.config.clone(), estimate))
+}
+
+/// How the torchrun installed here spells its options: old releases know only
+/// `--nproc_per_node`. Dashes when it cannot be asked (not installed here, say): every
+/// current torchrun accepts them.
+pub fn installed_torchrun_spelling(torchrun: &str) -> render::TorchrunSpelling {
+    let help = exec::NodeCommand::new(torchrun).arg("--help");
+    match exec::run(
+        &Transport::Local,
+        "localhost",
+        &help,
+        std::time::Duration::from_secs(30),
+    ) {
+        Ok(out) if out.status.success() => render::TorchrunSpelling::from_help(&out.stdout_text()),
+        _ => render::TorchrunSpelling::Dashes,
+    }
+}
+
+/// torchrun's `--rdzv-id` when the user set one, else the scheduler's job id, else one
+/// made from the time (the static rendezvous only needs it to be the same on all nodes).
+pub(super) fn rendezvous_id(torchrun: &TorchrunOptions, job_id: Option<&str>) -> String {
+    if torchrun.rdzv_id != "none" {
+        return torchrun.rdzv_id.clone();
+    }
+    job_id
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("pipette-{}", unix_seconds()))
+}
+
+/// The user's `--master-addr`, unless it is torchrun's default (then the host with node
+/// rank 0 is the master).
+pub(super) fn explicit_master_addr(torchrun: &TorchrunOptions) -> Option<String> {
+    torchrun.master_addr.clone()
+}
+
+pub(super) fn script_invocation(cli: &RunCli) -> render::ScriptInvocation {
+    render::ScriptInvocation {
+        program: cli.script().to_string(),
+        module: cli.torchrun.module,
+        no_python: cli.torchrun.no_python,
+        run_path: cli.torchrun.run_path,
+        args: cli.script_args().to_vec(),
+    }
+}

@@ -1,0 +1,134 @@
+//! The orchestrator: runs the stages in order for each command and turns the outcome
+//! into an exit code. The only module that reads the outside world (environment,
+//! files) and writes to the terminal.
+//!
+//! - `job`: `pipette-run` — the dry run, and the launch: profile, plan, trial, launch,
+//!   supervise; `pipette calibrate` (the trial alone);
+//! - `inputs`: reading a run's inputs — nodes, cluster profile (read or measured),
+//!   settings — into the dry-run report's sections;
+//! - `tools`: the other `pipette` subcommands, each one stage on its own.
+
+mod inputs;
+mod job;
+mod tools;
+
+// The imports below serve the submodules too (`use super::*`): one list for the whole
+// orchestrator, which touches every stage.
+use std::ffi::OsString;
+use std::path::Path;
+
+use clap::Parser;
+
+use crate::cli::{
+    DiscoveryOptions, EstimateArgs, ModelOptions, NodeRange, NprocPerNode, PipetteCli,
+    PipetteCommand, PlanningOptions, RunCli, TorchrunOptions,
+};
+use crate::cluster::profile::{DeviceSelection, NodeSelection};
+use crate::cluster::{self, ClusterProfile, ClusterSpec, Environment, Node, NodeSource, Slots};
+use crate::config::{self, Settings};
+use crate::error::Error;
+use crate::exec::{self, SshOptions, Transport};
+use crate::launch;
+use crate::model::memory::estimate_memory;
+use crate::model::time::{self, TimeEstimate, TimeModel, TimeOptions, TimeRequest};
+use crate::model::{params, Calibration, ParallelConfig, Placement};
+use crate::plan::{self, Plan, PlanOptions};
+use crate::profile::{self, ProfileOptions, ProgressBars};
+use crate::render;
+use crate::report::dry_run::{
+    DryRunReport, HostLine, ModelSection, NodesSection, ProfileSummary, ScriptSection,
+};
+use crate::report::estimate::{EstimateReport, ModelTime, ParamsSection};
+use crate::report::plan::plan_to_human;
+use crate::supervise;
+use crate::trial;
+
+use inputs::*;
+use job::*;
+use tools::*;
+
+pub use job::installed_torchrun_spelling;
+
+/// Runs `pipette-run` with these arguments; returns the process exit code.
+pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let cli = match RunCli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(e),
+    };
+    let env = current_environment();
+    if !cli.pipette.dry_run {
+        return match launch_and_supervise(&cli, &env) {
+            Ok(code) => code,
+            Err(e) => finish("pipette-run", Err(e)),
+        };
+    }
+    finish("pipette-run", run(&cli, &env))
+}
+
+/// Runs `pipette` with these arguments; returns the process exit code.
+pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let cli = match PipetteCli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(e),
+    };
+    finish("pipette", pipette(&cli.command, &current_environment()))
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Error> {
+    serde_json::to_string_pretty(value).map_err(|e| Error::Internal(format!("writing JSON: {e}")))
+}
+
+fn write_json<T: serde::Serialize>(path: &Path, value: &T, option: &str) -> Result<(), Error> {
+    std::fs::write(path, format!("{}\n", to_json(value)?)).map_err(|e| {
+        Error::Usage(format!(
+            "cannot write {}: {e} (choose another {option})",
+            path.display()
+        ))
+    })
+}
+
+/// The environment as discovery sees it. Non-UTF-8 variables are left out: none of
+/// the variables discovery reads can legitimately hold them.
+fn current_environment() -> Environment {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
+/// This machine's name, for a run without an allocation.
+fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// Prints an error the way every pipette error reads, and returns its exit code.
+fn finish(program: &str, result: Result<(), Error>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{program}: error: {e}");
+            e.exit_code().code()
+        }
+    }
+}
+
+/// Prints clap's message (help, version, or a usage error) and returns its exit code:
+/// 0 for help and version, 2 for a malformed command line, as torchrun does.
+fn clap_exit(e: clap::Error) -> i32 {
+    let _ = e.print();
+    e.exit_code()
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn indent_lines(text: &str, prefix: &str) -> String {
+    text.lines().map(|l| format!("{prefix}{l}\n")).collect()
+}

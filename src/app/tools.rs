@@ -1,0 +1,322 @@
+//! The `pipette` subcommands that run one stage on its own: discover, cluster, model,
+//! estimate, plan, profile, presets.
+
+use super::*;
+
+pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(), Error> {
+    match command {
+        PipetteCommand::Discover { discovery, output } => {
+            let (spec, warnings) = discover_nodes(discovery, env)?;
+            for w in &warnings {
+                eprintln!("pipette: warning: {w}");
+            }
+            if output.json {
+                println!("{}", to_json(&spec)?);
+            } else {
+                for node in &spec.nodes {
+                    match node.slots.count() {
+                        Some(n) => println!("{} slots={n}", node.host),
+                        None => println!("{}", node.host),
+                    }
+                }
+            }
+            Ok(())
+        }
+        PipetteCommand::Cluster { file, output } => {
+            let profile = ClusterProfile::load(file)?;
+            if output.json {
+                println!("{}", profile.to_json_pretty());
+            } else {
+                let s = profile_summary(file, &profile);
+                println!(
+                    "{}: valid, {} nodes, {} GPUs ({})",
+                    s.path,
+                    s.nodes,
+                    s.gpus,
+                    if s.gpu_models.is_empty() {
+                        "GPU models unknown".to_string()
+                    } else {
+                        s.gpu_models.join(", ")
+                    }
+                );
+                if let Some((lo, hi)) = s.node_link_gbps {
+                    println!("node-to-node bandwidth {lo:.2}–{hi:.2} GB/s");
+                }
+            }
+            Ok(())
+        }
+        PipetteCommand::Model {
+            model,
+            output,
+            megatron_args,
+        } => {
+            let settings = read_settings(model, megatron_args)?;
+            let section = model_section(&settings);
+            if output.json {
+                #[derive(serde::Serialize)]
+                struct ModelReport<'a> {
+                    model: &'a ModelSection,
+                    training: &'a config::TrainingSettings,
+                    constraints: &'a config::Constraints,
+                }
+                let report = ModelReport {
+                    model: &section,
+                    training: &settings.training,
+                    constraints: &settings.constraints,
+                };
+                println!("{}", to_json(&report)?);
+            } else {
+                let spec = &section.spec;
+                println!(
+                    "{}: {} parameters ({})",
+                    spec.preset.as_deref().unwrap_or("model"),
+                    crate::report::thousands(section.parameters),
+                    crate::report::short_count(section.parameters)
+                );
+            }
+            Ok(())
+        }
+        PipetteCommand::Estimate(args) => {
+            let report = estimate(args)?;
+            if args.output.json {
+                println!("{}", to_json(&report)?);
+            } else {
+                print!("{}", report.to_human());
+            }
+            Ok(())
+        }
+        PipetteCommand::Plan(args) => {
+            let (spec, warnings) = discover_nodes(&args.discovery, env)?;
+            let Some(path) = &args.discovery.cluster else {
+                return Err(Error::Usage(
+                    "pipette plan needs a cluster profile: give --cluster FILE (`pipette profile --out FILE` measures the nodes)"
+                        .to_string(),
+                ));
+            };
+            let full = ClusterProfile::load(path)?;
+            let settings = read_settings(&args.model, &args.megatron_args)?;
+            let nodes = nodes_section(
+                spec,
+                warnings,
+                Some((path, &full)),
+                None,
+                args.nproc_per_node,
+            )?;
+            for w in &nodes.warnings {
+                eprintln!("pipette: warning: {w}");
+            }
+            let profile = allocated_part(path, &full, &nodes)?;
+            let options = plan_options(&args.planning, &settings, args.output.seed)?;
+            let plan = plan::plan(&settings, &profile, &options)?;
+            if args.output.json {
+                println!("{}", to_json(&plan)?);
+            } else {
+                let runner_up = runner_up(&plan, &settings, &profile, &options);
+                print!(
+                    "{}",
+                    plan_to_human(&plan, runner_up.as_ref().map(|(c, t)| (c, t)))
+                );
+            }
+            Ok(())
+        }
+        PipetteCommand::Profile(args) => {
+            let (spec, warnings) = discover_nodes(&args.discovery, env)?;
+            for w in &warnings {
+                eprintln!("pipette: warning: {w}");
+            }
+            let options = ProfileOptions {
+                transport: node_transport(
+                    args.launcher.as_deref(),
+                    None,
+                    &spec.hosts(),
+                    &spec.source,
+                ),
+                nproc_per_node: args.nproc_per_node,
+                torchrun: args.torchrun.clone(),
+                reprofile: args.profiling.reprofile,
+                env: render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())))
+                    .into_iter()
+                    .collect(),
+                ..ProfileOptions::default()
+            };
+            let progress = ProgressBars::new(!args.output.json);
+            let run = profile::run_profile(&spec, &options, &progress)?;
+            let text = run.profile.to_json_pretty();
+            std::fs::write(&args.out, &text).map_err(|e| {
+                Error::Usage(format!(
+                    "cannot write {}: {e} (choose another --out)",
+                    args.out.display()
+                ))
+            })?;
+            for note in &run.notes {
+                eprintln!("pipette: {note}");
+            }
+            if args.output.json {
+                println!("{text}");
+            } else {
+                let s = profile_summary(&args.out, &run.profile);
+                println!(
+                    "{}: {} nodes, {} GPUs ({}){}",
+                    s.path,
+                    s.nodes,
+                    s.gpus,
+                    s.gpu_models.join(", "),
+                    s.node_link_gbps
+                        .map(|(lo, hi)| format!(", node links {lo:.2}–{hi:.2} GB/s"))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(())
+        }
+        PipetteCommand::Calibrate(args) => calibrate(args, env),
+        PipetteCommand::Presets { output } => {
+            let names = config::presets::names();
+            if output.json {
+                println!("{}", to_json(&names)?);
+            } else {
+                for name in names {
+                    println!("{name}");
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Costs one configuration: memory always, time when a cluster is given.
+pub(super) fn estimate(args: &EstimateArgs) -> Result<EstimateReport, Error> {
+    let settings = read_settings(&args.model, &args.megatron_args)?;
+    let cluster = match &args.cluster {
+        Some(path) => Some(ClusterProfile::load(path)?),
+        None => None,
+    };
+    let config = estimate_config(args, &settings, cluster.as_ref())?;
+    let model = &settings.model;
+    let training = &settings.training;
+    let calibration = match &args.calibration {
+        Some(path) => read_calibration(path)?,
+        None => Calibration::default(),
+    };
+    let memory = estimate_memory(model, training, &config, &calibration);
+    let breakdown = params::ParameterBreakdown::new(model, config.tp);
+    let last = config.layers_per_stage.len().saturating_sub(1);
+    let per_stage = config
+        .layers_per_stage
+        .iter()
+        .enumerate()
+        .map(|(i, layers)| breakdown.stage(*layers, i == 0, i == last))
+        .collect();
+    let mut report = EstimateReport {
+        params: ParamsSection {
+            total: breakdown.total(),
+            per_stage,
+        },
+        memory,
+        gpu_memory_bytes: None,
+        time: None,
+        time_models: Vec::new(),
+        config,
+    };
+    if let Some(cluster) = &cluster {
+        report.gpu_memory_bytes = cluster
+            .nodes
+            .iter()
+            .filter_map(|n| n.gpus())
+            .flatten()
+            .map(|g| g.memory_bytes)
+            .min();
+        let gpus_per_node = cluster.nodes[0].gpus().map_or(0, <[_]>::len);
+        let placement = Placement::identity(report.config.world_size() as usize, gpus_per_node);
+        let request = TimeRequest {
+            model,
+            training,
+            config: &report.config,
+            cluster,
+            placement: &placement,
+            calibration: &calibration,
+            options: TimeOptions::from_training(training),
+        };
+        for time_model in TimeModel::ALL {
+            let estimate = time::estimate(&request, time_model)?;
+            report.time_models.push(ModelTime {
+                model: time_model,
+                iteration_ms: estimate.iteration_ms,
+            });
+            if time_model == args.time_model {
+                report.time = Some(estimate);
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The configuration `pipette estimate` costs: its flags, else the Megatron arguments'.
+pub(super) fn estimate_config(
+    args: &EstimateArgs,
+    settings: &Settings,
+    cluster: Option<&ClusterProfile>,
+) -> Result<ParallelConfig, Error> {
+    let t = &settings.training;
+    let layers = settings.model.num_layers;
+    let tp = args.tp.unwrap_or(t.tensor_parallel).max(1);
+    let pp = args.pp.unwrap_or(t.pipeline_parallel).max(1);
+    let cluster_gpus = cluster
+        .and_then(ClusterProfile::gpu_count)
+        .map(|g| g as u64);
+    let dp = match (args.dp, cluster_gpus) {
+        (Some(dp), _) => dp.max(1),
+        (None, Some(gpus)) if gpus >= tp * pp => gpus / (tp * pp),
+        _ => 1,
+    };
+    let mut config = ParallelConfig::even(
+        layers,
+        tp,
+        pp,
+        dp,
+        args.mbs.unwrap_or(t.micro_batch_size).max(1),
+    );
+    config.vpp = args.vpp.or(t.virtual_pipeline).filter(|v| *v > 1);
+    config.recompute = args
+        .recompute
+        .clone()
+        .unwrap_or_else(|| t.recompute.clone());
+    config.sequence_parallel = (args.sequence_parallel || t.sequence_parallel) && tp > 1;
+    config.distributed_optimizer = args.distributed_optimizer || t.distributed_optimizer;
+    match &args.layers_per_stage {
+        Some(split) => {
+            if split.len() as u64 != pp || split.iter().sum::<u64>() != layers {
+                return Err(Error::Usage(format!(
+                    "--layers-per-stage {} must give {pp} stage sizes that add up to the model's {layers} layers",
+                    split.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+                )));
+            }
+            config.layers_per_stage = split.clone();
+        }
+        None if layers % pp != 0 => {
+            return Err(Error::Usage(format!(
+                "--pp {pp} does not divide the model's {layers} layers (choose another --pp, or give --layers-per-stage)"
+            )));
+        }
+        None => {}
+    }
+    let model = &settings.model;
+    if model.num_attention_heads % tp != 0 || model.num_query_groups % tp != 0 {
+        return Err(Error::Usage(format!(
+            "--tp {tp} must divide the {} attention heads and {} query groups",
+            model.num_attention_heads, model.num_query_groups
+        )));
+    }
+    if let Some(gpus) = cluster_gpus.filter(|g| config.world_size() > *g) {
+        return Err(Error::Usage(format!(
+            "tp {tp} × pp {pp} × dp {dp} needs {} GPUs but the cluster has {gpus} (lower --dp)",
+            config.world_size()
+        )));
+    }
+    if t.global_batch_size % (config.micro_batch * dp) != 0 {
+        return Err(Error::Usage(format!(
+            "the global batch {} is not divisible by micro-batch {} × dp {dp} (change --mbs or --dp)",
+            t.global_batch_size, config.micro_batch
+        )));
+    }
+    Ok(config)
+}
