@@ -609,3 +609,57 @@ fn user_arguments_pass_through_byte_for_byte_and_in_order() {
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --micro-batch-size 4"
     );
 }
+
+/// The trial run's arguments (`pipette::trial::trial_args`: short, no checkpoints, no
+/// evaluation) are ones Megatron accepts, for a run measured in iterations and for one
+/// measured in samples — where `--train-iters` beside `--lr-decay-samples` is refused, as
+/// the last case checks, so the trial must keep counting in samples.
+#[test]
+fn megatron_accepts_the_trial_arguments() {
+    let checkpoints = "--save /ckpt --save-interval 50 --load /ckpt --eval-interval 100 \
+                       --eval-iters 10";
+    let by_iterations = format!("{TRAINING} {checkpoints}");
+    let by_samples = format!(
+        "--lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --train-samples 2000000 \
+         --lr-decay-samples 1900000 --lr-warmup-samples 20000 {checkpoints}"
+    );
+    let trial = |user: &str| {
+        let (args, _) = pipette::trial::trial_args(&words(user), 5, 512);
+        args.join(" ")
+    };
+    let cases = [
+        Case::new(Some("gpt3-1.3b"), &trial(&by_iterations), 2, 2, 4, 2),
+        Case::new(Some("llama2-7b"), &trial(&by_samples), 2, 2, 4, 1).sp(),
+    ];
+    let mut inputs: Vec<Value> = cases
+        .iter()
+        .map(|case| {
+            let spec = case.render();
+            as_case(&spec.megatron_args, case.world(), &spec.nodes[0].env)
+        })
+        .collect();
+    // What the trial must not do: iterations beside a sample-based schedule.
+    let mut mixed = replace(&cases[1].render().megatron_args, "--train-samples", None);
+    mixed.extend(["--train-iters".to_string(), "5".to_string()]);
+    inputs.push(as_case(
+        &mixed,
+        cases[1].world(),
+        &cases[1].render().nodes[0].env,
+    ));
+
+    let verdicts = megatron_verdicts(&inputs);
+    for (case, verdict) in cases.iter().zip(&verdicts) {
+        assert_eq!(
+            verdict.get("derived"),
+            Some(&case.expected()),
+            "{}: Megatron's verdict on the trial arguments: {verdict}",
+            case.name
+        );
+    }
+    let refused = verdicts[cases.len()]["error"].as_str().unwrap_or_default();
+    assert!(
+        refused.contains("iteration-based"),
+        "Megatron was expected to refuse --train-iters beside --lr-decay-samples: {}",
+        verdicts[cases.len()]
+    );
+}

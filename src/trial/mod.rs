@@ -70,11 +70,15 @@ const TRIAL_OPTIONS: &[&str] = &[
     "load",
 ];
 
-/// The user's arguments for a trial of `iters` iterations: [`TRIAL_OPTIONS`] dropped,
-/// then `--train-iters N --exit-interval N --eval-iters 0 --log-interval 1` (before a
-/// `--`). Returns the arguments and a note per dropped option.
-pub fn trial_args(args: &[String], iters: u64) -> (Vec<String>, Vec<String>) {
+/// The user's arguments for a trial of `iters` iterations of `global_batch` samples:
+/// [`TRIAL_OPTIONS`] dropped, then `--train-iters N --exit-interval N --eval-iters 0
+/// --log-interval 1` (before a `--`). A run measured in samples (`--train-samples`) gets
+/// `--train-samples N × global batch` instead: Megatron refuses `--train-iters` next to the
+/// sample-based schedule options (`--lr-decay-samples`, `--lr-warmup-samples`, ...).
+/// Returns the arguments and a note per dropped option.
+pub fn trial_args(args: &[String], iters: u64, global_batch: u64) -> (Vec<String>, Vec<String>) {
     let (mut out, dropped, tail) = launch::drop_options(args, TRIAL_OPTIONS, TRIAL_OPTIONS);
+    let by_samples = dropped.iter().any(|(name, _)| name == "train-samples");
     let notes = dropped
         .into_iter()
         .filter(|(name, _)| matches!(name.as_str(), "save" | "save-interval" | "load"))
@@ -85,9 +89,18 @@ pub fn trial_args(args: &[String], iters: u64) -> (Vec<String>, Vec<String>) {
             )
         })
         .collect();
-    let n = iters.max(2).to_string();
+    let iters = iters.max(2);
+    let n = iters.to_string();
+    let length = if by_samples {
+        (
+            "--train-samples",
+            iters.saturating_mul(global_batch).to_string(),
+        )
+    } else {
+        ("--train-iters", n.clone())
+    };
     for (option, value) in [
-        ("--train-iters", n.as_str()),
+        (length.0, length.1.as_str()),
         ("--exit-interval", n.as_str()),
         ("--eval-iters", "0"),
         ("--log-interval", "1"),
@@ -230,7 +243,11 @@ pub fn trial_commands(
     staging_dirs: &[&str],
 ) -> Result<TrialCommands, LaunchError> {
     let mut job = template.clone();
-    let (args, notes) = trial_args(&template.script.args, iters);
+    let (args, notes) = trial_args(
+        &template.script.args,
+        iters,
+        template.settings.training.global_batch_size,
+    );
     job.script.args = args;
     let spec = job.render(plan, None, &template.run_dir.join("trial"))?;
     let mut commands = Vec::new();
@@ -766,6 +783,7 @@ mod tests {
                 --eval-interval 100 --eval-iters 10 --log-interval 10 --lr 1e-3 -- --extra",
             ),
             5,
+            64,
         );
         assert_eq!(
             args,
@@ -777,8 +795,22 @@ mod tests {
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(notes[0].contains("--save /ck"));
         // A trial needs two iterations: the first is warm-up.
-        let (args, _) = trial_args(&w("--num-layers 2"), 1);
+        let (args, _) = trial_args(&w("--num-layers 2"), 1, 64);
         assert!(args.windows(2).any(|p| p == ["--train-iters", "2"]));
+        // A run measured in samples stays so: Megatron refuses --train-iters beside
+        // --lr-decay-samples.
+        let (args, _) = trial_args(
+            &w("--train-samples 1000000 --lr-decay-samples 900000 --lr-warmup-samples 100"),
+            5,
+            64,
+        );
+        assert_eq!(
+            args,
+            w(
+                "--lr-decay-samples 900000 --lr-warmup-samples 100 --train-samples 320 \
+               --exit-interval 5 --eval-iters 0 --log-interval 1"
+            )
+        );
     }
 
     #[test]
