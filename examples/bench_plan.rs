@@ -1,5 +1,5 @@
 //! Times the full planner (candidates, memory filter, ranking, rank mapping of the best
-//! configurations) on 16, 64, 1024 and 8192 GPUs and prints a table; run by
+//! configurations) on 16, 32 (mixed A100/V100), 64, 1024 and 8192 GPUs and prints a table; run by
 //! `scripts/bench-plan`. Evaluations are time-model evaluations: one per ranked
 //! configuration, and one per state of every mapping search (incremental ones included).
 //!
@@ -15,33 +15,46 @@ use pipette::plan::{plan, PlanOptions};
 #[path = "../benches/support/clusters.rs"]
 mod clusters;
 
-/// One benchmark case: a cluster and a model.
+/// One benchmark case: a cluster, a model and Megatron arguments beyond the preset.
 struct Case {
     gpus: usize,
     cluster: &'static str,
     model: &'static str,
+    args: &'static [&'static str],
 }
 
-const CASES: [Case; 4] = [
+const CASES: [Case; 5] = [
     Case {
         gpus: 16,
         cluster: "a100-2x8.json",
         model: "gpt3-13b",
+        args: &[],
+    },
+    // Mixed GPU kinds: every order of the kinds along the pipeline and a layer split per
+    // candidate, plus the best even split for the report (V100s train in fp16).
+    Case {
+        gpus: 32,
+        cluster: "a100-v100-mixed-4x8.json",
+        model: "gpt3-13b",
+        args: &["--fp16"],
     },
     Case {
         gpus: 64,
         cluster: "generated 8x8 A100",
         model: "gpt3-13b",
+        args: &[],
     },
     Case {
         gpus: 1024,
         cluster: "h100-128x8.json",
         model: "gpt3-175b",
+        args: &[],
     },
     Case {
         gpus: 8192,
         cluster: "generated 1024x8 H100",
         model: "gpt3-175b",
+        args: &[],
     },
 ];
 
@@ -91,7 +104,7 @@ fn main() {
         } else {
             sizes.push(
                 arg.parse::<usize>()
-                    .expect("GPU counts: 16, 64, 1024, 8192"),
+                    .expect("GPU counts: 16, 32 (mixed A100/V100), 64, 1024, 8192"),
             );
         }
     }
@@ -124,7 +137,8 @@ fn main() {
     {
         let cluster = load(case);
         assert_eq!(cluster.gpu_count(), Some(case.gpus));
-        let settings = settings_from_megatron_args(&[], Some(case.model), &[]).unwrap();
+        let args: Vec<String> = case.args.iter().map(|a| a.to_string()).collect();
+        let settings = settings_from_megatron_args(&args, Some(case.model), &[]).unwrap();
         let options = PlanOptions::default();
         if std::env::var_os("PHASES").is_some() {
             let o = PlanOptions {
