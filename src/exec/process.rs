@@ -22,6 +22,7 @@ use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::error::ssh_failure;
+use super::transport::is_srun_task_report;
 use super::{
     ExecError, ExecOptions, Invocation, NodeCommand, Output, Status, Stream, TransportKind,
 };
@@ -115,11 +116,16 @@ impl RunningCommand {
         let stdout = child
             .stdout
             .take()
-            .map(|pipe| Reader::start(pipe, host, Stream::Stdout, options));
+            .map(|pipe| Reader::start(pipe, host, Stream::Stdout, options, None));
+        // srun adds a line of its own when the task fails ("srun: error: gpu07: task 0:
+        // Exited with exit code 1"), after the command's last words: it would be the line
+        // error messages quote, and says nothing the status does not.
+        let skip: Option<fn(&[u8]) -> bool> =
+            (kind == TransportKind::Srun).then_some(is_srun_task_report);
         let stderr = child
             .stderr
             .take()
-            .map(|pipe| Reader::start(pipe, host, Stream::Stderr, options));
+            .map(|pipe| Reader::start(pipe, host, Stream::Stderr, options, skip));
         Ok(RunningCommand {
             host: host.to_owned(),
             label: command.label(),
@@ -354,6 +360,7 @@ impl Reader {
         host: &str,
         stream: Stream,
         options: &ExecOptions,
+        skip: Option<fn(&[u8]) -> bool>,
     ) -> Self {
         let captured = Arc::new(Mutex::new(Vec::new()));
         let (done_tx, done) = mpsc::channel();
@@ -369,6 +376,9 @@ impl Reader {
                 match reader.read_until(b'\n', &mut line) {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {}
+                }
+                if skip.is_some_and(|skip| skip(&line)) {
+                    continue;
                 }
                 if let Some(sink) = &sink {
                     let text = line.strip_suffix(b"\n").unwrap_or(&line);
