@@ -37,7 +37,8 @@ pub const REMOTE_TEARDOWN_MARGIN: Duration = Duration::from_secs(3);
 const PIPE_CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// A command started with [`super::spawn`]. Dropping it kills the command (and, for remote
-/// transports, tears the remote side down through the watchdog).
+/// transports, tears the remote side down: through the watchdog over ssh, by having `srun`
+/// cancel its job step).
 pub struct RunningCommand {
     host: String,
     label: String,
@@ -337,6 +338,16 @@ impl Drop for RunningCommand {
         }
         // Closing stdin starts the remote watchdog; the local group goes at once.
         self.close_stdin();
+        if self.kind == TransportKind::Srun {
+            // Unlike ssh's connection, a killed srun leaves its job step running (stdin is
+            // never closed there). TERM makes srun cancel the step, which Slurm then kills
+            // whole; KILL only when srun does not exit in time.
+            let _ = killpg(self.pgid, Signal::SIGTERM);
+            let deadline = Instant::now() + self.grace + REMOTE_TEARDOWN_MARGIN;
+            if let Ok(Some(_)) = self.wait_until(Some(deadline)) {
+                return;
+            }
+        }
         let _ = killpg(self.pgid, Signal::SIGKILL);
         let _ = self.child.wait();
     }

@@ -26,6 +26,10 @@
 //! block of bytes ([`NodeCommand::stdin`]), which the wrapper reads first (exactly that many
 //! bytes, into a deleted temporary file that becomes the command's standard input).
 //!
+//! One exception: killing `srun` outright (KILL) leaves its job step running, its standard
+//! input never closed, so a dropped [`super::RunningCommand`] sends `srun` TERM instead,
+//! and `srun` cancels the step, which Slurm kills whole.
+//!
 //! The login shell on ssh nodes must be POSIX-like (sh, bash, dash, zsh, ksh): it reads the
 //! single-quoted words. `setsid`, `mktemp` and `head -c` must exist there (util-linux and
 //! coreutils, on every Linux distribution).
