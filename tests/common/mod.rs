@@ -227,12 +227,272 @@ pub fn assert_no_process_left(marker: &str) {
     );
 }
 
+/// A small but complete set of Megatron arguments, as a job script would pass them.
+pub const TINY_MODEL: &[&str] = &[
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "256",
+    "--num-attention-heads",
+    "8",
+    "--seq-length",
+    "512",
+    "--max-position-embeddings",
+    "512",
+    "--vocab-size",
+    "1000",
+    "--global-batch-size",
+    "16",
+    "--micro-batch-size",
+    "2",
+];
+
+/// Whether process `pid` is alive (not a zombie).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .is_some_and(|i| !stat[i + 2..].starts_with('Z'))
+    })
+}
+
+/// The pid a command wrote (a line) to `path`, waiting up to 10 s for it.
+pub fn read_pid(path: &Path) -> i32 {
+    assert!(
+        eventually(Duration::from_secs(10), || std::fs::read_to_string(path)
+            .is_ok_and(|t| t.ends_with('\n'))),
+        "{} was never written",
+        path.display()
+    );
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Arguments that a shell anywhere on the way would mangle: each must reach the command as
+/// it is, byte for byte.
+pub const AWKWARD: [&str; 18] = [
+    "plain",
+    "",
+    "two words",
+    "it's",
+    "'",
+    "\"double\"",
+    "$HOME",
+    "${PATH}",
+    "`id`",
+    "$(id)",
+    "a;b|c&d>e<f",
+    "line\nbreak",
+    "back\\slash\\",
+    "*",
+    "~",
+    "-n",
+    "#not a comment",
+    "ünïcødé\ttab\r",
+];
+
+/// A remote transport gets a command's argv (every [`AWKWARD`] word), environment,
+/// working directory (`work`, a name that needs quoting) and standard input (binary bytes)
+/// to the node byte for byte, and its output back. `context`: what to print on failure
+/// (the daemons' logs).
+pub fn assert_remote_io_intact(
+    transport: &pipette::exec::Transport,
+    host: &str,
+    work: &Path,
+    context: &dyn Fn() -> String,
+) {
+    use pipette::exec::{run, NodeCommand};
+    std::fs::create_dir(work).unwrap();
+    let command = NodeCommand::new("sh")
+        .arg("-c")
+        .arg("printf '%s\\0' \"$@\"; printf '%s|%s|' \"$WEIRD\" \"$(pwd)\"; cat")
+        .arg("argv0")
+        .args(AWKWARD)
+        .env("WEIRD", "a b'c\"$x`y`\n;z")
+        .cwd(work)
+        .stdin(b"binary\0bytes\nand 'quotes'".to_vec());
+    let out = run(transport, host, &command, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", context()));
+    assert!(out.status.success(), "{}", out.stderr_text());
+    let expected_args: String = AWKWARD.iter().map(|a| format!("{a}\0")).collect();
+    assert_eq!(
+        out.stdout_text(),
+        format!(
+            "{expected_args}a b'c\"$x`y`\n;z|{}|binary\0bytes\nand 'quotes'",
+            work.display()
+        )
+    );
+    assert_eq!(out.stderr_text(), "");
+}
+
+/// A remote command's exit code, standard output and standard error come back as the
+/// command gave them, with nothing the transport adds.
+pub fn assert_remote_exit_code_and_streams(
+    transport: &pipette::exec::Transport,
+    host: &str,
+    context: &dyn Fn() -> String,
+) {
+    use pipette::exec::{run, NodeCommand, Status};
+    let out = run(
+        transport,
+        host,
+        &NodeCommand::new("sh")
+            .arg("-c")
+            .arg("echo out; echo err >&2; exit 7"),
+        Duration::from_secs(30),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", context()));
+    assert_eq!(out.status, Status::Exited(7), "{out:?}");
+    assert_eq!(out.stdout_text(), "out\n");
+    assert_eq!(out.stderr_text(), "err\n");
+    assert_eq!(out.last_line().as_deref(), Some("err"));
+}
+
+/// A timeout, and dropping or terminating a running remote command (what happens when
+/// pipette-run itself is stopped), end the remote process tree, not just the local client.
+/// The command ignores TERM, so only the watchdog's KILL ends it. `dir`: for pid files.
+pub fn assert_teardown_reaches_the_node(
+    transport: &pipette::exec::Transport,
+    host: &str,
+    dir: &Path,
+    context: &dyn Fn() -> String,
+) {
+    use pipette::exec::{run_with, spawn_with, ExecError, ExecOptions, NodeCommand, Status};
+    let options = ExecOptions {
+        grace: Duration::from_secs(1),
+        ..ExecOptions::default()
+    };
+    for how in ["timeout", "drop", "terminate"] {
+        let marker = format!("pipette-teardown-{}-{how}", std::process::id());
+        let leader = dir.join(format!("{how}.leader"));
+        let child = dir.join(format!("{how}.child"));
+        let command = NodeCommand::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "trap '' TERM; sleep 1000 & echo $! > '{}'; echo $$ > '{}'; wait; wait",
+                child.display(),
+                leader.display()
+            ))
+            .arg(&marker);
+        let start = Instant::now();
+        match how {
+            "timeout" => {
+                let err = run_with(transport, host, &command, Duration::from_secs(2), &options)
+                    .unwrap_err();
+                let ExecError::TimedOut { output, .. } = &err else {
+                    panic!("{err}\n{}", context());
+                };
+                assert_eq!(output.status, Status::Exited(137), "{output:?}");
+                assert!(
+                    err.to_string()
+                        .contains(&format!(" on {host} did not finish within 2 s")),
+                    "{err}"
+                );
+            }
+            "drop" => {
+                let running = spawn_with(transport, host, &command, &options).unwrap();
+                read_pid(&leader);
+                drop(running);
+            }
+            _ => {
+                let mut running = spawn_with(transport, host, &command, &options).unwrap();
+                read_pid(&leader);
+                let status = running.terminate().unwrap();
+                assert_eq!(status, Status::Exited(137), "{how}");
+            }
+        }
+        let remote = read_pid(&leader);
+        let sleeper = read_pid(&child);
+        assert!(
+            eventually(Duration::from_secs(10), || !alive(remote)
+                && !alive(sleeper)),
+            "{how}: remote processes {remote} / {sleeper} survived\n{}",
+            context()
+        );
+        assert_no_process_left(&marker);
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{how}: {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+/// A daemon a test started in the foreground, its output in a log file; killed and reaped
+/// on drop.
+pub struct Daemon {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `command` with no input and both output streams in `log`.
+    pub fn start(command: &mut Command, log: PathBuf) -> Daemon {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
+        Daemon { child, log }
+    }
+
+    pub fn has_exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last lines of its log, for a panic message.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        format!(
+            "--- {}:\n{}",
+            self.log.display(),
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        )
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits up to `limit` for `ready`, giving up early when one of `daemons` exits.
+pub fn wait_for_daemons(
+    daemons: &mut [&mut Daemon],
+    limit: Duration,
+    ready: impl FnMut() -> bool,
+) -> bool {
+    let mut ready = ready;
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if daemons.iter_mut().any(|d| d.has_exited()) {
+            return false;
+        }
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
 pub const SSHD: &str = "/usr/sbin/sshd";
 
 /// A throwaway sshd on 127.0.0.1 and 127.0.0.2 (fresh host key, one authorized throwaway client key,
 /// all in a temp dir), killed on drop. Its `ssh_config` makes `hosts` aliases of 127.0.0.1.
 pub struct Sshd {
-    child: Child,
+    _daemon: Daemon,
     pub port: u16,
     pub dir: tempfile::TempDir,
 }
@@ -242,7 +502,7 @@ impl Sshd {
         assert!(
             Path::new(SSHD).exists(),
             "{SSHD} not found: the ssh transport tests need OpenSSH's server \
-             (run `apt-get install -y openssh-server`)"
+             (run scripts/install-test-deps)"
         );
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
@@ -273,27 +533,20 @@ impl Sshd {
                 ),
             )
             .unwrap();
-            let mut child = Command::new(SSHD)
-                .args(["-D", "-e", "-f"])
-                .arg(&config)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
-                .spawn()
-                .expect("start sshd");
-            let end = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < end {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Sshd { child, port, dir };
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            let mut daemon = Daemon::start(
+                Command::new(SSHD).args(["-D", "-e", "-f"]).arg(&config),
+                d.join("sshd.log"),
+            );
+            if wait_for_daemons(&mut [&mut daemon], Duration::from_secs(10), || {
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+            }) {
+                return Sshd {
+                    _daemon: daemon,
+                    port,
+                    dir,
+                };
             }
-            let _ = child.kill();
-            let _ = child.wait();
-            last_error = std::fs::read_to_string(d.join("sshd.log")).unwrap_or_default();
+            last_error = daemon.log_tail();
         }
         panic!("sshd did not start: {last_error}");
     }
@@ -317,13 +570,6 @@ impl Sshd {
         )
         .unwrap();
         path
-    }
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
