@@ -1,5 +1,6 @@
-//! Helpers shared by the end-to-end launch tests: PyTorch's torchrun from the venv, a
-//! throwaway sshd on loopback, a CPU cluster profile, and the process table.
+//! Helpers shared by the end-to-end tests: PyTorch's torchrun from the venv, a throwaway
+//! sshd and a throwaway one-node Slurm on loopback, the checks every remote transport
+//! must pass, a CPU cluster profile, and the process table.
 //!
 //! Each test binary uses a different part, so unused helpers are not warnings.
 #![allow(dead_code)]
@@ -450,14 +451,19 @@ impl Daemon {
 
     /// The last lines of its log, for a panic message.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        format!(
-            "--- {}:\n{}",
-            self.log.display(),
-            lines[lines.len().saturating_sub(30)..].join("\n")
-        )
+        log_tail(&self.log)
     }
+}
+
+/// The last lines of a log file, headed by its path, for a panic message.
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    format!(
+        "--- {}:\n{}",
+        path.display(),
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    )
 }
 
 impl Drop for Daemon {
@@ -570,6 +576,280 @@ impl Sshd {
         )
         .unwrap();
         path
+    }
+}
+
+/// Debian's Slurm and MUNGE programs the Slurm tests run.
+const SLURM_PROGRAMS: [&str; 6] = [
+    "/usr/sbin/munged",
+    "/usr/sbin/slurmctld",
+    "/usr/sbin/slurmd",
+    "/usr/bin/srun",
+    "/usr/bin/salloc",
+    "/usr/bin/sinfo",
+];
+
+/// A throwaway one-node Slurm cluster on loopback: its own `munged` (fresh key, socket in
+/// a temp dir), `slurmctld` and `slurmd` on free ports, with a `slurm.conf` in that temp
+/// dir that clients find through `SLURM_CONF`. The system's `/etc/slurm` and `/etc/munge`
+/// are never read or touched. Everything it started is killed on drop.
+pub struct Slurm {
+    daemons: Vec<Daemon>,
+    /// The node's Slurm name (any host name: slurmd runs under it with `-N`, and Slurm
+    /// reaches it at 127.0.0.1).
+    pub node: &'static str,
+    pub conf: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl Slurm {
+    pub fn start() -> Slurm {
+        for program in SLURM_PROGRAMS {
+            assert!(
+                Path::new(program).exists(),
+                "{program} not found: the Slurm tests need Debian's slurmctld, slurmd, \
+                 slurm-client and munge (run scripts/install-test-deps)"
+            );
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("pipette-slurm.")
+            .tempdir()
+            .unwrap();
+        let d = dir.path().to_path_buf();
+        let conf = d.join("slurm.conf");
+        let munge = Self::start_munged(&d);
+        let mut daemons = vec![munge];
+        let mut logs = String::new();
+        for _attempt in 0..3 {
+            for sub in ["state", "spool"] {
+                let _ = std::fs::remove_dir_all(d.join(sub));
+                std::fs::create_dir(d.join(sub)).unwrap();
+            }
+            std::fs::write(d.join("plugstack.conf"), "").unwrap();
+            std::fs::write(&conf, slurm_conf(&d, SLURM_NODE, free_port(), free_port())).unwrap();
+            let mut ctld = Daemon::start(
+                Command::new("/usr/sbin/slurmctld")
+                    .arg("-D")
+                    .env("SLURM_CONF", &conf),
+                d.join("slurmctld.out"),
+            );
+            let mut slurmd = Daemon::start(
+                Command::new("/usr/sbin/slurmd")
+                    .args(["-D", "-N", SLURM_NODE])
+                    .env("SLURM_CONF", &conf),
+                d.join("slurmd.out"),
+            );
+            let idle = wait_for_daemons(
+                &mut [&mut daemons[0], &mut ctld, &mut slurmd],
+                Duration::from_secs(30),
+                || node_state(&conf).as_deref() == Some("idle"),
+            );
+            if idle {
+                daemons.extend([ctld, slurmd]);
+                return Slurm {
+                    daemons,
+                    node: SLURM_NODE,
+                    conf,
+                    dir,
+                };
+            }
+            logs = format!(
+                "sinfo says {:?}\n{}\n{}\n{}",
+                node_state(&conf),
+                daemons[0].log_tail(),
+                ctld.log_tail(),
+                slurmd.log_tail()
+            );
+            drop((ctld, slurmd));
+            kill_slurm_leftovers(&conf);
+        }
+        panic!("the test Slurm cluster never showed its node idle (three tries):\n{logs}");
+    }
+
+    /// munged with a fresh key and its socket in `dir`; waits for the socket.
+    fn start_munged(dir: &Path) -> Daemon {
+        use std::os::unix::fs::OpenOptionsExt;
+        let key = dir.join("munge.key");
+        let mut bytes = vec![0u8; 128];
+        std::io::Read::read_exact(
+            &mut std::fs::File::open("/dev/urandom").unwrap(),
+            &mut bytes,
+        )
+        .unwrap();
+        std::io::Write::write_all(
+            &mut std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .mode(0o600)
+                .open(&key)
+                .unwrap(),
+            &bytes,
+        )
+        .unwrap();
+        let socket = dir.join("munge.sock");
+        // --force: munged will not run as root (or with its socket in /tmp) otherwise.
+        let mut munged = Daemon::start(
+            Command::new("/usr/sbin/munged")
+                .args(["--foreground", "--force", "--socket"])
+                .arg(&socket)
+                .arg("--key-file")
+                .arg(&key)
+                .arg("--pid-file")
+                .arg(dir.join("munged.pid"))
+                .arg("--log-file")
+                .arg(dir.join("munged.log"))
+                .arg("--seed-file")
+                .arg(dir.join("munged.seed")),
+            dir.join("munged.out"),
+        );
+        let up = wait_for_daemons(&mut [&mut munged], Duration::from_secs(10), || {
+            socket.exists()
+        });
+        assert!(up, "munged did not start:\n{}", munged.log_tail());
+        munged
+    }
+
+    /// A client command (`srun`, `salloc`, `sinfo`…) of this cluster, with none of the
+    /// Slurm variables of whatever runs the tests.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(program);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("SLURM_") {
+                command.env_remove(name);
+            }
+        }
+        command.env("SLURM_CONF", &self.conf);
+        command
+    }
+
+    /// A new one-node allocation (`salloc --no-shell`); returns its job id.
+    pub fn allocate(&self) -> String {
+        let out = self
+            .command("/usr/bin/salloc")
+            .args([
+                "--no-shell",
+                "--nodes=1",
+                "--immediate=30",
+                "--job-name=pipette-test",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        stderr
+            .lines()
+            .find_map(|l| l.split("Granted job allocation ").nth(1))
+            .map(|id| id.trim().to_owned())
+            .unwrap_or_else(|| panic!("salloc failed ({}): {stderr}\n{}", out.status, self.logs()))
+    }
+
+    /// An `srun` as a job script inside allocation `job` runs it: the real srun, with this
+    /// cluster's `SLURM_CONF` and the `SLURM_JOB_ID` salloc sets.
+    pub fn srun_in(&self, job: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("srun-in-{job}"));
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\nexport SLURM_CONF='{}' SLURM_JOB_ID='{job}'\nexec /usr/bin/srun \"$@\"\n",
+                self.conf.display()
+            ),
+        )
+        .unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+        path
+    }
+
+    /// The daemons' logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let logs = ["munged.log", "slurmctld.log", "slurmd.log"]
+            .map(|name| log_tail(&self.dir.path().join(name)));
+        logs.join("\n")
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        // The daemons first (slurmd no longer starts steps), then what they left: step
+        // daemons and tasks.
+        self.daemons.clear();
+        kill_slurm_leftovers(&self.conf);
+    }
+}
+
+const SLURM_NODE: &str = "pipette-node";
+
+fn slurm_conf(dir: &Path, node: &str, ctld_port: u16, slurmd_port: u16) -> String {
+    let d = dir.display();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "ClusterName=pipette-test\n\
+         SlurmctldHost=localhost(127.0.0.1)\n\
+         SlurmctldPort={ctld_port}\n\
+         SlurmdPort={slurmd_port}\n\
+         SlurmUser=root\n\
+         SlurmdUser=root\n\
+         AuthType=auth/munge\n\
+         CredType=cred/munge\n\
+         AuthInfo=socket={d}/munge.sock\n\
+         StateSaveLocation={d}/state\n\
+         SlurmdSpoolDir={d}/spool\n\
+         SlurmctldPidFile={d}/slurmctld.pid\n\
+         SlurmdPidFile={d}/slurmd.pid\n\
+         SlurmctldLogFile={d}/slurmctld.log\n\
+         SlurmdLogFile={d}/slurmd.log\n\
+         PlugStackConfig={d}/plugstack.conf\n\
+         MailProg=/bin/true\n\
+         ProctrackType=proctrack/linuxproc\n\
+         TaskPlugin=task/none\n\
+         JobAcctGatherType=jobacct_gather/none\n\
+         AccountingStorageType=accounting_storage/none\n\
+         JobCompType=jobcomp/none\n\
+         SelectType=select/linear\n\
+         SwitchType=switch/none\n\
+         MpiDefault=none\n\
+         ReturnToService=2\n\
+         MessageTimeout=10\n\
+         NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=100 State=UNKNOWN\n\
+         PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP\n"
+    )
+}
+
+/// The node's state as `sinfo` reports it (`idle`, `down*`…), `None` when sinfo fails.
+fn node_state(conf: &Path) -> Option<String> {
+    let out = Command::new("/usr/bin/sinfo")
+        .args(["--noheader", "--Node", "--format=%T"])
+        .env("SLURM_CONF", conf)
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Kills every process started with this cluster's `SLURM_CONF` in its environment: step
+/// daemons, srun and the tasks it started.
+fn kill_slurm_leftovers(conf: &Path) {
+    let want = format!("SLURM_CONF={}", conf.display());
+    let me = std::process::id() as i32;
+    for _round in 0..20 {
+        let left: Vec<i32> = processes()
+            .into_iter()
+            .filter(|p| p.pid != me && p.environ.iter().any(|e| e == &want))
+            .map(|p| p.pid)
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        for pid in left {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
