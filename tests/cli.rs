@@ -7,25 +7,9 @@ use assert_cmd::Command;
 use predicates::prelude::*;
 use serde_json::Value;
 
-/// A small but complete set of Megatron arguments, as a job script would pass them.
-const TINY_MODEL: &[&str] = &[
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "256",
-    "--num-attention-heads",
-    "8",
-    "--seq-length",
-    "512",
-    "--max-position-embeddings",
-    "512",
-    "--vocab-size",
-    "1000",
-    "--global-batch-size",
-    "16",
-    "--micro-batch-size",
-    "2",
-];
+mod common;
+
+use common::TINY_MODEL;
 
 /// `pipette-run` with an empty environment: no Slurm, PBS or PET_ variables leak in
 /// from the machine running the tests.

@@ -13,6 +13,10 @@ use pipette::exec::{
 };
 use proptest::prelude::*;
 
+mod common;
+
+use common::{alive, eventually, read_pid};
+
 fn sh(script: &str) -> NodeCommand {
     NodeCommand::new("sh").arg("-c").arg(script)
 }
@@ -44,43 +48,6 @@ fn live_members(pgid: i32) -> Vec<i32> {
         }
     }
     found
-}
-
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rfind(')')
-            .is_some_and(|i| !stat[i + 2..].starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
-/// Polls until `pred` holds, for up to `limit`.
-fn eventually(limit: Duration, mut pred: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    loop {
-        if pred() {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn read_pid(path: &Path) -> i32 {
-    assert!(
-        eventually(Duration::from_secs(5), || std::fs::read_to_string(path)
-            .is_ok_and(|t| t.ends_with('\n'))),
-        "{} was never written",
-        path.display()
-    );
-    std::fs::read_to_string(path)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 #[test]

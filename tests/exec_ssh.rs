@@ -7,18 +7,19 @@
 //! the venv of `scripts/setup-megatron-venv` (PyTorch's torchrun), or
 //! `PIPETTE_MEGATRON_PYTHON`.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 mod common;
 
 use pipette::cluster::{ClusterSpec, Node, NodeSource, Slots};
-use pipette::exec::{
-    run, run_with, spawn_with, ExecError, ExecOptions, NodeCommand, SshOptions, Status, Transport,
-};
+use pipette::exec::{run, ExecError, NodeCommand, SshOptions, Transport};
 use pipette::profile::{run_profile, NoProgress, ProbeSettings, ProfileOptions};
 
-use common::{eventually, free_port, venv_python, Sshd};
+use common::{
+    assert_remote_exit_code_and_streams, assert_remote_io_intact, assert_teardown_reaches_the_node,
+    free_port, venv_python, Sshd,
+};
 
 /// How these tests reach the throwaway sshd: its key and known-hosts file, no user config.
 trait SshdClient {
@@ -56,162 +57,28 @@ impl SshdClient for Sshd {
     }
 }
 
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rfind(')')
-            .is_some_and(|i| !stat[i + 2..].starts_with('Z'))
-    })
-}
-
-fn read_pid(path: &Path) -> i32 {
-    assert!(
-        eventually(Duration::from_secs(10), || std::fs::read_to_string(path)
-            .is_ok_and(|t| t.ends_with('\n'))),
-        "{} was never written",
-        path.display()
-    );
-    std::fs::read_to_string(path)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-const AWKWARD: [&str; 18] = [
-    "plain",
-    "",
-    "two words",
-    "it's",
-    "'",
-    "\"double\"",
-    "$HOME",
-    "${PATH}",
-    "`id`",
-    "$(id)",
-    "a;b|c&d>e<f",
-    "line\nbreak",
-    "back\\slash\\",
-    "*",
-    "~",
-    "-n",
-    "#not a comment",
-    "ünïcødé\ttab\r",
-];
-
 #[test]
 fn argv_env_cwd_and_stdin_arrive_byte_for_byte() {
     let sshd = Sshd::start();
     let work = sshd.path("a dir with 'quotes' and $x");
-    std::fs::create_dir(&work).unwrap();
-    let command = NodeCommand::new("sh")
-        .arg("-c")
-        .arg("printf '%s\\0' \"$@\"; printf '%s|%s|' \"$WEIRD\" \"$(pwd)\"; cat")
-        .arg("argv0")
-        .args(AWKWARD)
-        .env("WEIRD", "a b'c\"$x`y`\n;z")
-        .cwd(&work)
-        .stdin(b"binary\0bytes\nand 'quotes'".to_vec());
-    let out = run(
-        &sshd.transport(),
-        "127.0.0.1",
-        &command,
-        Duration::from_secs(30),
-    )
-    .unwrap();
-    assert!(out.status.success(), "{}", out.stderr_text());
-    let expected_args: String = AWKWARD.iter().map(|a| format!("{a}\0")).collect();
-    assert_eq!(
-        out.stdout_text(),
-        format!(
-            "{expected_args}a b'c\"$x`y`\n;z|{}|binary\0bytes\nand 'quotes'",
-            work.display()
-        )
-    );
-    assert_eq!(out.stderr_text(), "");
+    assert_remote_io_intact(&sshd.transport(), "127.0.0.1", &work, &String::new);
 }
 
 #[test]
 fn exit_codes_and_stderr_come_back() {
     let sshd = Sshd::start();
-    let out = run(
-        &sshd.transport(),
-        "127.0.0.1",
-        &NodeCommand::new("sh")
-            .arg("-c")
-            .arg("echo out; echo err >&2; exit 7"),
-        Duration::from_secs(30),
-    )
-    .unwrap();
-    assert_eq!(out.status, Status::Exited(7));
-    assert_eq!(out.stdout_text(), "out\n");
-    assert_eq!(out.stderr_text(), "err\n");
+    assert_remote_exit_code_and_streams(&sshd.transport(), "127.0.0.1", &String::new);
 }
 
-/// A timeout, and dropping a running command (what happens when pipette-run itself is
-/// stopped), must end the remote process tree, not just the local `ssh`.
 #[test]
 fn teardown_reaches_the_remote_process_tree() {
     let sshd = Sshd::start();
-    let options = ExecOptions {
-        grace: Duration::from_secs(1),
-        ..ExecOptions::default()
-    };
-    for how in ["timeout", "drop", "terminate"] {
-        let leader = sshd.path(&format!("{how}.leader"));
-        let child = sshd.path(&format!("{how}.child"));
-        // The remote command ignores TERM, so only the watchdog's KILL ends it.
-        let command = NodeCommand::new("sh").arg("-c").arg(format!(
-            "trap '' TERM; sleep 1000 & echo $! > '{}'; echo $$ > '{}'; wait; wait",
-            child.display(),
-            leader.display()
-        ));
-        let start = Instant::now();
-        match how {
-            "timeout" => {
-                let err = run_with(
-                    &sshd.transport(),
-                    "127.0.0.1",
-                    &command,
-                    Duration::from_secs(2),
-                    &options,
-                )
-                .unwrap_err();
-                let ExecError::TimedOut { output, .. } = &err else {
-                    panic!("{err}");
-                };
-                assert_eq!(output.status, Status::Exited(137), "{output:?}");
-                assert!(
-                    err.to_string()
-                        .contains(" on 127.0.0.1 did not finish within 2 s"),
-                    "{err}"
-                );
-            }
-            "drop" => {
-                let running =
-                    spawn_with(&sshd.transport(), "127.0.0.1", &command, &options).unwrap();
-                read_pid(&leader);
-                drop(running);
-            }
-            _ => {
-                let mut running =
-                    spawn_with(&sshd.transport(), "127.0.0.1", &command, &options).unwrap();
-                read_pid(&leader);
-                let status = running.terminate().unwrap();
-                assert_eq!(status, Status::Exited(137), "{how}");
-            }
-        }
-        let remote = read_pid(&leader);
-        let sleeper = read_pid(&child);
-        assert!(
-            eventually(Duration::from_secs(5), || !alive(remote) && !alive(sleeper)),
-            "{how}: remote processes {remote} / {sleeper} survived"
-        );
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "{how}: {:?}",
-            start.elapsed()
-        );
-    }
+    assert_teardown_reaches_the_node(
+        &sshd.transport(),
+        "127.0.0.1",
+        sshd.dir.path(),
+        &String::new,
+    );
 }
 
 #[test]

@@ -22,6 +22,7 @@ use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::error::ssh_failure;
+use super::transport::is_srun_task_report;
 use super::{
     ExecError, ExecOptions, Invocation, NodeCommand, Output, Status, Stream, TransportKind,
 };
@@ -36,7 +37,8 @@ pub const REMOTE_TEARDOWN_MARGIN: Duration = Duration::from_secs(3);
 const PIPE_CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// A command started with [`super::spawn`]. Dropping it kills the command (and, for remote
-/// transports, tears the remote side down through the watchdog).
+/// transports, tears the remote side down: through the watchdog over ssh, by having `srun`
+/// cancel its job step).
 pub struct RunningCommand {
     host: String,
     label: String,
@@ -115,11 +117,16 @@ impl RunningCommand {
         let stdout = child
             .stdout
             .take()
-            .map(|pipe| Reader::start(pipe, host, Stream::Stdout, options));
+            .map(|pipe| Reader::start(pipe, host, Stream::Stdout, options, None));
+        // srun adds a line of its own when the task fails ("srun: error: gpu07: task 0:
+        // Exited with exit code 1"), after the command's last words: it would be the line
+        // error messages quote, and says nothing the status does not.
+        let skip: Option<fn(&[u8]) -> bool> =
+            (kind == TransportKind::Srun).then_some(is_srun_task_report);
         let stderr = child
             .stderr
             .take()
-            .map(|pipe| Reader::start(pipe, host, Stream::Stderr, options));
+            .map(|pipe| Reader::start(pipe, host, Stream::Stderr, options, skip));
         Ok(RunningCommand {
             host: host.to_owned(),
             label: command.label(),
@@ -331,6 +338,16 @@ impl Drop for RunningCommand {
         }
         // Closing stdin starts the remote watchdog; the local group goes at once.
         self.close_stdin();
+        if self.kind == TransportKind::Srun {
+            // Unlike ssh's connection, a killed srun leaves its job step running (stdin is
+            // never closed there). TERM makes srun cancel the step, which Slurm then kills
+            // whole; KILL only when srun does not exit in time.
+            let _ = killpg(self.pgid, Signal::SIGTERM);
+            let deadline = Instant::now() + self.grace + REMOTE_TEARDOWN_MARGIN;
+            if let Ok(Some(_)) = self.wait_until(Some(deadline)) {
+                return;
+            }
+        }
         let _ = killpg(self.pgid, Signal::SIGKILL);
         let _ = self.child.wait();
     }
@@ -354,6 +371,7 @@ impl Reader {
         host: &str,
         stream: Stream,
         options: &ExecOptions,
+        skip: Option<fn(&[u8]) -> bool>,
     ) -> Self {
         let captured = Arc::new(Mutex::new(Vec::new()));
         let (done_tx, done) = mpsc::channel();
@@ -369,6 +387,9 @@ impl Reader {
                 match reader.read_until(b'\n', &mut line) {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {}
+                }
+                if skip.is_some_and(|skip| skip(&line)) {
+                    continue;
                 }
                 if let Some(sink) = &sink {
                     let text = line.strip_suffix(b"\n").unwrap_or(&line);

@@ -26,6 +26,10 @@
 //! block of bytes ([`NodeCommand::stdin`]), which the wrapper reads first (exactly that many
 //! bytes, into a deleted temporary file that becomes the command's standard input).
 //!
+//! One exception: killing `srun` outright (KILL) leaves its job step running, its standard
+//! input never closed, so a dropped [`super::RunningCommand`] sends `srun` TERM instead,
+//! and `srun` cancels the step, which Slurm kills whole.
+//!
 //! The login shell on ssh nodes must be POSIX-like (sh, bash, dash, zsh, ksh): it reads the
 //! single-quoted words. `setsid`, `mktemp` and `head -c` must exist there (util-linux and
 //! coreutils, on every Linux distribution).
@@ -289,6 +293,17 @@ fn wrapper_words(command: &NodeCommand, grace: Duration) -> Vec<String> {
     words
 }
 
+/// Whether `line` is srun's own report of how its task ended (`srun: error: gpu07: task 0:
+/// Exited with exit code 1`, `…: task 0: Killed`), which restates the exit status.
+pub(super) fn is_srun_task_report(line: &[u8]) -> bool {
+    let Some(rest) = line.strip_prefix(b"srun: error: ") else {
+        return false;
+    };
+    let rest = String::from_utf8_lossy(rest);
+    rest.split_once(": task 0: ")
+        .is_some_and(|(node, _)| !node.is_empty() && !node.contains(char::is_whitespace))
+}
+
 fn whole_seconds(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
@@ -460,6 +475,25 @@ mod tests {
                 "a b"
             ]
         );
+    }
+
+    #[test]
+    fn srun_task_reports_are_told_from_the_commands_own_lines() {
+        for line in [
+            "srun: error: gpu07: task 0: Exited with exit code 7\n",
+            "srun: error: pipette-node: task 0: Killed\n",
+            "srun: error: n1: task 0: Segmentation fault (core dumped)",
+        ] {
+            assert!(is_srun_task_report(line.as_bytes()), "{line}");
+        }
+        for line in [
+            "err\n",
+            "srun: error: Unable to create step for job 1: Requested node configuration is not available\n",
+            "srun: Force Terminated StepId=1.3\n",
+            "my error: gpu07: task 0: Exited with exit code 7\n",
+        ] {
+            assert!(!is_srun_task_report(line.as_bytes()), "{line}");
+        }
     }
 
     #[test]

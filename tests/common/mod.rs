@@ -1,5 +1,6 @@
-//! Helpers shared by the end-to-end launch tests: PyTorch's torchrun from the venv, a
-//! throwaway sshd on loopback, a CPU cluster profile, and the process table.
+//! Helpers shared by the end-to-end tests: PyTorch's torchrun from the venv, a throwaway
+//! sshd and a throwaway one-node Slurm on loopback, the checks every remote transport
+//! must pass, a CPU cluster profile, and the process table.
 //!
 //! Each test binary uses a different part, so unused helpers are not warnings.
 #![allow(dead_code)]
@@ -227,12 +228,277 @@ pub fn assert_no_process_left(marker: &str) {
     );
 }
 
+/// A small but complete set of Megatron arguments, as a job script would pass them.
+pub const TINY_MODEL: &[&str] = &[
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "256",
+    "--num-attention-heads",
+    "8",
+    "--seq-length",
+    "512",
+    "--max-position-embeddings",
+    "512",
+    "--vocab-size",
+    "1000",
+    "--global-batch-size",
+    "16",
+    "--micro-batch-size",
+    "2",
+];
+
+/// Whether process `pid` is alive (not a zombie).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .is_some_and(|i| !stat[i + 2..].starts_with('Z'))
+    })
+}
+
+/// The pid a command wrote (a line) to `path`, waiting up to 10 s for it.
+pub fn read_pid(path: &Path) -> i32 {
+    assert!(
+        eventually(Duration::from_secs(10), || std::fs::read_to_string(path)
+            .is_ok_and(|t| t.ends_with('\n'))),
+        "{} was never written",
+        path.display()
+    );
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Arguments that a shell anywhere on the way would mangle: each must reach the command as
+/// it is, byte for byte.
+pub const AWKWARD: [&str; 18] = [
+    "plain",
+    "",
+    "two words",
+    "it's",
+    "'",
+    "\"double\"",
+    "$HOME",
+    "${PATH}",
+    "`id`",
+    "$(id)",
+    "a;b|c&d>e<f",
+    "line\nbreak",
+    "back\\slash\\",
+    "*",
+    "~",
+    "-n",
+    "#not a comment",
+    "ünïcødé\ttab\r",
+];
+
+/// A remote transport gets a command's argv (every [`AWKWARD`] word), environment,
+/// working directory (`work`, a name that needs quoting) and standard input (binary bytes)
+/// to the node byte for byte, and its output back. `context`: what to print on failure
+/// (the daemons' logs).
+pub fn assert_remote_io_intact(
+    transport: &pipette::exec::Transport,
+    host: &str,
+    work: &Path,
+    context: &dyn Fn() -> String,
+) {
+    use pipette::exec::{run, NodeCommand};
+    std::fs::create_dir(work).unwrap();
+    let command = NodeCommand::new("sh")
+        .arg("-c")
+        .arg("printf '%s\\0' \"$@\"; printf '%s|%s|' \"$WEIRD\" \"$(pwd)\"; cat")
+        .arg("argv0")
+        .args(AWKWARD)
+        .env("WEIRD", "a b'c\"$x`y`\n;z")
+        .cwd(work)
+        .stdin(b"binary\0bytes\nand 'quotes'".to_vec());
+    let out = run(transport, host, &command, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", context()));
+    assert!(out.status.success(), "{}", out.stderr_text());
+    let expected_args: String = AWKWARD.iter().map(|a| format!("{a}\0")).collect();
+    assert_eq!(
+        out.stdout_text(),
+        format!(
+            "{expected_args}a b'c\"$x`y`\n;z|{}|binary\0bytes\nand 'quotes'",
+            work.display()
+        )
+    );
+    assert_eq!(out.stderr_text(), "");
+}
+
+/// A remote command's exit code, standard output and standard error come back as the
+/// command gave them, with nothing the transport adds.
+pub fn assert_remote_exit_code_and_streams(
+    transport: &pipette::exec::Transport,
+    host: &str,
+    context: &dyn Fn() -> String,
+) {
+    use pipette::exec::{run, NodeCommand, Status};
+    let out = run(
+        transport,
+        host,
+        &NodeCommand::new("sh")
+            .arg("-c")
+            .arg("echo out; echo err >&2; exit 7"),
+        Duration::from_secs(30),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", context()));
+    assert_eq!(out.status, Status::Exited(7), "{out:?}");
+    assert_eq!(out.stdout_text(), "out\n");
+    assert_eq!(out.stderr_text(), "err\n");
+    assert_eq!(out.last_line().as_deref(), Some("err"));
+}
+
+/// A timeout, and dropping or terminating a running remote command (what happens when
+/// pipette-run itself is stopped), end the remote process tree, not just the local client.
+/// The command ignores TERM, so only the watchdog's KILL ends it. `dir`: for pid files.
+pub fn assert_teardown_reaches_the_node(
+    transport: &pipette::exec::Transport,
+    host: &str,
+    dir: &Path,
+    context: &dyn Fn() -> String,
+) {
+    use pipette::exec::{run_with, spawn_with, ExecError, ExecOptions, NodeCommand, Status};
+    let options = ExecOptions {
+        grace: Duration::from_secs(1),
+        ..ExecOptions::default()
+    };
+    for how in ["timeout", "drop", "terminate"] {
+        let marker = format!("pipette-teardown-{}-{how}", std::process::id());
+        let leader = dir.join(format!("{how}.leader"));
+        let child = dir.join(format!("{how}.child"));
+        let command = NodeCommand::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "trap '' TERM; sleep 1000 & echo $! > '{}'; echo $$ > '{}'; wait; wait",
+                child.display(),
+                leader.display()
+            ))
+            .arg(&marker);
+        let start = Instant::now();
+        match how {
+            "timeout" => {
+                let err = run_with(transport, host, &command, Duration::from_secs(2), &options)
+                    .unwrap_err();
+                let ExecError::TimedOut { output, .. } = &err else {
+                    panic!("{err}\n{}", context());
+                };
+                assert_eq!(output.status, Status::Exited(137), "{output:?}");
+                assert!(
+                    err.to_string()
+                        .contains(&format!(" on {host} did not finish within 2 s")),
+                    "{err}"
+                );
+            }
+            "drop" => {
+                let running = spawn_with(transport, host, &command, &options).unwrap();
+                read_pid(&leader);
+                drop(running);
+            }
+            _ => {
+                let mut running = spawn_with(transport, host, &command, &options).unwrap();
+                read_pid(&leader);
+                let status = running.terminate().unwrap();
+                assert_eq!(status, Status::Exited(137), "{how}");
+            }
+        }
+        let remote = read_pid(&leader);
+        let sleeper = read_pid(&child);
+        assert!(
+            eventually(Duration::from_secs(10), || !alive(remote)
+                && !alive(sleeper)),
+            "{how}: remote processes {remote} / {sleeper} survived\n{}",
+            context()
+        );
+        assert_no_process_left(&marker);
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{how}: {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+/// A daemon a test started in the foreground, its output in a log file; killed and reaped
+/// on drop.
+pub struct Daemon {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `command` with no input and both output streams in `log`.
+    pub fn start(command: &mut Command, log: PathBuf) -> Daemon {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
+        Daemon { child, log }
+    }
+
+    pub fn has_exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last lines of its log, for a panic message.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.log)
+    }
+}
+
+/// The last lines of a log file, headed by its path, for a panic message.
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    format!(
+        "--- {}:\n{}",
+        path.display(),
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    )
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits up to `limit` for `ready`, giving up early when one of `daemons` exits.
+pub fn wait_for_daemons(
+    daemons: &mut [&mut Daemon],
+    limit: Duration,
+    ready: impl FnMut() -> bool,
+) -> bool {
+    let mut ready = ready;
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if daemons.iter_mut().any(|d| d.has_exited()) {
+            return false;
+        }
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
 pub const SSHD: &str = "/usr/sbin/sshd";
 
 /// A throwaway sshd on 127.0.0.1 and 127.0.0.2 (fresh host key, one authorized throwaway client key,
 /// all in a temp dir), killed on drop. Its `ssh_config` makes `hosts` aliases of 127.0.0.1.
 pub struct Sshd {
-    child: Child,
+    _daemon: Daemon,
     pub port: u16,
     pub dir: tempfile::TempDir,
 }
@@ -242,7 +508,7 @@ impl Sshd {
         assert!(
             Path::new(SSHD).exists(),
             "{SSHD} not found: the ssh transport tests need OpenSSH's server \
-             (run `apt-get install -y openssh-server`)"
+             (run scripts/install-test-deps)"
         );
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
@@ -273,27 +539,20 @@ impl Sshd {
                 ),
             )
             .unwrap();
-            let mut child = Command::new(SSHD)
-                .args(["-D", "-e", "-f"])
-                .arg(&config)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
-                .spawn()
-                .expect("start sshd");
-            let end = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < end {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Sshd { child, port, dir };
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            let mut daemon = Daemon::start(
+                Command::new(SSHD).args(["-D", "-e", "-f"]).arg(&config),
+                d.join("sshd.log"),
+            );
+            if wait_for_daemons(&mut [&mut daemon], Duration::from_secs(10), || {
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+            }) {
+                return Sshd {
+                    _daemon: daemon,
+                    port,
+                    dir,
+                };
             }
-            let _ = child.kill();
-            let _ = child.wait();
-            last_error = std::fs::read_to_string(d.join("sshd.log")).unwrap_or_default();
+            last_error = daemon.log_tail();
         }
         panic!("sshd did not start: {last_error}");
     }
@@ -320,10 +579,277 @@ impl Sshd {
     }
 }
 
-impl Drop for Sshd {
+/// Debian's Slurm and MUNGE programs the Slurm tests run.
+const SLURM_PROGRAMS: [&str; 6] = [
+    "/usr/sbin/munged",
+    "/usr/sbin/slurmctld",
+    "/usr/sbin/slurmd",
+    "/usr/bin/srun",
+    "/usr/bin/salloc",
+    "/usr/bin/sinfo",
+];
+
+/// A throwaway one-node Slurm cluster on loopback: its own `munged` (fresh key, socket in
+/// a temp dir), `slurmctld` and `slurmd` on free ports, with a `slurm.conf` in that temp
+/// dir that clients find through `SLURM_CONF`. The system's `/etc/slurm` and `/etc/munge`
+/// are never read or touched. Everything it started is killed on drop.
+pub struct Slurm {
+    daemons: Vec<Daemon>,
+    /// The node's Slurm name (any host name: slurmd runs under it with `-N`, and Slurm
+    /// reaches it at 127.0.0.1).
+    pub node: &'static str,
+    pub conf: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl Slurm {
+    pub fn start() -> Slurm {
+        for program in SLURM_PROGRAMS {
+            assert!(
+                Path::new(program).exists(),
+                "{program} not found: the Slurm tests need Debian's slurmctld, slurmd, \
+                 slurm-client and munge (run scripts/install-test-deps)"
+            );
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("pipette-slurm.")
+            .tempdir()
+            .unwrap();
+        let d = dir.path().to_path_buf();
+        let conf = d.join("slurm.conf");
+        let munge = Self::start_munged(&d);
+        let mut daemons = vec![munge];
+        let mut logs = String::new();
+        for _attempt in 0..3 {
+            for sub in ["state", "spool"] {
+                let _ = std::fs::remove_dir_all(d.join(sub));
+                std::fs::create_dir(d.join(sub)).unwrap();
+            }
+            std::fs::write(d.join("plugstack.conf"), "").unwrap();
+            std::fs::write(&conf, slurm_conf(&d, SLURM_NODE, free_port(), free_port())).unwrap();
+            let mut ctld = Daemon::start(
+                Command::new("/usr/sbin/slurmctld")
+                    .arg("-D")
+                    .env("SLURM_CONF", &conf),
+                d.join("slurmctld.out"),
+            );
+            let mut slurmd = Daemon::start(
+                Command::new("/usr/sbin/slurmd")
+                    .args(["-D", "-N", SLURM_NODE])
+                    .env("SLURM_CONF", &conf),
+                d.join("slurmd.out"),
+            );
+            let idle = wait_for_daemons(
+                &mut [&mut daemons[0], &mut ctld, &mut slurmd],
+                Duration::from_secs(30),
+                || node_state(&conf).as_deref() == Some("idle"),
+            );
+            if idle {
+                daemons.extend([ctld, slurmd]);
+                return Slurm {
+                    daemons,
+                    node: SLURM_NODE,
+                    conf,
+                    dir,
+                };
+            }
+            logs = format!(
+                "sinfo says {:?}\n{}\n{}\n{}",
+                node_state(&conf),
+                daemons[0].log_tail(),
+                ctld.log_tail(),
+                slurmd.log_tail()
+            );
+            drop((ctld, slurmd));
+            kill_slurm_leftovers(&conf);
+        }
+        panic!("the test Slurm cluster never showed its node idle (three tries):\n{logs}");
+    }
+
+    /// munged with a fresh key and its socket in `dir`; waits for the socket.
+    fn start_munged(dir: &Path) -> Daemon {
+        use std::os::unix::fs::OpenOptionsExt;
+        let key = dir.join("munge.key");
+        let mut bytes = vec![0u8; 128];
+        std::io::Read::read_exact(
+            &mut std::fs::File::open("/dev/urandom").unwrap(),
+            &mut bytes,
+        )
+        .unwrap();
+        std::io::Write::write_all(
+            &mut std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .mode(0o600)
+                .open(&key)
+                .unwrap(),
+            &bytes,
+        )
+        .unwrap();
+        let socket = dir.join("munge.sock");
+        // --force: munged will not run as root (or with its socket in /tmp) otherwise.
+        let mut munged = Daemon::start(
+            Command::new("/usr/sbin/munged")
+                .args(["--foreground", "--force", "--socket"])
+                .arg(&socket)
+                .arg("--key-file")
+                .arg(&key)
+                .arg("--pid-file")
+                .arg(dir.join("munged.pid"))
+                .arg("--log-file")
+                .arg(dir.join("munged.log"))
+                .arg("--seed-file")
+                .arg(dir.join("munged.seed")),
+            dir.join("munged.out"),
+        );
+        let up = wait_for_daemons(&mut [&mut munged], Duration::from_secs(10), || {
+            socket.exists()
+        });
+        assert!(up, "munged did not start:\n{}", munged.log_tail());
+        munged
+    }
+
+    /// A client command (`srun`, `salloc`, `sinfo`…) of this cluster, with none of the
+    /// Slurm variables of whatever runs the tests.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(program);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("SLURM_") {
+                command.env_remove(name);
+            }
+        }
+        command.env("SLURM_CONF", &self.conf);
+        command
+    }
+
+    /// A new one-node allocation (`salloc --no-shell`); returns its job id.
+    pub fn allocate(&self) -> String {
+        let out = self
+            .command("/usr/bin/salloc")
+            .args([
+                "--no-shell",
+                "--nodes=1",
+                "--immediate=30",
+                "--job-name=pipette-test",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        stderr
+            .lines()
+            .find_map(|l| l.split("Granted job allocation ").nth(1))
+            .map(|id| id.trim().to_owned())
+            .unwrap_or_else(|| panic!("salloc failed ({}): {stderr}\n{}", out.status, self.logs()))
+    }
+
+    /// An `srun` as a job script inside allocation `job` runs it: the real srun, with this
+    /// cluster's `SLURM_CONF` and the `SLURM_JOB_ID` salloc sets.
+    pub fn srun_in(&self, job: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("srun-in-{job}"));
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\nexport SLURM_CONF='{}' SLURM_JOB_ID='{job}'\nexec /usr/bin/srun \"$@\"\n",
+                self.conf.display()
+            ),
+        )
+        .unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+        path
+    }
+
+    /// The daemons' logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let logs = ["munged.log", "slurmctld.log", "slurmd.log"]
+            .map(|name| log_tail(&self.dir.path().join(name)));
+        logs.join("\n")
+    }
+}
+
+impl Drop for Slurm {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // The daemons first (slurmd no longer starts steps), then what they left: step
+        // daemons and tasks.
+        self.daemons.clear();
+        kill_slurm_leftovers(&self.conf);
+    }
+}
+
+const SLURM_NODE: &str = "pipette-node";
+
+fn slurm_conf(dir: &Path, node: &str, ctld_port: u16, slurmd_port: u16) -> String {
+    let d = dir.display();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "ClusterName=pipette-test\n\
+         SlurmctldHost=localhost(127.0.0.1)\n\
+         SlurmctldPort={ctld_port}\n\
+         SlurmdPort={slurmd_port}\n\
+         SlurmUser=root\n\
+         SlurmdUser=root\n\
+         AuthType=auth/munge\n\
+         CredType=cred/munge\n\
+         AuthInfo=socket={d}/munge.sock\n\
+         StateSaveLocation={d}/state\n\
+         SlurmdSpoolDir={d}/spool\n\
+         SlurmctldPidFile={d}/slurmctld.pid\n\
+         SlurmdPidFile={d}/slurmd.pid\n\
+         SlurmctldLogFile={d}/slurmctld.log\n\
+         SlurmdLogFile={d}/slurmd.log\n\
+         PlugStackConfig={d}/plugstack.conf\n\
+         MailProg=/bin/true\n\
+         ProctrackType=proctrack/linuxproc\n\
+         TaskPlugin=task/none\n\
+         JobAcctGatherType=jobacct_gather/none\n\
+         AccountingStorageType=accounting_storage/none\n\
+         JobCompType=jobcomp/none\n\
+         SelectType=select/linear\n\
+         SwitchType=switch/none\n\
+         MpiDefault=none\n\
+         ReturnToService=2\n\
+         MessageTimeout=10\n\
+         NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=100 State=UNKNOWN\n\
+         PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP\n"
+    )
+}
+
+/// The node's state as `sinfo` reports it (`idle`, `down*`…), `None` when sinfo fails.
+fn node_state(conf: &Path) -> Option<String> {
+    let out = Command::new("/usr/bin/sinfo")
+        .args(["--noheader", "--Node", "--format=%T"])
+        .env("SLURM_CONF", conf)
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Kills every process started with this cluster's `SLURM_CONF` in its environment: step
+/// daemons, srun and the tasks it started.
+fn kill_slurm_leftovers(conf: &Path) {
+    let want = format!("SLURM_CONF={}", conf.display());
+    let me = std::process::id() as i32;
+    for _round in 0..20 {
+        let left: Vec<i32> = processes()
+            .into_iter()
+            .filter(|p| p.pid != me && p.environ.iter().any(|e| e == &want))
+            .map(|p| p.pid)
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        for pid in left {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
