@@ -7,15 +7,16 @@
 //! installs them); the tests fail, never skip, without them. Each test has a cluster of its
 //! own, so they run in parallel.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod common;
 
-use pipette::exec::{run, NodeCommand, SrunOptions, Transport};
+use pipette::exec::{run, spawn_with, ExecOptions, NodeCommand, SrunOptions, Transport};
+use pipette::launch::{sweep, teardown, RunningJob, RunningNode, RUN_ID_VAR};
 
 use common::{
-    assert_remote_exit_code_and_streams, assert_remote_io_intact, assert_teardown_reaches_the_node,
-    Slurm, TINY_MODEL,
+    alive, assert_no_process_left, assert_remote_exit_code_and_streams, assert_remote_io_intact,
+    assert_teardown_reaches_the_node, eventually, read_pid, with_marker, Slurm, TINY_MODEL,
 };
 
 /// The srun transport as a job script inside allocation `job` gets it.
@@ -111,4 +112,108 @@ fn a_dry_run_inside_an_allocation_finds_its_nodes() {
         nodes["job_id"].as_str().is_some_and(|id| !id.is_empty()),
         "{nodes}"
     );
+}
+
+/// Stopping a job run through srun, as the supervisor does after a signal: `teardown`
+/// (gracefully, or killing at once as after a second Ctrl-C), then `sweep`. Nothing of the
+/// job may be left on the node either way: not the launcher (which ignores TERM), not its
+/// worker in a session of its own (as torchrun starts them), and the kill-at-once path
+/// must stay quick although Slurm's `KillWait` (30 s by default) is long.
+fn assert_job_stops_through_srun(kill_now: bool) {
+    let slurm = Slurm::start();
+    let job = slurm.allocate();
+    let transport = transport(&slurm, &job);
+    let how = if kill_now { "kill-now" } else { "graceful" };
+    let marker = format!("pipette-srun-{how}-{}", std::process::id());
+    let dir = slurm.dir.path();
+    // `sleep` under a name holding the marker, so the worker shows up in the process table.
+    let sleeper = dir.join(format!("{marker}-sleep"));
+    std::os::unix::fs::symlink("/bin/sleep", &sleeper).unwrap();
+    let (leader, worker) = (dir.join("leader"), dir.join("worker"));
+    let run_id = format!("srun-stop-{how}-{}", std::process::id());
+    // A launcher that ignores TERM and starts a worker in a session of its own: torchrun's
+    // shape (and a hung one).
+    let command = NodeCommand::new("sh")
+        .arg("-c")
+        .arg(
+            "trap '' TERM; setsid \"$1\" 1000 & echo $! > \"$3\"; \"$1\" 1000 & echo $$ > \"$2\"; \
+             wait; wait",
+        )
+        .arg(&marker)
+        .arg(sleeper.display().to_string())
+        .arg(leader.display().to_string())
+        .arg(worker.display().to_string())
+        .env(RUN_ID_VAR, &run_id)
+        .env("PIPETTE_HOST", slurm.node);
+    let grace = Duration::from_secs(2);
+    let options = ExecOptions {
+        grace,
+        ..ExecOptions::default()
+    };
+    let running = spawn_with(&transport, slurm.node, &command, &options)
+        .unwrap_or_else(|e| panic!("{e}\n{}", slurm.logs()));
+    let (leader, worker) = (read_pid(&leader), read_pid(&worker));
+    assert!(
+        eventually(Duration::from_secs(5), || alive(leader) && alive(worker)),
+        "the job never ran\n{}",
+        slurm.logs()
+    );
+    let mut running_job = RunningJob {
+        nodes: vec![RunningNode {
+            host: slurm.node.to_owned(),
+            node_rank: 0,
+            command: Some(running),
+            status: None,
+            start_error: None,
+        }],
+    };
+    let start = Instant::now();
+    let stops = teardown(&mut running_job, grace, &|| kill_now);
+    let torn_down = start.elapsed();
+    let left_after_teardown = with_marker(&marker).len();
+    // Killing at once must end the job step itself, not leave it all to the sweep: srun
+    // is told to cancel the step (a KILLed srun leaves it running for good).
+    let step_gone =
+        !kill_now || eventually(Duration::from_secs(3), || !alive(leader) && !alive(worker));
+    let step_gone_in = start.elapsed();
+    let swept = sweep(&transport, slurm.node, &run_id, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\n{}", slurm.logs()));
+    let swept_in = start.elapsed();
+    eprintln!(
+        "{how}: teardown {torn_down:?} ({left_after_teardown} marked process(es) left, \
+         step gone: {step_gone} after {step_gone_in:?}), sweep killed {swept}, done after \
+         {swept_in:?}; {stops:?}"
+    );
+    assert!(
+        step_gone,
+        "{how}: launcher {leader} / worker {worker} outlived the teardown by 3 s\n{}",
+        slurm.logs()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || !alive(leader) && !alive(worker)),
+        "{how}: launcher {leader} / worker {worker} survived the teardown and the sweep\n{}",
+        slurm.logs()
+    );
+    assert_no_process_left(&marker);
+    let limit = if kill_now {
+        Duration::from_secs(5)
+    } else {
+        grace + Duration::from_secs(10)
+    };
+    assert!(
+        start.elapsed() < limit,
+        "{how}: the job took {:?} to stop",
+        start.elapsed()
+    );
+    drop(slurm);
+}
+
+#[test]
+fn a_second_signal_leaves_nothing_of_the_step_behind() {
+    assert_job_stops_through_srun(true);
+}
+
+#[test]
+fn a_graceful_stop_leaves_nothing_of_the_step_behind() {
+    assert_job_stops_through_srun(false);
 }

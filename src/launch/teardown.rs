@@ -14,7 +14,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use super::{RunningJob, RUN_ID_VAR};
-use crate::exec::{self, ExecError, NodeCommand, Status, Transport};
+use crate::exec::{self, ExecError, NodeCommand, Status, Transport, TransportKind};
 
 /// How one node's torchrun stopped.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,8 +35,9 @@ pub struct NodeStop {
 
 /// Stops every node's command that still runs, all at once, and reaps them: TERM, the
 /// grace period the commands were started with, KILL (see
-/// [`exec::RunningCommand::terminate`]); `grace` (the same) judges who stopped in time. When `kill_now` turns true (a second
-/// Ctrl-C) the local process groups are killed at once. Returns one [`NodeStop`] per node,
+/// [`exec::RunningCommand::terminate`]); `grace` (the same) judges who stopped in time. When
+/// `kill_now` turns true (a second Ctrl-C) the local process groups are killed at once
+/// (`srun` is first told to cancel its job step, see [`kill_at_once`]). Returns one [`NodeStop`] per node,
 /// node-rank order.
 pub fn teardown(
     job: &mut RunningJob,
@@ -63,6 +64,7 @@ pub fn teardown(
             };
             stops.push(None);
             let pgid = command.pgid();
+            let kind = command.transport();
             let host = node.host.clone();
             let rank = node.node_rank;
             let handle = scope.spawn(move || {
@@ -82,23 +84,34 @@ pub fn teardown(
                     error,
                 }
             });
-            handles.push((stops.len() - 1, pgid, handle));
+            handles.push((stops.len() - 1, pgid, kind, handle));
         }
-        let mut killed = false;
-        while !handles.iter().all(|(_, _, h)| h.is_finished()) {
-            if !killed && kill_now() {
-                killed = true;
-                for (_, pgid, handle) in &handles {
-                    if !handle.is_finished() {
-                        // The group's leader is not reaped until its thread returns, so
-                        // the group id is still ours.
-                        let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
-                    }
+        let mut killed_at: Option<Instant> = None;
+        let mut escalated = false;
+        while !handles.iter().all(|(_, _, _, h)| h.is_finished()) {
+            let first = killed_at.is_none() && kill_now();
+            if first {
+                killed_at = Some(Instant::now());
+            }
+            let escalate =
+                !escalated && killed_at.is_some_and(|at| at.elapsed() >= SRUN_CANCEL_WAIT);
+            escalated |= escalate;
+            for (_, pgid, kind, handle) in &handles {
+                let (signal, then_kill) = kill_at_once(*kind);
+                let signal = match (first, escalate && then_kill) {
+                    (true, _) => signal,
+                    (false, true) => Signal::SIGKILL,
+                    (false, false) => continue,
+                };
+                if !handle.is_finished() {
+                    // The group's leader is not reaped until its thread returns, so
+                    // the group id is still ours.
+                    let _ = killpg(Pid::from_raw(*pgid), signal);
                 }
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        for (index, _, handle) in handles {
+        for (index, _, _, handle) in handles {
             stops[index] = Some(handle.join().unwrap_or_else(|_| NodeStop {
                 host: String::new(),
                 node_rank: 0,
@@ -118,6 +131,29 @@ pub fn teardown(
         }
     }
     stops.into_iter().flatten().collect()
+}
+
+/// How long a `srun` sent TERM by a kill at once has to cancel its job step and exit
+/// before it is killed. It needs a round trip to the node's slurmstepd, which kills the
+/// step's tasks at once (tens of milliseconds on an idle test cluster); a srun that cannot reach it
+/// is killed anyway, and the sweep is left to find the step's processes.
+pub const SRUN_CANCEL_WAIT: Duration = Duration::from_secs(5);
+
+/// How a kill at once (a second Ctrl-C) stops a node's local process group: the signal
+/// sent first, and whether KILL follows after [`SRUN_CANCEL_WAIT`].
+///
+/// A killed `ssh` drops its connection, and the remote watchdog tears the command down
+/// (see [`exec::transport`]); a local command is its group. So both get KILL. A killed
+/// `srun`, though, leaves its job step running on the node, whole (Slurm does not close
+/// the step's standard input when srun disappears, so the watchdog never fires). TERM is
+/// srun's own "kill now": it answers with "forcing job termination" and has slurmstepd
+/// send KILL to every task of the step at once (a plain `scancel` of the step would go
+/// through TERM, `KillWait`, KILL instead: 30 s by default).
+fn kill_at_once(kind: TransportKind) -> (Signal, bool) {
+    match kind {
+        TransportKind::Srun => (Signal::SIGTERM, true),
+        TransportKind::Local | TransportKind::Ssh => (Signal::SIGKILL, false),
+    }
 }
 
 /// The POSIX `sh` sweep run on remote nodes: kills every process whose environment holds
@@ -298,6 +334,79 @@ mod tests {
         assert!(!stops[0].stopped_in_grace, "{stops:?}");
         assert!(stops[0].took >= grace);
         assert_eq!(stops[0].status, Some(Status::Signaled(9)));
+    }
+
+    /// A stand-in for `srun` (the arguments are ignored): it records the TERM it gets and
+    /// exits, or, with `ignore`, ignores it (a srun that cannot reach its node).
+    fn fake_srun(dir: &std::path::Path, name: &str, ignore: bool) -> Transport {
+        let path = dir.join(name);
+        let on_term = if ignore {
+            "''".to_string()
+        } else {
+            format!("'echo TERM > {}.got; exit 143'", path.display())
+        };
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\ntrap {on_term} TERM\nwhile :; do sleep 0.05; done\n"),
+        )
+        .unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+        Transport::Srun(crate::exec::SrunOptions {
+            program: path,
+            ..crate::exec::SrunOptions::default()
+        })
+    }
+
+    #[test]
+    fn a_second_signal_has_srun_cancel_its_step_and_kills_the_rest_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let grace = Duration::from_secs(30);
+        let options = ExecOptions {
+            grace,
+            ..ExecOptions::default()
+        };
+        let sleeper = NodeCommand::new("sh")
+            .arg("-c")
+            .arg("trap '' TERM; sleep 60 & wait; wait");
+        let nodes = [
+            ("cancels", fake_srun(dir.path(), "srun-cancels", false)),
+            ("hangs", fake_srun(dir.path(), "srun-hangs", true)),
+            ("local", Transport::Local),
+        ];
+        let mut job = RunningJob {
+            nodes: nodes
+                .iter()
+                .enumerate()
+                .map(|(rank, (host, transport))| RunningNode {
+                    host: (*host).into(),
+                    node_rank: rank as u64,
+                    command: Some(spawn_with(transport, host, &sleeper, &options).unwrap()),
+                    status: None,
+                    start_error: None,
+                })
+                .collect(),
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let stops = teardown(&mut job, grace, &|| true);
+        let [cancels, hangs, local] = &stops[..] else {
+            panic!("{stops:?}")
+        };
+        // srun got TERM (its way to cancel the step) and exited by itself.
+        assert_eq!(cancels.status, Some(Status::Exited(143)), "{stops:?}");
+        assert!(dir.path().join("srun-cancels.got").exists());
+        assert!(cancels.took < Duration::from_secs(2), "{stops:?}");
+        // A local command is killed at once, as before.
+        assert_eq!(local.status, Some(Status::Signaled(9)), "{stops:?}");
+        assert!(local.took < Duration::from_secs(2), "{stops:?}");
+        // A srun that does not exit is killed after a bounded wait, not the grace period.
+        assert_eq!(hangs.status, Some(Status::Signaled(9)), "{stops:?}");
+        assert!(
+            hangs.took >= SRUN_CANCEL_WAIT
+                && hangs.took < SRUN_CANCEL_WAIT + Duration::from_secs(2),
+            "{stops:?}"
+        );
     }
 
     #[test]
