@@ -141,31 +141,11 @@ fn words(text: &str) -> Vec<String> {
     text.split_whitespace().map(str::to_string).collect()
 }
 
-fn reference_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("PIPETTE_MEGATRON_PYTHON") {
-        return PathBuf::from(python);
-    }
-    let venv = match std::env::var_os("PIPETTE_MEGATRON_VENV") {
-        Some(venv) => PathBuf::from(venv),
-        None => {
-            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-            PathBuf::from(home).join(".cache/pipette-run/megatron-venv")
-        }
-    };
-    venv.join("bin/python")
-}
-
 /// Megatron's figures for every case, in the order of `CASES` (one Python process).
 fn megatron() -> &'static Vec<Value> {
     static FIGURES: OnceLock<Vec<Value>> = OnceLock::new();
     FIGURES.get_or_init(|| {
-        let python = reference_python();
-        assert!(
-            python.exists(),
-            "Megatron reference python {} not found: run scripts/setup-megatron-venv \
-             (it makes the venv with megatron-core 0.19.2), or set PIPETTE_MEGATRON_PYTHON",
-            python.display()
-        );
+        let python = common::venv_python();
         let cases: Vec<Value> = CASES
             .iter()
             .map(|c| {
@@ -178,8 +158,13 @@ fn megatron() -> &'static Vec<Value> {
                 })
             })
             .collect();
-        let figures =
-            common::run_python_batch(&python, "megatron_memory_reference.py", &[], &json!(cases));
+        let figures = common::run_python_batch(
+            &python,
+            "megatron_memory_reference.py",
+            &[],
+            &json!(cases),
+            std::time::Duration::from_secs(600),
+        );
         assert_eq!(figures.len(), CASES.len());
         for (case, v) in CASES.iter().zip(&figures) {
             assert!(

@@ -164,31 +164,11 @@ fn all_cases() -> Vec<Case> {
     cases
 }
 
-fn reference_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("PIPETTE_MEGATRON_PYTHON") {
-        return PathBuf::from(python);
-    }
-    let venv = match std::env::var_os("PIPETTE_MEGATRON_VENV") {
-        Some(venv) => PathBuf::from(venv),
-        None => {
-            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-            PathBuf::from(home).join(".cache/pipette-run/megatron-venv")
-        }
-    };
-    venv.join("bin/python")
-}
-
 /// Megatron's verdict on every case, by case name (one Python process for all).
 fn megatron() -> &'static BTreeMap<String, Value> {
     static VERDICTS: OnceLock<BTreeMap<String, Value>> = OnceLock::new();
     VERDICTS.get_or_init(|| {
-        let python = reference_python();
-        assert!(
-            python.exists(),
-            "Megatron reference python {} not found: run scripts/setup-megatron-venv \
-             (it makes the venv with megatron-core 0.19.2), or set PIPETTE_MEGATRON_PYTHON",
-            python.display()
-        );
+        let python = common::venv_python();
         let cases = all_cases();
         let lists: Vec<&Vec<String>> = cases.iter().map(|c| &c.args).collect();
         let verdicts = common::run_python_batch(
@@ -196,6 +176,7 @@ fn megatron() -> &'static BTreeMap<String, Value> {
             "megatron_reference.py",
             &["--batch"],
             &json!(lists),
+            std::time::Duration::from_secs(600),
         );
         assert_eq!(verdicts.len(), cases.len());
         cases.into_iter().map(|c| c.name).zip(verdicts).collect()

@@ -22,10 +22,11 @@
 //! Never skips: without the venv it fails and says how to make it
 //! (`PIPETTE_MEGATRON_PYTHON` picks the python, else `scripts/setup-megatron-venv`'s).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pipette::cluster::ClusterProfile;
 use pipette::config::megatron::Pin;
@@ -410,74 +411,15 @@ fn wrong_cases() -> Vec<Wrong> {
     wrong
 }
 
-fn megatron_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("PIPETTE_MEGATRON_PYTHON") {
-        return PathBuf::from(python);
-    }
-    let setup = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/setup-megatron-venv");
-    let out = Command::new(&setup)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", setup.display()));
-    assert!(
-        out.status.success(),
-        "{} failed ({}): the venv with megatron-core 0.19.2 is needed (or set \
-         PIPETTE_MEGATRON_PYTHON to a python that has it)",
-        setup.display(),
-        out.status
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 /// Megatron's verdict on every case, in order (one Python process).
 fn megatron_verdicts(cases: &[Value]) -> Vec<Value> {
-    let python = megatron_python();
-    assert!(
-        python.exists(),
-        "Megatron python {} not found: run scripts/setup-megatron-venv (it makes the venv \
-         with megatron-core 0.19.2), or set PIPETTE_MEGATRON_PYTHON",
-        python.display()
-    );
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/megatron_validate.py");
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("cases.json");
-    let output = dir.path().join("verdicts.json");
-    let log = dir.path().join("megatron.log");
-    std::fs::write(&input, serde_json::to_vec(cases).unwrap()).unwrap();
-    // Files, not pipes: Megatron prints megabytes of arguments to stderr.
-    let mut child = Command::new(&python)
-        .arg(&script)
-        .stdin(std::fs::File::open(&input).unwrap())
-        .stdout(std::fs::File::create(&output).unwrap())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("megatron_validate.py took over 5 minutes");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let text = std::fs::read_to_string(&output).unwrap();
-    if !status.success() {
-        let log = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: String = log
-            .chars()
-            .rev()
-            .take(3000)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        panic!("megatron_validate.py failed ({status}):\n{tail}");
-    }
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad verdicts ({e}): {text}"))
+    common::run_python_batch(
+        &common::venv_python(),
+        "megatron_validate.py",
+        &[],
+        &json!(cases),
+        Duration::from_secs(300),
+    )
 }
 
 /// The planner's plans on the mixed example clusters, as cases.

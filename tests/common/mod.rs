@@ -13,9 +13,21 @@ use std::time::{Duration, Instant};
 /// The venv's python: `PIPETTE_MEGATRON_PYTHON`, else what `scripts/setup-megatron-venv`
 /// prints (it creates the venv on first use).
 pub fn venv_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("PIPETTE_MEGATRON_PYTHON") {
-        return PathBuf::from(python);
-    }
+    let python = match std::env::var_os("PIPETTE_MEGATRON_PYTHON") {
+        Some(python) => PathBuf::from(python),
+        None => python_from_setup(),
+    };
+    assert!(
+        python.exists(),
+        "the venv's python {} not found: run scripts/setup-megatron-venv (it makes the venv \
+         with megatron-core 0.19.2 and PyTorch), or set PIPETTE_MEGATRON_PYTHON",
+        python.display()
+    );
+    python
+}
+
+/// The python `scripts/setup-megatron-venv` prints (it creates the venv on first use).
+fn python_from_setup() -> PathBuf {
     let script = repo().join("scripts/setup-megatron-venv");
     let out = Command::new(&script)
         .output()
@@ -855,12 +867,14 @@ fn kill_slurm_leftovers(conf: &Path) {
 
 /// Runs one of `scripts/*.py` with `python`, feeding it `input` as JSON on stdin, and
 /// returns the JSON list it prints: one Python process judges every case of a test file.
-/// Panics, with the tail of the script's stderr, when it fails or prints no JSON.
+/// Panics, with the tail of the script's stderr, when it fails, prints no JSON or runs
+/// longer than `limit`.
 pub fn run_python_batch(
     python: &Path,
     script_name: &str,
     extra_args: &[&str],
     input: &serde_json::Value,
+    limit: Duration,
 ) -> Vec<serde_json::Value> {
     let script = repo().join("scripts").join(script_name);
     let dir = tempfile::tempdir().expect("temp dir");
@@ -883,7 +897,7 @@ pub fn run_python_batch(
                 python.display()
             )
         });
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let deadline = Instant::now() + limit;
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
@@ -891,7 +905,7 @@ pub fn run_python_batch(
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{script_name} took over 10 minutes");
+            panic!("{script_name} took over {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(100));
     };
