@@ -11,13 +11,15 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-/// ` [2024-10-24 21:02:23] iteration       20/   40000 | consumed samples: 1280 | elapsed
-/// time per iteration (ms): 826.6 | ...`: the iteration, the total and the time.
-static ITERATION: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
-        r"iteration\s+(\d+)/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9]+(?:\.[0-9]+)?)",
-    )
-    .expect("a valid regex")
+use crate::supervise::output::parse_iteration;
+
+/// The time in Megatron's iteration line (` [2024-10-24 21:02:23] iteration       20/
+/// 40000 | consumed samples: 1280 | elapsed time per iteration (ms): 826.6 | ...`); the
+/// iteration and the total are read by the supervisor's parser,
+/// [`crate::supervise::output::parse_iteration`].
+static ELAPSED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"elapsed time per iteration \(ms\):\s*([0-9]+(?:\.[0-9]+)?)")
+        .expect("a valid regex")
 });
 
 /// `[Rank 0] (after 20 iterations) memory (MB) | allocated: 1550.40 | max allocated:
@@ -48,13 +50,14 @@ pub struct MemoryLine {
     pub max_reserved_bytes: u64,
 }
 
-/// The iteration line in `line`, if it is one.
+/// The iteration line in `line`, if it is one that gives the time per iteration.
 pub fn parse_iteration_line(line: &str) -> Option<IterationLine> {
-    let c = ITERATION.captures(line)?;
+    let (iteration, total) = parse_iteration(line)?;
+    let elapsed_ms = ELAPSED.captures(line)?[1].parse().ok()?;
     Some(IterationLine {
-        iteration: c[1].parse().ok()?,
-        total: c[2].parse().ok()?,
-        elapsed_ms: c[3].parse().ok()?,
+        iteration,
+        total,
+        elapsed_ms,
     })
 }
 
