@@ -14,6 +14,8 @@ pub(super) struct Run {
     pub(super) profile: Option<ClusterProfile>,
     pub(super) plan: Option<Plan>,
     pub(super) runner_up: Option<(ParallelConfig, TimeEstimate)>,
+    /// What the launch would render with (set with the plan).
+    pub(super) template: Option<launch::JobTemplate>,
 }
 
 /// Reads every input of a run: the nodes, the cluster profile (--cluster, else, when
@@ -59,6 +61,7 @@ pub(super) fn gather_inputs(cli: &RunCli, env: &Environment, measure: bool) -> R
         profile: allocated,
         plan: None,
         runner_up: None,
+        template: None,
     })
 }
 

@@ -5,7 +5,7 @@ use super::*;
 
 /// What a dry run did, when it planned.
 pub(super) const PLANNED_NOT_LAUNCHED: &str =
-    "Dry run: planned and rendered; nothing was launched (launching lands in a later version).";
+    "Dry run: planned and rendered; nothing was launched (without --dry-run, pipette-run runs the trial and launches).";
 
 pub(super) fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
     let mut run = gather_inputs(cli, env, false)?;
@@ -30,15 +30,10 @@ pub(super) fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
         if let Some(dir) = &run.report.run_dir {
             println!("\nRun directory: {dir}");
         }
-        if let Some(plan) = run
-            .plan
-            .as_ref()
-            .filter(|_| !cli.trial.no_trial && cli.planning.calibration.is_none())
-        {
-            let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
-            let template = job_template(cli, env, &run, options)?;
+        let trial_runs = !cli.trial.no_trial && cli.planning.calibration.is_none();
+        if let (Some(plan), Some(template), true) = (&run.plan, &run.template, trial_runs) {
             let (_, lines, notes) =
-                trial::trial_commands(&template, plan, cli.trial.trial_iters, &[])
+                trial::trial_commands(template, plan, cli.trial.trial_iters, &[])
                     .map_err(launch_error)?;
             print_trial_commands(&lines, &notes);
         }
@@ -378,6 +373,7 @@ pub(super) fn plan_and_render(cli: &RunCli, env: &Environment, run: &mut Run) ->
     );
     run.report.status = PLANNED_NOT_LAUNCHED.to_string();
     run.plan = Some(plan);
+    run.template = Some(template);
     Ok(())
 }
 
