@@ -14,9 +14,10 @@ use std::path::Path;
 use std::process::Command;
 
 use pipette::config::settings_from_megatron_args;
+use pipette::exec::shell_quote;
 use pipette::model::parallel::ParallelConfig;
 use pipette::render::{
-    render, shell_quote, write_run_dir, RenderInput, ScriptInvocation, Templates, TorchrunSpelling,
+    render, write_run_dir, RenderInput, ScriptInvocation, Templates, TorchrunSpelling,
 };
 
 const ARGS: &str = "--num-layers 8 --hidden-size 64 --num-attention-heads 8 --seq-length 32 \

@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 
 pub use error::{format_duration, ExecError};
 pub use process::{RunningCommand, REMOTE_TEARDOWN_MARGIN};
-pub use quote::{host_problem, is_env_name, shell_join, shell_quote, single_quote};
+pub use quote::{
+    host_problem, is_env_name, shell_join, shell_quote, single_quote, single_quote_join,
+};
 pub use transport::{is_local_host, Invocation, SrunOptions, SshOptions, Transport, TransportKind};
 
 /// The grace period between TERM and KILL unless [`ExecOptions::grace`] says otherwise.

@@ -1,8 +1,17 @@
 //! POSIX shell quoting, and the checks that keep host names from being read as options.
 //!
-//! A remote command crosses a shell exactly once (ssh hands one string to the login shell
-//! there), so every word of it is quoted here and nothing a user, a hostfile or a node
-//! wrote is ever interpreted by a shell.
+//! Two quoting behaviours, each with one name:
+//! - [`shell_quote`] / [`shell_join`] quote a word only where a shell would read something
+//!   into it, and leave plain words bare: the remote command lines this seam hands to ssh
+//!   and srun, and the command labels in messages, stay readable.
+//! - [`single_quote`] / [`single_quote_join`] single-quote every word, plain or not: the
+//!   launch scripts and the command lines render shows to people, where every value looks
+//!   the same so that a reader never has to wonder.
+//!
+//! Both give a word a POSIX shell hands on byte for byte. A remote command crosses a shell
+//! exactly once (ssh hands one string to the login shell there), so every word of it is
+//! quoted here and nothing a user, a hostfile or a node wrote is ever interpreted by a
+//! shell. Callers reject NUL bytes, which no argv can hold.
 
 /// `word` as one POSIX shell word: wrapped in single quotes, with each `'` written as
 /// `'\''`. Every byte other than `'` stands for itself inside single quotes (newlines, `$`,
@@ -16,7 +25,8 @@ pub fn shell_quote(word: &str) -> String {
 }
 
 /// `word` always wrapped in single quotes (`'` written as `'\''`), even when it is plain:
-/// launch scripts quote every value the same way, so a reader never has to wonder.
+/// launch scripts quote every value the same way, so a reader never has to wonder. The
+/// empty word is `''`.
 pub fn single_quote(word: &str) -> String {
     let mut out = String::with_capacity(word.len() + 2);
     out.push('\'');
@@ -34,12 +44,22 @@ pub fn single_quote(word: &str) -> String {
 /// The words quoted with [`shell_quote`] and joined by spaces: a command line that a POSIX
 /// shell splits back into exactly these words.
 pub fn shell_join<S: AsRef<str>>(words: impl IntoIterator<Item = S>) -> String {
+    join(words, shell_quote)
+}
+
+/// The words quoted with [`single_quote`] and joined by spaces: a command line to paste
+/// into bash, every word in single quotes.
+pub fn single_quote_join<S: AsRef<str>>(words: impl IntoIterator<Item = S>) -> String {
+    join(words, single_quote)
+}
+
+fn join<S: AsRef<str>>(words: impl IntoIterator<Item = S>, quote: fn(&str) -> String) -> String {
     let mut out = String::new();
     for (k, word) in words.into_iter().enumerate() {
         if k > 0 {
             out.push(' ');
         }
-        out.push_str(&shell_quote(word.as_ref()));
+        out.push_str(&quote(word.as_ref()));
     }
     out
 }
@@ -134,6 +154,57 @@ mod tests {
             .split_terminator('\0')
             .collect();
         assert_eq!(got, words);
+    }
+
+    /// What a POSIX shell makes of a word written by [`shell_quote`] or [`single_quote`]:
+    /// single-quoted pieces, `\'`, and bare plain bytes; `None` for anything else.
+    fn unquote(quoted: &str) -> Option<String> {
+        let mut out = String::new();
+        let mut chars = quoted.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\'' => loop {
+                    match chars.next()? {
+                        '\'' => break,
+                        c => out.push(c),
+                    }
+                },
+                '\\' => out.push(chars.next()?),
+                c if c.is_ascii() && is_plain(c as u8) => out.push(c),
+                _ => return None,
+            }
+        }
+        Some(out)
+    }
+
+    #[test]
+    fn single_quote_quotes_every_word() {
+        assert_eq!(single_quote(""), "''");
+        assert_eq!(single_quote("plain"), "'plain'");
+        assert_eq!(single_quote("it's"), "'it'\\''s'");
+        assert_eq!(single_quote("$(rm -rf /); `x`"), "'$(rm -rf /); `x`'");
+        assert_eq!(single_quote("a\nb"), "'a\nb'");
+        assert_eq!(single_quote_join(["a b", "c"]), "'a b' 'c'");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn single_quoting_round_trips(word in "(?s)[^\u{0}]{0,40}") {
+            let quoted = single_quote(&word);
+            proptest::prop_assert_eq!(unquote(&quoted), Some(word.clone()));
+            proptest::prop_assert!(quoted.starts_with('\'') && quoted.ends_with('\''));
+        }
+
+        /// Bare or quoted, the word a shell reads is the word given, and a bare word holds
+        /// only bytes no shell gives a meaning to.
+        #[test]
+        fn shell_quoting_round_trips(word in "(?s)[^\u{0}]{0,40}") {
+            let quoted = shell_quote(&word);
+            proptest::prop_assert_eq!(unquote(&quoted), Some(word.clone()));
+            proptest::prop_assert!(
+                quoted.starts_with('\'') || (!quoted.is_empty() && quoted.bytes().all(is_plain))
+            );
+        }
     }
 
     #[test]

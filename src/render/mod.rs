@@ -3,7 +3,7 @@
 //! DeepSpeed-based, the plan as JSON and a README — as a [`LaunchSpec`].
 //!
 //! Owns: rewriting the user's Megatron arguments ([`megatron`]), torchrun's command line
-//! and option spellings ([`torchrun`]), shell quoting ([`shell`]) and the templates
+//! and option spellings ([`torchrun`]), one-line text for comments ([`shell`]) and the templates
 //! ([`templates`]). Pure: [`render`] does no I/O. The one function that touches the disk,
 //! [`write_run_dir`], sits apart at the edge; reading a `--templates` directory is
 //! [`Templates::from_dir`]. Must not plan, discover or launch anything.
@@ -15,7 +15,7 @@
 //! that host's `cuda_visible_devices` list in order.
 //!
 //! Nothing a user, a scheduler or a host name supplies is ever read by a shell: every value
-//! in a launch script is one single-quoted word ([`shell::shell_quote`]), and templates
+//! in a launch script is one single-quoted word ([`single_quote`]), and templates
 //! receive values already quoted.
 
 pub mod megatron;
@@ -30,11 +30,11 @@ use minijinja::{context, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Precision, Recompute, RecomputeMethod, Settings};
+use crate::exec::{single_quote, single_quote_join};
 use crate::model::parallel::ParallelConfig;
 
 pub use megatron::{megatron_args, uses_deepspeed, MegatronArgs};
 pub use run_dir::{default_run_dir, write_run_dir};
-pub use shell::{shell_join, shell_quote};
 pub use templates::Templates;
 pub use torchrun::TorchrunSpelling;
 
@@ -194,12 +194,12 @@ impl NodeLaunch {
     /// The command as one bash line, exactly as the script runs it:
     /// `cd DIR && NAME=VALUE ... torchrun ...`, every word quoted.
     pub fn command_line(&self, workdir: &str) -> String {
-        let mut line = format!("cd {} &&", shell_quote(workdir));
+        let mut line = format!("cd {} &&", single_quote(workdir));
         for (name, value) in &self.env {
-            line.push_str(&format!(" {name}={}", shell_quote(value)));
+            line.push_str(&format!(" {name}={}", single_quote(value)));
         }
         line.push(' ');
-        line.push_str(&shell_join(&self.argv));
+        line.push_str(&single_quote_join(&self.argv));
         line
     }
 }
@@ -319,7 +319,7 @@ pub fn render(input: &RenderInput<'_>, templates: &Templates) -> Result<LaunchSp
         );
         let first_rank = node_rank as u64 * nproc;
         let script_path = format!("launch-{node_rank}-{}.sh", file_name_part(host));
-        let quoted: Vec<String> = argv.iter().map(|w| shell_quote(w)).collect();
+        let quoted: Vec<String> = argv.iter().map(|w| single_quote(w)).collect();
         let context = context! {
             node_rank,
             nnodes,
@@ -327,13 +327,13 @@ pub fn render(input: &RenderInput<'_>, templates: &Templates) -> Result<LaunchSp
             world_size,
             first_rank,
             last_rank => first_rank + nproc - 1,
-            host => shell_quote(host),
+            host => single_quote(host),
             host_comment => shell::one_line(host),
-            workdir => shell_quote(&input.workdir),
-            run_dir => shell_quote(&input.run_dir),
+            workdir => single_quote(&input.workdir),
+            run_dir => single_quote(&input.run_dir),
             env => env.iter().map(|(name, value)| context! {
                 name => name.clone(),
-                value => shell_quote(value),
+                value => single_quote(value),
             }).collect::<Vec<_>>(),
             argv => quoted.clone(),
             command => command_lines(&argv, megatron.args.len()).join(" \\\n    "),
@@ -602,9 +602,9 @@ fn option_lines(words: &[String]) -> Vec<String> {
         match lines.last_mut() {
             Some(line) if !word.starts_with('-') => {
                 line.push(' ');
-                line.push_str(&shell_quote(word));
+                line.push_str(&single_quote(word));
             }
-            _ => lines.push(shell_quote(word)),
+            _ => lines.push(single_quote(word)),
         }
     }
     lines
@@ -622,13 +622,13 @@ fn command_lines(argv: &[String], script_args: usize) -> Vec<String> {
         "--run_path",
     ];
     let program = argv.len() - script_args - 1;
-    let mut lines: Vec<String> = argv[..program].iter().map(|w| shell_quote(w)).collect();
+    let mut lines: Vec<String> = argv[..program].iter().map(|w| single_quote(w)).collect();
     match lines.last_mut() {
         Some(last) if program > 1 && BEFORE_SCRIPT.contains(&argv[program - 1].as_str()) => {
             last.push(' ');
-            last.push_str(&shell_quote(&argv[program]));
+            last.push_str(&single_quote(&argv[program]));
         }
-        _ => lines.push(shell_quote(&argv[program])),
+        _ => lines.push(single_quote(&argv[program])),
     }
     lines.extend(option_lines(&argv[program + 1..]));
     lines
