@@ -6,9 +6,10 @@
 //!   user's arguments give (and less its precision flag when the user gives `--bf16` or
 //!   `--fp16`): the script must see the model the plan was made for.
 //! - Every option the plan decides is removed wherever it appears, in every form
-//!   (`--opt value`, `--opt=value`, flags, dash or underscore spelling):
-//!   [`PLANNED_VALUE_OPTIONS`] and [`PLANNED_FLAGS`]. Every other word is kept,
-//!   byte-for-byte and in order.
+//!   (`--opt value`, `--opt=value`, flags, dash or underscore spelling): the options
+//!   marked [`Rewrite::Planned`] in config's table of Megatron's options
+//!   ([`options::OPTIONS`]), which also says which options take a value and which flags
+//!   a plan may refuse. Every other word is kept, byte-for-byte and in order.
 //! - The plan's values are appended (before a `--`, which ends Megatron's options):
 //!   `--tensor-model-parallel-size`, `--pipeline-model-parallel-size`, the stage split,
 //!   `--micro-batch-size`, `--sequence-parallel` (only at tp > 1: Megatron turns it off at
@@ -39,48 +40,12 @@
 
 use std::collections::BTreeSet;
 
+use crate::config::megatron::argparse::arg_words;
+use crate::config::megatron::options::{self, Requirement, Rewrite};
 use crate::config::{presets, Recompute, RecomputeMethod, Settings};
 use crate::model::parallel::ParallelConfig;
 
 use super::RenderError;
-
-/// Megatron options with a value that the plan decides (names without `--`).
-pub const PLANNED_VALUE_OPTIONS: &[&str] = &[
-    "tensor-model-parallel-size",
-    "pipeline-model-parallel-size",
-    "micro-batch-size",
-    "num-layers-per-virtual-pipeline-stage",
-    "num-virtual-stages-per-pipeline-rank",
-    // Older Megatron and NeMo spell virtual stages this way; never let a stale one through.
-    "virtual-pipeline-model-parallel-size",
-    "decoder-first-pipeline-num-layers",
-    "decoder-last-pipeline-num-layers",
-    "pipeline-model-parallel-layout",
-    "recompute-granularity",
-    "recompute-method",
-    "recompute-num-layers",
-];
-
-/// Megatron flags that the plan decides. The `account-for-*` flags move layers between
-/// stages; the plan's split is explicit.
-pub const PLANNED_FLAGS: &[&str] = &[
-    "sequence-parallel",
-    "use-distributed-optimizer",
-    "recompute-activations",
-    "account-for-embedding-in-pipeline-split",
-    "account-for-loss-in-pipeline-split",
-];
-
-const DEEPSPEED_CONFIG_OPTIONS: &[&str] = &["deepspeed-config", "deepscale-config"];
-const DEEPSPEED_FLAGS: &[&str] = &["deepspeed", "deepscale"];
-
-/// Options whose value we read or replace (besides the planned ones).
-const READ_VALUE_OPTIONS: &[&str] = &[
-    "deepspeed-config",
-    "deepscale-config",
-    "zero-stage",
-    "context-parallel-size",
-];
 
 /// The rewritten argument list and what goes with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,10 +64,11 @@ pub struct MegatronArgs {
 /// True when the arguments are those of a DeepSpeed-based script (Megatron-DeepSpeed):
 /// `--deepspeed`, `--deepspeed_config`, or their `deepscale` predecessors.
 pub fn uses_deepspeed(args: &[String]) -> bool {
-    words(args).iter().any(|w| {
-        w.name
-            .as_deref()
-            .is_some_and(|n| DEEPSPEED_FLAGS.contains(&n) || DEEPSPEED_CONFIG_OPTIONS.contains(&n))
+    arg_words(args).iter().any(|w| {
+        matches!(
+            rewrite_of(w.name.as_deref()),
+            Some(Rewrite::DeepSpeed | Rewrite::DeepSpeedConfig)
+        )
     })
 }
 
@@ -130,38 +96,37 @@ pub fn megatron_args(
     }
     base.extend(user_head.iter().cloned());
 
-    let items = words(&base);
+    let items = arg_words(&base);
     let given: BTreeSet<&str> = items.iter().filter_map(|w| w.name.as_deref()).collect();
     let tp_sp = config.tp > 1 && config.sequence_parallel;
     let vpp = config.vpp.filter(|v| *v > 1);
     let full_recompute = matches!(config.recompute, Recompute::Full { .. });
-    let refused: &[(&str, bool, &str)] = &[
-        (
-            "overlap-param-gather",
-            !config.distributed_optimizer && deepspeed_config.is_none(),
-            "it needs the distributed optimizer, which the plan does not use",
-        ),
-        (
-            "overlap-param-gather-with-optimizer-step",
-            vpp.is_none() || !config.distributed_optimizer,
-            "it needs virtual pipeline stages and the distributed optimizer",
-        ),
-        (
-            "tp-comm-overlap",
-            !tp_sp,
-            "it needs sequence parallelism at tensor-parallel size > 1, which the plan does not use",
-        ),
-        (
-            "distribute-saved-activations",
-            !(full_recompute && config.tp > 1 && !config.sequence_parallel),
-            "it needs full recomputation at tensor-parallel size > 1 without sequence parallelism",
-        ),
-        (
-            "no-overlap-p2p-communication",
-            vpp.is_some() && config.pp <= 2,
-            "Megatron refuses it with virtual stages on two pipeline stages",
-        ),
-    ];
+    // Why Megatron would refuse a flag of the user's under this plan, if it would.
+    let refused = |requirement: Requirement| {
+        let (refused, why) = match requirement {
+            Requirement::DistributedOptimizer => (
+                !config.distributed_optimizer && deepspeed_config.is_none(),
+                "it needs the distributed optimizer, which the plan does not use",
+            ),
+            Requirement::VirtualStagesAndDistributedOptimizer => (
+                vpp.is_none() || !config.distributed_optimizer,
+                "it needs virtual pipeline stages and the distributed optimizer",
+            ),
+            Requirement::SequenceParallelism => (
+                !tp_sp,
+                "it needs sequence parallelism at tensor-parallel size > 1, which the plan does not use",
+            ),
+            Requirement::FullRecomputeWithoutSequenceParallelism => (
+                !(full_recompute && config.tp > 1 && !config.sequence_parallel),
+                "it needs full recomputation at tensor-parallel size > 1 without sequence parallelism",
+            ),
+            Requirement::NoVirtualStagesOnTwoStages => (
+                vpp.is_some() && config.pp <= 2,
+                "Megatron refuses it with virtual stages on two pipeline stages",
+            ),
+        };
+        refused.then_some(why)
+    };
 
     let mut kept: Vec<String> = Vec::new();
     let mut zero_stage = None;
@@ -173,15 +138,15 @@ pub fn megatron_args(
             kept.extend(text.iter().cloned());
             continue;
         };
-        if PLANNED_VALUE_OPTIONS.contains(&name) || PLANNED_FLAGS.contains(&name) {
-            continue;
-        }
-        if let Some((_, _, why)) = refused.iter().find(|(n, on, _)| *n == name && *on) {
-            notes.push(format!("dropped --{name}: {why}"));
-            continue;
-        }
-        match name {
-            "zero-stage" => {
+        match rewrite_of(Some(name)).unwrap_or(Rewrite::Kept) {
+            Rewrite::Planned => continue,
+            Rewrite::Needs(requirement) => {
+                if let Some(why) = refused(requirement) {
+                    notes.push(format!("dropped --{name}: {why}"));
+                    continue;
+                }
+            }
+            Rewrite::ZeroStage => {
                 let value = item.value(&base).unwrap_or_default();
                 zero_stage = Some(value.parse::<u64>().ok().filter(|s| *s <= 3).ok_or_else(
                     || RenderError::Args {
@@ -190,28 +155,29 @@ pub fn megatron_args(
                     },
                 )?);
             }
-            "context-parallel-size" => {
+            Rewrite::ContextParallel => {
                 let value = item.value(&base).unwrap_or_default();
                 context_parallel = value.trim().parse::<u64>().unwrap_or(1);
             }
-            _ => {}
-        }
-        match (deepspeed_config, DEEPSPEED_CONFIG_OPTIONS.contains(&name)) {
-            (Some(path), true) => {
-                // Keep the user's spelling; the value is the rendered config.
-                let option = text[0].split('=').next().unwrap_or(&text[0]);
-                if deepspeed_config_written {
-                    notes.push(format!("dropped a second {option}"));
-                } else {
-                    kept.extend([option.to_string(), path.to_string()]);
-                    notes.push(format!(
-                        "{option} points at the rendered ds_config.json (batch sizes follow the plan)"
-                    ));
-                    deepspeed_config_written = true;
+            Rewrite::DeepSpeedConfig => {
+                if let Some(path) = deepspeed_config {
+                    // Keep the user's spelling; the value is the rendered config.
+                    let option = text[0].split('=').next().unwrap_or(&text[0]);
+                    if deepspeed_config_written {
+                        notes.push(format!("dropped a second {option}"));
+                    } else {
+                        kept.extend([option.to_string(), path.to_string()]);
+                        notes.push(format!(
+                            "{option} points at the rendered ds_config.json (batch sizes follow the plan)"
+                        ));
+                        deepspeed_config_written = true;
+                    }
+                    continue;
                 }
             }
-            _ => kept.extend(text.iter().cloned()),
+            Rewrite::Kept | Rewrite::DeepSpeed => {}
         }
+        kept.extend(text.iter().cloned());
     }
 
     // The plan's values.
@@ -427,7 +393,7 @@ pub fn recompute_args(recompute: &Recompute) -> Result<Vec<String>, RenderError>
 
 /// The preset's arguments without the options the user's arguments give.
 fn preset_args_under(preset: &[String], user: &[String]) -> Vec<String> {
-    let user_items = words(user);
+    let user_items = arg_words(user);
     let user_names: BTreeSet<&str> = user_items
         .iter()
         .filter_map(|w| w.name.as_deref())
@@ -452,75 +418,9 @@ fn preset_args_under(preset: &[String], user: &[String]) -> Vec<String> {
     out
 }
 
-/// One option (with its value words) or one other word.
-struct Word {
-    /// The option's name with dashes (`--num_layers` → `num-layers`), for options.
-    name: Option<String>,
-    start: usize,
-    end: usize,
-    inline_value: Option<String>,
-}
-
-impl Word {
-    fn value(&self, words: &[String]) -> Option<String> {
-        self.inline_value
-            .clone()
-            .or_else(|| (self.end > self.start + 1).then(|| words[self.start + 1].clone()))
-    }
-}
-
-/// argparse takes the next word as an option's value unless it looks like an option itself
-/// (a dash followed by anything but a number).
-fn looks_like_option(word: &str) -> bool {
-    word.starts_with('-') && word.len() > 1 && word[1..].parse::<f64>().is_err()
-}
-
-/// The words as argparse groups them, for the options this module acts on; a `--` and
-/// everything after it are plain words.
-fn words(args: &[String]) -> Vec<Word> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    let mut options_ended = false;
-    while i < args.len() {
-        let word = &args[i];
-        if word == "--" {
-            options_ended = true;
-        }
-        let body = word
-            .strip_prefix("--")
-            .filter(|b| !b.is_empty() && !options_ended);
-        let Some(body) = body else {
-            out.push(Word {
-                name: None,
-                start: i,
-                end: i + 1,
-                inline_value: None,
-            });
-            i += 1;
-            continue;
-        };
-        let (name, inline_value) = match body.split_once('=') {
-            Some((name, value)) => (name.replace('_', "-"), Some(value.to_string())),
-            None => (body.replace('_', "-"), None),
-        };
-        let takes_value = PLANNED_VALUE_OPTIONS.contains(&name.as_str())
-            || READ_VALUE_OPTIONS.contains(&name.as_str());
-        let mut end = i + 1;
-        if takes_value
-            && inline_value.is_none()
-            && args.get(end).is_some_and(|next| !looks_like_option(next))
-        {
-            end += 1;
-        }
-        out.push(Word {
-            name: Some(name),
-            start: i,
-            end,
-            inline_value,
-        });
-        i = end;
-    }
-    out
+/// What rewriting does with the option named (dashed), if it is one of Megatron's.
+fn rewrite_of(name: Option<&str>) -> Option<Rewrite> {
+    options::find(name?).map(|o| o.rewrite)
 }
 
 #[cfg(test)]

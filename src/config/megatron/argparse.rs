@@ -1,0 +1,161 @@
+//! How Megatron's argparse parser splits the arguments into options and their values, and
+//! reads a count, for reading ([`super::read`]) and rewriting (`render::megatron`) alike.
+//!
+//! `--opt value` and `--opt=value`, flags without values, no abbreviations, `--` ends the
+//! options. Which options take a value is the [`super::options`] table's to say, in
+//! either spelling; any other option is taken as a flag, so that the words after it stay
+//! words of their own.
+
+use super::options::{find_any_spelling, Arity};
+
+/// One option with the words that are its value, or one other word, as argparse groups
+/// them: `args[start..end]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgWord {
+    /// The option's name in dashed spelling (`--num_layers` → `num-layers`); `None` for a
+    /// word that is not an option (a value of the script's own options, a positional,
+    /// `--` and everything after it).
+    pub name: Option<String>,
+    pub start: usize,
+    pub end: usize,
+    /// The value after `=` in `--opt=value`.
+    pub inline_value: Option<String>,
+}
+
+impl ArgWord {
+    /// The option's value: after `=`, else the word after it, if argparse took one.
+    pub fn value(&self, args: &[String]) -> Option<String> {
+        self.inline_value
+            .clone()
+            .or_else(|| (self.end > self.start + 1).then(|| args[self.start + 1].clone()))
+    }
+
+    /// The option's name as written (`num_layers` for `--num_layers=2`).
+    pub fn written_name<'a>(&self, args: &'a [String]) -> Option<&'a str> {
+        self.name.as_ref()?;
+        let body = &args[self.start][2..];
+        Some(body.split_once('=').map_or(body, |(name, _)| name))
+    }
+}
+
+/// The arguments as argparse groups them.
+pub fn arg_words(args: &[String]) -> Vec<ArgWord> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut options_ended = false;
+    while i < args.len() {
+        let word = &args[i];
+        if word == "--" {
+            options_ended = true;
+        }
+        let body = word
+            .strip_prefix("--")
+            .filter(|b| !b.is_empty() && !options_ended);
+        let Some(body) = body else {
+            out.push(ArgWord {
+                name: None,
+                start: i,
+                end: i + 1,
+                inline_value: None,
+            });
+            i += 1;
+            continue;
+        };
+        let (name, inline_value) = match body.split_once('=') {
+            Some((name, value)) => (name.replace('_', "-"), Some(value.to_string())),
+            None => (body.replace('_', "-"), None),
+        };
+        let takes_value = find_any_spelling(&name).is_some_and(|o| o.arity == Arity::Value);
+        let mut end = i + 1;
+        if takes_value
+            && inline_value.is_none()
+            && args.get(end).is_some_and(|next| !looks_like_option(next))
+        {
+            end += 1;
+        }
+        out.push(ArgWord {
+            name: Some(name),
+            start: i,
+            end,
+            inline_value,
+        });
+        i = end;
+    }
+    out
+}
+
+/// argparse takes the next word as an option's value unless it looks like an option
+/// itself (a dash followed by anything but a number).
+fn looks_like_option(word: &str) -> bool {
+    word.starts_with('-') && word.len() > 1 && word[1..].parse::<f64>().is_err()
+}
+
+/// Python's `int()` on what argparse hands it: optional surrounding whitespace, an optional
+/// `+`, digits with single underscores between them. Negative numbers and overflow are None.
+pub fn parse_count(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let t = t.strip_prefix('+').unwrap_or(t);
+    if t.is_empty() || t.starts_with('_') || t.ends_with('_') || t.contains("__") {
+        return None;
+    }
+    if !t.chars().all(|c| c.is_ascii_digit() || c == '_') {
+        return None;
+    }
+    t.replace('_', "").parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(text: &str) -> Vec<String> {
+        text.split_whitespace().map(str::to_string).collect()
+    }
+
+    fn groups(text: &str) -> Vec<(Option<String>, usize, usize)> {
+        arg_words(&w(text))
+            .into_iter()
+            .map(|a| (a.name, a.start, a.end))
+            .collect()
+    }
+
+    #[test]
+    fn options_take_values_by_the_table_in_either_spelling() {
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(
+            groups("--num_layers 2 --swiglu x --lr 1 --zero-stage=3 -- --seq-length 4"),
+            vec![
+                (some("num-layers"), 0, 2),
+                (some("swiglu"), 2, 3),
+                (None, 3, 4),
+                (some("lr"), 4, 5),
+                (None, 5, 6),
+                (some("zero-stage"), 6, 7),
+                (None, 7, 8),
+                (None, 8, 9),
+                (None, 9, 10),
+            ]
+        );
+        // A negative number is a value; an option is not.
+        assert_eq!(groups("--seq-length -5").len(), 1);
+        assert_eq!(groups("--seq-length --swiglu").len(), 2);
+    }
+
+    #[test]
+    fn values_and_written_names() {
+        let args = w("--num_layers=2 --hidden-size 8 --swiglu");
+        let words = arg_words(&args);
+        assert_eq!(words[0].value(&args).as_deref(), Some("2"));
+        assert_eq!(words[0].written_name(&args), Some("num_layers"));
+        assert_eq!(words[1].value(&args).as_deref(), Some("8"));
+        assert_eq!(words[2].value(&args), None);
+    }
+
+    #[test]
+    fn counts_read_as_python_int_does() {
+        assert_eq!(parse_count(" +1_000 "), Some(1000));
+        assert_eq!(parse_count("-1"), None);
+        assert_eq!(parse_count("1__0"), None);
+        assert_eq!(parse_count("18446744073709551616"), None);
+    }
+}

@@ -1,0 +1,345 @@
+//! `--pin`: the parallel settings a user fixes, and the [`Constraints`] they become once
+//! the Megatron arguments have been read.
+
+use std::fmt;
+
+use super::argparse::parse_count;
+use super::read::RawArgs;
+use super::{contradiction, ArgsError};
+use crate::config::{Constraints, ModelSpec, Recompute, RecomputeMethod, TrainingSettings};
+
+/// A parallel setting the user fixed with `--pin`; the planner searches only the rest.
+///
+/// `--pin LIST` is comma separated; each item is `tp`, `pp`, `dp`, `mbs`, `vpp`, `sp`,
+/// `recompute`, `dist-opt` or `all`, optionally `=VALUE`. Without a value the value is the
+/// one in the Megatron arguments. `dp` always needs a value (the arguments do not say it).
+/// `all` pins everything the arguments say (tp, pp, mbs, vpp, sp, recompute, dist-opt),
+/// with Megatron's defaults for what they leave out; items after it override it.
+///
+/// Values: sizes are positive integers (`vpp=1` pins "no interleaving"); `sp` and
+/// `dist-opt` take true/false (also yes/no, on/off, 1/0); `recompute` takes `none`,
+/// `selective`, `full` (method and layer count from the arguments, else uniform over 1
+/// layer), `full:uniform:N` or `full:block:N`. A bare `full` is kept as
+/// `Recompute::Full` with `num_layers: 0` until the arguments fill it in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pin {
+    TensorParallel(Option<u64>),
+    PipelineParallel(Option<u64>),
+    DataParallel(u64),
+    MicroBatch(Option<u64>),
+    VirtualPipeline(Option<u64>),
+    SequenceParallel(Option<bool>),
+    Recompute(Option<Recompute>),
+    DistributedOptimizer(Option<bool>),
+    All,
+}
+
+impl Pin {
+    /// The key as written in `--pin`.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Pin::TensorParallel(_) => "tp",
+            Pin::PipelineParallel(_) => "pp",
+            Pin::DataParallel(_) => "dp",
+            Pin::MicroBatch(_) => "mbs",
+            Pin::VirtualPipeline(_) => "vpp",
+            Pin::SequenceParallel(_) => "sp",
+            Pin::Recompute(_) => "recompute",
+            Pin::DistributedOptimizer(_) => "dist-opt",
+            Pin::All => "all",
+        }
+    }
+}
+
+impl fmt::Display for Pin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.key())?;
+        match self {
+            Pin::TensorParallel(Some(n))
+            | Pin::PipelineParallel(Some(n))
+            | Pin::DataParallel(n)
+            | Pin::MicroBatch(Some(n))
+            | Pin::VirtualPipeline(Some(n)) => write!(f, "={n}"),
+            Pin::SequenceParallel(Some(b)) | Pin::DistributedOptimizer(Some(b)) => {
+                write!(f, "={b}")
+            }
+            Pin::Recompute(Some(r)) => match r {
+                Recompute::None => f.write_str("=none"),
+                Recompute::Selective => f.write_str("=selective"),
+                // `full` with method and layers left to the arguments (see parse_pins).
+                Recompute::Full { num_layers: 0, .. } => f.write_str("=full"),
+                Recompute::Full { method, num_layers } => {
+                    let method = match method {
+                        RecomputeMethod::Uniform => "uniform",
+                        RecomputeMethod::Block => "block",
+                    };
+                    write!(f, "=full:{method}:{num_layers}")
+                }
+            },
+            _ => Ok(()),
+        }
+    }
+}
+
+const PIN_KEYS: &str = "tp, pp, dp, mbs, vpp, sp, recompute, dist-opt, all";
+
+/// Reads the value of pipette's `--pin` option (e.g. `tp,pp=2,dp=8`).
+pub fn parse_pins(text: &str) -> Result<Vec<Pin>, ArgsError> {
+    let bad = |item: &str, reason: String| ArgsError::BadPin {
+        pin: item.to_string(),
+        reason,
+    };
+    let mut pins: Vec<Pin> = Vec::new();
+    for item in text.split(',').map(str::trim) {
+        if item.is_empty() {
+            return Err(bad(
+                text,
+                format!("empty item (write a comma-separated list of {PIN_KEYS})"),
+            ));
+        }
+        let (key, value) = match item.split_once('=') {
+            Some((k, v)) => (k.trim(), Some(v.trim())),
+            None => (item, None),
+        };
+        let size = |v: &str| {
+            parse_count(v)
+                .filter(|n| *n > 0)
+                .ok_or_else(|| bad(item, format!("{key} takes a positive integer, got {v:?}")))
+        };
+        let boolean = |v: &str| {
+            parse_bool(v).ok_or_else(|| bad(item, format!("{key} takes true or false, got {v:?}")))
+        };
+        let pin = match key {
+            "tp" => Pin::TensorParallel(value.map(size).transpose()?),
+            "pp" => Pin::PipelineParallel(value.map(size).transpose()?),
+            "mbs" => Pin::MicroBatch(value.map(size).transpose()?),
+            "vpp" => Pin::VirtualPipeline(value.map(size).transpose()?),
+            "dp" => match value {
+                Some(v) => Pin::DataParallel(size(v)?),
+                None => {
+                    return Err(bad(
+                        item,
+                        "dp needs a value (the Megatron arguments do not say it): write dp=N"
+                            .into(),
+                    ))
+                }
+            },
+            "sp" => Pin::SequenceParallel(value.map(boolean).transpose()?),
+            "dist-opt" => Pin::DistributedOptimizer(value.map(boolean).transpose()?),
+            "recompute" => Pin::Recompute(
+                value
+                    .map(|v| parse_recompute_pin(v).map_err(|reason| bad(item, reason)))
+                    .transpose()?,
+            ),
+            "all" => match value {
+                None => Pin::All,
+                Some(_) => {
+                    return Err(bad(
+                        item,
+                        "all takes no value (it pins what the Megatron arguments say)".into(),
+                    ))
+                }
+            },
+            other => {
+                return Err(bad(
+                    item,
+                    format!("unknown key {other:?} (known: {PIN_KEYS})"),
+                ))
+            }
+        };
+        if pins.iter().any(|p| p.key() == pin.key()) {
+            return Err(bad(text, format!("{} is pinned twice", pin.key())));
+        }
+        pins.push(pin);
+    }
+    Ok(pins)
+}
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" | "1" => Some(true),
+        "false" | "no" | "off" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// `none`, `selective`, `full`, `full:uniform:N`, `full:block:N`. `full` alone is
+/// returned with 0 layers, meaning "take method and layers from the arguments".
+fn parse_recompute_pin(v: &str) -> Result<Recompute, String> {
+    let usage = "recompute takes none, selective, full, full:uniform:N or full:block:N";
+    let parts: Vec<&str> = v.split(':').collect();
+    match parts.as_slice() {
+        ["none"] => Ok(Recompute::None),
+        ["selective"] => Ok(Recompute::Selective),
+        ["full"] => Ok(Recompute::Full {
+            method: RecomputeMethod::Uniform,
+            num_layers: 0,
+        }),
+        ["full", method, n] => {
+            let method = match *method {
+                "uniform" => RecomputeMethod::Uniform,
+                "block" => RecomputeMethod::Block,
+                _ => return Err(format!("{usage}, got {v:?}")),
+            };
+            match parse_count(n) {
+                Some(num_layers) if num_layers > 0 => Ok(Recompute::Full { method, num_layers }),
+                _ => Err(format!("{usage} with N a positive integer, got {v:?}")),
+            }
+        }
+        _ => Err(format!("{usage}, got {v:?}")),
+    }
+}
+
+pub(super) fn constraints(
+    raw: &RawArgs,
+    model: &ModelSpec,
+    training: &TrainingSettings,
+    pins: &[Pin],
+) -> Result<Constraints, ArgsError> {
+    let mut c = Constraints::default();
+    // The pinned value, else the one the arguments give.
+    let given =
+        |pinned: Option<u64>, value: Option<u64>, key: &'static str, option: &'static str| {
+            pinned
+                .or(value)
+                .ok_or(ArgsError::PinWithoutValue { key, option })
+        };
+    let vpp_given = raw.layers_per_virtual_stage.is_some() || raw.virtual_stages_per_rank.is_some();
+    let vpp_from_args = || training.virtual_pipeline.unwrap_or(1);
+    let recompute_from = |pinned: &Option<Recompute>| match pinned {
+        None => training.recompute.clone(),
+        // `full` without method and layers: the arguments', else uniform over 1 layer.
+        Some(Recompute::Full { num_layers: 0, .. }) => match &training.recompute {
+            full @ Recompute::Full { .. } => full.clone(),
+            _ => Recompute::Full {
+                method: RecomputeMethod::Uniform,
+                num_layers: 1,
+            },
+        },
+        Some(r) => r.clone(),
+    };
+    // `all` first, so that the other items override it wherever they stand.
+    if pins.contains(&Pin::All) {
+        c.tensor_parallel = Some(training.tensor_parallel);
+        c.pipeline_parallel = Some(training.pipeline_parallel);
+        c.micro_batch_size = Some(given(
+            None,
+            raw.micro_batch_size,
+            "all",
+            "--micro-batch-size",
+        )?);
+        c.virtual_pipeline = Some(vpp_from_args());
+        c.sequence_parallel = Some(training.sequence_parallel);
+        c.recompute = Some(training.recompute.clone());
+        c.distributed_optimizer = Some(training.distributed_optimizer);
+    }
+    for pin in pins {
+        match pin {
+            Pin::All => {}
+            Pin::TensorParallel(v) => {
+                c.tensor_parallel = Some(given(
+                    *v,
+                    raw.tensor_parallel,
+                    "tp",
+                    "--tensor-model-parallel-size",
+                )?)
+            }
+            Pin::PipelineParallel(v) => {
+                c.pipeline_parallel = Some(given(
+                    *v,
+                    raw.pipeline_parallel,
+                    "pp",
+                    "--pipeline-model-parallel-size",
+                )?)
+            }
+            Pin::DataParallel(n) => c.data_parallel = Some(*n),
+            Pin::MicroBatch(v) => {
+                c.micro_batch_size = Some(given(
+                    *v,
+                    raw.micro_batch_size,
+                    "mbs",
+                    "--micro-batch-size",
+                )?)
+            }
+            Pin::VirtualPipeline(v) => {
+                c.virtual_pipeline = Some(match v {
+                    Some(n) => *n,
+                    None if vpp_given => vpp_from_args(),
+                    None => {
+                        return Err(ArgsError::PinWithoutValue {
+                            key: "vpp",
+                            option: "--num-virtual-stages-per-pipeline-rank",
+                        })
+                    }
+                })
+            }
+            Pin::SequenceParallel(v) => {
+                c.sequence_parallel = Some(v.unwrap_or(training.sequence_parallel))
+            }
+            Pin::Recompute(v) => c.recompute = Some(recompute_from(v)),
+            Pin::DistributedOptimizer(v) => {
+                c.distributed_optimizer = Some(v.unwrap_or(training.distributed_optimizer))
+            }
+        }
+    }
+    check_pins(model, training, &c)?;
+    Ok(c)
+}
+
+/// Pinned values Megatron would refuse for this model, caught before any planning.
+fn check_pins(
+    model: &ModelSpec,
+    training: &TrainingSettings,
+    c: &Constraints,
+) -> Result<(), ArgsError> {
+    let heads = model.num_attention_heads;
+    let groups = model.num_query_groups;
+    let layers = model.num_layers;
+    let global = training.global_batch_size;
+    if let Some(tp) = c.tensor_parallel {
+        if heads % tp != 0 {
+            return Err(contradiction(format!(
+                "pinned tp={tp} does not divide --num-attention-heads {heads} (Megatron splits whole heads across tensor-parallel ranks: pin a divisor of {heads})"
+            )));
+        }
+        if groups % tp != 0 && tp % groups != 0 {
+            return Err(contradiction(format!(
+                "pinned tp={tp} is neither a multiple nor a divisor of the {groups} query groups (--num-query-groups): pin a divisor of {groups}"
+            )));
+        }
+    }
+    if let Some(pp) = c.pipeline_parallel {
+        if layers % pp != 0 {
+            return Err(contradiction(format!(
+                "pinned pp={pp} does not divide --num-layers {layers} (each pipeline stage needs the same number of layers: pin a divisor of {layers})"
+            )));
+        }
+        if let Some(vpp) = c.virtual_pipeline.filter(|v| *v > 1) {
+            if (layers / pp) % vpp != 0 {
+                return Err(contradiction(format!(
+                    "pinned vpp={vpp} does not divide the {} layers of each of the pinned pp={pp} stages (--num-layers {layers})",
+                    layers / pp
+                )));
+            }
+        }
+    }
+    if let Some(mbs) = c.micro_batch_size {
+        if global % mbs != 0 {
+            return Err(contradiction(format!(
+                "pinned mbs={mbs} does not divide --global-batch-size {global} (pin a divisor of {global})"
+            )));
+        }
+    }
+    if let Some(dp) = c.data_parallel {
+        let step = dp.saturating_mul(c.micro_batch_size.unwrap_or(1));
+        if global % step != 0 {
+            return Err(contradiction(format!(
+                "pinned dp={dp}{} does not divide --global-batch-size {global} (each step takes the same number of micro-batches on every data-parallel rank)",
+                c.micro_batch_size
+                    .map(|m| format!(" × mbs={m}"))
+                    .unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,388 @@
+//! Reading the user's Megatron arguments into what they say ([`RawArgs`]), before any
+//! default or derivation: option by option as the [`options`] table says, the preset's
+//! under the user's ([`merge`]), and the vocabulary the tokenizer implies ([`vocabulary`]).
+
+use super::argparse::{arg_words, parse_count};
+use super::options::{self, Arity, Field, Read};
+use super::{contradiction, ArgsError};
+use crate::config::{Normalization, PositionEmbedding, RecomputeMethod};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Granularity {
+    Full,
+    Selective,
+}
+
+/// What the arguments say before defaults and derivations: `None` / `false` = not given.
+#[derive(Debug, Clone, Default)]
+pub(super) struct RawArgs {
+    pub(super) num_layers: Option<u64>,
+    pub(super) hidden_size: Option<u64>,
+    pub(super) ffn_hidden_size: Option<u64>,
+    pub(super) num_attention_heads: Option<u64>,
+    pub(super) group_query_attention: bool,
+    pub(super) num_query_groups: Option<u64>,
+    pub(super) kv_channels: Option<u64>,
+    pub(super) seq_length: Option<u64>,
+    pub(super) max_position_embeddings: Option<u64>,
+    pub(super) vocab_size: Option<u64>,
+    pub(super) tokenizer_type: Option<String>,
+    pub(super) tokenizer_model: Option<String>,
+    pub(super) make_vocab_size_divisible_by: Option<u64>,
+    pub(super) swiglu: bool,
+    pub(super) untie: bool,
+    pub(super) normalization: Option<Normalization>,
+    pub(super) disable_bias_linear: bool,
+    pub(super) add_qkv_bias: bool,
+    pub(super) position_embedding_type: Option<PositionEmbedding>,
+    pub(super) use_rotary_position_embeddings: bool,
+    pub(super) no_position_embedding: bool,
+    pub(super) global_batch_size: Option<u64>,
+    pub(super) micro_batch_size: Option<u64>,
+    pub(super) bf16: bool,
+    pub(super) fp16: bool,
+    pub(super) recompute_activations: bool,
+    pub(super) recompute_granularity: Option<Granularity>,
+    pub(super) recompute_method: Option<RecomputeMethod>,
+    pub(super) recompute_num_layers: Option<u64>,
+    pub(super) sequence_parallel: bool,
+    pub(super) use_distributed_optimizer: bool,
+    pub(super) save: Option<String>,
+    pub(super) load: Option<String>,
+    pub(super) save_interval: Option<u64>,
+    pub(super) train_iters: Option<u64>,
+    pub(super) tensor_parallel: Option<u64>,
+    pub(super) pipeline_parallel: Option<u64>,
+    pub(super) layers_per_virtual_stage: Option<u64>,
+    pub(super) virtual_stages_per_rank: Option<u64>,
+    pub(super) no_overlap_p2p: bool,
+    pub(super) overlap_grad_reduce: bool,
+    pub(super) overlap_param_gather: bool,
+    pub(super) grad_reduce_in_bf16: bool,
+    pub(super) tp_comm_overlap: bool,
+    /// Megatron options written with underscores (`--num_layers`): not Megatron's, but
+    /// worth a hint when the dashed one is missing.
+    pub(super) underscored: Vec<String>,
+}
+
+const TOKENIZERS: &[&str] = &[
+    "BertWordPieceLowerCase",
+    "BertWordPieceCase",
+    "GPT2BPETokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "HuggingFaceTokenizer",
+    "Llama2Tokenizer",
+    "TikTokenizer",
+    "MultimodalTokenizer",
+    "NullTokenizer",
+    "NullMultimodalTokenizer",
+    "SFTTokenizer",
+];
+
+/// What the arguments say, option by option; underscore spellings of Megatron's options
+/// are left to the script (and remembered for a hint).
+pub(super) fn read_args(args: &[String]) -> Result<RawArgs, ArgsError> {
+    let mut raw = RawArgs::default();
+    for word in arg_words(args) {
+        let Some(name) = word.written_name(args) else {
+            continue; // a value of the user's own options, a positional, or after `--`
+        };
+        let option = match options::find(name) {
+            Some(option) if option.read != Read::Ignored => option,
+            _ => {
+                let dashed = name.replace('_', "-");
+                if dashed != name && options::find(&dashed).is_some_and(|o| o.read != Read::Ignored)
+                {
+                    raw.underscored.push(format!("--{name}"));
+                }
+                continue;
+            }
+        };
+        let spelled = format!("--{name}");
+        match option.arity {
+            Arity::Flag => {
+                if let Some(value) = &word.inline_value {
+                    return Err(ArgsError::FlagWithValue {
+                        option: spelled,
+                        value: value.clone(),
+                    });
+                }
+                set_flag(&mut raw, option.read, &spelled)?;
+            }
+            Arity::Value => match word.value(args) {
+                Some(value) => set_value(&mut raw, option.read, &spelled, &value)?,
+                None => return Err(ArgsError::MissingValue { option: spelled }),
+            },
+        }
+    }
+    Ok(raw)
+}
+
+fn set_flag(raw: &mut RawArgs, read: Read, option: &str) -> Result<(), ArgsError> {
+    let field = match read {
+        Read::Setting(field) => field,
+        Read::Unsupported { what, .. } => {
+            return Err(ArgsError::Unsupported {
+                option: option.to_string(),
+                what,
+            })
+        }
+        Read::Removed(instead) => return Err(removed(option, instead)),
+        Read::Ignored => return Ok(()),
+    };
+    match field {
+        Field::GroupQueryAttention => raw.group_query_attention = true,
+        Field::Swiglu => raw.swiglu = true,
+        Field::Untie => raw.untie = true,
+        Field::DisableBiasLinear => raw.disable_bias_linear = true,
+        Field::AddQkvBias => raw.add_qkv_bias = true,
+        Field::UseRotaryPositionEmbeddings => raw.use_rotary_position_embeddings = true,
+        Field::NoPositionEmbedding => raw.no_position_embedding = true,
+        Field::Bf16 => raw.bf16 = true,
+        Field::Fp16 => raw.fp16 = true,
+        Field::RecomputeActivations => raw.recompute_activations = true,
+        Field::SequenceParallel => raw.sequence_parallel = true,
+        Field::UseDistributedOptimizer => raw.use_distributed_optimizer = true,
+        Field::NoOverlapP2p => raw.no_overlap_p2p = true,
+        Field::OverlapGradReduce => raw.overlap_grad_reduce = true,
+        Field::OverlapParamGather => raw.overlap_param_gather = true,
+        Field::GradReduceInBf16 => raw.grad_reduce_in_bf16 = true,
+        Field::TpCommOverlap => raw.tp_comm_overlap = true,
+        _ => {}
+    }
+    Ok(())
+}
+
+fn removed(option: &str, instead: &str) -> ArgsError {
+    contradiction(format!(
+        "{option} is no longer a Megatron option (use {instead})"
+    ))
+}
+
+fn set_value(raw: &mut RawArgs, read: Read, option: &str, value: &str) -> Result<(), ArgsError> {
+    let invalid = |expected: &str| ArgsError::InvalidValue {
+        option: option.to_string(),
+        value: value.to_string(),
+        expected: expected.to_string(),
+    };
+    let positive = || {
+        parse_count(value)
+            .filter(|n| *n > 0)
+            .ok_or_else(|| invalid("a positive integer"))
+    };
+    let choice = |choices: &[&str]| -> Result<String, ArgsError> {
+        if choices.contains(&value) {
+            Ok(value.to_string())
+        } else {
+            Err(invalid(&format!("one of {}", choices.join(", "))))
+        }
+    };
+    let field = match read {
+        Read::Setting(field) => field,
+        Read::Unsupported { what, neutral } => {
+            let off = neutral.is_some() && parse_count(value) == neutral;
+            if off {
+                return Ok(());
+            }
+            return Err(ArgsError::Unsupported {
+                option: format!("{option} {value}"),
+                what,
+            });
+        }
+        Read::Removed(instead) => return Err(removed(option, instead)),
+        Read::Ignored => return Ok(()),
+    };
+    match field {
+        Field::NumLayers => raw.num_layers = Some(positive()?),
+        Field::HiddenSize => raw.hidden_size = Some(positive()?),
+        Field::FfnHiddenSize => raw.ffn_hidden_size = Some(positive()?),
+        Field::NumAttentionHeads => raw.num_attention_heads = Some(positive()?),
+        Field::NumQueryGroups => raw.num_query_groups = Some(positive()?),
+        Field::KvChannels => raw.kv_channels = Some(positive()?),
+        Field::SeqLength => raw.seq_length = Some(positive()?),
+        Field::MaxPositionEmbeddings => raw.max_position_embeddings = Some(positive()?),
+        Field::VocabSize => raw.vocab_size = Some(positive()?),
+        Field::TokenizerType => raw.tokenizer_type = Some(choice(TOKENIZERS)?),
+        Field::TokenizerModel => raw.tokenizer_model = Some(value.to_string()),
+        Field::MakeVocabSizeDivisibleBy => raw.make_vocab_size_divisible_by = Some(positive()?),
+        Field::Normalization => {
+            raw.normalization = Some(match choice(&["LayerNorm", "RMSNorm"])?.as_str() {
+                "RMSNorm" => Normalization::RMSNorm,
+                _ => Normalization::LayerNorm,
+            })
+        }
+        Field::PositionEmbeddingType => {
+            let types = [
+                "learned_absolute",
+                "rope",
+                "yarn",
+                "mrope",
+                "relative",
+                "none",
+            ];
+            raw.position_embedding_type = Some(match choice(&types)?.as_str() {
+                "learned_absolute" => PositionEmbedding::LearnedAbsolute,
+                // YaRN and multimodal RoPE are rotary variants: no learned parameters.
+                "rope" | "yarn" | "mrope" => PositionEmbedding::Rope,
+                "none" => PositionEmbedding::None,
+                _ => {
+                    return Err(ArgsError::Unsupported {
+                        option: format!("{option} relative"),
+                        what: "relative position buckets",
+                    })
+                }
+            })
+        }
+        Field::GlobalBatchSize => raw.global_batch_size = Some(positive()?),
+        Field::MicroBatchSize => raw.micro_batch_size = Some(positive()?),
+        Field::RecomputeGranularity => {
+            raw.recompute_granularity = Some(match choice(&["full", "selective"])?.as_str() {
+                "full" => Granularity::Full,
+                _ => Granularity::Selective,
+            })
+        }
+        Field::RecomputeMethod => {
+            raw.recompute_method = Some(match choice(&["uniform", "block"])?.as_str() {
+                "block" => RecomputeMethod::Block,
+                _ => RecomputeMethod::Uniform,
+            })
+        }
+        Field::RecomputeNumLayers => raw.recompute_num_layers = Some(positive()?),
+        Field::Save => raw.save = Some(value.to_string()),
+        Field::Load => raw.load = Some(value.to_string()),
+        Field::SaveInterval => raw.save_interval = Some(positive()?),
+        Field::TrainIters => raw.train_iters = Some(positive()?),
+        Field::TensorParallel => raw.tensor_parallel = Some(positive()?),
+        Field::PipelineParallel => raw.pipeline_parallel = Some(positive()?),
+        Field::LayersPerVirtualStage => raw.layers_per_virtual_stage = Some(positive()?),
+        Field::VirtualStagesPerRank => raw.virtual_stages_per_rank = Some(positive()?),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The preset's values under the user's: options the user gave win, flags add up, and any
+/// precision flag of the user's replaces the preset's precision.
+pub(super) fn merge(preset: RawArgs, user: RawArgs) -> RawArgs {
+    let (bf16, fp16) = if user.bf16 || user.fp16 {
+        (user.bf16, user.fp16)
+    } else {
+        (preset.bf16, preset.fp16)
+    };
+    RawArgs {
+        num_layers: user.num_layers.or(preset.num_layers),
+        hidden_size: user.hidden_size.or(preset.hidden_size),
+        ffn_hidden_size: user.ffn_hidden_size.or(preset.ffn_hidden_size),
+        num_attention_heads: user.num_attention_heads.or(preset.num_attention_heads),
+        group_query_attention: user.group_query_attention || preset.group_query_attention,
+        num_query_groups: user.num_query_groups.or(preset.num_query_groups),
+        kv_channels: user.kv_channels.or(preset.kv_channels),
+        seq_length: user.seq_length.or(preset.seq_length),
+        max_position_embeddings: user
+            .max_position_embeddings
+            .or(preset.max_position_embeddings),
+        // The vocabulary is resolved from each side separately (see `vocabulary`).
+        vocab_size: user.vocab_size,
+        tokenizer_type: user.tokenizer_type,
+        tokenizer_model: user.tokenizer_model,
+        make_vocab_size_divisible_by: user
+            .make_vocab_size_divisible_by
+            .or(preset.make_vocab_size_divisible_by),
+        swiglu: user.swiglu || preset.swiglu,
+        untie: user.untie || preset.untie,
+        normalization: user.normalization.or(preset.normalization),
+        disable_bias_linear: user.disable_bias_linear || preset.disable_bias_linear,
+        add_qkv_bias: user.add_qkv_bias || preset.add_qkv_bias,
+        position_embedding_type: user
+            .position_embedding_type
+            .or(preset.position_embedding_type),
+        use_rotary_position_embeddings: user.use_rotary_position_embeddings
+            || preset.use_rotary_position_embeddings,
+        no_position_embedding: user.no_position_embedding || preset.no_position_embedding,
+        global_batch_size: user.global_batch_size.or(preset.global_batch_size),
+        micro_batch_size: user.micro_batch_size.or(preset.micro_batch_size),
+        bf16,
+        fp16,
+        recompute_activations: user.recompute_activations || preset.recompute_activations,
+        recompute_granularity: user.recompute_granularity.or(preset.recompute_granularity),
+        recompute_method: user.recompute_method.or(preset.recompute_method),
+        recompute_num_layers: user.recompute_num_layers.or(preset.recompute_num_layers),
+        sequence_parallel: user.sequence_parallel || preset.sequence_parallel,
+        use_distributed_optimizer: user.use_distributed_optimizer
+            || preset.use_distributed_optimizer,
+        save: user.save.or(preset.save),
+        load: user.load.or(preset.load),
+        save_interval: user.save_interval.or(preset.save_interval),
+        train_iters: user.train_iters.or(preset.train_iters),
+        tensor_parallel: user.tensor_parallel.or(preset.tensor_parallel),
+        pipeline_parallel: user.pipeline_parallel.or(preset.pipeline_parallel),
+        layers_per_virtual_stage: user
+            .layers_per_virtual_stage
+            .or(preset.layers_per_virtual_stage),
+        virtual_stages_per_rank: user
+            .virtual_stages_per_rank
+            .or(preset.virtual_stages_per_rank),
+        no_overlap_p2p: user.no_overlap_p2p || preset.no_overlap_p2p,
+        overlap_grad_reduce: user.overlap_grad_reduce || preset.overlap_grad_reduce,
+        overlap_param_gather: user.overlap_param_gather || preset.overlap_param_gather,
+        grad_reduce_in_bf16: user.grad_reduce_in_bf16 || preset.grad_reduce_in_bf16,
+        tp_comm_overlap: user.tp_comm_overlap || preset.tp_comm_overlap,
+        underscored: user.underscored,
+    }
+}
+
+/// What the arguments say about the vocabulary.
+pub(super) enum Vocabulary {
+    Known(u64),
+    /// A tokenizer whose size only its files know.
+    Unknown(String),
+    NotGiven,
+}
+
+/// Sizes of well-known HuggingFace tokenizers (`len(tokenizer)`), by `--tokenizer-model`.
+fn known_huggingface_vocabulary(model: &str) -> Option<u64> {
+    let name = model.trim_end_matches('/').to_ascii_lowercase();
+    let name = name.rsplit('/').next().unwrap_or(&name).to_string();
+    if name == "gpt2" {
+        Some(50257)
+    } else if name.starts_with("llama-2-") {
+        Some(32000)
+    } else if name.starts_with("meta-llama-3") || name.starts_with("llama-3") {
+        Some(128256)
+    } else {
+        None
+    }
+}
+
+pub(super) fn vocabulary(raw: &RawArgs) -> Result<Vocabulary, ArgsError> {
+    Ok(match raw.tokenizer_type.as_deref() {
+        // The GPT-2 BPE files have 50257 tokens; Megatron ignores --vocab-size here.
+        Some("GPT2BPETokenizer") => Vocabulary::Known(50257),
+        Some(null @ ("NullTokenizer" | "NullMultimodalTokenizer")) => match raw.vocab_size {
+            Some(v) => Vocabulary::Known(v),
+            None => {
+                return Err(ArgsError::Missing {
+                    option: "--vocab-size",
+                    hint: format!("--tokenizer-type {null} has exactly --vocab-size tokens"),
+                })
+            }
+        },
+        Some(tokenizer) => match raw.vocab_size {
+            Some(v) => Vocabulary::Known(v),
+            None => match (tokenizer, raw.tokenizer_model.as_deref()) {
+                ("HuggingFaceTokenizer", Some(model)) => {
+                    match known_huggingface_vocabulary(model) {
+                        Some(v) => Vocabulary::Known(v),
+                        None => Vocabulary::Unknown(format!("{tokenizer} ({model})")),
+                    }
+                }
+                _ => Vocabulary::Unknown(tokenizer.to_string()),
+            },
+        },
+        None => match raw.vocab_size {
+            Some(v) => Vocabulary::Known(v),
+            None => Vocabulary::NotGiven,
+        },
+    })
+}

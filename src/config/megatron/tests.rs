@@ -1,0 +1,697 @@
+use super::*;
+
+fn args(text: &str) -> Vec<String> {
+    text.split_whitespace().map(str::to_string).collect()
+}
+
+const TINY: &str = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 \
+                    --max-position-embeddings 128 --vocab-size 1000 --global-batch-size 8";
+
+fn settings(extra: &str) -> Result<Settings, ArgsError> {
+    settings_from_megatron_args(&args(&format!("{TINY} {extra}")), None, &[])
+}
+
+fn contradiction_text(extra: &str) -> String {
+    match settings(extra) {
+        Err(ArgsError::Contradiction(text)) => text,
+        other => panic!("expected a contradiction for {extra:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn reads_a_gpt_model_with_megatron_defaults() {
+    let s = settings("").unwrap();
+    let m = &s.model;
+    assert_eq!(m.preset, None);
+    assert_eq!(
+        (m.num_layers, m.hidden_size, m.num_attention_heads),
+        (2, 64, 4)
+    );
+    assert_eq!(m.ffn_hidden_size, 256);
+    assert_eq!(m.kv_channels, 16);
+    assert_eq!(m.num_query_groups, 4);
+    assert_eq!(m.make_vocab_size_divisible_by, 128);
+    assert_eq!(m.normalization, Normalization::LayerNorm);
+    assert_eq!(m.position_embedding, PositionEmbedding::LearnedAbsolute);
+    assert!(m.add_bias_linear && m.add_qkv_bias);
+    assert!(!m.swiglu && !m.untie_embeddings_and_output_weights);
+    let t = &s.training;
+    assert_eq!((t.global_batch_size, t.micro_batch_size), (8, 1));
+    assert_eq!(t.precision, Precision::Fp32);
+    assert_eq!(t.recompute, Recompute::None);
+    assert_eq!(
+        (t.tensor_parallel, t.pipeline_parallel, t.virtual_pipeline),
+        (1, 1, None)
+    );
+    assert!(!t.sequence_parallel && !t.distributed_optimizer);
+    assert_eq!(s.constraints, Constraints::default());
+}
+
+#[test]
+fn reads_equals_spelling_and_last_occurrence_wins() {
+    let s = settings("--hidden-size=128 --num-layers 4 --num-layers=6").unwrap();
+    assert_eq!((s.model.hidden_size, s.model.num_layers), (128, 6));
+    assert_eq!(s.model.ffn_hidden_size, 512);
+}
+
+#[test]
+fn leaves_unknown_options_and_their_values_alone() {
+    let s = settings(
+        "--lr 1.5e-4 --data-path a b c --split 969,30,1 --tokenizer-model /x/y.model \
+         --micro-batch-size=2 --eval-iters 10 -x --weird=value",
+    )
+    .unwrap();
+    assert_eq!(s.training.micro_batch_size, 2);
+}
+
+#[test]
+fn stops_at_double_dash() {
+    let s = settings("-- --num-layers 12").unwrap();
+    assert_eq!(s.model.num_layers, 2);
+}
+
+#[test]
+fn underscore_spelling_is_not_megatrons_but_gets_a_hint() {
+    let a = args("--num_layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --vocab-size 100 --global-batch-size 1");
+    let err = settings_from_megatron_args(&a, None, &[]).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(
+        err,
+        ArgsError::Missing {
+            option: "--num-layers",
+            ..
+        }
+    ));
+    assert!(
+        text.contains("--num_layers is not Megatron's spelling"),
+        "{text}"
+    );
+}
+
+#[test]
+fn missing_model_size_suggests_a_preset() {
+    let err = settings_from_megatron_args(&args("--hidden-size 64"), None, &[]).unwrap_err();
+    let text = err.to_string();
+    assert!(text.starts_with("missing --num-layers"), "{text}");
+    assert!(
+        text.contains("--model PRESET") && text.contains("llama2-7b"),
+        "{text}"
+    );
+    for (drop, option) in [
+        ("--hidden-size 64", "--hidden-size"),
+        ("--num-attention-heads 4", "--num-attention-heads"),
+        ("--seq-length 128", "--seq-length"),
+    ] {
+        let a = TINY
+            .replace(drop, "")
+            .replace("--max-position-embeddings 128", "");
+        let err = settings_from_megatron_args(&args(&a), None, &[]).unwrap_err();
+        assert!(
+            matches!(err, ArgsError::Missing { option: o, .. } if o == option),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn bad_values_are_errors_not_panics() {
+    for (extra, option) in [
+        ("--num-layers abc", "--num-layers"),
+        ("--num-layers=-3", "--num-layers"),
+        ("--hidden-size 0", "--hidden-size"),
+        ("--hidden-size 1e3", "--hidden-size"),
+        (
+            "--micro-batch-size 99999999999999999999999",
+            "--micro-batch-size",
+        ),
+        ("--normalization layernorm", "--normalization"),
+        (
+            "--recompute-granularity everything",
+            "--recompute-granularity",
+        ),
+        ("--tokenizer-type Llama3Tokenizer", "--tokenizer-type"),
+    ] {
+        match settings(extra) {
+            Err(ArgsError::InvalidValue { option: o, .. }) => assert_eq!(o, option, "{extra}"),
+            other => panic!("{extra}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        settings("--num-layers"),
+        Err(ArgsError::MissingValue { .. })
+    ));
+    assert!(matches!(
+        settings("--num-layers --hidden-size 64"),
+        Err(ArgsError::MissingValue { .. })
+    ));
+    assert!(matches!(
+        settings("--bf16=yes"),
+        Err(ArgsError::FlagWithValue { .. })
+    ));
+    // Python's int() accepts these, and so do we.
+    let s = settings("--num-layers=+0_4 --global-batch-size 00008").unwrap();
+    assert_eq!((s.model.num_layers, s.training.global_batch_size), (4, 8));
+}
+
+#[test]
+fn derives_ffn_like_megatron() {
+    assert_eq!(settings("--swiglu").unwrap().model.ffn_hidden_size, 128);
+    let big = "--hidden-size 4096 --num-attention-heads 32 --swiglu";
+    assert_eq!(settings(big).unwrap().model.ffn_hidden_size, 10880);
+    let s = settings("--hidden-size 5120 --num-attention-heads 40 --swiglu").unwrap();
+    assert_eq!(s.model.ffn_hidden_size, 13632);
+    assert_eq!(
+        settings("--ffn-hidden-size 100")
+            .unwrap()
+            .model
+            .ffn_hidden_size,
+        100
+    );
+    assert!(matches!(
+        settings("--hidden-size 16 --num-attention-heads 4 --swiglu"),
+        Err(ArgsError::Contradiction(_))
+    ));
+}
+
+#[test]
+fn derives_heads_groups_and_channels() {
+    let s = settings("--kv-channels 32").unwrap();
+    assert_eq!(s.model.kv_channels, 32);
+    // Query groups count only with --group-query-attention, and default to 1 there.
+    assert_eq!(
+        settings("--num-query-groups 2")
+            .unwrap()
+            .model
+            .num_query_groups,
+        4
+    );
+    let gqa = settings("--group-query-attention --num-query-groups 2").unwrap();
+    assert_eq!(gqa.model.num_query_groups, 2);
+    assert_eq!(
+        settings("--group-query-attention")
+            .unwrap()
+            .model
+            .num_query_groups,
+        1
+    );
+    let text = contradiction_text("--group-query-attention --num-query-groups 3");
+    assert!(text.contains("--num-attention-heads 4") && text.contains("--num-query-groups 3"));
+    let text = contradiction_text("--num-attention-heads 6");
+    assert!(
+        text.contains("--hidden-size 64") && text.contains("--kv-channels"),
+        "{text}"
+    );
+    // With --kv-channels the hidden size need not divide.
+    assert_eq!(
+        settings("--num-attention-heads 6 --kv-channels 16")
+            .unwrap()
+            .model
+            .kv_channels,
+        16
+    );
+}
+
+#[test]
+fn positions_biases_and_norms() {
+    let s =
+        settings("--position-embedding-type rope --normalization RMSNorm --disable-bias-linear")
+            .unwrap();
+    assert_eq!(s.model.position_embedding, PositionEmbedding::Rope);
+    assert_eq!(s.model.normalization, Normalization::RMSNorm);
+    assert!(!s.model.add_bias_linear && !s.model.add_qkv_bias);
+    let s =
+        settings("--use-rotary-position-embeddings --disable-bias-linear --add-qkv-bias").unwrap();
+    assert_eq!(s.model.position_embedding, PositionEmbedding::Rope);
+    assert!(!s.model.add_bias_linear && s.model.add_qkv_bias);
+    let s = settings("--position-embedding-type=none").unwrap();
+    assert_eq!(s.model.position_embedding, PositionEmbedding::None);
+    assert_eq!(
+        settings("--position-embedding-type yarn")
+            .unwrap()
+            .model
+            .position_embedding,
+        PositionEmbedding::Rope
+    );
+    assert!(matches!(
+        settings("--position-embedding-type relative"),
+        Err(ArgsError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        settings("--no-position-embedding"),
+        Err(ArgsError::Contradiction(_))
+    ));
+    assert!(settings("--no-position-embedding --position-embedding-type rope").is_ok());
+}
+
+#[test]
+fn max_positions_default_to_seq_length_and_must_cover_it() {
+    let a = args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 300 --vocab-size 10 --global-batch-size 1");
+    let s = settings_from_megatron_args(&a, None, &[]).unwrap();
+    assert_eq!(s.model.max_position_embeddings, 300);
+    let text = contradiction_text("--seq-length 256");
+    assert!(text.contains("--seq-length 256") && text.contains("--max-position-embeddings 128"));
+    // Megatron checks it for rotary positions too.
+    contradiction_text("--seq-length 256 --position-embedding-type rope");
+}
+
+#[test]
+fn vocabulary_from_tokenizers() {
+    let base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --global-batch-size 1";
+    let vocab = |extra: &str| {
+        settings_from_megatron_args(&args(&format!("{base} {extra}")), None, &[])
+            .map(|s| s.model.vocab_size)
+    };
+    assert_eq!(vocab("--tokenizer-type GPT2BPETokenizer"), Ok(50257));
+    assert_eq!(
+        vocab("--tokenizer-type GPT2BPETokenizer --vocab-size 7"),
+        Ok(50257)
+    );
+    assert_eq!(
+        vocab("--tokenizer-type NullTokenizer --vocab-size 1000"),
+        Ok(1000)
+    );
+    assert!(matches!(
+        vocab("--tokenizer-type NullTokenizer"),
+        Err(ArgsError::Missing {
+            option: "--vocab-size",
+            ..
+        })
+    ));
+    assert_eq!(
+        vocab("--tokenizer-type Llama2Tokenizer --vocab-size 32000"),
+        Ok(32000)
+    );
+    assert!(matches!(
+        vocab("--tokenizer-type Llama2Tokenizer --tokenizer-model /t.model"),
+        Err(ArgsError::UnknownVocabulary { .. })
+    ));
+    assert_eq!(
+        vocab("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-2-7b-hf"),
+        Ok(32000)
+    );
+    assert_eq!(
+        vocab("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Meta-Llama-3-8B"),
+        Ok(128256)
+    );
+    assert!(matches!(
+        vocab(""),
+        Err(ArgsError::Missing {
+            option: "--vocab-size",
+            ..
+        })
+    ));
+    assert_eq!(
+        vocab("--vocab-size 5 --make-vocab-size-divisible-by 8"),
+        Ok(5)
+    );
+    // A preset supplies the size a tokenizer file would.
+    let s = settings_from_megatron_args(
+        &args("--tokenizer-type Llama2Tokenizer --tokenizer-model /t.model"),
+        Some("llama2-7b"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(s.model.vocab_size, 32000);
+}
+
+#[test]
+fn precision_flags() {
+    assert_eq!(
+        settings("--bf16").unwrap().training.precision,
+        Precision::Bf16
+    );
+    assert_eq!(
+        settings("--fp16").unwrap().training.precision,
+        Precision::Fp16
+    );
+    let text = contradiction_text("--fp16 --bf16");
+    assert!(text.contains("--fp16") && text.contains("--bf16"));
+}
+
+#[test]
+fn recomputation_like_megatron() {
+    let r = |extra: &str| settings(extra).map(|s| s.training.recompute);
+    assert_eq!(r("--recompute-activations"), Ok(Recompute::Selective));
+    assert_eq!(
+        r("--recompute-granularity selective"),
+        Ok(Recompute::Selective)
+    );
+    assert_eq!(
+        r("--recompute-granularity full --recompute-method block --recompute-num-layers 2"),
+        Ok(Recompute::Full {
+            method: RecomputeMethod::Block,
+            num_layers: 2
+        })
+    );
+    // --recompute-activations wins over --recompute-granularity full (arguments.py 589).
+    assert_eq!(
+        r("--recompute-granularity full --recompute-activations"),
+        Ok(Recompute::Selective)
+    );
+    for bad in [
+        "--recompute-method uniform",
+        "--recompute-num-layers 1",
+        "--recompute-granularity selective --recompute-method uniform",
+        "--recompute-activations --recompute-num-layers 1",
+        "--recompute-granularity full",
+        "--recompute-granularity full --recompute-method uniform",
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 3",
+    ] {
+        let text = contradiction_text(bad);
+        assert!(text.contains("--recompute"), "{bad}: {text}");
+    }
+}
+
+#[test]
+fn batch_sizes() {
+    let s = settings("--micro-batch-size 4").unwrap();
+    assert_eq!(
+        (s.training.global_batch_size, s.training.micro_batch_size),
+        (8, 4)
+    );
+    let text = contradiction_text("--micro-batch-size 3");
+    assert!(text.contains("--global-batch-size 8") && text.contains("--micro-batch-size 3"));
+    // Without a global batch: Megatron's micro × dp once dp is pinned, else an error.
+    let a = args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --vocab-size 10 --micro-batch-size 2");
+    let err = settings_from_megatron_args(&a, None, &[]).unwrap_err();
+    assert!(matches!(
+        err,
+        ArgsError::Missing {
+            option: "--global-batch-size",
+            ..
+        }
+    ));
+    assert!(err.to_string().contains("--pin dp=N"), "{err}");
+    let s = settings_from_megatron_args(&a, None, &[Pin::DataParallel(8)]).unwrap();
+    assert_eq!(s.training.global_batch_size, 16);
+}
+
+#[test]
+fn parallel_hints_and_virtual_stages() {
+    let t = |extra: &str| {
+        settings(&format!("--num-layers 8 {extra}")).map(|s| {
+            (
+                s.training.tensor_parallel,
+                s.training.pipeline_parallel,
+                s.training.virtual_pipeline,
+            )
+        })
+    };
+    assert_eq!(
+        t("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4"),
+        Ok((2, 4, None))
+    );
+    assert_eq!(
+        t("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2"),
+        Ok((1, 2, Some(2)))
+    );
+    assert_eq!(
+        t("--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2"),
+        Ok((1, 4, Some(2)))
+    );
+    // One virtual stage per rank is no interleaving.
+    assert_eq!(
+        t("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 4"),
+        Ok((1, 2, None))
+    );
+    for bad in [
+        "--pipeline-model-parallel-size 3",
+        "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3",
+        "--num-virtual-stages-per-pipeline-rank 2",
+        "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 --no-overlap-p2p-communication",
+        "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 --num-layers-per-virtual-pipeline-stage 2",
+        "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 3",
+    ] {
+        assert!(matches!(t(bad), Err(ArgsError::Contradiction(_))), "{bad}");
+    }
+}
+
+#[test]
+fn sequence_parallel_at_tp1_is_kept_as_intent() {
+    let s = settings("--sequence-parallel --use-distributed-optimizer").unwrap();
+    assert!(s.training.sequence_parallel && s.training.distributed_optimizer);
+}
+
+#[test]
+fn checkpoints_and_iterations() {
+    let s = settings("--save /ck --load /ck --save-interval 100 --train-iters 5000").unwrap();
+    assert_eq!(s.training.save.as_deref(), Some("/ck"));
+    assert_eq!(s.training.load.as_deref(), Some("/ck"));
+    assert_eq!(
+        (s.training.save_interval, s.training.train_iters),
+        (Some(100), Some(5000))
+    );
+    assert_eq!(
+        settings("--persistent-save-interval 7")
+            .unwrap()
+            .training
+            .save_interval,
+        Some(7)
+    );
+    let text = contradiction_text("--save /ck");
+    assert!(text.contains("--save-interval"));
+}
+
+#[test]
+fn unsupported_and_removed_options() {
+    for extra in [
+        "--num-experts 8",
+        "--context-parallel-size 2",
+        "--multi-latent-attention",
+        "--qk-layernorm",
+        "--padded-vocab-size 1024",
+        "--decoder-first-pipeline-num-layers 1",
+    ] {
+        assert!(
+            matches!(settings(extra), Err(ArgsError::Unsupported { .. })),
+            "{extra}"
+        );
+    }
+    // Values that leave the feature off are fine.
+    assert!(
+        settings("--num-experts 0 --context-parallel-size 1 --expert-model-parallel-size=1")
+            .is_ok()
+    );
+    let text = contradiction_text("--batch-size 4");
+    assert!(text.contains("--micro-batch-size"));
+    contradiction_text("--checkpoint-activations");
+}
+
+#[test]
+fn absurd_sizes_are_refused() {
+    let text = contradiction_text(
+        "--hidden-size 4000000000000 --num-attention-heads 1 --num-layers 100000",
+    );
+    assert!(text.contains("too large"), "{text}");
+}
+
+#[test]
+fn preset_values_are_defaults_the_user_overrides() {
+    let s = settings_from_megatron_args(&[], Some("llama2-7b"), &[]).unwrap();
+    assert_eq!(s.model.preset.as_deref(), Some("llama2-7b"));
+    assert_eq!((s.model.num_layers, s.model.seq_length), (32, 4096));
+    let a =
+        args("--num-layers 4 --seq-length 2048 --fp16 --micro-batch-size 2 --global-batch-size 64");
+    let s = settings_from_megatron_args(&a, Some("llama2-7b"), &[]).unwrap();
+    assert_eq!(
+        (s.model.num_layers, s.model.seq_length, s.model.hidden_size),
+        (4, 2048, 4096)
+    );
+    assert_eq!(s.training.precision, Precision::Fp16);
+    assert_eq!(
+        (s.training.micro_batch_size, s.training.global_batch_size),
+        (2, 64)
+    );
+    // Longer sequences than the preset's positions need more positions, as in Megatron.
+    let err = settings_from_megatron_args(&args("--seq-length 8192"), Some("llama2-7b"), &[]);
+    assert!(matches!(err, Err(ArgsError::Contradiction(_))));
+    let a = args("--seq-length 8192 --max-position-embeddings 8192");
+    assert!(settings_from_megatron_args(&a, Some("llama2-7b"), &[]).is_ok());
+    // The user's vocabulary replaces the preset's.
+    let a = args("--tokenizer-type NullTokenizer --vocab-size 1000");
+    let s = settings_from_megatron_args(&a, Some("gpt3-1.3b"), &[]).unwrap();
+    assert_eq!(s.model.vocab_size, 1000);
+    let err = settings_from_megatron_args(&[], Some("gpt-5"), &[]).unwrap_err();
+    assert!(matches!(err, ArgsError::UnknownPreset { .. }));
+    assert!(err.to_string().contains("gpt3-1.3b"));
+}
+
+#[test]
+fn parses_pins() {
+    assert_eq!(
+        parse_pins("tp,pp=2, dp=8 ,mbs=1,vpp,sp=false,recompute=selective,dist-opt=on"),
+        Ok(vec![
+            Pin::TensorParallel(None),
+            Pin::PipelineParallel(Some(2)),
+            Pin::DataParallel(8),
+            Pin::MicroBatch(Some(1)),
+            Pin::VirtualPipeline(None),
+            Pin::SequenceParallel(Some(false)),
+            Pin::Recompute(Some(Recompute::Selective)),
+            Pin::DistributedOptimizer(Some(true)),
+        ])
+    );
+    assert_eq!(
+        parse_pins("all,dp=4"),
+        Ok(vec![Pin::All, Pin::DataParallel(4)])
+    );
+    assert_eq!(
+        parse_pins("recompute=full:block:2"),
+        Ok(vec![Pin::Recompute(Some(Recompute::Full {
+            method: RecomputeMethod::Block,
+            num_layers: 2
+        }))])
+    );
+    for bad in [
+        "",
+        "tp,",
+        "dp",
+        "tp=0",
+        "tp=x",
+        "zz",
+        "tp,tp=2",
+        "all=1",
+        "sp=maybe",
+        "recompute=full:uniform",
+        "recompute=full:fast:1",
+        "recompute=full:block:0",
+    ] {
+        assert!(
+            matches!(parse_pins(bad), Err(ArgsError::BadPin { .. })),
+            "{bad:?}"
+        );
+    }
+    let text = parse_pins("tensor=2").unwrap_err().to_string();
+    assert!(text.contains("tp, pp, dp"), "{text}");
+    for pin in parse_pins("tp=2,pp,dp=8,recompute=full:uniform:1,sp=true,all,vpp=1").unwrap() {
+        assert_eq!(parse_pins(&pin.to_string()), Ok(vec![pin]));
+    }
+    let full = parse_pins("recompute=full").unwrap();
+    assert_eq!(full[0].to_string(), "recompute=full");
+}
+
+#[test]
+fn pins_take_values_from_the_args() {
+    let extra = "--num-layers 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 \
+                 --micro-batch-size 2 --sequence-parallel --recompute-activations";
+    let a = args(&format!("{TINY} {extra}"));
+    let c = settings_from_megatron_args(
+        &a,
+        None,
+        &parse_pins("tp,pp,mbs,sp,recompute,dist-opt").unwrap(),
+    )
+    .unwrap()
+    .constraints;
+    assert_eq!(c.tensor_parallel, Some(2));
+    assert_eq!(c.pipeline_parallel, Some(4));
+    assert_eq!(c.micro_batch_size, Some(2));
+    assert_eq!(c.sequence_parallel, Some(true));
+    assert_eq!(c.recompute, Some(Recompute::Selective));
+    assert_eq!(c.distributed_optimizer, Some(false));
+    assert_eq!((c.data_parallel, c.virtual_pipeline), (None, None));
+    // Explicit values win over the args.
+    let c = settings_from_megatron_args(&a, None, &parse_pins("tp=4,dp=2,recompute=full").unwrap())
+        .unwrap()
+        .constraints;
+    assert_eq!((c.tensor_parallel, c.data_parallel), (Some(4), Some(2)));
+    assert_eq!(
+        c.recompute,
+        Some(Recompute::Full {
+            method: RecomputeMethod::Uniform,
+            num_layers: 1
+        })
+    );
+    // `all` pins everything the args say, with Megatron's defaults for the rest.
+    let c = settings_from_megatron_args(&a, None, &[Pin::All, Pin::DataParallel(1)])
+        .unwrap()
+        .constraints;
+    assert_eq!(
+        c,
+        Constraints {
+            tensor_parallel: Some(2),
+            pipeline_parallel: Some(4),
+            data_parallel: Some(1),
+            micro_batch_size: Some(2),
+            virtual_pipeline: Some(1),
+            sequence_parallel: Some(true),
+            recompute: Some(Recompute::Selective),
+            distributed_optimizer: Some(false),
+        }
+    );
+}
+
+#[test]
+fn pins_the_args_do_not_give_are_errors() {
+    for (pin, key) in [
+        ("tp", "tp"),
+        ("pp", "pp"),
+        ("mbs", "mbs"),
+        ("vpp", "vpp"),
+        ("all", "all"),
+    ] {
+        let err =
+            settings_from_megatron_args(&args(TINY), None, &parse_pins(pin).unwrap()).unwrap_err();
+        assert!(
+            matches!(err, ArgsError::PinWithoutValue { key: k, .. } if k == key),
+            "{pin}: {err}"
+        );
+    }
+}
+
+#[test]
+fn pinned_values_megatron_would_refuse() {
+    let a = args(&format!("{TINY} --num-layers 6"));
+    for (pins, what) in [
+        ("tp=3", "--num-attention-heads 4"),
+        ("pp=4", "--num-layers 6"),
+        ("pp=2,vpp=2", "vpp=2"),
+        ("mbs=3", "--global-batch-size 8"),
+        ("dp=3", "--global-batch-size 8"),
+        ("dp=2,mbs=8", "mbs=8"),
+    ] {
+        match settings_from_megatron_args(&a, None, &parse_pins(pins).unwrap()) {
+            Err(ArgsError::Contradiction(text)) => {
+                assert!(text.contains(what), "{pins}: {text}")
+            }
+            other => panic!("{pins}: {other:?}"),
+        }
+    }
+    let gqa = args(&format!(
+        "{TINY} --num-attention-heads 8 --group-query-attention --num-query-groups 2"
+    ));
+    assert!(settings_from_megatron_args(&gqa, None, &parse_pins("tp=4").unwrap()).is_ok());
+    assert!(settings_from_megatron_args(&gqa, None, &parse_pins("tp=8").unwrap()).is_ok());
+}
+
+#[test]
+fn error_messages_are_one_line() {
+    let cases = [
+        "--fp16 --bf16",
+        "--num-attention-heads 6",
+        "--seq-length 999",
+        "--micro-batch-size 3",
+        "--recompute-granularity full",
+        "--num-experts 4",
+        "--num-layers x",
+    ];
+    for extra in cases {
+        let text = settings(extra).unwrap_err().to_string();
+        assert!(!text.contains('\n') && !text.is_empty(), "{extra}: {text}");
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn never_panics_on_any_words(words in proptest::collection::vec(
+        proptest::prop_oneof![
+            proptest::sample::select(OPTIONS.iter().map(|o| format!("--{}", o.name)).collect::<Vec<_>>()),
+            "[-+=_a-zA-Z0-9]{0,12}",
+            proptest::sample::select(vec!["0".to_string(), "1".into(), "18446744073709551615".into(), "--".into(), "-1".into(), "=".into()]),
+        ],
+        0..24,
+    )) {
+        let _ = settings_from_megatron_args(&words, None, &[]);
+        let _ = settings_from_megatron_args(&words, Some("gpt3-1.3b"), &[Pin::All]);
+        let _ = parse_pins(&words.join(","));
+    }
+}
