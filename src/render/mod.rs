@@ -722,22 +722,12 @@ fn check_words(what: &str, words: &[String]) -> Result<(), RenderError> {
     }
 }
 
-/// A host name as part of a file name: letters, digits, `.`, `-`, `_`; others become `_`.
+/// A host name as part of a file name (see [`run_dir::file_name_safe`]); `host` when
+/// nothing of it is left.
 fn file_name_part(host: &str) -> String {
-    let part: String = host
-        .chars()
-        .take(64)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    match part.trim_start_matches('.') {
-        "" => "host".to_string(),
-        p => p.to_string(),
+    match run_dir::file_name_safe(host) {
+        part if part.is_empty() => "host".to_string(),
+        part => part,
     }
 }
 

@@ -10,7 +10,16 @@ use super::{LaunchSpec, RenderError};
 /// The default run directory: `WORKDIR/pipette-runs/<unix seconds>-<rendezvous id>`, one
 /// per launch (characters other than letters, digits, `.`, `-`, `_` in the id become `_`).
 pub fn default_run_dir(workdir: &Path, rdzv_id: &str, unix_seconds: u64) -> PathBuf {
-    let id: String = rdzv_id
+    workdir
+        .join("pipette-runs")
+        .join(format!("{unix_seconds}-{}", file_name_safe(rdzv_id)))
+}
+
+/// `text` as part of a file name: its first 64 characters, letters, digits, `.`, `-` and
+/// `_` kept and any other written `_`, without leading dots (no hidden files, no `..`).
+/// May be empty.
+pub(super) fn file_name_safe(text: &str) -> String {
+    let part: String = text
         .chars()
         .take(64)
         .map(|c| {
@@ -21,9 +30,7 @@ pub fn default_run_dir(workdir: &Path, rdzv_id: &str, unix_seconds: u64) -> Path
             }
         })
         .collect();
-    workdir
-        .join("pipette-runs")
-        .join(format!("{unix_seconds}-{}", id.trim_start_matches('.')))
+    part.trim_start_matches('.').to_string()
 }
 
 /// Writes every file of `spec` into `dir` (created with its parents), launch scripts
