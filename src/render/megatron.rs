@@ -192,25 +192,25 @@ pub fn megatron_args(
         "--micro-batch-size".to_string(),
         config.micro_batch.to_string(),
     ]);
-    if !given.contains("global-batch-size") {
-        planned.extend([
-            "--global-batch-size".to_string(),
-            settings.training.global_batch_size.to_string(),
-        ]);
-        notes.push(format!(
-            "added --global-batch-size {} (Megatron's default, micro-batch × dp, would change with the plan)",
-            settings.training.global_batch_size
-        ));
-    }
-    if !given.contains("max-position-embeddings") {
-        planned.extend([
-            "--max-position-embeddings".to_string(),
-            settings.model.max_position_embeddings.to_string(),
-        ]);
-        notes.push(format!(
-            "added --max-position-embeddings {} (Megatron requires it; the sequence length)",
-            settings.model.max_position_embeddings
-        ));
+    // Values the user may have left to Megatron, whose own default would not be the
+    // settings' under this plan (or which Megatron requires).
+    let defaults = [
+        (
+            "global-batch-size",
+            settings.training.global_batch_size,
+            "Megatron's default, micro-batch × dp, would change with the plan",
+        ),
+        (
+            "max-position-embeddings",
+            settings.model.max_position_embeddings,
+            "Megatron requires it; the sequence length",
+        ),
+    ];
+    for (name, value, why) in defaults {
+        if !given.contains(name) {
+            planned.extend([format!("--{name}"), value.to_string()]);
+            notes.push(format!("added --{name} {value} ({why})"));
+        }
     }
     if tp_sp {
         planned.push("--sequence-parallel".to_string());
