@@ -65,11 +65,6 @@ use super::{presets, Settings};
 use derive::{model_spec, training_settings};
 use pins::constraints;
 use read::{merge, read_args, vocabulary, Vocabulary};
-#[cfg(test)]
-use {
-    super::{Constraints, Normalization, PositionEmbedding, Precision, Recompute, RecomputeMethod},
-    options::OPTIONS,
-};
 
 /// Why the Megatron arguments (or a preset, or `--pin`) do not describe a run we can plan.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

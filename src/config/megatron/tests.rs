@@ -1,4 +1,8 @@
+use super::options::OPTIONS;
 use super::*;
+use crate::config::{
+    Constraints, Normalization, PositionEmbedding, Precision, Recompute, RecomputeMethod,
+};
 
 fn args(text: &str) -> Vec<String> {
     text.split_whitespace().map(str::to_string).collect()
