@@ -58,6 +58,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::exec::{format_duration, ExecError, Status, TransportKind};
+use crate::exit;
 use crate::launch::{
     self, checkpoint_format, read_checkpoint, Attempt, CheckpointState, JobTemplate, NodeStop,
     Resume, RunningJob,
@@ -306,7 +307,7 @@ pub fn supervise(
                     "cannot write the logs in {}: {e} (check the run directory)",
                     attempt.dir.join("logs").display()
                 );
-                return finish(outcome, crate::ExitCode::Usage.code(), reason);
+                return finish(outcome, exit::ExitCode::Usage.code(), reason);
             }
         };
         let since_failure = failed_at.take().map(|t| t.elapsed());
@@ -453,7 +454,7 @@ pub fn supervise(
                 outcome.attempts.push(summary);
                 return finish(
                     outcome,
-                    128 + s,
+                    exit::signal(s),
                     format!("stopped by {}; every node was torn down", signal_name(s)),
                 );
             }
@@ -471,7 +472,7 @@ pub fn supervise(
                     }
                 );
                 // A hang has no worker exit code: report it as torchrun's timeout would.
-                (124, at)
+                (exit::ExitCode::Stalled.code(), at)
             }
             AttemptEnd::Failed(failures, at) => {
                 let first = failures
@@ -492,7 +493,7 @@ pub fn supervise(
             outcome.attempts.push(summary);
             return finish(
                 outcome,
-                128 + r.signal,
+                exit::signal(r.signal),
                 format!("stopped by {} after a failure", signal_name(r.signal)),
             );
         }
@@ -667,9 +668,9 @@ fn watch(
                 },
                 status: None,
                 exit_code: if e.is_unreachable() {
-                    crate::ExitCode::Unreachable.code()
+                    exit::ExitCode::Unreachable.code()
                 } else {
-                    127
+                    exit::ExitCode::CannotStart.code()
                 },
                 worker_rank: None,
                 detail: e.to_string(),
@@ -711,7 +712,7 @@ fn watch(
                         node_rank: node.node_rank,
                         reason: FailureReason::Exited,
                         status: None,
-                        exit_code: crate::ExitCode::Internal.code(),
+                        exit_code: exit::ExitCode::Internal.code(),
                         worker_rank: None,
                         detail: e.to_string(),
                     });
@@ -788,7 +789,7 @@ fn classify(
         Ok(output) => output,
         Err(e @ ExecError::Unreachable { .. }) => {
             failure.reason = FailureReason::ConnectionLost;
-            failure.exit_code = crate::ExitCode::Unreachable.code();
+            failure.exit_code = exit::ExitCode::Unreachable.code();
             failure.detail = e.to_string();
             return failure;
         }
@@ -801,10 +802,10 @@ fn classify(
     match status {
         Status::Signaled(signal) => {
             failure.reason = FailureReason::Signal;
-            failure.exit_code = 128 + signal;
+            failure.exit_code = exit::signal(signal);
         }
         // The remote wrapper reports a launcher ended by a signal as 128 + N.
-        Status::Exited(code) if remote && (129..=128 + 64).contains(&code) => {
+        Status::Exited(code) if remote && exit::is_signal(code) => {
             failure.reason = FailureReason::Signal;
             failure.exit_code = code;
         }
