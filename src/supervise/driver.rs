@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::decide::{self, decide, Facts, Next, Stop};
+use super::decide::{self, decide, Decision, Ending, Facts, Next, Stop};
 use super::events::{Event, EventLog, NodeRef, StopRecord};
 use super::health::{self, Health};
 use super::output::JobOutput;
@@ -17,7 +17,9 @@ use super::watch::watch;
 use super::{AttemptSummary, Outcome, SuperviseOptions};
 use crate::exec::format_duration;
 use crate::exit::ExitCode;
-use crate::launch::{self, read_checkpoint, Attempt, JobTemplate};
+use crate::launch::{
+    self, read_checkpoint, Attempt, CheckpointState, JobTemplate, Resume, RunningJob,
+};
 
 /// What the driver shares across attempts.
 struct Driver<'a> {
@@ -150,12 +152,82 @@ impl Driver<'_> {
             &record,
             attempt.number,
         );
+        let (unresponsive, unhealthy) =
+            self.stop_and_check(attempt, &hosts, &mut job, &output, &ending);
 
-        // Whatever the end, nothing of this attempt may outlive it.
-        self.reporter.teardown_begins(&ending);
+        let mut facts = Facts {
+            hosts: &hosts,
+            ending: &ending,
+            unresponsive: &unresponsive,
+            unhealthy: &unhealthy,
+            signal_after: self
+                .signals
+                .as_ref()
+                .and_then(SignalGuard::received)
+                .map(|r| r.signal),
+            replans: outcome.replans,
+            max_replans: options.max_replans,
+            save: template.settings.training.save.as_deref(),
+            checkpoint: None,
+        };
+        let summary = |decision: &Decision| AttemptSummary {
+            number: attempt.number,
+            hosts: hosts.clone(),
+            config: attempt.plan.config.clone(),
+            resume: attempt.resume.clone(),
+            iterations: output.iterations(),
+            end: decision.end.clone(),
+            left_out: decision.left_out.clone(),
+            replan: None,
+        };
+        loop {
+            let decision = decide(&facts);
+            match decision.next.clone() {
+                Next::ReadCheckpoint { host, save } => {
+                    let (transport, workdir) = (&template.transport, &template.workdir);
+                    let timeout = options.health_timeout;
+                    let state = read_checkpoint(transport, &host, workdir, &save, timeout);
+                    facts.checkpoint = Some(state);
+                }
+                Next::Stop(stop) => {
+                    outcome.attempts.push(summary(&decision));
+                    return Handover::Stop(stop, decision.exit_code);
+                }
+                Next::Replan { checkpoint, resume } => {
+                    let mut summary = summary(&decision);
+                    let code = decision.exit_code;
+                    let handover = match self.relaunch(attempt, decision, checkpoint, resume) {
+                        Ok((next, replan)) => {
+                            summary.replan = Some(replan);
+                            Handover::Relaunch(Box::new(next), detected_at)
+                        }
+                        Err(stop) => {
+                            summary.replan = Some(stop.reason());
+                            Handover::Stop(stop, code)
+                        }
+                    };
+                    outcome.attempts.push(summary);
+                    return handover;
+                }
+            }
+        }
+    }
+
+    /// Tears the attempt down (nothing of it may outlive it), sweeps its nodes and, after a
+    /// failure, health-checks those not already suspected. Returns the nodes that did not
+    /// stop within the grace period and those that failed their health check.
+    fn stop_and_check(
+        &self,
+        attempt: &Attempt,
+        hosts: &[String],
+        job: &mut RunningJob,
+        output: &JobOutput,
+        ending: &Ending,
+    ) -> (Vec<String>, Vec<String>) {
+        self.reporter.teardown_begins(ending);
         let signals_before = self.signal_count();
         let teardown_start = Instant::now();
-        let stops = launch::teardown(&mut job, options.grace, &|| {
+        let stops = launch::teardown(job, self.options.grace, &|| {
             self.signal_count() > signals_before
         });
         for stop in stops.iter().filter(|s| s.was_running) {
@@ -170,9 +242,8 @@ impl Driver<'_> {
             .filter(|s| s.was_running && !s.stopped_in_grace)
             .map(|s| s.host.clone())
             .collect();
-        let check_health = ending.is_failure();
-        let suspects = decide::suspects(&ending, &unresponsive);
-        let (swept, health) = self.sweep_and_check(attempt, &hosts, &suspects, check_health);
+        let suspects = decide::suspects(ending, &unresponsive);
+        let (swept, health) = self.sweep_and_check(attempt, hosts, &suspects, ending.is_failure());
         self.emit(Event::Teardown {
             attempt: attempt.number,
             nodes: stops.iter().map(StopRecord::from).collect(),
@@ -188,58 +259,20 @@ impl Driver<'_> {
         if !health.is_empty() {
             self.emit(Event::Health { nodes: health });
         }
+        (unresponsive, unhealthy)
+    }
 
-        let save = template.settings.training.save.as_deref();
-        let mut facts = Facts {
-            hosts: &hosts,
-            ending: &ending,
-            unresponsive: &unresponsive,
-            unhealthy: &unhealthy,
-            signal_after: self
-                .signals
-                .as_ref()
-                .and_then(SignalGuard::received)
-                .map(|r| r.signal),
-            replans: outcome.replans,
-            max_replans: options.max_replans,
-            save,
-            checkpoint: None,
-        };
-        let summary = |decision: &decide::Decision| AttemptSummary {
-            number: attempt.number,
-            hosts: hosts.clone(),
-            config: attempt.plan.config.clone(),
-            resume: attempt.resume.clone(),
-            iterations: output.iterations(),
-            end: decision.end.clone(),
-            left_out: decision.left_out.clone(),
-            replan: None,
-        };
-        let (decision, checkpoint, resume) = loop {
-            let decision = decide(&facts);
-            match decision.next.clone() {
-                Next::ReadCheckpoint { host, save } => {
-                    let (transport, workdir) = (&template.transport, &template.workdir);
-                    let timeout = options.health_timeout;
-                    let state = read_checkpoint(transport, &host, workdir, &save, timeout);
-                    facts.checkpoint = Some(state);
-                }
-                Next::Stop(stop) => {
-                    outcome.attempts.push(summary(&decision));
-                    return Handover::Stop(stop, decision.exit_code);
-                }
-                Next::Replan { checkpoint, resume } => break (decision, checkpoint, resume),
-            }
-        };
-        let mut summary = summary(&decision);
-
+    /// Re-plans on the decision's survivors and prepares the next attempt. Returns it with
+    /// what the re-plan decided in words, or why the job stops.
+    fn relaunch(
+        &self,
+        attempt: &Attempt,
+        decision: Decision,
+        checkpoint: CheckpointState,
+        resume: Option<Resume>,
+    ) -> Result<(Attempt, String), Stop> {
+        let template = self.template;
         let (left_out, survivors) = (decision.left_out, decision.survivors);
-        let stop = |stop: Stop, summary: AttemptSummary, outcome: &mut Outcome| {
-            let mut summary = summary;
-            summary.replan = Some(stop.reason());
-            outcome.attempts.push(summary);
-            Handover::Stop(stop, decision.exit_code)
-        };
         let replanned = replan(
             &template.settings,
             &attempt.profile,
@@ -257,28 +290,26 @@ impl Driver<'_> {
                     left_out,
                     survivors,
                 });
-                return stop(Stop::ReplanRefused(e.to_string()), summary, outcome);
+                return Err(Stop::ReplanRefused(e.to_string()));
             }
         };
-        let next = template.prepare(
-            attempt.number + 1,
-            replanned.profile.clone(),
-            replanned.plan.clone(),
-            resume.clone(),
-        );
-        let next = match next {
-            Ok(next) => next,
-            Err(e) => return stop(Stop::PrepareFailed(e.to_string()), summary, outcome),
-        };
+        let next = template
+            .prepare(
+                attempt.number + 1,
+                replanned.profile.clone(),
+                replanned.plan.clone(),
+                resume.clone(),
+            )
+            .map_err(|e| Stop::PrepareFailed(e.to_string()))?;
         let (from, to) = (&attempt.plan.config, &next.plan.config);
-        summary.replan = Some(replan_text(
+        let text = replan_text(
             survivors.len(),
             &left_out,
             from,
             to,
             replanned.kept_tp_pp,
             resume.as_ref(),
-        ));
+        );
         self.emit(Event::Replan {
             attempt: next.number,
             left_out,
@@ -295,8 +326,7 @@ impl Driver<'_> {
                 .cloned()
                 .collect(),
         });
-        outcome.attempts.push(summary);
-        Handover::Relaunch(Box::new(next), detected_at)
+        Ok((next, text))
     }
 
     /// Sweeps every node of the attempt and, when asked, health-checks those not already
