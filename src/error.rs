@@ -1,7 +1,8 @@
 //! The top-level error and the exit codes users and job scripts can rely on.
 //!
 //! Every stage has its own error type; this module only gathers them and says which
-//! exit code each class of failure gets. Codes are documented in the README.
+//! exit code each class of failure gets. The codes themselves, with their meanings, are in
+//! [`crate::exit`].
 
 use crate::cluster::{DiscoveryError, ProfileError};
 use crate::config::ArgsError;
@@ -11,37 +12,7 @@ use crate::profile::ProfileRunError;
 use crate::render::RenderError;
 use crate::trial::TrialError;
 
-/// Exit codes of `pipette-run` and `pipette`.
-///
-/// `2` matches torchrun (argparse) for a malformed command line; the others follow
-/// `sysexits.h` in spirit and never collide with a command-line error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitCode {
-    Success = 0,
-    /// A malformed pipette-run or torchrun option (the same code torchrun uses).
-    Usage = 2,
-    /// The Megatron arguments after SCRIPT (or a preset) describe an impossible model or run.
-    ModelArgs = 65,
-    /// The node list could not be read: Slurm/PBS variables, hostfile, --hosts, --include/--exclude.
-    NodeList = 66,
-    /// The cluster profile file is missing, malformed or inconsistent.
-    ClusterFile = 67,
-    /// A node could not be reached (profiling, launch).
-    Unreachable = 68,
-    /// No parallel configuration fits in the GPUs' memory.
-    NothingFits = 69,
-    /// A bug in pipette-run: please report it.
-    Internal = 70,
-    /// The training script failed, or did not finish in time, in the trial run; nothing
-    /// was launched.
-    TrialFailed = 72,
-}
-
-impl ExitCode {
-    pub fn code(self) -> i32 {
-        self as i32
-    }
-}
+pub use crate::exit::ExitCode;
 
 /// Everything that can stop pipette-run before it launches anything.
 #[derive(Debug, thiserror::Error)]

@@ -27,7 +27,8 @@
 //! - [`launch`] renders each attempt of a plan and runs torchrun on every node through
 //!   the [`exec`] seam; [`supervise`] watches the job, tears it down on a failure or a
 //!   signal, and loops back to the planner on the surviving nodes.
-//! - [`error`] is the one top-level error, which maps every failure to an exit code.
+//! - [`error`] is the one top-level error, which maps every failure to an exit code;
+//!   [`exit`] lists every exit code with its meaning (a leaf: it imports no stage).
 //!
 //! The binaries in `src/bin` only parse arguments, call [`app`], and exit.
 
@@ -37,6 +38,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod exit;
 pub mod launch;
 pub mod model;
 pub mod plan;
@@ -46,4 +48,5 @@ pub mod report;
 pub mod supervise;
 pub mod trial;
 
-pub use error::{Error, ExitCode};
+pub use error::Error;
+pub use exit::ExitCode;

@@ -31,10 +31,11 @@ use common::{
 };
 use pipette::cluster::ClusterProfile;
 use pipette::config::settings_from_megatron_args;
-use pipette::launch::{checkpoint_format, replan, CheckpointState, ReplanError};
+use pipette::launch::CheckpointState;
 use pipette::model::ParallelConfig;
 use pipette::plan::PlanOptions;
 use pipette::supervise::events::read_events;
+use pipette::supervise::replan::{checkpoint_format, replan, ReplanError};
 
 /// The end-to-end tests share two cores: one job at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

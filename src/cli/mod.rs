@@ -17,19 +17,8 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{Recompute, RecomputeMethod};
 use crate::model::time::TimeModel;
 
-/// Exit codes, shown at the end of every `--help`.
-pub const EXIT_CODES_HELP: &str = "\
-Exit codes:
-  0   success
-  2   malformed command line (as torchrun)
-  65  the Megatron arguments after SCRIPT (or --model) describe an impossible model or run
-  66  the node list is malformed (Slurm/PBS variables, --hostfile, --hosts, --include/--exclude)
-  67  the cluster profile file (--cluster) is missing, malformed or inconsistent
-  68  a node could not be reached
-  69  no parallel configuration fits in GPU memory
-  70  internal error (a bug: please report it)
-  72  the training script failed (or timed out) in the trial run; nothing was launched
-  other  the exit code of the first training worker that failed";
+/// Exit codes, shown at the end of every `--help` (from [`crate::exit`]).
+pub const EXIT_CODES_HELP: &str = crate::exit::HELP;
 
 /// Replace `torchrun` with `pipette-run` in a job script: it discovers the allocated
 /// nodes, measures them, plans tensor/pipeline/data parallelism, micro-batch and the

@@ -7,8 +7,8 @@
 //! [`start`] runs its torchrun commands through the exec seam as a [`RunningJob`];
 //! [`teardown`] stops them all (TERM, grace, KILL, in parallel) and [`sweep`] kills what
 //! a launcher left behind (torchrun starts its workers in sessions of their own, so a
-//! killed or stopped torchrun can leave them running); [`replan()`] chooses the plan for the
-//! survivors of a failure.
+//! killed or stopped torchrun can leave them running); [`read_checkpoint`] says what the
+//! user's save directory holds.
 //!
 //! Every process of a job carries `PIPETTE_RUN_ID` (unique per pipette-run invocation) and
 //! `PIPETTE_HOST` in its environment; that is how the sweep finds them, on any transport.
@@ -16,7 +16,7 @@
 //! Owns spawning and stopping a job's processes; does not watch them (that is
 //! [`crate::supervise`]) and does not decide when to re-plan.
 
-pub mod replan;
+pub mod checkpoint;
 mod teardown;
 
 use std::collections::BTreeMap;
@@ -35,10 +35,7 @@ use crate::exec::{
 use crate::plan::{Plan, PlanError, PlanOptions};
 use crate::render::{self, LaunchSpec, RenderError, ScriptInvocation, Templates};
 
-pub use replan::{
-    checkpoint_format, read_checkpoint, replan, CheckpointFormat, CheckpointState, ReplanError,
-    Replanned,
-};
+pub use checkpoint::{read_checkpoint, CheckpointState};
 pub use teardown::{sweep, teardown, NodeStop, SWEEP_SCRIPT};
 
 /// The variable that marks every process of one pipette-run invocation.

@@ -2,29 +2,175 @@
 //! stall, teardown, health check, re-plan, signal and the exit, so tools (and people after
 //! the fact) can follow what the supervisor did without parsing logs.
 //!
-//! Every object has `time` (UTC, RFC 3339 with milliseconds), `unix_ms`, `elapsed_s`
-//! (since the supervisor started) and `event`; the other fields depend on the event:
-//!
-//! | event | fields |
-//! |---|---|
-//! | `launch` | `attempt`, `dir`, `nodes` (`host`, `node_rank`, in node-rank order), `config` (the plan's tp, pp, dp, micro_batch, vpp, ...), `transport`, `resume` (`{dir, iteration}` or null), `since_failure_s` (relaunches: from the failure's detection) |
-//! | `progress` | `attempt`, `first_iteration`: the first iteration line of an attempt |
-//! | `node_failed` | `attempt`, `host`, `node_rank`, `reason` (`exited`, `signal`, `start_failed`, `connection_lost`), `status`, `exit_code`, `worker_rank`, `detail` |
-//! | `stalled` | `attempt`, `silent_s`, `last_iteration` |
-//! | `signal` | `signal` (`SIGINT`, `SIGTERM`), `count` |
-//! | `teardown` | `attempt`, `nodes` (`host`, `node_rank`, `status`, `was_running`, `took_s`, `stopped_in_grace`, `error`), `swept` (processes killed after their launcher was gone), `took_s`, `iterations` (`[first, last]` or null) |
-//! | `health` | `nodes` (`host`, `healthy`, `detail`) |
-//! | `replan` | `attempt` (the next one), `left_out`, `nodes` (the survivors), `from`, `to` (configurations), `kept_tp_pp`, `resharded`, `resume`, `notes` |
-//! | `replan_refused` | `reason`, `left_out`, `survivors` |
-//! | `exit` | `code`, `reason`, `attempts`, `replans`, `relaunch_after_s` |
+//! Every line starts with `time` (UTC, RFC 3339 with milliseconds), `unix_ms`, `elapsed_s`
+//! (since the supervisor started) and `event` (the [`Event`] variant's name in snake case),
+//! then the variant's fields as [`Event`] documents them, and ends with `schema`
+//! ([`SCHEMA`]), which changes whenever a field does. Durations are in seconds with
+//! millisecond precision (fields named `..._s`).
 
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::{json, Map, Value};
+use serde::{Serialize, Serializer};
+use serde_json::Value;
+
+use super::health::Health;
+use super::NodeFailure;
+use crate::launch::{NodeStop, Resume};
+use crate::model::parallel::ParallelConfig;
+
+/// The version of the events' schema, written as `schema` on every line.
+pub const SCHEMA: u32 = 1;
+
+/// One thing the supervisor did or saw.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// An attempt starts: torchrun on every node.
+    Launch {
+        attempt: u32,
+        /// The attempt's directory (its files and `logs/`).
+        dir: String,
+        /// In node-rank order.
+        nodes: Vec<NodeRef>,
+        /// The plan's tp, pp, dp, micro_batch, vpp, ...
+        config: ParallelConfig,
+        /// `local`, `ssh` or `srun`.
+        transport: String,
+        resume: Option<Resume>,
+        /// Relaunches: from the failure's detection.
+        #[serde(rename = "since_failure_s", serialize_with = "seconds_or_null")]
+        since_failure: Option<Duration>,
+    },
+    /// The first iteration line of an attempt.
+    Progress { attempt: u32, first_iteration: u64 },
+    /// A node's torchrun failed (one event per node seen failing in the same poll).
+    NodeFailed {
+        /// `host`, `node_rank`, `reason` (`exited`, `signal`, `start_failed`,
+        /// `connection_lost`), `status`, `exit_code`, `worker_rank`, `detail`.
+        #[serde(flatten)]
+        failure: NodeFailure,
+        attempt: u32,
+    },
+    /// No progress for the stall (or start-up) timeout.
+    Stalled {
+        attempt: u32,
+        #[serde(rename = "silent_s", serialize_with = "seconds")]
+        silent: Duration,
+        last_iteration: Option<u64>,
+    },
+    /// SIGINT or SIGTERM arrived.
+    Signal {
+        /// `SIGINT`, `SIGTERM`.
+        signal: String,
+        count: usize,
+    },
+    /// Every node of an attempt was stopped.
+    Teardown {
+        attempt: u32,
+        /// In node-rank order.
+        nodes: Vec<StopRecord>,
+        /// Processes killed after their launcher was gone.
+        swept: usize,
+        #[serde(rename = "took_s", serialize_with = "seconds")]
+        took: Duration,
+        /// `[first, last]` iteration the attempt reported, or null.
+        iterations: Option<(u64, u64)>,
+    },
+    /// The health checks after a failure (`host`, `healthy`, `detail` per node).
+    Health { nodes: Vec<Health> },
+    /// The job is re-planned on the survivors.
+    Replan {
+        /// The next attempt.
+        attempt: u32,
+        left_out: Vec<String>,
+        /// The survivors.
+        nodes: Vec<String>,
+        from: ParallelConfig,
+        to: ParallelConfig,
+        kept_tp_pp: bool,
+        resharded: bool,
+        resume: Option<Resume>,
+        notes: Vec<String>,
+    },
+    /// No plan could be made for the survivors.
+    ReplanRefused {
+        reason: String,
+        left_out: Vec<String>,
+        survivors: Vec<String>,
+    },
+    /// pipette-run ends.
+    Exit {
+        code: i32,
+        reason: String,
+        attempts: usize,
+        replans: u32,
+        /// From each failure's detection to the relaunch.
+        #[serde(rename = "relaunch_after_s", serialize_with = "seconds_each")]
+        relaunch_after: Vec<Duration>,
+    },
+}
+
+/// A node of an attempt.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeRef {
+    pub host: String,
+    pub node_rank: u64,
+}
+
+/// How one node's torchrun stopped in a teardown.
+#[derive(Debug, Clone, Serialize)]
+pub struct StopRecord {
+    pub host: String,
+    pub node_rank: u64,
+    /// `exit code 0`, `signal 15 (SIGTERM)`, or null when it could not be waited for.
+    pub status: Option<String>,
+    pub was_running: bool,
+    #[serde(rename = "took_s", serialize_with = "seconds")]
+    pub took: Duration,
+    pub stopped_in_grace: bool,
+    pub error: Option<String>,
+}
+
+impl From<&NodeStop> for StopRecord {
+    fn from(stop: &NodeStop) -> Self {
+        StopRecord {
+            host: stop.host.clone(),
+            node_rank: stop.node_rank,
+            status: stop.status.map(|s| s.to_string()),
+            was_running: stop.was_running,
+            took: stop.took,
+            stopped_in_grace: stop.stopped_in_grace,
+            error: stop.error.clone(),
+        }
+    }
+}
+
+fn seconds<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(round3(d.as_secs_f64()))
+}
+
+fn seconds_or_null<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    d.map(|d| round3(d.as_secs_f64())).serialize(s)
+}
+
+fn seconds_each<S: Serializer>(d: &[Duration], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(d.iter().map(|d| round3(d.as_secs_f64())))
+}
+
+/// One line of the log: the common fields first, the event's own, the schema last.
+#[derive(Serialize)]
+struct Line<'a> {
+    time: String,
+    unix_ms: u64,
+    elapsed_s: f64,
+    #[serde(flatten)]
+    event: &'a Event,
+    schema: u32,
+}
 
 /// The event log of one run.
 pub struct EventLog {
@@ -50,25 +196,25 @@ impl EventLog {
         &self.path
     }
 
-    /// Appends one event: `fields` (an object) with `time`, `unix_ms`, `elapsed_s` and
-    /// `event` put first. A failed write is reported once on stderr and never stops the job.
-    pub fn record(&self, event: &str, fields: Value) {
+    /// Appends one event. A failed write is reported once on stderr and never stops the job.
+    pub fn write(&self, event: &Event) {
         let now = SystemTime::now();
         let unix_ms = now
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let mut object = Map::new();
-        object.insert("time".into(), json!(rfc3339_millis(unix_ms)));
-        object.insert("unix_ms".into(), json!(unix_ms));
-        object.insert(
-            "elapsed_s".into(),
-            json!(round3(self.start.elapsed().as_secs_f64())),
-        );
-        object.insert("event".into(), json!(event));
-        if let Value::Object(fields) = fields {
-            object.extend(fields);
-        }
-        let line = Value::Object(object).to_string();
+        let line = Line {
+            time: rfc3339_millis(unix_ms),
+            unix_ms,
+            elapsed_s: round3(self.start.elapsed().as_secs_f64()),
+            event,
+            schema: SCHEMA,
+        };
+        let line = match serde_json::to_string(&line) {
+            Ok(line) => line,
+            // Every field is a plain value; this cannot fail, but a log line is never worth
+            // stopping a job for.
+            Err(e) => format!("{{\"event\":\"unwritable\",\"error\":{:?}}}", e.to_string()),
+        };
         let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = writeln!(file, "{line}").and_then(|()| file.flush()) {
             eprintln!(
@@ -140,12 +286,79 @@ mod tests {
     fn events_are_one_object_per_line() {
         let dir = tempfile::tempdir().unwrap();
         let log = EventLog::create(dir.path()).unwrap();
-        log.record("launch", json!({"attempt": 1}));
-        log.record("exit", json!({"code": 0}));
+        log.write(&Event::Progress {
+            attempt: 1,
+            first_iteration: 1,
+        });
+        log.write(&Event::Exit {
+            code: 0,
+            reason: "training finished".into(),
+            attempts: 1,
+            replans: 0,
+            relaunch_after: vec![Duration::from_micros(1_234_567)],
+        });
         let events = read_events(log.path()).unwrap();
         assert_eq!(events.len(), 2);
-        assert_eq!(events[0]["event"], "launch");
+        assert_eq!(events[0]["event"], "progress");
         assert_eq!(events[0]["attempt"], 1);
         assert!(events[1]["unix_ms"].as_u64().unwrap() >= events[0]["unix_ms"].as_u64().unwrap());
+        assert_eq!(events[1]["relaunch_after_s"], serde_json::json!([1.235]));
+        assert!(events.iter().all(|e| e["schema"] == SCHEMA));
+    }
+
+    #[test]
+    fn the_common_fields_come_first_and_the_schema_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EventLog::create(dir.path()).unwrap();
+        log.write(&Event::Signal {
+            signal: "SIGINT".into(),
+            count: 2,
+        });
+        let text = std::fs::read_to_string(log.path()).unwrap();
+        let keys: Vec<&str> = text
+            .trim()
+            .trim_matches(|c| c == '{' || c == '}')
+            .split(',')
+            .filter_map(|kv| kv.split(':').next())
+            .map(|k| k.trim_matches('"'))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "time",
+                "unix_ms",
+                "elapsed_s",
+                "event",
+                "signal",
+                "count",
+                "schema"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_node_failure_keeps_its_fields_beside_the_attempt() {
+        let failure = NodeFailure {
+            host: "node-b".into(),
+            node_rank: 1,
+            reason: super::super::FailureReason::Signal,
+            status: Some("signal 9 (SIGKILL)".into()),
+            exit_code: 137,
+            worker_rank: None,
+            detail: String::new(),
+        };
+        let value = serde_json::to_value(Event::NodeFailed {
+            failure,
+            attempt: 2,
+        })
+        .unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "event": "node_failed", "attempt": 2, "host": "node-b", "node_rank": 1,
+                "reason": "signal", "status": "signal 9 (SIGKILL)", "exit_code": 137,
+                "worker_rank": null, "detail": "",
+            })
+        );
     }
 }

@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::exec::{OutputSink, Stream};
+use crate::exit;
 
 /// Where a node's lines go and what they said about progress. One per attempt; handed to
 /// the exec seam as the [`OutputSink`] of every node's command.
@@ -255,7 +256,7 @@ pub fn torchrun_root_cause(output: &str) -> Option<(Option<u64>, i32)> {
         }
         if let Some(value) = field(line, "exitcode") {
             let code = value.split_whitespace().next()?.parse::<i32>().ok()?;
-            let code = if code < 0 { 128 - code } else { code };
+            let code = if code < 0 { exit::signal(-code) } else { code };
             return Some((rank, code));
         }
     }

@@ -17,14 +17,13 @@
 //!    The legacy `torch` format never reshards. Say so either way.
 //! 4. With no checkpoint yet (or no `--save`), any plan will do: the job starts again.
 //!
-//! Plans with the same planner options (and seed) as the first launch.
-
-use std::time::Duration;
+//! Plans with the same planner options (and seed) as the first launch. Pure: the checkpoint
+//! is read by the driver ([`crate::launch::read_checkpoint`]) and passed in.
 
 use crate::cluster::profile::{DeviceSelection, NodeSelection};
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
-use crate::exec::{self, NodeCommand, Transport};
+use crate::launch::CheckpointState;
 use crate::model::parallel::ParallelConfig;
 use crate::plan::{plan, Plan, PlanError, PlanOptions};
 
@@ -88,61 +87,6 @@ pub fn checkpoint_format(args: &[String]) -> CheckpointFormat {
     CheckpointFormat {
         format,
         optimizer_fully_reshardable: fully,
-    }
-}
-
-/// What the save directory holds, as read on a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CheckpointState {
-    /// No `latest_checkpointed_iteration.txt`: nothing saved yet.
-    None,
-    /// The last checkpoint's iteration.
-    At(u64),
-    /// There is a tracker file, but it names no iteration (a `release` checkpoint), or it
-    /// could not be read: assume a checkpoint exists.
-    Unknown,
-}
-
-impl CheckpointState {
-    pub fn exists(self) -> bool {
-        self != CheckpointState::None
-    }
-
-    pub fn iteration(self) -> Option<u64> {
-        match self {
-            CheckpointState::At(i) => Some(i),
-            _ => None,
-        }
-    }
-}
-
-/// Reads `SAVE/latest_checkpointed_iteration.txt` on `host` (in `workdir`, where the job's
-/// relative paths start), as Megatron writes it.
-pub fn read_checkpoint(
-    transport: &Transport,
-    host: &str,
-    workdir: &std::path::Path,
-    save: &str,
-    timeout: Duration,
-) -> CheckpointState {
-    let tracker = format!(
-        "{}/latest_checkpointed_iteration.txt",
-        save.trim_end_matches('/')
-    );
-    let command = NodeCommand::new("sh")
-        .arg("-c")
-        .arg("if [ -e \"$1\" ]; then cat -- \"$1\" || echo unreadable; else echo none; fi")
-        .arg("pipette-checkpoint")
-        .arg(tracker)
-        .cwd(workdir);
-    match exec::run(transport, host, &command, timeout) {
-        Ok(out) if out.status.success() => match out.stdout_text().trim() {
-            "none" => CheckpointState::None,
-            text => text
-                .parse()
-                .map_or(CheckpointState::Unknown, CheckpointState::At),
-        },
-        _ => CheckpointState::Unknown,
     }
 }
 

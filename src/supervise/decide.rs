@@ -1,0 +1,585 @@
+//! What happens after an attempt ends: who is to blame, who is left out, who survives, the
+//! exit code, and whether to stop or re-plan. Pure: the driver ([`super::driver`]) gathers
+//! the facts (how the attempt ended, the teardown, the health checks, the checkpoint) and
+//! carries the [`Decision`] out.
+//!
+//! Left out of the next attempt are (see the [module doc](super)):
+//!
+//! 1. the nodes whose failure was seen first, the most severe kind only ([`blamed`]);
+//! 2. every node whose torchrun did not stop within the grace period after TERM;
+//! 3. every node that failed its health check.
+
+use std::time::Duration;
+
+use super::signals::signal_name;
+use super::{FailureReason, NodeFailure};
+use crate::exec::format_duration;
+use crate::exit::{self, ExitCode};
+use crate::launch::{CheckpointState, Resume};
+
+/// How an attempt ended, as the watcher saw it.
+#[derive(Debug, Clone)]
+pub enum Ending {
+    /// Every node's torchrun exited 0.
+    Finished,
+    /// Failures seen in the same poll (the first to be seen).
+    Failed(Vec<NodeFailure>),
+    /// No progress for this long.
+    Stalled(Duration),
+    /// SIGINT or SIGTERM (its number): the user's stop.
+    Signal(i32),
+}
+
+impl Ending {
+    /// A failure of the job (which health-checks the nodes and may re-plan), not a finish
+    /// or the user's stop.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Ending::Failed(_) | Ending::Stalled(_))
+    }
+}
+
+/// What the driver knows when the attempt is over.
+#[derive(Debug, Clone)]
+pub struct Facts<'a> {
+    /// The attempt's hosts, in node-rank order.
+    pub hosts: &'a [String],
+    pub ending: &'a Ending,
+    /// Nodes whose torchrun did not stop within the grace period after TERM.
+    pub unresponsive: &'a [String],
+    /// Nodes that failed their health check.
+    pub unhealthy: &'a [String],
+    /// A signal that arrived after a failure had ended the attempt.
+    pub signal_after: Option<i32>,
+    /// Re-plans done so far, and the limit.
+    pub replans: u32,
+    pub max_replans: u32,
+    /// The user's `--save` directory.
+    pub save: Option<&'a str>,
+    /// What the save directory holds, once read (`None`: not read yet).
+    pub checkpoint: Option<CheckpointState>,
+}
+
+/// What to do after an attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// How the attempt ended, in words (for the summary).
+    pub end: String,
+    pub left_out: Vec<String>,
+    pub survivors: Vec<String>,
+    /// pipette-run's exit code when the job stops now, or later because the re-plan fails.
+    pub exit_code: i32,
+    pub next: Next,
+}
+
+/// The step after the decision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    Stop(Stop),
+    /// Read the checkpoint in `save` on `host` (a survivor) and decide again with it.
+    ReadCheckpoint {
+        host: String,
+        save: String,
+    },
+    /// Re-plan on the survivors and relaunch, resuming from `resume` when it is set.
+    Replan {
+        checkpoint: CheckpointState,
+        resume: Option<Resume>,
+    },
+}
+
+/// Why the job stops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// Every node finished.
+    Finished,
+    /// The user's SIGINT or SIGTERM (its number).
+    Signal(i32),
+    /// A signal arrived while a failure was being handled.
+    SignalAfterFailure(i32),
+    /// torchrun could not be started on any node: not a node's fault.
+    NothingStarted { detail: String },
+    /// The job failed again after `--max-replans` re-plans.
+    ReplanLimit { max: u32 },
+    /// No plan for the survivors (the re-plan's error).
+    ReplanRefused(String),
+    /// The relaunch could not be rendered or written.
+    PrepareFailed(String),
+    /// The attempt's log directory could not be written (before anything was launched).
+    LogsUnwritable { dir: String, error: String },
+}
+
+impl Stop {
+    /// The reason, as the summary and the `exit` event give it.
+    pub fn reason(&self) -> String {
+        match self {
+            Stop::Finished => "training finished".to_string(),
+            Stop::Signal(s) => format!("stopped by {}; every node was torn down", signal_name(*s)),
+            Stop::SignalAfterFailure(s) => {
+                format!("stopped by {} after a failure", signal_name(*s))
+            }
+            Stop::NothingStarted { detail } => {
+                format!("torchrun could not be started on any node ({detail})")
+            }
+            Stop::ReplanLimit { max } => {
+                format!("the job failed and the re-plan limit is reached (--max-replans {max})")
+            }
+            Stop::ReplanRefused(e) => format!("cannot re-plan: {e}"),
+            Stop::PrepareFailed(e) => format!("cannot prepare the relaunch: {e}"),
+            Stop::LogsUnwritable { dir, error } => {
+                format!("cannot write the logs in {dir}: {error} (check the run directory)")
+            }
+        }
+    }
+}
+
+/// Decides what follows an attempt (see the module doc).
+pub fn decide(facts: &Facts<'_>) -> Decision {
+    let (mut end, exit_code) = match facts.ending {
+        Ending::Finished => return stop(facts, "finished".into(), 0, Stop::Finished),
+        Ending::Signal(s) => {
+            let end = format!("stopped by {}", signal_name(*s));
+            return stop(facts, end, exit::signal(*s), Stop::Signal(*s));
+        }
+        Ending::Stalled(silent) => {
+            let hung = if facts.unresponsive.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {} did not stop within the grace period",
+                    facts.unresponsive.join(", ")
+                )
+            };
+            let end = format!("no progress for {}{hung}", format_duration(*silent));
+            (end, ExitCode::Stalled.code())
+        }
+        Ending::Failed(failures) => {
+            let blamed = blamed(failures);
+            let first = failures
+                .iter()
+                .filter(|f| blamed.contains(&f.host))
+                .min_by_key(|f| f.node_rank);
+            match first {
+                Some(first) => (first.describe(), first.exit_code),
+                None => ("failed".to_string(), ExitCode::Internal.code()),
+            }
+        }
+    };
+    let mut left_out = suspects(facts.ending, facts.unresponsive);
+    for host in facts.unhealthy {
+        if !left_out.contains(host) {
+            left_out.push(host.clone());
+        }
+    }
+    let survivors: Vec<String> = facts
+        .hosts
+        .iter()
+        .filter(|h| !left_out.contains(h))
+        .cloned()
+        .collect();
+    let decision = |end: String, exit_code: i32, next: Next| Decision {
+        end,
+        left_out: left_out.clone(),
+        survivors: survivors.clone(),
+        exit_code,
+        next,
+    };
+
+    if let Some(s) = facts.signal_after {
+        end.push_str(&format!("; then {}", signal_name(s)));
+        let next = Next::Stop(Stop::SignalAfterFailure(s));
+        return decision(end, exit::signal(s), next);
+    }
+    if let Ending::Failed(failures) = facts.ending {
+        if !failures.is_empty()
+            && failures.len() == facts.hosts.len()
+            && failures
+                .iter()
+                .all(|f| f.reason == FailureReason::StartFailed)
+        {
+            let detail = failures[0].detail.clone();
+            return decision(end, exit_code, Next::Stop(Stop::NothingStarted { detail }));
+        }
+    }
+    if facts.replans >= facts.max_replans {
+        let max = facts.max_replans;
+        return decision(end, exit_code, Next::Stop(Stop::ReplanLimit { max }));
+    }
+    let checkpoint = match (facts.save, survivors.first(), facts.checkpoint) {
+        (Some(_), Some(_), Some(state)) => state,
+        (Some(save), Some(host), None) => {
+            let (host, save) = (host.clone(), save.to_string());
+            return decision(end, exit_code, Next::ReadCheckpoint { host, save });
+        }
+        // No --save, or no survivor to read it on (the re-plan refuses that case).
+        _ => CheckpointState::None,
+    };
+    let resume = match facts.save {
+        Some(dir) if checkpoint.exists() => Some(Resume {
+            dir: dir.to_string(),
+            iteration: checkpoint.iteration(),
+        }),
+        _ => None,
+    };
+    decision(end, exit_code, Next::Replan { checkpoint, resume })
+}
+
+/// A stop that blames no one.
+fn stop(facts: &Facts<'_>, end: String, exit_code: i32, why: Stop) -> Decision {
+    Decision {
+        end,
+        left_out: Vec::new(),
+        survivors: facts.hosts.to_vec(),
+        exit_code,
+        next: Next::Stop(why),
+    }
+}
+
+/// The nodes left out before any health check: those blamed for a failure, then those that
+/// did not stop within the grace period. (The health check skips them.)
+pub fn suspects(ending: &Ending, unresponsive: &[String]) -> Vec<String> {
+    let mut left_out = match ending {
+        Ending::Failed(failures) => blamed(failures),
+        _ => Vec::new(),
+    };
+    for host in unresponsive {
+        if !left_out.contains(host) {
+            left_out.push(host.clone());
+        }
+    }
+    left_out
+}
+
+/// The nodes blamed for a failure: among those seen failing first, the most severe kind (a
+/// lost connection over a launcher ended by a signal over a non-zero exit). When one node
+/// dies, its peers fail moments later with communication errors: consequences, not causes.
+pub fn blamed(failures: &[NodeFailure]) -> Vec<String> {
+    let Some(worst) = failures.iter().map(|f| f.reason).max() else {
+        return Vec::new();
+    };
+    failures
+        .iter()
+        .filter(|f| f.reason == worst)
+        .map(|f| f.host.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SIGINT: i32 = 2;
+
+    fn failure(host: &str, rank: u64, reason: FailureReason, exit_code: i32) -> NodeFailure {
+        NodeFailure {
+            host: host.into(),
+            node_rank: rank,
+            reason,
+            status: None,
+            exit_code,
+            worker_rank: None,
+            detail: "a detail".into(),
+        }
+    }
+
+    #[test]
+    fn the_most_severe_first_failure_is_blamed() {
+        let f = [
+            failure("a", 0, FailureReason::Exited, 1),
+            failure("b", 1, FailureReason::Signal, 1),
+            failure("c", 2, FailureReason::Exited, 1),
+        ];
+        assert_eq!(blamed(&f), ["b"]);
+        let f = [
+            failure("a", 0, FailureReason::Exited, 1),
+            failure("c", 2, FailureReason::Exited, 1),
+        ];
+        assert_eq!(blamed(&f), ["a", "c"]);
+        assert!(blamed(&[]).is_empty());
+    }
+
+    /// One row of the table: the facts that differ from a plain first failure of three
+    /// nodes (`a`, `b`, `c`; no re-plan yet, at most 3; no `--save`), and what must follow.
+    struct Case {
+        name: &'static str,
+        ending: Ending,
+        unresponsive: &'static [&'static str],
+        unhealthy: &'static [&'static str],
+        signal_after: Option<i32>,
+        replans: u32,
+        save: Option<&'static str>,
+        checkpoint: Option<CheckpointState>,
+        // Expected:
+        exit_code: i32,
+        left_out: &'static [&'static str],
+        next: Next,
+        end: &'static str,
+    }
+
+    const BASE: Case = Case {
+        name: "",
+        ending: Ending::Finished,
+        unresponsive: &[],
+        unhealthy: &[],
+        signal_after: None,
+        replans: 0,
+        save: None,
+        checkpoint: None,
+        exit_code: 0,
+        left_out: &[],
+        next: Next::Stop(Stop::Finished),
+        end: "",
+    };
+
+    fn worker_exit() -> Ending {
+        let mut f = failure("b", 1, FailureReason::Exited, 3);
+        f.status = Some("exit code 1".into());
+        f.worker_rank = Some(5);
+        Ending::Failed(vec![f])
+    }
+
+    fn replan(checkpoint: CheckpointState, resume: Option<(&str, Option<u64>)>) -> Next {
+        Next::Replan {
+            checkpoint,
+            resume: resume.map(|(dir, iteration)| Resume {
+                dir: dir.into(),
+                iteration,
+            }),
+        }
+    }
+
+    fn cases() -> Vec<Case> {
+        let fresh = replan(CheckpointState::None, None);
+        vec![
+            Case {
+                name: "clean finish",
+                end: "finished",
+                ..BASE
+            },
+            Case {
+                name: "worker non-zero exit",
+                ending: worker_exit(),
+                exit_code: 3,
+                left_out: &["b"],
+                next: fresh.clone(),
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)",
+                ..BASE
+            },
+            Case {
+                name: "signal death blames the killed node, not its peers",
+                ending: Ending::Failed(vec![
+                    failure("a", 0, FailureReason::Exited, 1),
+                    failure("c", 2, FailureReason::Signal, 137),
+                ]),
+                exit_code: 137,
+                left_out: &["c"],
+                next: fresh.clone(),
+                end: "c (node rank 2): torchrun was ended by a signal",
+                ..BASE
+            },
+            Case {
+                name: "lost connection",
+                ending: Ending::Failed(vec![
+                    failure("b", 1, FailureReason::Signal, 143),
+                    failure("a", 0, FailureReason::ConnectionLost, 68),
+                ]),
+                exit_code: ExitCode::Unreachable.code(),
+                left_out: &["a"],
+                next: fresh.clone(),
+                end: "a (node rank 0): connection lost: a detail",
+                ..BASE
+            },
+            Case {
+                name: "stall leaves out the node that did not stop",
+                ending: Ending::Stalled(Duration::from_secs(3)),
+                unresponsive: &["c"],
+                exit_code: 124,
+                left_out: &["c"],
+                next: fresh.clone(),
+                end: "no progress for 3 s; c did not stop within the grace period",
+                ..BASE
+            },
+            Case {
+                name: "health-check failure leaves that node out too",
+                ending: worker_exit(),
+                unhealthy: &["a"],
+                exit_code: 3,
+                left_out: &["b", "a"],
+                next: fresh.clone(),
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)",
+                ..BASE
+            },
+            Case {
+                name: "Ctrl-C once",
+                ending: Ending::Signal(SIGINT),
+                exit_code: 130,
+                next: Next::Stop(Stop::Signal(SIGINT)),
+                end: "stopped by SIGINT",
+                ..BASE
+            },
+            Case {
+                name: "Ctrl-C twice: killed at once, no one is blamed",
+                ending: Ending::Signal(SIGINT),
+                unresponsive: &["a", "b", "c"],
+                exit_code: 130,
+                next: Next::Stop(Stop::Signal(SIGINT)),
+                end: "stopped by SIGINT",
+                ..BASE
+            },
+            Case {
+                name: "Ctrl-C while a failure is handled",
+                ending: worker_exit(),
+                signal_after: Some(SIGINT),
+                exit_code: 130,
+                left_out: &["b"],
+                next: Next::Stop(Stop::SignalAfterFailure(SIGINT)),
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3); then SIGINT",
+                ..BASE
+            },
+            Case {
+                name: "max re-plans reached",
+                ending: worker_exit(),
+                replans: 3,
+                exit_code: 3,
+                left_out: &["b"],
+                next: Next::Stop(Stop::ReplanLimit { max: 3 }),
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)",
+                ..BASE
+            },
+            Case {
+                name: "all nodes failed to start",
+                ending: Ending::Failed(vec![
+                    failure("a", 0, FailureReason::StartFailed, 127),
+                    failure("b", 1, FailureReason::StartFailed, 127),
+                    failure("c", 2, FailureReason::StartFailed, 127),
+                ]),
+                exit_code: 127,
+                left_out: &["a", "b", "c"],
+                next: Next::Stop(Stop::NothingStarted {
+                    detail: "a detail".into(),
+                }),
+                end: "a (node rank 0): could not start: a detail",
+                ..BASE
+            },
+            Case {
+                name: "one node failed to start: re-planned without it",
+                ending: Ending::Failed(vec![failure("c", 2, FailureReason::StartFailed, 127)]),
+                exit_code: 127,
+                left_out: &["c"],
+                next: fresh.clone(),
+                end: "c (node rank 2): could not start: a detail",
+                ..BASE
+            },
+            Case {
+                name: "with --save, the checkpoint is read on a survivor first",
+                ending: worker_exit(),
+                save: Some("/ck"),
+                exit_code: 3,
+                left_out: &["b"],
+                next: Next::ReadCheckpoint {
+                    host: "a".into(),
+                    save: "/ck".into(),
+                },
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)",
+                ..BASE
+            },
+            Case {
+                name: "no checkpoint to resume from: starts again",
+                ending: worker_exit(),
+                save: Some("/ck"),
+                checkpoint: Some(CheckpointState::None),
+                exit_code: 3,
+                left_out: &["b"],
+                next: fresh.clone(),
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)",
+                ..BASE
+            },
+            Case {
+                name: "a checkpoint to resume from",
+                ending: worker_exit(),
+                save: Some("/ck"),
+                checkpoint: Some(CheckpointState::At(8)),
+                exit_code: 3,
+                left_out: &["b"],
+                next: replan(CheckpointState::At(8), Some(("/ck", Some(8)))),
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)",
+                ..BASE
+            },
+            Case {
+                name: "a checkpoint whose iteration cannot be read",
+                ending: worker_exit(),
+                save: Some("/ck"),
+                checkpoint: Some(CheckpointState::Unknown),
+                exit_code: 3,
+                left_out: &["b"],
+                next: replan(CheckpointState::Unknown, Some(("/ck", None))),
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)",
+                ..BASE
+            },
+            Case {
+                name: "no survivor: nothing to read, the re-plan refuses",
+                ending: Ending::Stalled(Duration::from_secs(90)),
+                unresponsive: &["a", "b"],
+                unhealthy: &["c"],
+                save: Some("/ck"),
+                exit_code: 124,
+                left_out: &["a", "b", "c"],
+                next: fresh.clone(),
+                end: "no progress for 1 min 30 s; a, b did not stop within the grace period",
+                ..BASE
+            },
+        ]
+    }
+
+    #[test]
+    fn decisions_follow_the_table() {
+        let hosts: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        for case in cases() {
+            let owned = |hosts: &[&str]| hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>();
+            let (unresponsive, unhealthy) = (owned(case.unresponsive), owned(case.unhealthy));
+            let decision = decide(&Facts {
+                hosts: &hosts,
+                ending: &case.ending,
+                unresponsive: &unresponsive,
+                unhealthy: &unhealthy,
+                signal_after: case.signal_after,
+                replans: case.replans,
+                max_replans: 3,
+                save: case.save,
+                checkpoint: case.checkpoint,
+            });
+            let name = case.name;
+            assert_eq!(decision.exit_code, case.exit_code, "{name}");
+            assert_eq!(decision.left_out, case.left_out, "{name}");
+            let survivors: Vec<&String> = hosts
+                .iter()
+                .filter(|h| !case.left_out.contains(&h.as_str()))
+                .collect();
+            assert_eq!(
+                decision.survivors.iter().collect::<Vec<_>>(),
+                survivors,
+                "{name}"
+            );
+            assert_eq!(decision.next, case.next, "{name}");
+            assert_eq!(decision.end, case.end, "{name}");
+        }
+    }
+
+    #[test]
+    fn stop_reasons_read_as_before() {
+        assert_eq!(
+            Stop::Signal(SIGINT).reason(),
+            "stopped by SIGINT; every node was torn down"
+        );
+        assert_eq!(
+            Stop::ReplanLimit { max: 2 }.reason(),
+            "the job failed and the re-plan limit is reached (--max-replans 2)"
+        );
+        assert_eq!(
+            Stop::NothingStarted {
+                detail: "no torchrun".into()
+            }
+            .reason(),
+            "torchrun could not be started on any node (no torchrun)"
+        );
+    }
+}

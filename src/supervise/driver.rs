@@ -1,0 +1,368 @@
+//! The driver: runs attempts one after another. Each is launched, watched
+//! ([`super::watch`]), torn down, swept and health-checked; [`decide`] says what follows;
+//! the driver reads the checkpoint when asked, re-plans ([`super::replan`]), prepares the
+//! next attempt, and records every step as an [`Event`] that the [`Reporter`] also shows.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::decide::{self, decide, Decision, Ending, Facts, Next, Stop};
+use super::events::{Event, EventLog, NodeRef, StopRecord};
+use super::health::{self, Health};
+use super::output::JobOutput;
+use super::replan::{checkpoint_format, replan};
+use super::reporter::{replan_text, Reporter};
+use super::signals::SignalGuard;
+use super::watch::watch;
+use super::{AttemptSummary, Outcome, SuperviseOptions};
+use crate::exec::format_duration;
+use crate::exit::ExitCode;
+use crate::launch::{
+    self, read_checkpoint, Attempt, CheckpointState, JobTemplate, Resume, RunningJob,
+};
+
+/// What the driver shares across attempts.
+struct Driver<'a> {
+    template: &'a JobTemplate,
+    options: &'a SuperviseOptions,
+    events: &'a EventLog,
+    reporter: Reporter,
+    signals: Option<SignalGuard>,
+}
+
+/// How an attempt handed over.
+enum Handover {
+    /// The next attempt, and when the failure that led to it was seen.
+    Relaunch(Box<Attempt>, Instant),
+    /// The job ends with this code.
+    Stop(Stop, i32),
+}
+
+/// Runs `first` and every relaunch to the end (see [`super::supervise`]).
+pub fn run(
+    template: &JobTemplate,
+    first: Attempt,
+    options: &SuperviseOptions,
+    events: &EventLog,
+) -> Outcome {
+    let driver = Driver {
+        template,
+        options,
+        events,
+        reporter: Reporter::new(options.echo, options.grace),
+        signals: SignalGuard::install().ok(),
+    };
+    let mut outcome = Outcome {
+        exit_code: 0,
+        reason: String::new(),
+        attempts: Vec::new(),
+        replans: 0,
+        relaunch_after: Vec::new(),
+    };
+    let mut attempt = first;
+    let mut failed_at: Option<Instant> = None;
+    loop {
+        match driver.attempt(&attempt, failed_at.take(), &mut outcome) {
+            Handover::Relaunch(next, detected_at) => {
+                outcome.replans += 1;
+                failed_at = Some(detected_at);
+                attempt = *next;
+            }
+            Handover::Stop(stop, code) => return driver.finish(outcome, &stop, code),
+        }
+    }
+}
+
+impl Driver<'_> {
+    /// Records `event` in the log and shows its lines.
+    fn emit(&self, event: Event) {
+        self.events.write(&event);
+        self.reporter.event(&event);
+    }
+
+    fn signal_count(&self) -> usize {
+        self.signals.as_ref().map_or(0, SignalGuard::count)
+    }
+
+    fn finish(&self, mut outcome: Outcome, stop: &Stop, code: i32) -> Outcome {
+        self.reporter.stopping(stop);
+        outcome.exit_code = code;
+        outcome.reason = stop.reason();
+        self.emit(Event::Exit {
+            code,
+            reason: outcome.reason.clone(),
+            attempts: outcome.attempts.len(),
+            replans: outcome.replans,
+            relaunch_after: outcome.relaunch_after.clone(),
+        });
+        outcome
+    }
+
+    /// Runs one attempt to its end and decides what follows; its summary goes to `outcome`.
+    fn attempt(
+        &self,
+        attempt: &Attempt,
+        failed_at: Option<Instant>,
+        outcome: &mut Outcome,
+    ) -> Handover {
+        let (template, options) = (self.template, self.options);
+        let nodes: Vec<(String, u64)> = attempt
+            .spec
+            .nodes
+            .iter()
+            .map(|n| (n.host.clone(), n.node_rank))
+            .collect();
+        let hosts: Vec<String> = nodes.iter().map(|(h, _)| h.clone()).collect();
+        let logs = attempt.dir.join("logs");
+        let output = match JobOutput::new(&nodes, &logs, options.echo) {
+            Ok(output) => Arc::new(output),
+            Err(e) => {
+                let dir = logs.display().to_string();
+                let stop = Stop::LogsUnwritable {
+                    dir,
+                    error: e.to_string(),
+                };
+                return Handover::Stop(stop, ExitCode::Usage.code());
+            }
+        };
+        let since_failure = failed_at.map(|t| t.elapsed());
+        outcome.relaunch_after.extend(since_failure);
+        self.emit(Event::Launch {
+            attempt: attempt.number,
+            dir: attempt.dir.display().to_string(),
+            nodes: nodes
+                .iter()
+                .map(|(host, node_rank)| NodeRef {
+                    host: host.clone(),
+                    node_rank: *node_rank,
+                })
+                .collect(),
+            config: attempt.plan.config.clone(),
+            transport: template.transport.kind().as_str().to_string(),
+            resume: attempt.resume.clone(),
+            since_failure,
+        });
+        let mut job = launch::start(template, attempt, output.clone(), options.grace);
+        let record = |event: Event| self.emit(event);
+        let (ending, detected_at) = watch(
+            &mut job,
+            &output,
+            self.signals.as_ref(),
+            options,
+            &record,
+            attempt.number,
+        );
+        let (unresponsive, unhealthy) =
+            self.stop_and_check(attempt, &hosts, &mut job, &output, &ending);
+
+        let mut facts = Facts {
+            hosts: &hosts,
+            ending: &ending,
+            unresponsive: &unresponsive,
+            unhealthy: &unhealthy,
+            signal_after: self
+                .signals
+                .as_ref()
+                .and_then(SignalGuard::received)
+                .map(|r| r.signal),
+            replans: outcome.replans,
+            max_replans: options.max_replans,
+            save: template.settings.training.save.as_deref(),
+            checkpoint: None,
+        };
+        let summary = |decision: &Decision| AttemptSummary {
+            number: attempt.number,
+            hosts: hosts.clone(),
+            config: attempt.plan.config.clone(),
+            resume: attempt.resume.clone(),
+            iterations: output.iterations(),
+            end: decision.end.clone(),
+            left_out: decision.left_out.clone(),
+            replan: None,
+        };
+        loop {
+            let decision = decide(&facts);
+            match decision.next.clone() {
+                Next::ReadCheckpoint { host, save } => {
+                    let (transport, workdir) = (&template.transport, &template.workdir);
+                    let timeout = options.health_timeout;
+                    let state = read_checkpoint(transport, &host, workdir, &save, timeout);
+                    facts.checkpoint = Some(state);
+                }
+                Next::Stop(stop) => {
+                    outcome.attempts.push(summary(&decision));
+                    return Handover::Stop(stop, decision.exit_code);
+                }
+                Next::Replan { checkpoint, resume } => {
+                    let mut summary = summary(&decision);
+                    let code = decision.exit_code;
+                    let handover = match self.relaunch(attempt, decision, checkpoint, resume) {
+                        Ok((next, replan)) => {
+                            summary.replan = Some(replan);
+                            Handover::Relaunch(Box::new(next), detected_at)
+                        }
+                        Err(stop) => {
+                            summary.replan = Some(stop.reason());
+                            Handover::Stop(stop, code)
+                        }
+                    };
+                    outcome.attempts.push(summary);
+                    return handover;
+                }
+            }
+        }
+    }
+
+    /// Tears the attempt down (nothing of it may outlive it), sweeps its nodes and, after a
+    /// failure, health-checks those not already suspected. Returns the nodes that did not
+    /// stop within the grace period and those that failed their health check.
+    fn stop_and_check(
+        &self,
+        attempt: &Attempt,
+        hosts: &[String],
+        job: &mut RunningJob,
+        output: &JobOutput,
+        ending: &Ending,
+    ) -> (Vec<String>, Vec<String>) {
+        self.reporter.teardown_begins(ending);
+        let signals_before = self.signal_count();
+        let teardown_start = Instant::now();
+        let stops = launch::teardown(job, self.options.grace, &|| {
+            self.signal_count() > signals_before
+        });
+        for stop in stops.iter().filter(|s| s.was_running) {
+            let status = stop
+                .status
+                .map_or("unknown status".to_string(), |s| s.to_string());
+            let note = format!("stopped ({status}) after {}", format_duration(stop.took));
+            output.note(&stop.host, &note);
+        }
+        let unresponsive: Vec<String> = stops
+            .iter()
+            .filter(|s| s.was_running && !s.stopped_in_grace)
+            .map(|s| s.host.clone())
+            .collect();
+        let suspects = decide::suspects(ending, &unresponsive);
+        let (swept, health) = self.sweep_and_check(attempt, hosts, &suspects, ending.is_failure());
+        self.emit(Event::Teardown {
+            attempt: attempt.number,
+            nodes: stops.iter().map(StopRecord::from).collect(),
+            swept,
+            took: teardown_start.elapsed(),
+            iterations: output.iterations(),
+        });
+        let unhealthy: Vec<String> = health
+            .iter()
+            .filter(|h| !h.healthy)
+            .map(|h| h.host.clone())
+            .collect();
+        if !health.is_empty() {
+            self.emit(Event::Health { nodes: health });
+        }
+        (unresponsive, unhealthy)
+    }
+
+    /// Re-plans on the decision's survivors and prepares the next attempt. Returns it with
+    /// what the re-plan decided in words, or why the job stops.
+    fn relaunch(
+        &self,
+        attempt: &Attempt,
+        decision: Decision,
+        checkpoint: CheckpointState,
+        resume: Option<Resume>,
+    ) -> Result<(Attempt, String), Stop> {
+        let template = self.template;
+        let (left_out, survivors) = (decision.left_out, decision.survivors);
+        let replanned = replan(
+            &template.settings,
+            &attempt.profile,
+            &survivors,
+            &attempt.plan.config,
+            &template.plan_options,
+            checkpoint,
+            &checkpoint_format(&template.script.args),
+        );
+        let replanned = match replanned {
+            Ok(r) => r,
+            Err(e) => {
+                self.emit(Event::ReplanRefused {
+                    reason: e.to_string(),
+                    left_out,
+                    survivors,
+                });
+                return Err(Stop::ReplanRefused(e.to_string()));
+            }
+        };
+        let next = template
+            .prepare(
+                attempt.number + 1,
+                replanned.profile.clone(),
+                replanned.plan.clone(),
+                resume.clone(),
+            )
+            .map_err(|e| Stop::PrepareFailed(e.to_string()))?;
+        let (from, to) = (&attempt.plan.config, &next.plan.config);
+        let text = replan_text(
+            survivors.len(),
+            &left_out,
+            from,
+            to,
+            replanned.kept_tp_pp,
+            resume.as_ref(),
+        );
+        self.emit(Event::Replan {
+            attempt: next.number,
+            left_out,
+            nodes: survivors,
+            from: from.clone(),
+            to: to.clone(),
+            kept_tp_pp: replanned.kept_tp_pp,
+            resharded: replanned.resharded,
+            resume,
+            notes: replanned
+                .notes
+                .iter()
+                .chain(&next.spec.notes)
+                .cloned()
+                .collect(),
+        });
+        Ok((next, text))
+    }
+
+    /// Sweeps every node of the attempt and, when asked, health-checks those not already
+    /// left out, all in parallel. Returns the number of processes swept and the health
+    /// results.
+    fn sweep_and_check(
+        &self,
+        attempt: &Attempt,
+        hosts: &[String],
+        left_out: &[String],
+        check: bool,
+    ) -> (usize, Vec<Health>) {
+        let (template, timeout): (&JobTemplate, Duration) =
+            (self.template, self.options.health_timeout);
+        let results: Vec<(usize, Option<Health>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = hosts
+                .iter()
+                .map(|host| {
+                    scope.spawn(move || {
+                        let swept =
+                            launch::sweep(&template.transport, host, &template.run_id, timeout)
+                                .unwrap_or(0);
+                        let health = (check && !left_out.contains(host)).then(|| {
+                            let gpus = health::expected_gpus(&attempt.profile, host);
+                            health::check(&template.transport, host, gpus, timeout)
+                        });
+                        (swept, health)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or((0, None)))
+                .collect()
+        });
+        let swept = results.iter().map(|(n, _)| n).sum();
+        (swept, results.into_iter().filter_map(|(_, h)| h).collect())
+    }
+}

@@ -1,0 +1,247 @@
+//! The supervisor's lines for people (`pipette-run: ...` on stderr), rendered from the same
+//! [`Event`]s that go to `events.jsonl` and from the [`Stop`] that ends the job. Nothing is
+//! printed when the nodes' output is not shown ([`Echo::Off`]).
+
+use std::time::Duration;
+
+use super::decide::{Ending, Stop};
+use super::events::Event;
+use super::output::Echo;
+use crate::exec::format_duration;
+use crate::launch::Resume;
+use crate::model::parallel::ParallelConfig;
+
+/// Prints the supervisor's lines.
+#[derive(Debug, Clone, Copy)]
+pub struct Reporter {
+    echo: Echo,
+    /// The grace period, named when a signal starts a teardown.
+    grace: Duration,
+}
+
+impl Reporter {
+    pub fn new(echo: Echo, grace: Duration) -> Reporter {
+        Reporter { echo, grace }
+    }
+
+    /// The lines for an event, printed.
+    pub fn event(&self, event: &Event) {
+        self.print(self.event_lines(event));
+    }
+
+    /// The line that starts the teardown after failures (their own lines came with their
+    /// events).
+    pub fn teardown_begins(&self, ending: &Ending) {
+        if let Ending::Failed(_) = ending {
+            self.print(vec!["tearing the job down".to_string()]);
+        }
+    }
+
+    /// The last line before the exit, when the stop has one.
+    pub fn stopping(&self, stop: &Stop) {
+        self.print(stop_line(stop).into_iter().collect());
+    }
+
+    fn print(&self, lines: Vec<String>) {
+        if self.echo != Echo::Off {
+            for line in lines {
+                eprintln!("pipette-run: {line}");
+            }
+        }
+    }
+
+    /// What people read for an event (most events have no line of their own).
+    pub fn event_lines(&self, event: &Event) -> Vec<String> {
+        match event {
+            Event::Launch {
+                attempt,
+                nodes,
+                config: c,
+                since_failure,
+                ..
+            } => vec![format!(
+                "attempt {attempt}: launching torchrun on {} node(s) ({}), tp={} pp={} dp={} micro-batch {}{}",
+                nodes.len(),
+                nodes
+                    .iter()
+                    .map(|n| n.host.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                c.tp,
+                c.pp,
+                c.dp,
+                c.micro_batch,
+                since_failure
+                    .map(|d| format!(", {:.2} s after the failure", d.as_secs_f64()))
+                    .unwrap_or_default()
+            )],
+            Event::NodeFailed { failure, .. } => vec![failure.describe()],
+            Event::Stalled { silent, .. } => vec![format!(
+                "no progress for {}: tearing the job down",
+                format_duration(*silent)
+            )],
+            Event::Signal { signal, .. } => vec![format!(
+                "{signal} received: stopping every node (TERM, {} grace, then KILL; signal again to kill at once)",
+                format_duration(self.grace)
+            )],
+            Event::Health { nodes } => nodes
+                .iter()
+                .filter(|h| !h.healthy)
+                .map(|h| format!("{} failed its health check: {}", h.host, h.detail))
+                .collect(),
+            Event::Replan {
+                left_out,
+                nodes,
+                from,
+                to,
+                kept_tp_pp,
+                resume,
+                notes,
+                ..
+            } => std::iter::once(format!(
+                "re-planned: {}",
+                replan_text(nodes.len(), left_out, from, to, *kept_tp_pp, resume.as_ref())
+            ))
+            .chain(notes.iter().map(|n| format!("  {n}")))
+            .collect(),
+            Event::Progress { .. }
+            | Event::Teardown { .. }
+            | Event::ReplanRefused { .. }
+            | Event::Exit { .. } => Vec::new(),
+        }
+    }
+}
+
+/// The last line for a stop (the user's stops and an unwritable log directory have none:
+/// the summary says it).
+pub fn stop_line(stop: &Stop) -> Option<String> {
+    match stop {
+        Stop::Finished => Some("training finished on every node".to_string()),
+        Stop::Signal(_) | Stop::SignalAfterFailure(_) | Stop::LogsUnwritable { .. } => None,
+        Stop::NothingStarted { .. }
+        | Stop::ReplanLimit { .. }
+        | Stop::ReplanRefused(_)
+        | Stop::PrepareFailed(_) => Some(stop.reason()),
+    }
+}
+
+/// What a re-plan decided, in words: for the `re-planned:` line and the summary.
+pub fn replan_text(
+    survivors: usize,
+    left_out: &[String],
+    from: &ParallelConfig,
+    to: &ParallelConfig,
+    kept_tp_pp: bool,
+    resume: Option<&Resume>,
+) -> String {
+    format!(
+        "{survivors} node(s) left{}; tp={} pp={} dp={} → tp={} pp={} dp={} micro-batch {}{}{}",
+        if left_out.is_empty() {
+            " (none left out)".to_string()
+        } else {
+            format!(" (left out {})", left_out.join(", "))
+        },
+        from.tp,
+        from.pp,
+        from.dp,
+        to.tp,
+        to.pp,
+        to.dp,
+        to.micro_batch,
+        if kept_tp_pp {
+            ", tp × pp kept: the checkpoint loads as it is"
+        } else {
+            ""
+        },
+        match resume {
+            Some(r) => format!(
+                "; resuming from {}{}",
+                r.dir,
+                r.iteration
+                    .map(|i| format!(" (iteration {i})"))
+                    .unwrap_or_default()
+            ),
+            None => "; no checkpoint to resume: starting again".to_string(),
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervise::health::Health;
+
+    fn reporter() -> Reporter {
+        Reporter::new(Echo::Streams, Duration::from_secs(3))
+    }
+
+    #[test]
+    fn a_signal_names_the_grace_period() {
+        let lines = reporter().event_lines(&Event::Signal {
+            signal: "SIGINT".into(),
+            count: 1,
+        });
+        assert_eq!(
+            lines,
+            ["SIGINT received: stopping every node (TERM, 3 s grace, then KILL; signal again to kill at once)"]
+        );
+    }
+
+    #[test]
+    fn only_unhealthy_nodes_are_named() {
+        let health = |host: &str, healthy| Health {
+            host: host.into(),
+            healthy,
+            detail: "no answer within 20 s".into(),
+        };
+        let lines = reporter().event_lines(&Event::Health {
+            nodes: vec![health("a", true), health("b", false)],
+        });
+        assert_eq!(lines, ["b failed its health check: no answer within 20 s"]);
+    }
+
+    #[test]
+    fn a_replan_says_what_changed_and_where_it_resumes() {
+        let from = ParallelConfig::even(4, 2, 1, 3, 1);
+        let to = ParallelConfig::even(4, 2, 1, 2, 1);
+        let event = Event::Replan {
+            attempt: 2,
+            left_out: vec!["node-b".into()],
+            nodes: vec!["node-a".into(), "node-c".into()],
+            from: from.clone(),
+            to: to.clone(),
+            kept_tp_pp: true,
+            resharded: false,
+            resume: Some(Resume {
+                dir: "ck".into(),
+                iteration: Some(8),
+            }),
+            notes: vec!["a note".into()],
+        };
+        assert_eq!(
+            reporter().event_lines(&event),
+            [
+                format!(
+                    "re-planned: 2 node(s) left (left out node-b); tp={} pp={} dp=3 → tp={} pp={} dp=2 micro-batch {}, tp × pp kept: the checkpoint loads as it is; resuming from ck (iteration 8)",
+                    from.tp, from.pp, to.tp, to.pp, to.micro_batch
+                ),
+                "  a note".to_string(),
+            ]
+        );
+        assert!(replan_text(2, &[], &from, &to, false, None)
+            .ends_with("dp=2 micro-batch 1; no checkpoint to resume: starting again"));
+    }
+
+    #[test]
+    fn the_users_stop_has_no_last_line() {
+        assert_eq!(stop_line(&Stop::Signal(2)), None);
+        assert_eq!(
+            stop_line(&Stop::Finished).as_deref(),
+            Some("training finished on every node")
+        );
+        assert_eq!(
+            stop_line(&Stop::ReplanRefused("no node is left to run on".into())).as_deref(),
+            Some("cannot re-plan: no node is left to run on")
+        );
+    }
+}
