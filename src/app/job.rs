@@ -1,16 +1,33 @@
 //! `pipette-run`: the dry run (plan and render, launch nothing) and the launch (profile,
 //! plan, trial and re-plan, launch, supervise); `pipette calibrate` (the trial alone).
 
-use super::*;
+use std::time::Duration;
+
+use super::config::RunConfig;
+use super::inputs::{gather_inputs, Run, NO_PROFILE_YET};
+use super::{indent_lines, to_json, unix_seconds, write_json};
+use crate::cluster::{Allocation, ClusterProfile};
+use crate::config::Settings;
+use crate::error::Error;
+use crate::exec::{self, Transport};
+use crate::launch;
+use crate::model::time::{self, TimeEstimate, TimeModel, TimeRequest};
+use crate::model::{ParallelConfig, Placement};
+use crate::plan::{self, Plan, PlanOptions};
+use crate::profile::ProgressBars;
+use crate::render;
+use crate::report::plan::plan_to_human;
+use crate::supervise;
+use crate::trial;
 
 /// What a dry run did, when it planned.
 pub(super) const PLANNED_NOT_LAUNCHED: &str =
     "Dry run: planned and rendered; nothing was launched (without --dry-run, pipette-run runs the trial and launches).";
 
-pub(super) fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
-    let mut run = gather_inputs(cli, env, false)?;
-    plan_and_render(cli, env, &mut run)?;
-    if cli.pipette.json {
+pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
+    let mut run = gather_inputs(config, false)?;
+    plan_and_render(config, &mut run)?;
+    if config.output.json {
         println!("{}", to_json(&run.report)?);
     } else {
         print!("{}", run.report.to_human());
@@ -30,11 +47,10 @@ pub(super) fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
         if let Some(dir) = &run.report.run_dir {
             println!("\nRun directory: {dir}");
         }
-        let trial_runs = !cli.trial.no_trial && cli.planning.calibration.is_none();
+        let trial_runs = config.trial.before_launch;
         if let (Some(plan), Some(template), true) = (&run.plan, &run.template, trial_runs) {
-            let (_, lines, notes) =
-                trial::trial_commands(template, plan, cli.trial.trial_iters, &[])
-                    .map_err(launch_error)?;
+            let (_, lines, notes) = trial::trial_commands(template, plan, config.trial.iters, &[])
+                .map_err(launch_error)?;
             print_trial_commands(&lines, &notes);
         }
     }
@@ -47,12 +63,12 @@ pub(super) fn run(cli: &RunCli, env: &Environment) -> Result<(), Error> {
 /// run directory, then hand over to [`supervise::supervise`]. Returns pipette-run's exit
 /// code: 0, the failing worker's, or 128 + a signal; errors before anything runs are the
 /// usual [`Error`]s.
-pub(super) fn launch_and_supervise(cli: &RunCli, env: &Environment) -> Result<i32, Error> {
-    let mut job = prepare_job(cli, env)?;
-    let trial = if cli.trial.no_trial || cli.planning.calibration.is_some() {
+pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
+    let mut job = prepare_job(config)?;
+    let trial = if !config.trial.before_launch {
         None
     } else {
-        let (plan, report) = trial_and_replan(cli, &job, MAX_TRIAL_ROUNDS)?;
+        let (plan, report) = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS)?;
         job.plan = plan;
         job.template.plan_options.calibration = report.calibration.clone();
         Some(report)
@@ -83,29 +99,13 @@ pub(super) fn launch_and_supervise(cli: &RunCli, env: &Environment) -> Result<i3
         "pipette-run: run directory {} (launch scripts, plan, trial.json, logs/, events.jsonl)",
         run_dir.display()
     );
-    let s = &cli.supervise;
-    let options = supervise::SuperviseOptions {
-        grace: s.grace,
-        stall_timeout: (!s.stall_timeout.is_zero()).then_some(s.stall_timeout),
-        startup_timeout: Some(s.startup_timeout.unwrap_or(s.stall_timeout))
-            .filter(|d| !d.is_zero()),
-        max_replans: s.max_replans,
-        health_timeout: s.health_timeout,
-        // With --json, stdout carries the one result object and nothing else.
-        echo: if cli.pipette.json {
-            supervise::Echo::Stderr
-        } else {
-            supervise::Echo::Streams
-        },
-        ..supervise::SuperviseOptions::default()
-    };
-    let outcome = supervise::supervise(&template, first, &options, &events);
+    let outcome = supervise::supervise(&template, first, &config.supervise, &events);
     let summary = outcome.summary();
     eprint!("{summary}");
     if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
         eprintln!("pipette-run: warning: cannot write the summary into the run directory: {e}");
     }
-    if cli.pipette.json {
+    if config.output.json {
         let result = LaunchResult {
             run_dir: run_dir.display().to_string(),
             outcome: &outcome,
@@ -136,16 +136,16 @@ pub(super) struct Job {
 }
 
 /// Discovers and profiles (or reads --cluster), plans, and builds the job template.
-pub(super) fn prepare_job(cli: &RunCli, env: &Environment) -> Result<Job, Error> {
-    let run = gather_inputs(cli, env, true)?;
+pub(super) fn prepare_job(config: &RunConfig) -> Result<Job, Error> {
+    let run = gather_inputs(config, true)?;
     let Some(profile) = run.profile.clone() else {
         return Err(Error::Internal(
             "no profile after profiling the nodes".to_string(),
         ));
     };
-    let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
+    let options = config.planning.plan_options(&run.settings)?;
     let plan = plan::plan(&run.settings, &profile, &options)?;
-    let template = job_template(cli, env, &run, options)?;
+    let template = job_template(config, &run.settings, &run.allocation, options)?;
     Ok(Job {
         run,
         profile,
@@ -154,50 +154,43 @@ pub(super) fn prepare_job(cli: &RunCli, env: &Environment) -> Result<Job, Error>
     })
 }
 
-/// What every attempt of the job shares, from the command line.
+/// What every attempt of the job shares: the run's configuration, the settings, and the
+/// allocation (its hosts and node source choose the transport, its job id the rendezvous
+/// id).
 pub(super) fn job_template(
-    cli: &RunCli,
-    env: &Environment,
-    run: &Run,
+    config: &RunConfig,
+    settings: &Settings,
+    allocation: &Allocation,
     options: PlanOptions,
 ) -> Result<launch::JobTemplate, Error> {
+    let launch = &config.launch;
     let workdir = std::env::current_dir()
         .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
-    let rdzv_id = rendezvous_id(&cli.torchrun, run.report.nodes.job_id.as_deref());
-    let run_dir = match &cli.launch.run_dir {
+    let rdzv_id = rendezvous_id(launch.rdzv_id.as_deref(), allocation.job_id.as_deref());
+    let run_dir = match &launch.run_dir {
         Some(dir) => workdir.join(dir),
         None => render::default_run_dir(&workdir, &rdzv_id, unix_seconds()),
     };
-    let templates = match &cli.launch.templates {
+    let templates = match &launch.templates {
         Some(dir) => render::Templates::from_dir(dir)?,
         None => render::Templates::embedded(),
     };
-    let hosts: Vec<String> = run
-        .report
-        .nodes
-        .hosts
-        .iter()
-        .map(|h| h.host.clone())
-        .collect();
-    let transport = node_transport(
-        cli.supervise.launcher.as_deref(),
-        cli.supervise.ssh_config.as_deref(),
-        &hosts,
-        &run.report.nodes.source,
-    );
+    let transport = launch
+        .access
+        .transport(&allocation.host_names(), &allocation.source);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     Ok(launch::JobTemplate {
-        settings: run.settings.clone(),
-        script: script_invocation(cli),
-        torchrun: cli.supervise.torchrun.clone(),
-        torchrun_spelling: installed_torchrun_spelling(&cli.supervise.torchrun),
-        torchrun_passthrough: cli.torchrun.passthrough_args(),
-        master_addr: explicit_master_addr(&cli.torchrun),
-        master_port: cli.torchrun.master_port,
+        settings: settings.clone(),
+        script: config.script.clone(),
+        torchrun: launch.torchrun.clone(),
+        torchrun_spelling: installed_torchrun_spelling(&launch.torchrun),
+        torchrun_passthrough: launch.torchrun_passthrough.clone(),
+        master_addr: launch.master_addr.clone(),
+        master_port: launch.master_port,
         rdzv_id,
-        env: render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone()))),
+        env: config.node_env.clone(),
         workdir,
         run_dir,
         templates,
@@ -215,19 +208,19 @@ pub(super) const MAX_TRIAL_ROUNDS: usize = 2;
 /// trial ran out of memory, the new plan is tried too (at most [`MAX_TRIAL_ROUNDS`]
 /// rounds, `rounds` here). Returns the plan to launch and the report.
 pub(super) fn trial_and_replan(
-    cli: &RunCli,
+    config: &RunConfig,
     job: &Job,
     rounds: usize,
 ) -> Result<(Plan, trial::TrialReport), Error> {
     let settings = &job.run.settings;
     let mut options = job.template.plan_options.clone();
     let before = options.calibration.clone();
-    let progress = ProgressBars::new(!cli.pipette.json);
+    let progress = ProgressBars::new(!config.output.json);
     let mut plan = job.plan.clone();
     let mut trials: Vec<(trial::TrialMeasurement, Placement)> = Vec::new();
     let mut report = None;
     for round in 0..rounds {
-        let sizes = match (&cli.trial.trial_micro_batches, round) {
+        let sizes = match (&config.trial.micro_batches, round) {
             (Some(list), 0) => list.clone(),
             _ => vec![plan.config.micro_batch],
         };
@@ -244,14 +237,14 @@ pub(super) fn trial_and_replan(
             }
             eprintln!(
                 "pipette-run: trial run: tp {} pp {} dp {} micro-batch {}, {} iterations",
-                tried.config.tp, tried.config.pp, tried.config.dp, mbs, cli.trial.trial_iters
+                tried.config.tp, tried.config.pp, tried.config.dp, mbs, config.trial.iters
             );
             let request = trial::TrialRequest {
                 template: &job.template,
                 plan: &tried,
-                iters: cli.trial.trial_iters,
-                timeout: cli.trial.trial_timeout,
-                command_timeout: std::time::Duration::from_secs(60),
+                iters: config.trial.iters,
+                timeout: config.trial.timeout,
+                command_timeout: Duration::from_secs(60),
                 python: "python3",
             };
             match trial::run_trial(&request, &progress) {
@@ -308,24 +301,23 @@ pub(super) fn trial_and_replan(
 }
 
 /// `pipette calibrate`: the trial alone, its report written to `--out`.
-pub(super) fn calibrate(args: &crate::cli::CalibrateArgs, env: &Environment) -> Result<(), Error> {
-    let cli = &args.run;
-    let job = prepare_job(cli, env)?;
-    if cli.pipette.dry_run {
+pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(), Error> {
+    let job = prepare_job(config)?;
+    if config.output.dry_run {
         let (_, lines, notes) =
-            trial::trial_commands(&job.template, &job.plan, cli.trial.trial_iters, &[])
+            trial::trial_commands(&job.template, &job.plan, config.trial.iters, &[])
                 .map_err(launch_error)?;
         print_trial_commands(&lines, &notes);
         return Ok(());
     }
     // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
-    let (_, report) = trial_and_replan(cli, &job, 1)?;
-    write_json(&args.out, &report, "--out")?;
-    if cli.pipette.json {
+    let (_, report) = trial_and_replan(config, &job, 1)?;
+    write_json(out, &report, "--out")?;
+    if config.output.json {
         println!("{}", to_json(&report)?);
     } else {
         print!("{}", report.to_human());
-        println!("written to {}", args.out.display());
+        println!("written to {}", out.display());
     }
     Ok(())
 }
@@ -349,16 +341,16 @@ pub(super) fn launch_error(e: launch::LaunchError) -> Error {
 }
 
 /// Plans on the profile (when there is one), renders the launch, writes the run directory.
-pub(super) fn plan_and_render(cli: &RunCli, env: &Environment, run: &mut Run) -> Result<(), Error> {
+pub(super) fn plan_and_render(config: &RunConfig, run: &mut Run) -> Result<(), Error> {
     let Some(profile) = &run.profile else {
         run.report.status = NO_PROFILE_YET.to_string();
         return Ok(());
     };
-    let options = plan_options(&cli.planning, &run.settings, cli.pipette.seed)?;
+    let options = config.planning.plan_options(&run.settings)?;
     let plan = plan::plan(&run.settings, profile, &options)?;
     run.runner_up = runner_up(&plan, &run.settings, profile, &options);
     // The same template the launch renders with, so the preview is what would run.
-    let mut template = job_template(cli, env, run, options)?;
+    let mut template = job_template(config, &run.settings, &run.allocation, options)?;
     template.run_id.clear();
     let run_dir = template.run_dir.clone();
     let launch = template
@@ -408,7 +400,7 @@ pub fn installed_torchrun_spelling(torchrun: &str) -> render::TorchrunSpelling {
         &Transport::Local,
         "localhost",
         &help,
-        std::time::Duration::from_secs(30),
+        Duration::from_secs(30),
     ) {
         Ok(out) if out.status.success() => render::TorchrunSpelling::from_help(&out.stdout_text()),
         _ => render::TorchrunSpelling::Dashes,
@@ -417,27 +409,9 @@ pub fn installed_torchrun_spelling(torchrun: &str) -> render::TorchrunSpelling {
 
 /// torchrun's `--rdzv-id` when the user set one, else the scheduler's job id, else one
 /// made from the time (the static rendezvous only needs it to be the same on all nodes).
-pub(super) fn rendezvous_id(torchrun: &TorchrunOptions, job_id: Option<&str>) -> String {
-    if torchrun.rdzv_id != "none" {
-        return torchrun.rdzv_id.clone();
-    }
-    job_id
+pub(super) fn rendezvous_id(asked: Option<&str>, job_id: Option<&str>) -> String {
+    asked
+        .or(job_id)
         .map(str::to_string)
         .unwrap_or_else(|| format!("pipette-{}", unix_seconds()))
-}
-
-/// The user's `--master-addr`, unless it is torchrun's default (then the host with node
-/// rank 0 is the master).
-pub(super) fn explicit_master_addr(torchrun: &TorchrunOptions) -> Option<String> {
-    torchrun.master_addr.clone()
-}
-
-pub(super) fn script_invocation(cli: &RunCli) -> render::ScriptInvocation {
-    render::ScriptInvocation {
-        program: cli.script().to_string(),
-        module: cli.torchrun.module,
-        no_python: cli.torchrun.no_python,
-        run_path: cli.torchrun.run_path,
-        args: cli.script_args().to_vec(),
-    }
 }

@@ -2,50 +2,29 @@
 //! into an exit code. The only module that reads the outside world (environment,
 //! files) and writes to the terminal.
 //!
+//! - `config`: the command line and environment, resolved once into a `RunConfig` that
+//!   the rest of the orchestrator reads (no clap types below the entry points);
 //! - `job`: `pipette-run` — the dry run, and the launch: profile, plan, trial, launch,
 //!   supervise; `pipette calibrate` (the trial alone);
-//! - `inputs`: reading a run's inputs — nodes, cluster profile (read or measured),
-//!   settings — into the dry-run report's sections;
+//! - `inputs`: reading a run's inputs — nodes and their allocation, cluster profile (read
+//!   or measured), settings — into the dry-run report's sections;
 //! - `tools`: the other `pipette` subcommands, each one stage on its own.
 
+mod config;
 mod inputs;
 mod job;
 mod tools;
 
-// The imports below serve the submodules too (`use super::*`): one list for the whole
-// orchestrator, which touches every stage.
 use std::ffi::OsString;
 use std::path::Path;
 
 use clap::Parser;
 
-use crate::cli::{
-    DiscoveryOptions, EstimateArgs, ModelOptions, NodeRange, NprocPerNode, PipetteCli,
-    PipetteCommand, PlanningOptions, RunCli, TorchrunOptions,
-};
-use crate::cluster::profile::{DeviceSelection, NodeSelection};
-use crate::cluster::{self, ClusterProfile, ClusterSpec, Environment, Node, NodeSource, Slots};
-use crate::config::{self, Settings};
+use crate::cli::{PipetteCli, RunCli};
+use crate::cluster::Environment;
 use crate::error::Error;
-use crate::exec::{self, SshOptions, Transport};
-use crate::launch;
-use crate::model::memory::estimate_memory;
-use crate::model::time::{self, TimeEstimate, TimeModel, TimeOptions, TimeRequest};
-use crate::model::{params, Calibration, ParallelConfig, Placement};
-use crate::plan::{self, Plan, PlanOptions};
-use crate::profile::{self, ProfileOptions, ProgressBars};
-use crate::render;
-use crate::report::dry_run::{
-    DryRunReport, HostLine, ModelSection, NodesSection, ProfileSummary, ScriptSection,
-};
-use crate::report::estimate::{EstimateReport, ModelTime, ParamsSection};
-use crate::report::plan::plan_to_human;
-use crate::supervise;
-use crate::trial;
 
-use inputs::*;
-use job::*;
-use tools::*;
+use config::RunConfig;
 
 pub use job::installed_torchrun_spelling;
 
@@ -55,14 +34,14 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Ok(cli) => cli,
         Err(e) => return clap_exit(e),
     };
-    let env = current_environment();
-    if !cli.pipette.dry_run {
-        return match launch_and_supervise(&cli, &env) {
+    let config = RunConfig::resolve(&cli, current_environment());
+    if !config.output.dry_run {
+        return match job::launch_and_supervise(&config) {
             Ok(code) => code,
             Err(e) => finish("pipette-run", Err(e)),
         };
     }
-    finish("pipette-run", run(&cli, &env))
+    finish("pipette-run", job::run(&config))
 }
 
 /// Runs `pipette` with these arguments; returns the process exit code.
@@ -71,7 +50,10 @@ pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Ok(cli) => cli,
         Err(e) => return clap_exit(e),
     };
-    finish("pipette", pipette(&cli.command, &current_environment()))
+    finish(
+        "pipette",
+        tools::pipette(&cli.command, &current_environment()),
+    )
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Error> {

@@ -1,17 +1,38 @@
 //! The `pipette` subcommands that run one stage on its own: discover, cluster, model,
 //! estimate, plan, profile, presets.
 
-use super::*;
+use super::config::{
+    forwarded_env, read_calibration, DiscoveryInputs, NodeAccess, PlanningConfig, RunConfig,
+    SettingsInputs,
+};
+use super::inputs::{
+    allocate, allocation_error, discover_nodes, model_section, profile_summary, read_settings,
+};
+use super::job::{calibrate, runner_up};
+use super::to_json;
+use crate::cli::{EstimateArgs, PipetteCommand};
+use crate::cluster::{AllocationRequest, ClusterProfile, Environment};
+use crate::config::{self, Settings};
+use crate::error::Error;
+use crate::model::memory::estimate_memory;
+use crate::model::time::{self, TimeModel, TimeOptions, TimeRequest};
+use crate::model::{params, Calibration, ParallelConfig, Placement};
+use crate::plan;
+use crate::profile::{self, ProfileOptions, ProgressBars};
+use crate::report::dry_run::ModelSection;
+use crate::report::estimate::{EstimateReport, ModelTime, ParamsSection};
+use crate::report::plan::plan_to_human;
 
 pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(), Error> {
     match command {
         PipetteCommand::Discover { discovery, output } => {
-            let (spec, warnings) = discover_nodes(discovery, env)?;
-            for w in &warnings {
+            let found = discover_nodes(&DiscoveryInputs::new(discovery, env.clone()))?;
+            let spec = &found.spec;
+            for w in &found.warnings {
                 eprintln!("pipette: warning: {w}");
             }
             if output.json {
-                println!("{}", to_json(&spec)?);
+                println!("{}", to_json(spec)?);
             } else {
                 for node in &spec.nodes {
                     match node.slots.count() {
@@ -50,7 +71,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             output,
             megatron_args,
         } => {
-            let settings = read_settings(model, megatron_args)?;
+            let settings = read_settings(&SettingsInputs::new(model), megatron_args)?;
             let section = model_section(&settings);
             if output.json {
                 #[derive(serde::Serialize)]
@@ -86,7 +107,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             Ok(())
         }
         PipetteCommand::Plan(args) => {
-            let (spec, warnings) = discover_nodes(&args.discovery, env)?;
+            let found = discover_nodes(&DiscoveryInputs::new(&args.discovery, env.clone()))?;
             let Some(path) = &args.discovery.cluster else {
                 return Err(Error::Usage(
                     "pipette plan needs a cluster profile: give --cluster FILE (`pipette profile --out FILE` measures the nodes)"
@@ -94,19 +115,18 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
                 ));
             };
             let full = ClusterProfile::load(path)?;
-            let settings = read_settings(&args.model, &args.megatron_args)?;
-            let nodes = nodes_section(
-                spec,
-                warnings,
-                Some((path, &full)),
-                None,
-                args.nproc_per_node,
-            )?;
-            for w in &nodes.warnings {
+            let settings = read_settings(&SettingsInputs::new(&args.model), &args.megatron_args)?;
+            let request = AllocationRequest {
+                nnodes: None,
+                nproc_per_node: args.nproc_per_node,
+            };
+            let allocation = allocate(found, Some((path, &full)), request)?;
+            for w in &allocation.warnings {
                 eprintln!("pipette: warning: {w}");
             }
-            let profile = allocated_part(path, &full, &nodes)?;
-            let options = plan_options(&args.planning, &settings, args.output.seed)?;
+            let profile = allocation.narrow(path, &full).map_err(allocation_error)?;
+            let options =
+                PlanningConfig::new(&args.planning, args.output.seed).plan_options(&settings)?;
             let plan = plan::plan(&settings, &profile, &options)?;
             if args.output.json {
                 println!("{}", to_json(&plan)?);
@@ -120,27 +140,25 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             Ok(())
         }
         PipetteCommand::Profile(args) => {
-            let (spec, warnings) = discover_nodes(&args.discovery, env)?;
-            for w in &warnings {
+            let found = discover_nodes(&DiscoveryInputs::new(&args.discovery, env.clone()))?;
+            let spec = &found.spec;
+            for w in &found.warnings {
                 eprintln!("pipette: warning: {w}");
             }
+            let access = NodeAccess {
+                launcher: args.launcher.clone(),
+                ssh_config: None,
+            };
             let options = ProfileOptions {
-                transport: node_transport(
-                    args.launcher.as_deref(),
-                    None,
-                    &spec.hosts(),
-                    &spec.source,
-                ),
+                transport: access.transport(&spec.hosts(), &spec.source),
                 nproc_per_node: args.nproc_per_node,
                 torchrun: args.torchrun.clone(),
                 reprofile: args.profiling.reprofile,
-                env: render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())))
-                    .into_iter()
-                    .collect(),
+                env: forwarded_env(env).into_iter().collect(),
                 ..ProfileOptions::default()
             };
             let progress = ProgressBars::new(!args.output.json);
-            let run = profile::run_profile(&spec, &options, &progress)?;
+            let run = profile::run_profile(spec, &options, &progress)?;
             let text = run.profile.to_json_pretty();
             std::fs::write(&args.out, &text).map_err(|e| {
                 Error::Usage(format!(
@@ -168,7 +186,9 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             }
             Ok(())
         }
-        PipetteCommand::Calibrate(args) => calibrate(args, env),
+        PipetteCommand::Calibrate(args) => {
+            calibrate(&RunConfig::resolve(&args.run, env.clone()), &args.out)
+        }
         PipetteCommand::Presets { output } => {
             let names = config::presets::names();
             if output.json {
@@ -185,7 +205,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
 
 /// Costs one configuration: memory always, time when a cluster is given.
 pub(super) fn estimate(args: &EstimateArgs) -> Result<EstimateReport, Error> {
-    let settings = read_settings(&args.model, &args.megatron_args)?;
+    let settings = read_settings(&SettingsInputs::new(&args.model), &args.megatron_args)?;
     let cluster = match &args.cluster {
         Some(path) => Some(ClusterProfile::load(path)?),
         None => None,

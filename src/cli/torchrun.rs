@@ -6,12 +6,11 @@
 //! writes back the options a user changed, so the launcher hands them to the real
 //! torchrun on every node.
 
-use std::fmt;
-use std::str::FromStr;
-
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args};
 use serde::{Deserialize, Serialize};
+
+pub use crate::cluster::allocation::{NodeRange, NprocPerNode};
 
 /// torchrun's options (as of PyTorch 2.9), in torchrun's order.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
@@ -283,94 +282,6 @@ impl TorchrunOptions {
             }
         }
         out
-    }
-}
-
-/// `--nnodes N` or `--nnodes MIN:MAX`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeRange {
-    pub min: u32,
-    pub max: u32,
-}
-
-impl NodeRange {
-    pub fn contains(&self, nodes: usize) -> bool {
-        (self.min as usize..=self.max as usize).contains(&nodes)
-    }
-}
-
-impl FromStr for NodeRange {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let parse = |part: &str| {
-            part.trim().parse::<u32>().map_err(|_| {
-                format!("{part:?} is not a node count (write N or MIN:MAX, e.g. 4 or 2:4)")
-            })
-        };
-        let (min, max) = match s.split_once(':') {
-            None => {
-                let n = parse(s)?;
-                (n, n)
-            }
-            Some((a, b)) => (parse(a)?, parse(b)?),
-        };
-        if min == 0 || min > max {
-            return Err(format!(
-                "{s:?} is not a valid node range (need 0 < MIN <= MAX, e.g. 2:4)"
-            ));
-        }
-        Ok(NodeRange { min, max })
-    }
-}
-
-impl fmt::Display for NodeRange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.min == self.max {
-            write!(f, "{}", self.min)
-        } else {
-            write!(f, "{}:{}", self.min, self.max)
-        }
-    }
-}
-
-/// `--nproc-per-node`: a count, or a kind of device to count on each node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NprocPerNode {
-    Count(u32),
-    Gpu,
-    Cpu,
-    Xpu,
-    Auto,
-}
-
-impl FromStr for NprocPerNode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "gpu" => Ok(NprocPerNode::Gpu),
-            "cpu" => Ok(NprocPerNode::Cpu),
-            "xpu" => Ok(NprocPerNode::Xpu),
-            "auto" => Ok(NprocPerNode::Auto),
-            _ => match s.parse::<u32>() {
-                Ok(n) if n > 0 => Ok(NprocPerNode::Count(n)),
-                _ => Err(format!(
-                    "{s:?} is not a worker count (use a positive integer, gpu, cpu, xpu or auto)"
-                )),
-            },
-        }
-    }
-}
-
-impl fmt::Display for NprocPerNode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NprocPerNode::Count(n) => write!(f, "{n}"),
-            NprocPerNode::Gpu => f.write_str("gpu"),
-            NprocPerNode::Cpu => f.write_str("cpu"),
-            NprocPerNode::Xpu => f.write_str("xpu"),
-            NprocPerNode::Auto => f.write_str("auto"),
-        }
     }
 }
 

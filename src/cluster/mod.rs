@@ -1,16 +1,19 @@
 //! The nodes a job runs on: which hosts were allocated ([`ClusterSpec`], found by
 //! [`discover`]) and what their GPUs and links can do ([`ClusterProfile`], read from a
-//! cluster profile file).
+//! cluster profile file), and what a job may use of them ([`Allocation`]: hosts, workers
+//! and GPUs, decided once by [`allocate`]).
 //!
 //! Owns: Slurm hostlists, PBS node files, DeepSpeed hostfiles and `--include/--exclude`
 //! filters, and the cluster profile file formats. Must not know about models or plans.
 
+pub mod allocation;
 pub mod discover;
 pub mod hostfile;
 pub mod hostlist;
 pub mod import;
 pub mod profile;
 
+pub use allocation::{allocate, Allocation, AllocationError, AllocationRequest, HostAllocation};
 pub use discover::{discover, DiscoveryError, DiscoveryRequest, Environment};
 pub use profile::{ClusterProfile, ProfileError};
 

@@ -3,7 +3,7 @@
 use comfy_table::{presets::NOTHING, CellAlignment, Table};
 use serde::Serialize;
 
-use crate::cluster::NodeSource;
+use crate::cluster::{Allocation, HostAllocation, NodeSource};
 use crate::config::{
     Constraints, ModelSpec, Normalization, PositionEmbedding, Precision, Recompute,
     TrainingSettings,
@@ -34,25 +34,27 @@ pub struct DryRunReport {
     pub status: String,
 }
 
+/// The nodes as the allocation decided them ([`Allocation`]), with the world size.
 #[derive(Debug, Clone, Serialize)]
 pub struct NodesSection {
     pub source: NodeSource,
     pub job_id: Option<String>,
-    pub hosts: Vec<HostLine>,
+    pub hosts: Vec<HostAllocation>,
     /// Total workers (GPUs) across nodes, when every node's count is known.
     pub world_size: Option<u64>,
     pub warnings: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct HostLine {
-    pub host: String,
-    /// Workers (one per GPU) pipette-run would start here; `null` when unknown.
-    pub workers: Option<u32>,
-    /// The device indices the node may use, when discovery restricted them.
-    pub devices: Option<Vec<u32>>,
-    /// The GPU model, from the cluster profile.
-    pub gpu: Option<String>,
+impl From<&Allocation> for NodesSection {
+    fn from(allocation: &Allocation) -> Self {
+        NodesSection {
+            source: allocation.source.clone(),
+            job_id: allocation.job_id.clone(),
+            hosts: allocation.hosts.clone(),
+            world_size: allocation.world_size(),
+            warnings: allocation.warnings.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -1,0 +1,274 @@
+//! A run's configuration, resolved once: `pipette-run`'s command line and environment
+//! become one [`RunConfig`] as soon as they are parsed, and the rest of the orchestrator
+//! reads that (or the resolved piece it needs), never the clap types of [`crate::cli`].
+//!
+//! Resolving does no I/O and cannot fail: files the options name (the cluster profile,
+//! `--calibration`, `--templates`) are read where they always were, so their errors still
+//! come after discovery's and the settings', in the same order as before.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::cli::{DiscoveryOptions, ModelOptions, PlanningOptions, RunCli};
+use crate::cluster::{AllocationRequest, DiscoveryRequest, Environment, NodeSource};
+use crate::config::Settings;
+use crate::error::Error;
+use crate::exec::{SshOptions, Transport};
+use crate::launch;
+use crate::model::time::TimeOptions;
+use crate::model::Calibration;
+use crate::plan::PlanOptions;
+use crate::render;
+use crate::supervise;
+
+/// Everything `pipette-run` (and `pipette calibrate`) was asked to do.
+#[derive(Debug, Clone)]
+pub(super) struct RunConfig {
+    /// How results are shown.
+    pub(super) output: OutputMode,
+    /// The user's script, how torchrun runs it, and its arguments.
+    pub(super) script: render::ScriptInvocation,
+    /// Where the nodes come from.
+    pub(super) discovery: DiscoveryInputs,
+    /// `--nnodes` and `--nproc-per-node`, for [`crate::cluster::allocate`].
+    pub(super) allocation: AllocationRequest,
+    /// The preset and pins the settings are read with (besides the script's arguments).
+    pub(super) settings: SettingsInputs,
+    /// `--reprofile`: measure the nodes even when a cached profile is fresh.
+    pub(super) reprofile: bool,
+    pub(super) planning: PlanningConfig,
+    pub(super) trial: TrialConfig,
+    pub(super) launch: LaunchConfig,
+    pub(super) supervise: supervise::SuperviseOptions,
+    /// The environment every node gets (see [`render::forwarded_env`]).
+    pub(super) node_env: BTreeMap<String, String>,
+}
+
+/// How results are shown.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct OutputMode {
+    /// `--dry-run`: plan and render, launch nothing.
+    pub(super) dry_run: bool,
+    /// `--json`: one JSON value on stdout, everything else on stderr.
+    pub(super) json: bool,
+}
+
+/// What node discovery reads.
+#[derive(Debug, Clone)]
+pub(super) struct DiscoveryInputs {
+    pub(super) request: DiscoveryRequest,
+    /// `--cluster`: the cluster profile file (read when the run's inputs are gathered).
+    pub(super) cluster_file: Option<PathBuf>,
+    /// The environment (Slurm and PBS variables).
+    pub(super) environment: Environment,
+}
+
+/// What the model and training settings are read with, besides Megatron arguments.
+#[derive(Debug, Clone)]
+pub(super) struct SettingsInputs {
+    /// `--model`.
+    pub(super) preset: Option<String>,
+    /// `--pin`, parsed when the settings are read.
+    pub(super) pin: Option<String>,
+}
+
+/// The planner's options as far as the command line sets them.
+#[derive(Debug, Clone)]
+pub(super) struct PlanningConfig {
+    /// Seed, mapping mode, budget, top-k and headroom; the time options and calibration
+    /// are filled in by [`PlanningConfig::plan_options`].
+    pub(super) base: PlanOptions,
+    /// `--calibration`, read when the plan options are made.
+    pub(super) calibration: Option<PathBuf>,
+}
+
+/// The trial run before the launch.
+#[derive(Debug, Clone)]
+pub(super) struct TrialConfig {
+    /// Whether the launch runs a trial: not with `--no-trial`, nor with `--calibration`.
+    pub(super) before_launch: bool,
+    pub(super) iters: u64,
+    pub(super) timeout: Duration,
+    /// `--trial-micro-batches`: the sizes of the first round (default: the plan's).
+    pub(super) micro_batches: Option<Vec<u64>>,
+}
+
+/// What the launch renders with and how it reaches the nodes.
+#[derive(Debug, Clone)]
+pub(super) struct LaunchConfig {
+    /// `--run-dir`, relative to the working directory.
+    pub(super) run_dir: Option<PathBuf>,
+    /// `--templates`, read when the job template is made.
+    pub(super) templates: Option<PathBuf>,
+    /// The torchrun executable on the nodes.
+    pub(super) torchrun: String,
+    /// The user's torchrun options that are handed on to torchrun.
+    pub(super) torchrun_passthrough: Vec<String>,
+    pub(super) master_addr: Option<String>,
+    pub(super) master_port: u16,
+    /// `--rdzv-id`, when the user set one.
+    pub(super) rdzv_id: Option<String>,
+    pub(super) access: NodeAccess,
+}
+
+/// How to reach the nodes, as the command line said.
+#[derive(Debug, Clone, Default)]
+pub(super) struct NodeAccess {
+    /// `--launcher`: local, ssh or srun.
+    pub(super) launcher: Option<String>,
+    /// `--ssh-config`.
+    pub(super) ssh_config: Option<PathBuf>,
+}
+
+impl RunConfig {
+    /// Resolves `pipette-run`'s command line, with the environment it runs in.
+    pub(super) fn resolve(cli: &RunCli, env: Environment) -> RunConfig {
+        let t = &cli.torchrun;
+        let s = &cli.supervise;
+        RunConfig {
+            output: OutputMode {
+                dry_run: cli.pipette.dry_run,
+                json: cli.pipette.json,
+            },
+            script: render::ScriptInvocation {
+                program: cli.script().to_string(),
+                module: t.module,
+                no_python: t.no_python,
+                run_path: t.run_path,
+                args: cli.script_args().to_vec(),
+            },
+            allocation: AllocationRequest {
+                nnodes: t.nnodes,
+                nproc_per_node: t.nproc_per_node,
+            },
+            settings: SettingsInputs::new(&cli.model),
+            reprofile: cli.profiling.reprofile,
+            planning: PlanningConfig::new(&cli.planning, cli.pipette.seed),
+            trial: TrialConfig {
+                before_launch: !cli.trial.no_trial && cli.planning.calibration.is_none(),
+                iters: cli.trial.trial_iters,
+                timeout: cli.trial.trial_timeout,
+                micro_batches: cli.trial.trial_micro_batches.clone(),
+            },
+            launch: LaunchConfig {
+                run_dir: cli.launch.run_dir.clone(),
+                templates: cli.launch.templates.clone(),
+                torchrun: s.torchrun.clone(),
+                torchrun_passthrough: t.passthrough_args(),
+                master_addr: t.master_addr.clone(),
+                master_port: t.master_port,
+                rdzv_id: (t.rdzv_id != "none").then(|| t.rdzv_id.clone()),
+                access: NodeAccess {
+                    launcher: s.launcher.clone(),
+                    ssh_config: s.ssh_config.clone(),
+                },
+            },
+            supervise: supervise::SuperviseOptions {
+                grace: s.grace,
+                stall_timeout: (!s.stall_timeout.is_zero()).then_some(s.stall_timeout),
+                startup_timeout: Some(s.startup_timeout.unwrap_or(s.stall_timeout))
+                    .filter(|d| !d.is_zero()),
+                max_replans: s.max_replans,
+                health_timeout: s.health_timeout,
+                // With --json, stdout carries the one result object and nothing else.
+                echo: if cli.pipette.json {
+                    supervise::Echo::Stderr
+                } else {
+                    supervise::Echo::Streams
+                },
+                ..supervise::SuperviseOptions::default()
+            },
+            node_env: forwarded_env(&env),
+            discovery: DiscoveryInputs::new(&cli.discovery, env),
+        }
+    }
+}
+
+impl DiscoveryInputs {
+    pub(super) fn new(options: &DiscoveryOptions, environment: Environment) -> Self {
+        DiscoveryInputs {
+            request: DiscoveryRequest {
+                hostfile: options.hostfile.clone(),
+                hosts: options.hosts.clone(),
+                include: options.include.clone(),
+                exclude: options.exclude.clone(),
+            },
+            cluster_file: options.cluster.clone(),
+            environment,
+        }
+    }
+}
+
+impl SettingsInputs {
+    pub(super) fn new(options: &ModelOptions) -> Self {
+        SettingsInputs {
+            preset: options.preset.clone(),
+            pin: options.pin.clone(),
+        }
+    }
+}
+
+impl PlanningConfig {
+    pub(super) fn new(planning: &PlanningOptions, seed: u64) -> Self {
+        let mut base = PlanOptions {
+            seed,
+            mapping: planning.mapping,
+            budget: planning.budget,
+            top_k: planning.top_k.max(1),
+            ..PlanOptions::default()
+        };
+        if let Some(headroom) = planning.memory_headroom {
+            base.headroom = headroom;
+        }
+        PlanningConfig {
+            base,
+            calibration: planning.calibration.clone(),
+        }
+    }
+
+    /// The planner's options for these settings: the time options from the Megatron
+    /// arguments, the calibration from `--calibration` (read now).
+    pub(super) fn plan_options(&self, settings: &Settings) -> Result<PlanOptions, Error> {
+        let mut options = PlanOptions {
+            time_options: TimeOptions::from_training(&settings.training),
+            ..self.base.clone()
+        };
+        if let Some(path) = &self.calibration {
+            options.calibration = read_calibration(path)?;
+        }
+        Ok(options)
+    }
+}
+
+impl NodeAccess {
+    /// How to reach these nodes, for profiling and for the launch alike: `--launcher` as
+    /// asked, else [`launch::choose_transport`]'s rule; ssh with `--ssh-config` when given.
+    pub(super) fn transport(&self, hosts: &[String], source: &NodeSource) -> Transport {
+        let mut ssh = SshOptions::default();
+        if let Some(config) = &self.ssh_config {
+            ssh.extra_args = vec!["-F".to_string(), config.display().to_string()];
+        }
+        launch::choose_transport(self.launcher.as_deref(), hosts, source, ssh)
+    }
+}
+
+/// The part of the environment every node gets.
+pub(super) fn forwarded_env(env: &Environment) -> BTreeMap<String, String> {
+    render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())))
+}
+
+/// A calibration file: `pipette calibrate`'s report (its `calibration`), or a bare
+/// calibration object.
+pub(super) fn read_calibration(path: &Path) -> Result<Calibration, Error> {
+    let bad = |detail: String| {
+        Error::Usage(format!(
+            "--calibration {}: {detail} (give a file `pipette calibrate --out FILE` wrote)",
+            path.display()
+        ))
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let object = value.get("calibration").cloned().unwrap_or(value);
+    serde_json::from_value(object).map_err(|e| bad(e.to_string()))
+}
