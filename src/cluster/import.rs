@@ -15,12 +15,13 @@
 //!   sender (MB/s from row to column). Pipette's parser averages the 4×4 rank pairs of each
 //!   host pair and fills the diagonal with the row's maximum, an artefact we ignore.
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::profile::{
-    as_array, as_object, as_string, check_bandwidth, check_hosts, count, field_path, index_path,
-    invalid, quote, read_matrix, required, Cells, ClusterProfile, GpuInventory, LinkMatrix,
-    MatrixShape, NodeProfile, ProfileError, Provenance, Source, Unit,
+    bandwidth_cells, check_hosts, count, deserialize, field_path, index_path, invalid, quote,
+    wrong_type, ClusterProfile, Format as Schema, GpuInventory, LinkMatrix, MatrixShape,
+    NodeProfile, ProfileError, Provenance, Source, Unit,
 };
 
 /// MB/s per GB/s, as Pipette's own reader converts mpiGraph's figures (`MB_to_GB = 1000`).
@@ -57,21 +58,35 @@ pub fn detect(root: &Map<String, Value>) -> Format {
     }
 }
 
+/// A Pipette bandwidth file, or one of mpiGraph's tables. Other keys are ignored, as
+/// Pipette's own reader ignores them. Cells are read by [`read_table`]: numbers or numeric
+/// strings, and the diagonal is not read at all.
+#[derive(Debug, Deserialize)]
+struct Table {
+    gpus: Vec<String>,
+    bandwidth: Vec<Vec<Value>>,
+}
+
+/// mpiGraph's two tables, as Pipette's `log_to_csv.py` keys them.
+#[derive(Debug, Deserialize)]
+struct MpiGraphTables {
+    #[serde(rename = "0", default, deserialize_with = "present")]
+    receive: Option<Table>,
+    #[serde(rename = "1", default, deserialize_with = "present")]
+    send: Option<Table>,
+}
+
+/// A table that is there must be a table: `"0": null` is refused, not taken for absent.
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Table>, D::Error> {
+    Table::deserialize(deserializer).map(Some)
+}
+
 /// Reads the original Pipette bandwidth file: `"gpus"` lists the hosts, `"bandwidth"` the
 /// attained GB/s from row host to column host, as numbers or as strings such as `"19.6"`.
-pub fn pipette_bandwidth(
-    root: &Map<String, Value>,
-    origin: &str,
-) -> Result<ClusterProfile, ProfileError> {
-    let hosts = read_hosts(origin, "", root)?;
-    let bandwidth = required(
-        origin,
-        "",
-        root,
-        "bandwidth",
-        "give the host-pair bandwidths in GB/s, one row per host in the order of gpus",
-    )?;
-    let cells = read_table(origin, "", bandwidth, &hosts, Unit::GbPerS)?;
+pub fn pipette_bandwidth(root: &Value, origin: &str) -> Result<ClusterProfile, ProfileError> {
+    let table: Table = deserialize(root, origin, Schema::Pipette)?;
+    let hosts = check_table_hosts(origin, "", &table)?;
+    let cells = read_table(origin, "", &table, Unit::GbPerS)?;
     let provenance = Provenance::new(Source::Imported)
         .with_tool("Pipette bandwidth file (nccl-tests sendrecv)")
         .with_note(format!(
@@ -84,29 +99,29 @@ pub fn pipette_bandwidth(
 /// (row = receiver), `"1"` the send table (row = sender), MB/s. Both are turned to row =
 /// sender and each link gets the median of the tables that have it (with the two tables, the
 /// mean of the send-side and receive-side figures), divided by [`MB_PER_GB`].
-pub fn mpigraph(root: &Map<String, Value>, origin: &str) -> Result<ClusterProfile, ProfileError> {
-    if let Some(key) = root.keys().find(|k| k.as_str() != "0" && k.as_str() != "1") {
+pub fn mpigraph(root: &Value, origin: &str) -> Result<ClusterProfile, ProfileError> {
+    let keys = root.as_object().map(Map::keys).into_iter().flatten();
+    if let Some(key) = keys
+        .into_iter()
+        .find(|k| k.as_str() != "0" && k.as_str() != "1")
+    {
         return Err(invalid(
             origin,
             &field_path("", key),
             "is not a table Pipette's mpiGraph parser writes (it writes \"0\", the receive table, and \"1\", the send table; remove the others)".into(),
         ));
     }
+    let tables: MpiGraphTables = deserialize(root, origin, Schema::MpiGraph)?;
     let mut hosts: Option<(Vec<String>, String)> = None;
     // Every table, oriented row = sender.
-    let mut tables: Vec<Vec<f64>> = Vec::new();
-    for key in ["0", "1"] {
-        let Some(table) = root.get(key) else {
+    let mut oriented: Vec<Vec<f64>> = Vec::new();
+    let mut tables_read: Vec<&str> = Vec::new();
+    for (key, table) in [("0", &tables.receive), ("1", &tables.send)] {
+        let Some(table) = table else {
             continue;
         };
         let path = field_path("", key);
-        let table = as_object(
-            origin,
-            &path,
-            table,
-            "an mpiGraph table: {\"gpus\": [hosts], \"bandwidth\": [[MB/s]]}",
-        )?;
-        let table_hosts = read_hosts(origin, &path, table)?;
+        let table_hosts = check_table_hosts(origin, &path, table)?;
         let gpus_path = field_path(&path, "gpus");
         match &hosts {
             Some((first, first_path)) if *first != table_hosts => {
@@ -121,21 +136,16 @@ pub fn mpigraph(root: &Map<String, Value>, origin: &str) -> Result<ClusterProfil
             Some(_) => {}
             None => hosts = Some((table_hosts.clone(), gpus_path)),
         }
-        let bandwidth = required(
-            origin,
-            &path,
-            table,
-            "bandwidth",
-            "give the table's bandwidths in MB/s, one row per host in the order of gpus",
-        )?;
-        let cells = read_table(origin, &path, bandwidth, &table_hosts, Unit::MbPerS)?;
+        let cells = read_table(origin, &path, table, Unit::MbPerS)?;
         let n = table_hosts.len();
-        tables.push(if key == "0" {
+        if key == "0" {
             // Receive table: row = receiver; transpose to row = sender.
-            (0..n * n).map(|k| cells[(k % n) * n + k / n]).collect()
+            oriented.push((0..n * n).map(|k| cells[(k % n) * n + k / n]).collect());
+            tables_read.push("receive table \"0\" transposed");
         } else {
-            cells
-        });
+            oriented.push(cells);
+            tables_read.push("send table \"1\"");
+        }
     }
     let Some((hosts, _)) = hosts else {
         return Err(invalid(
@@ -147,15 +157,8 @@ pub fn mpigraph(root: &Map<String, Value>, origin: &str) -> Result<ClusterProfil
     };
     let n = hosts.len();
     let cells: Vec<f64> = (0..n * n)
-        .map(|k| median(tables.iter().map(|t| t[k]).collect()) / MB_PER_GB)
+        .map(|k| median(oriented.iter().map(|t| t[k]).collect()) / MB_PER_GB)
         .collect();
-    let mut tables_read: Vec<&str> = Vec::new();
-    if root.contains_key("0") {
-        tables_read.push("receive table \"0\" transposed");
-    }
-    if root.contains_key("1") {
-        tables_read.push("send table \"1\"");
-    }
     let provenance = Provenance::new(Source::Imported)
         .with_tool("mpiGraph (as kept by Pipette's log_to_csv.py)")
         .with_note(format!(
@@ -166,46 +169,33 @@ pub fn mpigraph(root: &Map<String, Value>, origin: &str) -> Result<ClusterProfil
 }
 
 /// `parent.gpus`: the host names, checked.
-fn read_hosts(
+fn check_table_hosts(
     origin: &str,
     parent: &str,
-    obj: &Map<String, Value>,
+    table: &Table,
 ) -> Result<Vec<String>, ProfileError> {
     let path = field_path(parent, "gpus");
-    let list = required(
-        origin,
-        parent,
-        obj,
-        "gpus",
-        "list the hosts, in the order of the bandwidth rows",
-    )?;
-    let hosts = as_array(origin, &path, list, "a list of host names")?
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            as_string(origin, &index_path(&path, i), v, "a host name").map(str::to_string)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if hosts.is_empty() {
+    if table.gpus.is_empty() {
         return Err(invalid(
             origin,
             &path,
             "is empty (list the hosts that were measured)".into(),
         ));
     }
-    check_hosts(origin, &hosts, |i| index_path(&path, i))?;
-    Ok(hosts)
+    check_hosts(origin, &table.gpus, |i| index_path(&path, i))?;
+    Ok(table.gpus.clone())
 }
 
-/// `parent.bandwidth`: a square table in `unit`, every off-diagonal cell checked.
+/// `parent.bandwidth`: a square table in `unit`, row-major, every off-diagonal cell a
+/// plausible bandwidth; the diagonal is not read and is 0.
 fn read_table(
     origin: &str,
     parent: &str,
-    value: &Value,
-    hosts: &[String],
+    table: &Table,
     unit: Unit,
 ) -> Result<Vec<f64>, ProfileError> {
     let path = field_path(parent, "bandwidth");
+    let hosts = &table.gpus;
     let n = hosts.len();
     let shape = MatrixShape {
         size: n,
@@ -213,20 +203,32 @@ fn read_table(
         per: "host",
         order: field_path(parent, "gpus"),
     };
-    let cells = read_matrix(origin, &path, value, &shape, Cells::NumbersOrStrings(unit))?;
-    for i in 0..n {
-        for j in (0..n).filter(|&j| j != i) {
-            check_bandwidth(
-                origin,
-                &format!("{path}[{i}][{j}]"),
-                cells[i * n + j],
-                unit,
-                &quote(&hosts[i]),
-                &quote(&hosts[j]),
-            )?;
-        }
+    let labels: Vec<String> = hosts.iter().map(|h| quote(h)).collect();
+    let read = |at: &str, cell: &Value| read_cell(origin, at, cell, unit);
+    bandwidth_cells(origin, &path, &table.bandwidth, &shape, unit, &labels, read)
+}
+
+/// A number, or a string holding one (`"19.6"`, blanks around it allowed).
+fn read_cell(origin: &str, path: &str, cell: &Value, unit: Unit) -> Result<f64, ProfileError> {
+    match cell {
+        Value::Number(n) => Ok(n.as_f64().unwrap_or(f64::NAN)),
+        Value::String(s) => match s.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() => Ok(v),
+            _ => Err(ProfileError::NotANumber {
+                origin: origin.into(),
+                path: path.into(),
+                found: quote(s),
+                unit: unit.as_str(),
+                example: unit.example(),
+            }),
+        },
+        _ => Err(wrong_type(
+            origin,
+            path,
+            cell,
+            &format!("a number in {}", unit.as_str()),
+        )),
     }
-    Ok(cells)
 }
 
 fn finish(
@@ -301,10 +303,10 @@ mod tests {
     #[test]
     fn pipette_file_gives_node_links_and_unknown_gpus() {
         // Cells are numbers or strings; the diagonal is not read at all.
-        let file = root(json!({
+        let file = json!({
             "gpus": ["a", "b", "c"],
             "bandwidth": [["130.2", "19.6", " 19.5 "], [19.4, "x", "18.0"], ["17.5", "18.5", null]]
-        }));
+        });
         let profile = pipette_bandwidth(&file, "p.json").unwrap();
         assert_eq!(profile.hosts().collect::<Vec<_>>(), ["a", "b", "c"]);
         assert!(!profile.gpus_known());
@@ -320,16 +322,15 @@ mod tests {
     fn mpigraph_orients_both_tables_by_sender() {
         // Link a -> b: send table says 20000, receive table (row b, column a) says 18000.
         // Link b -> a: send table says 16000, receive table (row a, column b) says 14000.
-        let file = root(json!({
+        let file = json!({
             "0": {"gpus": ["a", "b"], "bandwidth": [[14000.0, 14000.0], [18000.0, 18000.0]]},
             "1": {"gpus": ["a", "b"], "bandwidth": [[20000.0, 20000.0], [16000.0, 16000.0]]}
-        }));
+        });
         let profile = mpigraph(&file, "m.json").unwrap();
         assert_eq!(profile.node_links.get(0, 1), 19.0);
         assert_eq!(profile.node_links.get(1, 0), 15.0);
 
-        let recv_only =
-            root(json!({"0": {"gpus": ["a", "b"], "bandwidth": [[0, 14000], [18000, 0]]}}));
+        let recv_only = json!({"0": {"gpus": ["a", "b"], "bandwidth": [[0, 14000], [18000, 0]]}});
         let profile = mpigraph(&recv_only, "m.json").unwrap();
         assert_eq!(profile.node_links.get(0, 1), 18.0);
         assert_eq!(profile.node_links.get(1, 0), 14.0);
@@ -337,24 +338,24 @@ mod tests {
 
     #[test]
     fn mpigraph_tables_must_agree_on_hosts() {
-        let file = root(json!({
+        let file = json!({
             "0": {"gpus": ["a", "b"], "bandwidth": [[0, 1], [1, 0]]},
             "1": {"gpus": ["b", "a"], "bandwidth": [[0, 1], [1, 0]]}
-        }));
+        });
         let err = mpigraph(&file, "m.json").unwrap_err().to_string();
         assert!(
             err.starts_with("m.json: [\"1\"].gpus lists other hosts than [\"0\"].gpus"),
             "{err}"
         );
 
-        let file = root(json!({"0": {"gpus": ["a"], "bandwidth": [[0]]}, "2": {}}));
+        let file = json!({"0": {"gpus": ["a"], "bandwidth": [[0]]}, "2": {}});
         let err = mpigraph(&file, "m.json").unwrap_err().to_string();
         assert!(err.starts_with("m.json: [\"2\"] is not a table"), "{err}");
     }
 
     #[test]
     fn mpigraph_errors_name_the_table_cell() {
-        let file = root(json!({"1": {"gpus": ["a", "b"], "bandwidth": [[0, "fast"], [1, 0]]}}));
+        let file = json!({"1": {"gpus": ["a", "b"], "bandwidth": [[0, "fast"], [1, 0]]}});
         let err = mpigraph(&file, "m.json").unwrap_err().to_string();
         assert!(err.starts_with("m.json: [\"1\"].bandwidth[0][1] is \"fast\", not a finite number (write the bandwidth in MB/s"), "{err}");
     }

@@ -45,8 +45,8 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use crate::cluster::profile::{
-    Dtype, GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile, PeakTflops, Provenance,
-    Source, SIGNIFICANT_DIGITS,
+    round_figure, Dtype, GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile,
+    PeakTflops, Provenance, Source,
 };
 use crate::cluster::{ClusterProfile, ClusterSpec, ProfileError};
 use crate::exec::{format_duration, is_local_host, ExecError, Status, Transport};
@@ -589,7 +589,7 @@ fn assemble(
     // Compute figures by rank and dtype.
     let mut compute: BTreeMap<(usize, &str), f64> = BTreeMap::new();
     for c in &report.compute {
-        compute.insert((c.rank, c.dtype.as_str()), figure(c.tflops));
+        compute.insert((c.rank, c.dtype.as_str()), round_figure(c.tflops));
     }
     let rank_of = |node: usize, local: usize| place.iter().position(|p| *p == (node, local));
 
@@ -794,17 +794,6 @@ fn in_spec_order(profile: ClusterProfile, spec: &ClusterSpec) -> Option<ClusterP
         nodes,
         node_links,
     })
-}
-
-/// `x` to the profile file's precision ([`SIGNIFICANT_DIGITS`]), as the file reads it back,
-/// so a profile compares equal to itself after a write and a read.
-fn figure(x: f64) -> f64 {
-    if !x.is_finite() || x == 0.0 {
-        return x;
-    }
-    format!("{x:.prec$e}", prec = SIGNIFICANT_DIGITS - 1)
-        .parse()
-        .unwrap_or(x)
 }
 
 /// `YYYY-MM-DD` of `time` in UTC (days since the epoch to a civil date, after Howard

@@ -1,0 +1,285 @@
+//! The cluster profile file: nodes, their GPUs, the attained bandwidth of every link that
+//! matters, and where each figure came from.
+//!
+//! Owns the `pipette-cluster/1` schema (see `docs/cluster-profile.md`):
+//!
+//! - [`types`]: the profile ([`ClusterProfile`] and its parts) and the file's shape, read
+//!   and written by serde derive; selecting the part of a profile an allocation uses, and
+//!   filling in default GPUs for profiles imported from tools that measured the network only;
+//! - [`read`]: JSON to a profile, in any format [`ClusterProfile::load`] knows (the foreign
+//!   ones are handed to [`super::import`]), with messages that name the file, the JSON path
+//!   of the bad field and what to do;
+//! - [`validate`]: the one validation pass;
+//! - [`write`]: the stable, diff-friendly layout.
+//!
+//! Must not know how figures are measured (that is the profiler's job) nor what a plan does
+//! with them. Never panics on input: every problem is a [`ProfileError`].
+
+mod error;
+mod read;
+mod types;
+mod validate;
+mod write;
+
+pub use error::ProfileError;
+pub use types::{
+    round_figure, ClusterProfile, DeviceSelection, Dtype, GpuInventory, GpuSpec, LinkMatrix,
+    MeasuredTflops, NodeProfile, NodeSelection, PeakTflops, Provenance, Source,
+};
+
+pub(crate) use error::{count, field_path, index_path, invalid, quote, wrong_type};
+pub(crate) use read::{deserialize, Format};
+pub(crate) use validate::{bandwidth_cells, check_hosts, MatrixShape, Unit};
+
+/// The version tag every profile file starts with.
+pub const SCHEMA_VERSION: &str = "pipette-cluster/1";
+
+/// No link attains more than this (GB/s); a larger figure is a unit mistake (MB/s read as GB/s).
+/// NVLink 5 moves 900 GB/s per direction per GPU, so this leaves room for a decade of growth.
+pub const MAX_PLAUSIBLE_GB_PER_S: f64 = 10_000.0;
+
+/// Every working link attains more than this (GB/s, i.e. 1 MB/s); a smaller figure is a
+/// unit mistake or a broken link.
+pub const MIN_PLAUSIBLE_GB_PER_S: f64 = 0.001;
+
+/// Accepted peak and measured TFLOPS lie between these.
+pub const TFLOPS_RANGE: (f64, f64) = (0.001, 100_000.0);
+
+/// Figures are kept to this many significant digits (far below measurement noise), so that
+/// they are written in at most that many digits and read back as the very same `f64` by
+/// serde_json, which without its `float_roundtrip` feature may misread 17-digit numbers.
+pub const SIGNIFICANT_DIGITS: usize = 12;
+
+/// The most GPUs [`ClusterProfile::with_default_gpus`] puts on one node.
+pub const MAX_GPUS_PER_NODE: usize = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a100(index: u32) -> GpuSpec {
+        GpuSpec {
+            index,
+            name: "A100-SXM4-80GB".into(),
+            memory_bytes: 85_899_345_920,
+            peak_tflops: PeakTflops {
+                bf16: Some(312.0),
+                fp16: 312.0,
+            },
+            measured_tflops: None,
+            provenance: Provenance::new(Source::Datasheet),
+        }
+    }
+
+    fn two_nodes() -> ClusterProfile {
+        let gpus = GpuInventory::Known {
+            gpus: vec![a100(0), a100(1)],
+            links: LinkMatrix::uniform(2, 240.0, Provenance::new(Source::Estimated)),
+        };
+        ClusterProfile {
+            note: Some("two nodes".into()),
+            nodes: vec![
+                NodeProfile {
+                    host: "n0".into(),
+                    gpus: gpus.clone(),
+                },
+                NodeProfile {
+                    host: "n1".into(),
+                    gpus,
+                },
+            ],
+            node_links: LinkMatrix::from_rows(
+                &[vec![0.0, 23.5], vec![23.25, 0.0]],
+                Provenance::new(Source::Measured)
+                    .with_date("2024-05-31")
+                    .with_tool("nccl-tests"),
+            )
+            .unwrap(),
+        }
+    }
+
+    #[test]
+    fn link_matrix_reads_by_sender_then_receiver() {
+        let m = LinkMatrix::from_rows(
+            &[
+                vec![9.0, 1.0, 2.0],
+                vec![3.0, 9.0, 4.0],
+                vec![5.0, 6.0, 9.0],
+            ],
+            Provenance::new(Source::Measured),
+        )
+        .unwrap();
+        assert_eq!(m.size(), 3);
+        assert_eq!(m.get(0, 1), 1.0);
+        assert_eq!(m.get(1, 0), 3.0);
+        assert_eq!(m.get(2, 2), 0.0, "the diagonal is set to 0");
+        assert_eq!(m.row(1), &[3.0, 0.0, 4.0]);
+        assert_eq!(m.min_link(), Some(1.0));
+        assert_eq!(m.max_link(), Some(6.0));
+        assert_eq!(m.links().count(), 6);
+        assert!(
+            LinkMatrix::from_rows(&[vec![1.0, 2.0]], Provenance::new(Source::Measured)).is_none()
+        );
+    }
+
+    #[test]
+    fn link_matrix_set_ignores_the_diagonal() {
+        let mut m = LinkMatrix::uniform(2, 10.0, Provenance::new(Source::Estimated));
+        m.set(0, 1, 12.5);
+        m.set(1, 1, 99.0);
+        assert_eq!(m.get(0, 1), 12.5);
+        assert_eq!(m.get(1, 1), 0.0);
+        assert_eq!(
+            LinkMatrix::uniform(1, 5.0, Provenance::new(Source::Estimated)).min_link(),
+            None
+        );
+    }
+
+    #[test]
+    fn pretty_output_reads_back_equal() {
+        let profile = two_nodes();
+        let text = profile.to_json_pretty();
+        assert!(
+            text.starts_with("{\n  \"schema\": \"pipette-cluster/1\",\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("}\n"));
+        let again = ClusterProfile::from_json_str(&text, "t.json").unwrap();
+        assert_eq!(again, profile);
+        // serde goes through the same reader.
+        let json = serde_json::to_string(&profile).unwrap();
+        let back: ClusterProfile = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, profile);
+    }
+
+    #[test]
+    fn pretty_output_puts_one_matrix_row_on_a_line() {
+        let mut profile = two_nodes();
+        profile.node_links = LinkMatrix::uniform(12, 23.5, Provenance::new(Source::Estimated));
+        profile.nodes = (0..12)
+            .map(|i| NodeProfile {
+                host: format!("n{i}"),
+                gpus: GpuInventory::Unknown,
+            })
+            .collect();
+        let text = profile.to_json_pretty();
+        let row_lines = text
+            .lines()
+            .filter(|l| {
+                l.trim_start().starts_with("[0.0, 23.5") || l.trim_start().starts_with("[23.5")
+            })
+            .count();
+        assert_eq!(row_lines, 12, "{text}");
+        assert!(
+            text.contains("    {\"host\": \"n0\", \"gpus\": \"unknown\"},\n"),
+            "{text}"
+        );
+        assert!(!text.contains("\"bf16\""));
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let mut profile = two_nodes();
+        if let GpuInventory::Known { gpus, .. } = &mut profile.nodes[1].gpus {
+            gpus[1].memory_bytes = 0;
+        }
+        let err = profile.validate("mem.json").unwrap_err().to_string();
+        assert!(
+            err.starts_with("mem.json: nodes[1].gpus[1].memory_bytes is 0 bytes"),
+            "{err}"
+        );
+
+        let mut profile = two_nodes();
+        profile.node_links.set(1, 0, f64::NAN);
+        let err = profile.validate("nan.json").unwrap_err().to_string();
+        assert!(
+            err.contains("node_links.gb_per_s[1][0] is NaN, not a finite number"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn default_gpus_fill_unknown_nodes_only() {
+        let mut profile = two_nodes();
+        profile.nodes[1].gpus = GpuInventory::Unknown;
+        assert!(!profile.gpus_known());
+        assert_eq!(profile.gpu_count(), None);
+        let filled = profile.with_default_gpus(a100(7), 4, 200.0).unwrap();
+        assert!(filled.gpus_known());
+        assert_eq!(filled.gpu_count(), Some(6));
+        assert_eq!(
+            filled.nodes[0].gpus().unwrap().len(),
+            2,
+            "known nodes are kept"
+        );
+        let gpus = filled.nodes[1].gpus().unwrap();
+        assert_eq!(
+            gpus.iter().map(|g| g.index).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+        let links = filled.nodes[1].gpu_links().unwrap();
+        assert_eq!(links.get(0, 3), 200.0);
+        assert_eq!(links.provenance.source, Source::Estimated);
+        filled.validate("filled").unwrap();
+    }
+
+    #[test]
+    fn default_gpus_reject_nonsense() {
+        let profile = two_nodes();
+        let err = profile
+            .clone()
+            .with_default_gpus(a100(0), 0, 200.0)
+            .unwrap_err();
+        assert!(err.to_string().contains("per_node is 0"), "{err}");
+        let err = profile
+            .clone()
+            .with_default_gpus(a100(0), 8, -1.0)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("intra_node_gb_per_s is -1"),
+            "{err}"
+        );
+        let mut bad = a100(0);
+        bad.memory_bytes = 0;
+        let err = profile.with_default_gpus(bad, 8, 200.0).unwrap_err();
+        assert!(
+            err.to_string().contains("gpu.memory_bytes is 0 bytes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn figures_read_back_exactly() {
+        assert_eq!(round_figure(0.1 + 0.2), 0.3);
+        assert_eq!(round_figure(18.908481062499998), 18.9084810625);
+        assert!(round_figure(f64::NAN).is_nan());
+        for x in [
+            18.908481062499998,
+            0.1 + 0.2,
+            1234.5678901234567,
+            0.0012345678901234,
+            99999.99999999999,
+        ] {
+            let q = round_figure(x);
+            assert_eq!(round_figure(q), q, "idempotent");
+            let text = serde_json::to_string(&q).unwrap();
+            assert_eq!(serde_json::from_str::<f64>(&text).unwrap(), q, "{text}");
+        }
+    }
+
+    #[test]
+    fn peak_tflops_by_dtype() {
+        let v100 = PeakTflops {
+            bf16: None,
+            fp16: 125.0,
+        };
+        assert_eq!(v100.get(Dtype::Fp16), Some(125.0));
+        assert_eq!(v100.get(Dtype::Bf16), None);
+        assert_eq!(Dtype::Bf16.to_string(), "bf16");
+        assert_eq!(
+            serde_json::from_str::<Source>("\"imported\"").ok(),
+            Some(Source::Imported)
+        );
+        assert!(serde_json::from_str::<Source>("\"guess\"").is_err());
+    }
+}

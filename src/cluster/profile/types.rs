@@ -1,0 +1,630 @@
+//! The profile's types: what the program works with ([`ClusterProfile`] and its parts) and,
+//! for the parts whose JSON shape differs from their Rust shape, the file's own shape
+//! ([`ProfileFile`] and its parts), all read and written by serde derive.
+//!
+//! The file types describe the `pipette-cluster/1` schema exactly (every object is closed:
+//! `deny_unknown_fields`); they can hold what the program's types cannot (a matrix that is
+//! not square, `gpu_links` beside `"gpus": "unknown"`), so that the validation pass can
+//! name such a problem by its JSON path before the program's types are built.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::error::{invalid, show_number};
+use super::validate::check_gpu;
+use super::{ProfileError, MAX_GPUS_PER_NODE, MAX_PLAUSIBLE_GB_PER_S, SIGNIFICANT_DIGITS};
+
+/// The nodes of a cluster, their GPUs, and the attained bandwidth between them.
+///
+/// A profile read from a file is valid: matrices match the node and GPU counts, every link
+/// has a positive, finite bandwidth, host names are unique. A profile built in code can be
+/// checked with [`ClusterProfile::validate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterProfile {
+    /// What the profile models or where it came from, for people.
+    pub note: Option<String>,
+    /// The nodes, in the order of `node_links`' rows and columns.
+    pub nodes: Vec<NodeProfile>,
+    /// Attained bandwidth from node to node (row = sender, column = receiver), GB/s: what one
+    /// GPU pair (one NIC) attains across the network. The diagonal is unused and kept at 0.
+    pub node_links: LinkMatrix,
+}
+
+/// A node an allocation may use, for [`ClusterProfile::subset`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSelection<'a> {
+    pub host: &'a str,
+    pub devices: DeviceSelection,
+}
+
+/// Which of a node's GPUs an allocation may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSelection {
+    All,
+    /// The first `n` (`--nproc-per-node n`).
+    First(usize),
+    /// These device indices (`SLURM_JOB_GPUS`, `--include host:0,1`).
+    Indices(Vec<u32>),
+}
+
+/// One node: its host name and, when known, its GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeProfile {
+    /// The host name the launcher reaches the node by.
+    pub host: String,
+    pub gpus: GpuInventory,
+}
+
+/// What a profile knows of a node's GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GpuInventory {
+    /// Nothing: the profile was imported from a network-only measurement (Pipette, mpiGraph).
+    /// Profiling or [`ClusterProfile::with_default_gpus`] must fill it in before planning.
+    Unknown,
+    /// The GPUs and the attained bandwidth between every pair of them (row = sender,
+    /// column = receiver, both in the order of `gpus`).
+    Known {
+        gpus: Vec<GpuSpec>,
+        links: LinkMatrix,
+    },
+}
+
+/// One GPU of a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSpec {
+    /// The device index as nvidia-smi numbers it (PCI bus order), as `CUDA_VISIBLE_DEVICES`
+    /// names it with `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
+    pub index: u32,
+    /// The model, e.g. `A100-SXM4-80GB`.
+    pub name: String,
+    /// Device memory, bytes.
+    pub memory_bytes: u64,
+    /// Dense tensor-core peak from the datasheet.
+    pub peak_tflops: PeakTflops,
+    /// What a matrix-multiply benchmark attained on this GPU, when measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_tflops: Option<MeasuredTflops>,
+    /// Where `name`, `memory_bytes` and `peak_tflops` came from.
+    pub provenance: Provenance,
+}
+
+/// Dense (no sparsity) tensor-core peak TFLOPS per training dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeakTflops {
+    /// `None`: the GPU has no bf16 tensor cores (V100 and older). Written as `null`.
+    #[serde(default, deserialize_with = "optional_figure")]
+    pub bf16: Option<f64>,
+    #[serde(deserialize_with = "figure")]
+    pub fp16: f64,
+}
+
+impl PeakTflops {
+    /// The peak for `dtype`, or `None` when the GPU has no tensor cores for it.
+    pub fn get(&self, dtype: Dtype) -> Option<f64> {
+        match dtype {
+            Dtype::Bf16 => self.bf16,
+            Dtype::Fp16 => Some(self.fp16),
+        }
+    }
+}
+
+/// The 16-bit training dtypes the planner distinguishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    Bf16,
+    Fp16,
+}
+
+impl Dtype {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp16 => "fp16",
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Attained matrix-multiply throughput of one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredTflops {
+    pub dtype: Dtype,
+    #[serde(deserialize_with = "figure")]
+    pub tflops: f64,
+    pub provenance: Provenance,
+}
+
+/// Where a figure came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    pub source: Source,
+    /// When it was measured or looked up, `YYYY-MM-DD`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub date: Option<String>,
+    /// What measured or produced it, e.g. `nccl-tests sendrecv_perf 2.13`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Provenance {
+    pub fn new(source: Source) -> Self {
+        Provenance {
+            source,
+            date: None,
+            tool: None,
+            note: None,
+        }
+    }
+
+    pub fn with_date(mut self, date: impl Into<String>) -> Self {
+        self.date = Some(date.into());
+        self
+    }
+
+    pub fn with_tool(mut self, tool: impl Into<String>) -> Self {
+        self.tool = Some(tool.into());
+        self
+    }
+
+    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+}
+
+/// The kind of origin a figure has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Measured on these very nodes.
+    Measured,
+    /// Taken from the vendor's datasheet.
+    Datasheet,
+    /// Read from another tool's file (Pipette, mpiGraph).
+    Imported,
+    /// A guess or a default, e.g. a typical attained figure for this hardware.
+    Estimated,
+}
+
+impl Source {
+    pub const ALL: [Source; 4] = [
+        Source::Measured,
+        Source::Datasheet,
+        Source::Imported,
+        Source::Estimated,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Measured => "measured",
+            Source::Datasheet => "datasheet",
+            Source::Imported => "imported",
+            Source::Estimated => "estimated",
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A square matrix of attained bandwidths in GB/s (10^9 bytes per second), row = sender,
+/// column = receiver, with where the figures came from. The diagonal is unused and is 0.
+/// Figures are kept to [`SIGNIFICANT_DIGITS`] significant digits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkMatrix {
+    pub provenance: Provenance,
+    size: usize,
+    cells: Vec<f64>,
+}
+
+impl LinkMatrix {
+    /// The same bandwidth between every pair of distinct endpoints.
+    pub fn uniform(size: usize, gb_per_s: f64, provenance: Provenance) -> Self {
+        Self::from_cells(size, vec![gb_per_s; size * size], provenance)
+    }
+
+    /// A matrix from its rows; `None` unless there are as many columns in every row as
+    /// there are rows. The diagonal is set to 0.
+    pub fn from_rows(rows: &[Vec<f64>], provenance: Provenance) -> Option<Self> {
+        let size = rows.len();
+        if rows.iter().any(|row| row.len() != size) {
+            return None;
+        }
+        Some(Self::from_cells(size, rows.concat(), provenance))
+    }
+
+    /// `cells` holds `size * size` figures, row-major.
+    pub(crate) fn from_cells(size: usize, mut cells: Vec<f64>, provenance: Provenance) -> Self {
+        debug_assert_eq!(cells.len(), size * size);
+        for cell in &mut cells {
+            *cell = round_figure(*cell);
+        }
+        for i in 0..size {
+            cells[i * size + i] = 0.0;
+        }
+        LinkMatrix {
+            provenance,
+            size,
+            cells,
+        }
+    }
+
+    /// The number of rows (and columns).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Attained bandwidth from `from` to `to`, GB/s (0 when `from == to`).
+    ///
+    /// # Panics
+    /// When either index is not below [`LinkMatrix::size`].
+    pub fn get(&self, from: usize, to: usize) -> f64 {
+        assert!(
+            from < self.size && to < self.size,
+            "link ({from}, {to}) outside a {n}x{n} matrix",
+            n = self.size
+        );
+        self.cells[from * self.size + to]
+    }
+
+    /// Sets the bandwidth from `from` to `to` (ignored on the diagonal).
+    ///
+    /// # Panics
+    /// When either index is not below [`LinkMatrix::size`].
+    pub fn set(&mut self, from: usize, to: usize, gb_per_s: f64) {
+        assert!(
+            from < self.size && to < self.size,
+            "link ({from}, {to}) outside a {n}x{n} matrix",
+            n = self.size
+        );
+        if from != to {
+            self.cells[from * self.size + to] = round_figure(gb_per_s);
+        }
+    }
+
+    /// One row: bandwidth from `from` to every endpoint.
+    pub fn row(&self, from: usize) -> &[f64] {
+        &self.cells[from * self.size..(from + 1) * self.size]
+    }
+
+    /// Every off-diagonal link as `(from, to, gb_per_s)`, row by row.
+    pub fn links(&self) -> impl Iterator<Item = (usize, usize, f64)> + '_ {
+        let n = self.size;
+        (0..n * n)
+            .filter(move |k| k / n != k % n)
+            .map(move |k| (k / n, k % n, self.cells[k]))
+    }
+
+    /// The slowest off-diagonal link, GB/s; `None` for a 1x1 (or empty) matrix.
+    pub fn min_link(&self) -> Option<f64> {
+        self.links().map(|(_, _, v)| v).reduce(f64::min)
+    }
+
+    /// The fastest off-diagonal link, GB/s; `None` for a 1x1 (or empty) matrix.
+    pub fn max_link(&self) -> Option<f64> {
+        self.links().map(|(_, _, v)| v).reduce(f64::max)
+    }
+}
+
+impl NodeProfile {
+    /// The node's GPUs, when known.
+    pub fn gpus(&self) -> Option<&[GpuSpec]> {
+        match &self.gpus {
+            GpuInventory::Known { gpus, .. } => Some(gpus),
+            GpuInventory::Unknown => None,
+        }
+    }
+
+    /// The GPU-pair bandwidths inside the node, when known.
+    pub fn gpu_links(&self) -> Option<&LinkMatrix> {
+        match &self.gpus {
+            GpuInventory::Known { links, .. } => Some(links),
+            GpuInventory::Unknown => None,
+        }
+    }
+}
+
+impl ClusterProfile {
+    /// Checks what reading a file checks, for a profile built in code. `origin` names the
+    /// profile in the message.
+    pub fn validate(&self, origin: &str) -> Result<(), ProfileError> {
+        super::validate::check(ProfileFile::from(self), origin).map(drop)
+    }
+
+    /// Gives every node whose GPUs are unknown `per_node` copies of `gpu` (indices
+    /// `0..per_node`) and a uniform `intra_node_gb_per_s` between every GPU pair, marked
+    /// `estimated`. Nodes whose GPUs are known are left as they are.
+    pub fn with_default_gpus(
+        mut self,
+        gpu: GpuSpec,
+        per_node: usize,
+        intra_node_gb_per_s: f64,
+    ) -> Result<Self, ProfileError> {
+        const ORIGIN: &str = "default GPUs";
+        if per_node == 0 || per_node > MAX_GPUS_PER_NODE {
+            return Err(invalid(
+                ORIGIN,
+                "per_node",
+                format!("is {per_node} (give between 1 and {MAX_GPUS_PER_NODE} GPUs per node)"),
+            ));
+        }
+        if !(intra_node_gb_per_s.is_finite()
+            && intra_node_gb_per_s > 0.0
+            && intra_node_gb_per_s <= MAX_PLAUSIBLE_GB_PER_S)
+        {
+            return Err(invalid(
+                ORIGIN,
+                "intra_node_gb_per_s",
+                format!(
+                    "is {} (give the bandwidth one GPU attains to another in the node, GB/s, e.g. 240 for A100 NVLink)",
+                    show_number(intra_node_gb_per_s)
+                ),
+            ));
+        }
+        check_gpu(ORIGIN, "gpu", &gpu)?;
+        let mut gpu = gpu;
+        gpu.peak_tflops.fp16 = round_figure(gpu.peak_tflops.fp16);
+        gpu.peak_tflops.bf16 = gpu.peak_tflops.bf16.map(round_figure);
+        if let Some(m) = &mut gpu.measured_tflops {
+            m.tflops = round_figure(m.tflops);
+        }
+        let provenance = Provenance::new(Source::Estimated).with_note(format!(
+            "default: {intra_node_gb_per_s} GB/s between every GPU pair, no measurement"
+        ));
+        for node in &mut self.nodes {
+            if node.gpus == GpuInventory::Unknown {
+                let gpus = (0..per_node)
+                    .map(|i| GpuSpec {
+                        index: i as u32,
+                        ..gpu.clone()
+                    })
+                    .collect();
+                let links = LinkMatrix::uniform(per_node, intra_node_gb_per_s, provenance.clone());
+                node.gpus = GpuInventory::Known { gpus, links };
+            }
+        }
+        Ok(self)
+    }
+
+    /// True when every node's GPUs are known.
+    pub fn gpus_known(&self) -> bool {
+        self.nodes
+            .iter()
+            .all(|n| matches!(n.gpus, GpuInventory::Known { .. }))
+    }
+
+    /// The number of GPUs in the cluster, when every node's GPUs are known.
+    pub fn gpu_count(&self) -> Option<usize> {
+        self.nodes
+            .iter()
+            .map(|n| n.gpus().map(<[GpuSpec]>::len))
+            .sum()
+    }
+
+    /// The host names, in node order.
+    pub fn hosts(&self) -> impl Iterator<Item = &str> {
+        self.nodes.iter().map(|n| n.host.as_str())
+    }
+
+    /// The part of the profile an allocation may use: these hosts, in this order, each
+    /// with only the listed device indices (`None`: all its GPUs), or its first `n` GPUs
+    /// when a count is given. Links keep their measured figures. `None` names the first
+    /// host that is missing, or a device index the node does not have.
+    pub fn subset(&self, wanted: &[NodeSelection<'_>]) -> Result<ClusterProfile, String> {
+        let mut nodes = Vec::with_capacity(wanted.len());
+        let mut index = Vec::with_capacity(wanted.len());
+        for want in wanted {
+            let Some(i) = self.node_index(want.host) else {
+                return Err(format!("has no node {:?}", want.host));
+            };
+            let node = &self.nodes[i];
+            let gpus = match (&node.gpus, &want.devices) {
+                (GpuInventory::Unknown, _) | (_, DeviceSelection::All) => node.gpus.clone(),
+                (GpuInventory::Known { gpus, links }, selection) => {
+                    let positions: Vec<usize> = match selection {
+                        DeviceSelection::All => (0..gpus.len()).collect(),
+                        DeviceSelection::First(n) => (0..(*n).min(gpus.len())).collect(),
+                        DeviceSelection::Indices(wanted) => {
+                            let mut positions = Vec::with_capacity(wanted.len());
+                            for d in wanted {
+                                match gpus.iter().position(|g| g.index == *d) {
+                                    Some(p) => positions.push(p),
+                                    None => {
+                                        return Err(format!("node {:?} has no GPU {d}", want.host))
+                                    }
+                                }
+                            }
+                            positions
+                        }
+                    };
+                    let cells = positions
+                        .iter()
+                        .flat_map(|a| positions.iter().map(move |b| links.get(*a, *b)))
+                        .collect();
+                    GpuInventory::Known {
+                        gpus: positions.iter().map(|p| gpus[*p].clone()).collect(),
+                        links: LinkMatrix::from_cells(
+                            positions.len(),
+                            cells,
+                            links.provenance.clone(),
+                        ),
+                    }
+                }
+            };
+            nodes.push(NodeProfile {
+                host: node.host.clone(),
+                gpus,
+            });
+            index.push(i);
+        }
+        let cells = index
+            .iter()
+            .flat_map(|a| index.iter().map(move |b| self.node_links.get(*a, *b)))
+            .collect();
+        Ok(ClusterProfile {
+            note: self.note.clone(),
+            nodes,
+            node_links: LinkMatrix::from_cells(
+                index.len(),
+                cells,
+                self.node_links.provenance.clone(),
+            ),
+        })
+    }
+
+    /// The position of `host` in `nodes` (and in `node_links`).
+    pub fn node_index(&self, host: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.host == host)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The file's shape where it differs from the program's.
+
+/// A `pipette-cluster/1` file as written. `schema` is checked before anything else (see
+/// [`super::read`]), so that a file of another version is refused as such.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ProfileFile {
+    pub schema: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub nodes: Vec<NodeFile>,
+    pub node_links: LinksFile,
+}
+
+/// A node as written: its GPUs and their links side by side.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NodeFile {
+    pub host: String,
+    pub gpus: GpusFile,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_links: Option<LinksFile>,
+}
+
+/// `"gpus"`: a list, or the string `"unknown"`.
+#[derive(Debug, Clone)]
+pub(crate) enum GpusFile {
+    Unknown,
+    List(Vec<GpuSpec>),
+}
+
+/// A link matrix as written: cells are numbers, and the unused diagonal may be null.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LinksFile {
+    pub provenance: Provenance,
+    pub gb_per_s: Vec<Vec<Option<f64>>>,
+}
+
+impl Serialize for GpusFile {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            GpusFile::Unknown => serializer.serialize_str("unknown"),
+            GpusFile::List(gpus) => gpus.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for GpusFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Gpus;
+        impl<'de> serde::de::Visitor<'de> for Gpus {
+            type Value = GpusFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of GPUs, or \"unknown\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<GpusFile, E> {
+                if text == "unknown" {
+                    Ok(GpusFile::Unknown)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(text), &self))
+                }
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<GpusFile, A::Error> {
+                let mut gpus = Vec::new();
+                while let Some(gpu) = seq.next_element()? {
+                    gpus.push(gpu);
+                }
+                Ok(GpusFile::List(gpus))
+            }
+        }
+        deserializer.deserialize_any(Gpus)
+    }
+}
+
+impl From<&LinkMatrix> for LinksFile {
+    fn from(matrix: &LinkMatrix) -> Self {
+        LinksFile {
+            provenance: matrix.provenance.clone(),
+            gb_per_s: (0..matrix.size)
+                .map(|i| matrix.row(i).iter().map(|&x| Some(x)).collect())
+                .collect(),
+        }
+    }
+}
+
+impl From<&ClusterProfile> for ProfileFile {
+    fn from(profile: &ClusterProfile) -> Self {
+        ProfileFile {
+            schema: super::SCHEMA_VERSION.into(),
+            note: profile.note.clone(),
+            nodes: profile
+                .nodes
+                .iter()
+                .map(|node| match &node.gpus {
+                    GpuInventory::Unknown => NodeFile {
+                        host: node.host.clone(),
+                        gpus: GpusFile::Unknown,
+                        gpu_links: None,
+                    },
+                    GpuInventory::Known { gpus, links } => NodeFile {
+                        host: node.host.clone(),
+                        gpus: GpusFile::List(gpus.clone()),
+                        gpu_links: Some(links.into()),
+                    },
+                })
+                .collect(),
+            node_links: (&profile.node_links).into(),
+        }
+    }
+}
+
+/// `x` kept to [`SIGNIFICANT_DIGITS`] significant digits (see there why).
+pub fn round_figure(x: f64) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    format!("{x:.prec$e}", prec = SIGNIFICANT_DIGITS - 1)
+        .parse()
+        .unwrap_or(x)
+}
+
+/// Reads a figure as [`round_figure`] keeps it.
+fn figure<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    f64::deserialize(deserializer).map(round_figure)
+}
+
+fn optional_figure<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+    Option::<f64>::deserialize(deserializer).map(|x| x.map(round_figure))
+}

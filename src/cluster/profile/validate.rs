@@ -1,0 +1,424 @@
+//! The one validation pass: what serde's types cannot say about a profile (matrices that
+//! match the node and GPU counts, unique hosts and GPU indices, plausible figures, real
+//! dates), checked in document order, each problem named by its JSON path with what to do.
+//! The same pass turns the file's shape into the program's types, so a profile is never
+//! built before it is known to be valid.
+
+use serde_json::Value;
+
+use super::error::{
+    count, field_path, index_path, invalid, missing, quote, show_number, there_are, wrong_type,
+};
+use super::types::{GpusFile, LinksFile, ProfileFile};
+use super::{
+    ClusterProfile, GpuInventory, GpuSpec, LinkMatrix, NodeProfile, ProfileError, Provenance,
+    MAX_PLAUSIBLE_GB_PER_S, MIN_PLAUSIBLE_GB_PER_S, TFLOPS_RANGE,
+};
+
+/// What to write when `nodes[i].gpu_links` is missing (also serde's missing field).
+pub(crate) const GPU_LINKS_HINT: &str = "give the GPU-pair bandwidths in GB/s: {\"provenance\": {...}, \"gb_per_s\": [[...]]}, one row per GPU";
+
+/// Validates a profile file and builds the profile it describes.
+pub(crate) fn check(file: ProfileFile, origin: &str) -> Result<ClusterProfile, ProfileError> {
+    if file.nodes.is_empty() {
+        return Err(invalid(
+            origin,
+            "nodes",
+            "is empty (list at least one node)".into(),
+        ));
+    }
+    let hosts: Vec<String> = file.nodes.iter().map(|n| n.host.clone()).collect();
+    check_hosts(origin, &hosts, |i| format!("nodes[{i}].host"))?;
+
+    let mut nodes = Vec::with_capacity(file.nodes.len());
+    for (n, node) in file.nodes.into_iter().enumerate() {
+        let gpus_path = format!("nodes[{n}].gpus");
+        let links_path = format!("nodes[{n}].gpu_links");
+        let gpus = match (node.gpus, node.gpu_links) {
+            (GpusFile::Unknown, None) => GpuInventory::Unknown,
+            (GpusFile::Unknown, Some(_)) => {
+                return Err(invalid(
+                    origin,
+                    &links_path,
+                    format!(
+                    "is given but {gpus_path} is \"unknown\" (list the GPUs, or remove gpu_links)"
+                ),
+                ))
+            }
+            (GpusFile::List(gpus), links) => {
+                if gpus.is_empty() {
+                    return Err(invalid(
+                        origin,
+                        &gpus_path,
+                        "is empty (list the node's GPUs, or write \"unknown\" to have them profiled)"
+                            .into(),
+                    ));
+                }
+                for (j, gpu) in gpus.iter().enumerate() {
+                    if let Some(first) = gpus[..j].iter().position(|g| g.index == gpu.index) {
+                        return Err(invalid(
+                            origin,
+                            &format!("{gpus_path}[{j}].index"),
+                            format!(
+                                "repeats index {}, already at {gpus_path}[{first}] (list each GPU once)",
+                                gpu.index
+                            ),
+                        ));
+                    }
+                    check_gpu(origin, &format!("{gpus_path}[{j}]"), gpu)?;
+                }
+                let Some(links) = links else {
+                    return Err(missing(origin, &links_path, GPU_LINKS_HINT.into()));
+                };
+                let shape = MatrixShape {
+                    size: gpus.len(),
+                    count: format!("the node has {}", count(gpus.len(), "GPU")),
+                    per: "GPU",
+                    order: gpus_path,
+                };
+                let labels: Vec<String> = gpus
+                    .iter()
+                    .map(|g| format!("GPU {} of {}", g.index, quote(&node.host)))
+                    .collect();
+                let links = link_matrix(origin, &links_path, links, &shape, &labels)?;
+                GpuInventory::Known { gpus, links }
+            }
+        };
+        nodes.push(NodeProfile {
+            host: node.host,
+            gpus,
+        });
+    }
+
+    let shape = MatrixShape {
+        size: nodes.len(),
+        count: there_are(nodes.len(), "node"),
+        per: "node",
+        order: "nodes".into(),
+    };
+    let labels: Vec<String> = hosts.iter().map(|h| quote(h)).collect();
+    let node_links = link_matrix(origin, "node_links", file.node_links, &shape, &labels)?;
+    Ok(ClusterProfile {
+        note: file.note,
+        nodes,
+        node_links,
+    })
+}
+
+/// A link matrix of `shape`, every off-diagonal cell a plausible bandwidth; `labels` name
+/// the endpoints in the messages.
+fn link_matrix(
+    origin: &str,
+    path: &str,
+    links: LinksFile,
+    shape: &MatrixShape,
+    labels: &[String],
+) -> Result<LinkMatrix, ProfileError> {
+    check_provenance(origin, &field_path(path, "provenance"), &links.provenance)?;
+    let cells_path = field_path(path, "gb_per_s");
+    let read = |at: &str, cell: &Option<f64>| {
+        cell.ok_or_else(|| wrong_type(origin, at, &Value::Null, "a number in GB/s"))
+    };
+    let cells = bandwidth_cells(
+        origin,
+        &cells_path,
+        &links.gb_per_s,
+        shape,
+        Unit::GbPerS,
+        labels,
+        read,
+    )?;
+    Ok(LinkMatrix::from_cells(shape.size, cells, links.provenance))
+}
+
+/// A GPU's own figures: a name, memory, TFLOPS in range, real dates.
+pub(crate) fn check_gpu(origin: &str, path: &str, gpu: &GpuSpec) -> Result<(), ProfileError> {
+    if gpu.name.trim().is_empty() {
+        return Err(invalid(
+            origin,
+            &field_path(path, "name"),
+            "is empty (give the GPU model, e.g. \"A100-SXM4-80GB\")".into(),
+        ));
+    }
+    if gpu.memory_bytes == 0 {
+        return Err(ProfileError::ZeroMemory {
+            origin: origin.into(),
+            path: field_path(path, "memory_bytes"),
+        });
+    }
+    let peak = field_path(path, "peak_tflops");
+    check_tflops(origin, &field_path(&peak, "fp16"), gpu.peak_tflops.fp16)?;
+    if let Some(bf16) = gpu.peak_tflops.bf16 {
+        check_tflops(origin, &field_path(&peak, "bf16"), bf16)?;
+    }
+    if let Some(measured) = &gpu.measured_tflops {
+        let at = field_path(path, "measured_tflops");
+        check_tflops(origin, &field_path(&at, "tflops"), measured.tflops)?;
+        check_provenance(origin, &field_path(&at, "provenance"), &measured.provenance)?;
+    }
+    check_provenance(origin, &field_path(path, "provenance"), &gpu.provenance)
+}
+
+fn check_tflops(origin: &str, path: &str, tflops: f64) -> Result<(), ProfileError> {
+    let (low, high) = TFLOPS_RANGE;
+    if (low..=high).contains(&tflops) {
+        Ok(())
+    } else {
+        Err(invalid(
+            origin,
+            path,
+            format!(
+                "is {} (give a TFLOPS figure from {low} to {high}, e.g. 312.0 for an A100 in bf16)",
+                show_number(tflops)
+            ),
+        ))
+    }
+}
+
+fn check_provenance(origin: &str, path: &str, provenance: &Provenance) -> Result<(), ProfileError> {
+    match &provenance.date {
+        Some(date) if !is_iso_date(date) => Err(invalid(
+            origin,
+            &field_path(path, "date"),
+            format!(
+                "is {}, not a date (write YYYY-MM-DD, e.g. \"2024-05-31\")",
+                quote(date)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `YYYY-MM-DD` with a real month and day (leap years included).
+fn is_iso_date(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    if bytes.len() != 10 || bytes[4] != b'-' || bytes[7] != b'-' {
+        return false;
+    }
+    let digits = |range: std::ops::Range<usize>| -> Option<u32> {
+        let part = &text[range];
+        part.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| part.parse().ok())
+            .flatten()
+    };
+    let (Some(year), Some(month), Some(day)) = (digits(0..4), digits(5..7), digits(8..10)) else {
+        return false;
+    };
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let days = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return false,
+    };
+    (1..=days).contains(&day)
+}
+
+/// Host names must be non-empty, free of blanks and control characters, and unique.
+pub(crate) fn check_hosts(
+    origin: &str,
+    hosts: &[String],
+    path_of: impl Fn(usize) -> String,
+) -> Result<(), ProfileError> {
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (i, host) in hosts.iter().enumerate() {
+        if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(invalid(
+                origin,
+                &path_of(i),
+                format!(
+                    "is {}, not a host name (write the name the launcher reaches the node by, without blanks)",
+                    quote(host)
+                ),
+            ));
+        }
+        if let Some(&first) = seen.get(host.as_str()) {
+            return Err(ProfileError::DuplicateHost {
+                origin: origin.into(),
+                path: path_of(i),
+                host: quote(host),
+                first: path_of(first),
+            });
+        }
+        seen.insert(host, i);
+    }
+    Ok(())
+}
+
+/// The unit a file's bandwidths are written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unit {
+    GbPerS,
+    MbPerS,
+}
+
+impl Unit {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Unit::GbPerS => "GB/s",
+            Unit::MbPerS => "MB/s",
+        }
+    }
+
+    pub(crate) fn example(self) -> &'static str {
+        match self {
+            Unit::GbPerS => "19.6",
+            Unit::MbPerS => "19600",
+        }
+    }
+
+    /// The plausible range in this unit.
+    fn range(self) -> (f64, f64) {
+        let scale = match self {
+            Unit::GbPerS => 1.0,
+            Unit::MbPerS => 1000.0,
+        };
+        (
+            MIN_PLAUSIBLE_GB_PER_S * scale,
+            MAX_PLAUSIBLE_GB_PER_S * scale,
+        )
+    }
+}
+
+/// One link's bandwidth must be finite, positive and plausible.
+fn check_bandwidth(
+    origin: &str,
+    path: &str,
+    value: f64,
+    unit: Unit,
+    from: &str,
+    to: &str,
+) -> Result<(), ProfileError> {
+    let (min, max) = unit.range();
+    if !value.is_finite() {
+        Err(ProfileError::NotANumber {
+            origin: origin.into(),
+            path: path.into(),
+            found: show_number(value),
+            unit: unit.as_str(),
+            example: unit.example(),
+        })
+    } else if value < 0.0 {
+        Err(ProfileError::NegativeBandwidth {
+            origin: origin.into(),
+            path: path.into(),
+            value,
+            unit: unit.as_str(),
+        })
+    } else if value == 0.0 {
+        Err(ProfileError::ZeroBandwidth {
+            origin: origin.into(),
+            path: path.into(),
+            from: from.into(),
+            to: to.into(),
+        })
+    } else if !(min..=max).contains(&value) {
+        Err(ProfileError::ImplausibleBandwidth {
+            origin: origin.into(),
+            path: path.into(),
+            value,
+            unit: unit.as_str(),
+            min,
+            max,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// What a matrix must look like, in words for the messages.
+pub(crate) struct MatrixShape {
+    /// Rows and columns expected.
+    pub size: usize,
+    /// Why that many, e.g. "there are 4 nodes", "the node has 8 GPUs".
+    pub count: String,
+    /// One row per what: "node", "GPU", "host".
+    pub per: &'static str,
+    /// The JSON path of the list the rows follow.
+    pub order: String,
+}
+
+/// The bandwidths of a matrix of `shape`, row-major: the diagonal, which no format uses, as
+/// 0; every other cell as `read` gives it (from its path and value), checked as a bandwidth
+/// in `unit` from `labels[i]` to `labels[j]`.
+pub(crate) fn bandwidth_cells<C>(
+    origin: &str,
+    path: &str,
+    rows: &[Vec<C>],
+    shape: &MatrixShape,
+    unit: Unit,
+    labels: &[String],
+    read: impl Fn(&str, &C) -> Result<f64, ProfileError>,
+) -> Result<Vec<f64>, ProfileError> {
+    check_square(origin, path, rows, shape)?;
+    let mut cells = Vec::with_capacity(shape.size * shape.size);
+    for (i, row) in rows.iter().enumerate() {
+        for (j, cell) in row.iter().enumerate() {
+            if i == j {
+                cells.push(0.0);
+                continue;
+            }
+            let at = format!("{path}[{i}][{j}]");
+            let value = read(&at, cell)?;
+            check_bandwidth(origin, &at, value, unit, &labels[i], &labels[j])?;
+            cells.push(value);
+        }
+    }
+    Ok(cells)
+}
+
+/// `rows` must have `shape.size` rows of `shape.size` cells each.
+fn check_square<C>(
+    origin: &str,
+    path: &str,
+    rows: &[Vec<C>],
+    shape: &MatrixShape,
+) -> Result<(), ProfileError> {
+    let per = shape.per;
+    let problem = |path: String, found: String, what: &str| ProfileError::MatrixShape {
+        origin: origin.into(),
+        path,
+        problem: format!(
+            "has {found} but {} (one {what} per {per}, in the order of {})",
+            shape.count, shape.order
+        ),
+    };
+    if rows.len() != shape.size {
+        return Err(problem(path.into(), count(rows.len(), "row"), "row"));
+    }
+    match rows.iter().position(|row| row.len() != shape.size) {
+        Some(i) => Err(problem(
+            index_path(path, i),
+            count(rows[i].len(), "column"),
+            "column",
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_must_be_real() {
+        for good in ["2024-05-31", "2024-02-29", "2000-02-29", "1999-12-01"] {
+            assert!(is_iso_date(good), "{good}");
+        }
+        for bad in [
+            "2024-5-31",
+            "2023-02-29",
+            "1900-02-29",
+            "2024-13-01",
+            "2024-04-31",
+            "2024-00-10",
+            "yesterday",
+            "2024-05-3x",
+            "+024-05-31",
+        ] {
+            assert!(!is_iso_date(bad), "{bad}");
+        }
+    }
+}
