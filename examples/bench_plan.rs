@@ -126,10 +126,20 @@ fn load(case: &Case) -> ClusterProfile {
     }
 }
 
-/// The peak resident memory of this process so far, MiB (Linux reports `ru_maxrss` in KiB).
-fn max_rss_mib() -> f64 {
-    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
-        .map_or(f64::NAN, |u| u.max_rss() as f64 / 1024.0)
+/// This process so far: peak resident memory, MiB (Linux reports `ru_maxrss` in KiB), and
+/// CPU seconds (user + system; on a machine shared with other work they say what the case
+/// costs better than the wall time does).
+fn usage() -> (f64, f64) {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).map_or(
+        (f64::NAN, f64::NAN),
+        |u| {
+            let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            (
+                u.max_rss() as f64 / 1024.0,
+                seconds(u.user_time()) + seconds(u.system_time()),
+            )
+        },
+    )
 }
 
 /// Plans `case` `repeat` times on `threads` threads (0: all) and prints a row per run.
@@ -157,11 +167,13 @@ fn run_case(case: &Case, repeat: usize, threads: usize) {
         );
     }
     for _ in 0..repeat {
+        let cpu_before = usage().1;
         let start = Instant::now();
         let result = pool
             .install(|| plan(&settings, &cluster, &options))
             .unwrap_or_else(|e| panic!("{e}"));
         let wall = start.elapsed().as_secs_f64();
+        let (rss_mib, cpu_after) = usage();
         let c = &result.config;
         let shape = format!(
             "tp{} pp{} dp{} mb{} v{} {}",
@@ -177,12 +189,13 @@ fn run_case(case: &Case, repeat: usize, threads: usize) {
             }
         );
         println!(
-            "{:>8}  {:<28} {:<11} {:>8.3} {:>8.0} {:>9} {:>7} {:>12} {:>12.0}  {:<34} {:>10.1} {:>10.1}",
+            "{:>8}  {:<28} {:<11} {:>8.3} {:>8.3} {:>8.0} {:>9} {:>7} {:>12} {:>12.0}  {:<34} {:>10.1} {:>10.1}",
             case.key,
             case.cluster,
             case.model,
             wall,
-            max_rss_mib(),
+            cpu_after - cpu_before,
+            rss_mib,
             result.stats.candidates,
             result.stats.fitting,
             result.stats.evaluations,
@@ -245,11 +258,12 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!(
-        "{:>8}  {:<28} {:<11} {:>8} {:>8} {:>9} {:>7} {:>12} {:>12}  {:<34} {:>10} {:>10}",
+        "{:>8}  {:<28} {:<11} {:>8} {:>8} {:>8} {:>9} {:>7} {:>12} {:>12}  {:<34} {:>10} {:>10}",
         "case",
         "cluster",
         "model",
         "wall s",
+        "CPU s",
         "RSS MiB",
         "configs",
         "fit",
