@@ -272,3 +272,88 @@ pub(super) fn read_calibration(path: &Path) -> Result<Calibration, Error> {
     let object = value.get("calibration").cloned().unwrap_or(value);
     serde_json::from_value(object).map_err(|e| bad(e.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::allocation::{NodeRange, NprocPerNode};
+    use crate::plan::MemoryHeadroom;
+    use clap::Parser;
+
+    fn resolve(args: &[&str]) -> RunConfig {
+        let words = std::iter::once("pipette-run").chain(args.iter().copied());
+        let cli = RunCli::try_parse_from(words).expect("a valid command line");
+        RunConfig::resolve(&cli, Environment::new())
+    }
+
+    #[test]
+    fn defaults_resolve_as_torchrun_and_pipette_run_document_them() {
+        let c = resolve(&["train.py", "--lr", "1"]);
+        assert_eq!(c.script.program, "train.py");
+        assert_eq!(c.script.args, ["--lr", "1"]);
+        assert!(!c.script.module && !c.script.no_python && !c.script.run_path);
+        assert!(!c.output.dry_run && !c.output.json);
+        assert_eq!(c.allocation, AllocationRequest::default());
+        assert_eq!(c.launch.rdzv_id, None);
+        assert_eq!(c.launch.master_port, 29500);
+        assert!(c.launch.torchrun_passthrough.is_empty());
+        assert!(c.trial.before_launch);
+        assert_eq!(c.planning.base.top_k, crate::plan::search::DEFAULT_TOP_K);
+        let s = &c.supervise;
+        assert_eq!(s.stall_timeout, Some(Duration::from_secs(30 * 60)));
+        // The start-up timeout follows the stall timeout unless given.
+        assert_eq!(s.startup_timeout, s.stall_timeout);
+        assert!(matches!(s.echo, supervise::Echo::Streams));
+    }
+
+    #[test]
+    fn options_resolve_into_their_pieces() {
+        let c = resolve(&[
+            "--json",
+            "--dry-run",
+            "--nnodes",
+            "1:2",
+            "--nproc-per-node",
+            "4",
+            "--calibration",
+            "cal.json",
+            "--top-k",
+            "0",
+            "--memory-headroom",
+            "4GiB",
+            "--stall-timeout",
+            "0",
+            "--rdzv-id",
+            "job7",
+            "--max-restarts",
+            "2",
+            "-m",
+            "pkg.train",
+        ]);
+        assert!(c.output.dry_run && c.output.json);
+        assert!(c.script.module);
+        assert_eq!(c.script.program, "pkg.train");
+        assert_eq!(
+            c.allocation,
+            AllocationRequest {
+                nnodes: Some(NodeRange { min: 1, max: 2 }),
+                nproc_per_node: Some(NprocPerNode::Count(4)),
+            }
+        );
+        // --calibration replaces the trial; it is read only when the plan options are made.
+        assert!(!c.trial.before_launch);
+        assert_eq!(c.planning.calibration, Some(PathBuf::from("cal.json")));
+        assert_eq!(c.planning.base.top_k, 1);
+        assert_eq!(c.planning.base.headroom, MemoryHeadroom::Bytes(4 << 30));
+        assert_eq!(c.launch.rdzv_id.as_deref(), Some("job7"));
+        assert_eq!(
+            c.launch.torchrun_passthrough,
+            ["--max-restarts=2", "--module"]
+        );
+        // `0` never gives up, before the first iteration either.
+        assert_eq!(c.supervise.stall_timeout, None);
+        assert_eq!(c.supervise.startup_timeout, None);
+        // stdout carries the one JSON result.
+        assert!(matches!(c.supervise.echo, supervise::Echo::Stderr));
+    }
+}
