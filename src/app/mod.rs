@@ -29,11 +29,11 @@ use crate::config::{self, Settings};
 use crate::error::Error;
 use crate::exec::{self, SshOptions, Transport};
 use crate::launch;
+use crate::measure::{self as profile, ProfileOptions, ProgressBars};
 use crate::model::memory::estimate_memory;
 use crate::model::time::{self, TimeEstimate, TimeModel, TimeOptions, TimeRequest};
 use crate::model::{params, Calibration, ParallelConfig, Placement};
 use crate::plan::{self, Plan, PlanOptions};
-use crate::profile::{self, ProfileOptions, ProgressBars};
 use crate::render;
 use crate::report::dry_run::{
     DryRunReport, HostLine, ModelSection, NodesSection, ProfileSummary, ScriptSection,
