@@ -3,16 +3,16 @@
 //!
 //! Owns the `pipette-cluster/1` schema (see `docs/cluster-profile.md`):
 //!
-//! - [`types`]: the profile ([`ClusterProfile`] and its parts) and the file's shape, read
+//! - `types`: the profile ([`ClusterProfile`] and its parts) and the file's shape, read
 //!   and written by serde derive; selecting the part of a profile an allocation uses, and
 //!   filling in default GPUs for profiles imported from tools that measured the network only;
-//! - [`read`]: JSON to a profile, in any format [`ClusterProfile::load`] knows (the foreign
+//! - `read`: JSON to a profile, in any format [`ClusterProfile::load`] knows (the foreign
 //!   ones are handed to [`super::import`]), with messages that name the file, the JSON path
 //!   of the bad field and what to do;
-//! - [`validate`]: the one validation pass, strict with figures people write and lenient
+//! - `validate`: the one validation pass, strict with figures people write and lenient
 //!   with figures the probe measured;
-//! - [`write`]: the stable, diff-friendly layout;
-//! - [`slow`]: measured figures far below their peers, for people and the profile's notes.
+//! - `write`: the stable, diff-friendly layout;
+//! - `slow`: measured figures far below their peers, for people and the profile's notes.
 //!
 //! Must not know how figures are measured (that is the profiler's job) nor what a plan does
 //! with them. Never panics on input: every problem is a [`ProfileError`].
