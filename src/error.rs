@@ -6,9 +6,9 @@
 
 use crate::cluster::{DiscoveryError, ProfileError};
 use crate::config::ArgsError;
+use crate::measure::ProfileRunError;
 use crate::model::time::TimeError;
 use crate::plan::PlanError;
-use crate::profile::ProfileRunError;
 use crate::render::RenderError;
 use crate::trial::TrialError;
 

@@ -15,7 +15,7 @@
 //! - [`config`] turns the user's Megatron arguments (or a preset) into [`config::Settings`].
 //! - [`cluster`] discovers the allocated nodes ([`cluster::ClusterSpec`]) and reads and
 //!   validates cluster profile files ([`cluster::ClusterProfile`]).
-//! - [`profile`] measures the nodes (GPU inventory, link bandwidth, matmul throughput)
+//! - [`measure`] measures the nodes (GPU inventory, link bandwidth, matmul throughput)
 //!   into a cluster profile, cached per node set.
 //! - [`model`] holds the pure cost models: parameters, memory per stage, iteration time,
 //!   and the calibration factors they share.
@@ -40,9 +40,9 @@ pub mod error;
 pub mod exec;
 pub mod exit;
 pub mod launch;
+pub mod measure;
 pub mod model;
 pub mod plan;
-pub mod profile;
 pub mod render;
 pub mod report;
 pub mod supervise;

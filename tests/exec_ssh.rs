@@ -14,7 +14,7 @@ mod common;
 
 use pipette::cluster::{ClusterSpec, Node, NodeSource, Slots};
 use pipette::exec::{run, ExecError, NodeCommand, SshOptions, Transport};
-use pipette::profile::{run_profile, NoProgress, ProbeSettings, ProfileOptions};
+use pipette::measure::{run_profile, NoProgress, ProbeSettings, ProfileOptions};
 
 use common::{
     assert_remote_exit_code_and_streams, assert_remote_io_intact, assert_teardown_reaches_the_node,

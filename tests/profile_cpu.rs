@@ -15,11 +15,11 @@ use pipette::cluster::profile::{Dtype, Source};
 use pipette::cluster::{ClusterProfile, ClusterSpec, Node, NodeSource, Slots};
 use pipette::config::settings_from_megatron_args;
 use pipette::exec::Transport;
-use pipette::plan::{plan, PlanOptions};
-use pipette::profile::progress::RecordedProgress;
-use pipette::profile::{
+use pipette::measure::progress::RecordedProgress;
+use pipette::measure::{
     run_profile, utc_date, NoProgress, ProbeSettings, ProfileCache, ProfileOptions,
 };
+use pipette::plan::{plan, PlanOptions};
 
 /// The venv's python: `PIPETTE_MEGATRON_PYTHON`, else what `scripts/setup-megatron-venv`
 /// prints (it creates the venv on first use).

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pipette::cluster::{ClusterSpec, Node, NodeSource, Slots};
 use pipette::exec::{SshOptions, Transport};
-use pipette::profile::{run_profile, NoProgress, ProfileOptions, ProfileRunError};
+use pipette::measure::{run_profile, NoProgress, ProfileOptions, ProfileRunError};
 
 fn spec(hosts: &[&str]) -> ClusterSpec {
     ClusterSpec {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use pipette::cluster::profile::Source;
 use pipette::cluster::Slots;
 use pipette::exec::Transport;
-use pipette::profile::inventory::{
+use pipette::measure::inventory::{
     datasheet_for, parse_gpu_query, parse_topology, take_inventory, InventoryRequest, LinkClass,
     NodeDevices, Topology,
 };

@@ -14,7 +14,7 @@ use crate::launch;
 use crate::model::time::TimeEstimate;
 use crate::model::{params, ParallelConfig};
 use crate::plan::Plan;
-use crate::profile::{self, ProfileOptions, ProgressBars};
+use crate::measure::{self, ProfileOptions, ProgressBars};
 use crate::render::ScriptInvocation;
 use crate::report::dry_run::{DryRunReport, ModelSection, ProfileSummary, ScriptSection};
 /// What a dry run did, when it had no profile to plan with.
@@ -99,7 +99,7 @@ pub(super) fn measure_nodes(
         spec.nodes.len()
     );
     let progress = ProgressBars::new(!config.output.json);
-    let run = profile::run_profile(spec, &options, &progress)?;
+    let run = measure::run_profile(spec, &options, &progress)?;
     for note in &run.notes {
         eprintln!("pipette-run: {note}");
     }

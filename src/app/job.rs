@@ -14,7 +14,7 @@ use crate::launch;
 use crate::model::time::{self, TimeEstimate, TimeModel, TimeRequest};
 use crate::model::{ParallelConfig, Placement};
 use crate::plan::{self, Plan, PlanOptions};
-use crate::profile::ProgressBars;
+use crate::measure::ProgressBars;
 use crate::render;
 use crate::report::plan::plan_to_human;
 use crate::supervise;

@@ -18,7 +18,7 @@ use crate::model::memory::estimate_memory;
 use crate::model::time::{self, TimeModel, TimeOptions, TimeRequest};
 use crate::model::{params, Calibration, ParallelConfig, Placement};
 use crate::plan;
-use crate::profile::{self, ProfileOptions, ProgressBars};
+use crate::measure::{self, ProfileOptions, ProgressBars};
 use crate::report::dry_run::ModelSection;
 use crate::report::estimate::{EstimateReport, ModelTime, ParamsSection};
 use crate::report::plan::plan_to_human;
@@ -158,7 +158,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
                 ..ProfileOptions::default()
             };
             let progress = ProgressBars::new(!args.output.json);
-            let run = profile::run_profile(spec, &options, &progress)?;
+            let run = measure::run_profile(spec, &options, &progress)?;
             let text = run.profile.to_json_pretty();
             std::fs::write(&args.out, &text).map_err(|e| {
                 Error::Usage(format!(

@@ -19,9 +19,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::profile::{
-    bandwidth_cells, check_hosts, count, deserialize, field_path, index_path, invalid, quote,
-    wrong_type, ClusterProfile, Format as Schema, GpuInventory, LinkMatrix, MatrixShape,
-    NodeProfile, ProfileError, Provenance, Source, Unit,
+    bandwidth_cells, check_hosts, count, deserialize, field_path, index_path, invalid, median,
+    quote, wrong_type, Check, ClusterProfile, Format as Schema, GpuInventory, LinkMatrix,
+    MatrixShape, NodeProfile, ProfileError, Provenance, Source, Unit,
 };
 
 /// MB/s per GB/s, as Pipette's own reader converts mpiGraph's figures (`MB_to_GB = 1000`).
@@ -157,7 +157,7 @@ pub fn mpigraph(root: &Value, origin: &str) -> Result<ClusterProfile, ProfileErr
     };
     let n = hosts.len();
     let cells: Vec<f64> = (0..n * n)
-        .map(|k| median(oriented.iter().map(|t| t[k]).collect()) / MB_PER_GB)
+        .map(|k| median(&oriented.iter().map(|t| t[k]).collect::<Vec<_>>()) / MB_PER_GB)
         .collect();
     let provenance = Provenance::new(Source::Imported)
         .with_tool("mpiGraph (as kept by Pipette's log_to_csv.py)")
@@ -205,7 +205,17 @@ fn read_table(
     };
     let labels: Vec<String> = hosts.iter().map(|h| quote(h)).collect();
     let read = |at: &str, cell: &Value| read_cell(origin, at, cell, unit);
-    bandwidth_cells(origin, &path, &table.bandwidth, &shape, unit, &labels, read)
+    // Another tool's figures are checked as written ones: a unit mistake is likely.
+    let check = Check::Plausible;
+    bandwidth_cells(
+        origin,
+        &path,
+        &table.bandwidth,
+        &shape,
+        (unit, check),
+        &labels,
+        read,
+    )
 }
 
 /// A number, or a string holding one (`"19.6"`, blanks around it allowed).
@@ -255,17 +265,6 @@ fn finish(
     Ok(profile)
 }
 
-/// The median of finite figures; the mean of the middle two for an even count.
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => values[n / 2],
-        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,14 +289,6 @@ mod tests {
             Format::Unrecognised
         );
         assert_eq!(detect(&root(json!({}))), Format::Unrecognised);
-    }
-
-    #[test]
-    fn median_is_the_mean_of_two() {
-        assert_eq!(median(vec![2.0, 4.0]), 3.0);
-        assert_eq!(median(vec![5.0, 1.0, 3.0]), 3.0);
-        assert_eq!(median(vec![7.0]), 7.0);
-        assert!(median(vec![]).is_nan());
     }
 
     #[test]

@@ -30,11 +30,11 @@ use crate::config::Settings;
 use crate::exec::staged::{self, JobError, StageError, StagedFile};
 use crate::exec::{format_duration, ExecError, ExecOptions, NodeCommand, Status, Stream};
 use crate::launch::{self, JobTemplate, LaunchError};
+use crate::measure::{Phase, Progress};
 use crate::model::memory::estimate_memory;
 use crate::model::time::{self, ThroughputBasis, TimeError, TimeModel, TimeOptions, TimeRequest};
 use crate::model::{Calibration, ParallelConfig, Placement};
 use crate::plan::Plan;
-use crate::profile::{Phase, Progress};
 use crate::supervise::output::torchrun_root_cause;
 
 pub use fit::{MemoryFit, MemoryFitMethod, MemoryPoint};

@@ -85,7 +85,7 @@ pub enum ProfileError {
         to: String,
     },
 
-    #[error("{origin}: {path} is {} {unit}, beyond what any link attains (figures from {min} to {max} {unit} are accepted; check the unit: Pipette bandwidth files hold GB/s, mpiGraph tables MB/s)", show_number(*.value))]
+    #[error("{origin}: {path} is {} {unit}, beyond what any link attains (figures from {} to {max} {unit} are accepted; check the unit: Pipette bandwidth files hold GB/s, mpiGraph tables MB/s)", show_number(*.value), show_number(*.min))]
     ImplausibleBandwidth {
         origin: String,
         path: String,

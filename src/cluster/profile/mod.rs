@@ -3,25 +3,29 @@
 //!
 //! Owns the `pipette-cluster/1` schema (see `docs/cluster-profile.md`):
 //!
-//! - [`types`]: the profile ([`ClusterProfile`] and its parts) and the file's shape, read
+//! - `types`: the profile ([`ClusterProfile`] and its parts) and the file's shape, read
 //!   and written by serde derive; selecting the part of a profile an allocation uses, and
 //!   filling in default GPUs for profiles imported from tools that measured the network only;
-//! - [`read`]: JSON to a profile, in any format [`ClusterProfile::load`] knows (the foreign
+//! - `read`: JSON to a profile, in any format [`ClusterProfile::load`] knows (the foreign
 //!   ones are handed to [`super::import`]), with messages that name the file, the JSON path
 //!   of the bad field and what to do;
-//! - [`validate`]: the one validation pass;
-//! - [`write`]: the stable, diff-friendly layout.
+//! - `validate`: the one validation pass, strict with figures people write and lenient
+//!   with figures the probe measured;
+//! - `write`: the stable, diff-friendly layout;
+//! - `slow`: measured figures far below their peers, for people and the profile's notes.
 //!
 //! Must not know how figures are measured (that is the profiler's job) nor what a plan does
 //! with them. Never panics on input: every problem is a [`ProfileError`].
 
 mod error;
 mod read;
+mod slow;
 mod types;
 mod validate;
 mod write;
 
 pub use error::ProfileError;
+pub use slow::SlowPart;
 pub use types::{
     round_figure, ClusterProfile, DeviceSelection, Dtype, GpuInventory, GpuSpec, LinkMatrix,
     MeasuredTflops, NodeProfile, NodeSelection, PeakTflops, Provenance, Source,
@@ -29,7 +33,8 @@ pub use types::{
 
 pub(crate) use error::{count, field_path, index_path, invalid, quote, wrong_type};
 pub(crate) use read::{deserialize, Format};
-pub(crate) use validate::{bandwidth_cells, check_hosts, MatrixShape, Unit};
+pub(crate) use slow::median;
+pub(crate) use validate::{bandwidth_cells, check_hosts, Check, MatrixShape, Unit};
 
 /// The version tag every profile file starts with.
 pub const SCHEMA_VERSION: &str = "pipette-cluster/1";
@@ -38,12 +43,22 @@ pub const SCHEMA_VERSION: &str = "pipette-cluster/1";
 /// NVLink 5 moves 900 GB/s per direction per GPU, so this leaves room for a decade of growth.
 pub const MAX_PLAUSIBLE_GB_PER_S: f64 = 10_000.0;
 
-/// Every working link attains more than this (GB/s, i.e. 1 MB/s); a smaller figure is a
-/// unit mistake or a broken link.
+/// Every working link attains more than this (GB/s, i.e. 1 MB/s); a smaller figure written
+/// by hand is a unit mistake or a broken link. A measured one is kept, and flagged as slow.
 pub const MIN_PLAUSIBLE_GB_PER_S: f64 = 0.001;
 
-/// Accepted peak and measured TFLOPS lie between these.
+/// Accepted peak and measured TFLOPS lie between these, for figures written by hand; a
+/// measured figure below the floor is kept, and flagged as slow.
 pub const TFLOPS_RANGE: (f64, f64) = (0.001, 100_000.0);
+
+/// The least bandwidth a measurement can give, GB/s (one byte per second): the probe's
+/// smallest message (64 KiB) would take 18 hours, far past its time limit. A measured figure
+/// below it is not a slow link but a broken measurement.
+pub const MIN_MEASURABLE_GB_PER_S: f64 = 1e-9;
+
+/// The least throughput a measurement can give, TFLOPS (one operation per second), for the
+/// same reason.
+pub const MIN_MEASURABLE_TFLOPS: f64 = 1e-12;
 
 /// Figures are kept to this many significant digits (far below measurement noise), so that
 /// they are written in at most that many digits and read back as the very same `f64` by

@@ -3,6 +3,13 @@
 //! dates), checked in document order, each problem named by its JSON path with what to do.
 //! The same pass turns the file's shape into the program's types, so a profile is never
 //! built before it is known to be valid.
+//!
+//! How strict a figure is checked depends on where it came from (its provenance): a figure
+//! a person wrote (datasheet, estimated, imported) is refused outside the range any real
+//! hardware attains, since it is most likely a typo or a unit mistake; a figure the probe
+//! measured is what the hardware did, so it is kept however small (a loaded or broken node
+//! is exactly what a profile must show; see [`super::slow`]), down to what no measurement
+//! can give at all (below one byte or one operation per second: zero, in effect).
 
 use serde_json::Value;
 
@@ -12,11 +19,30 @@ use super::error::{
 use super::types::{GpusFile, LinksFile, ProfileFile};
 use super::{
     ClusterProfile, GpuInventory, GpuSpec, LinkMatrix, NodeProfile, ProfileError, Provenance,
-    MAX_PLAUSIBLE_GB_PER_S, MIN_PLAUSIBLE_GB_PER_S, TFLOPS_RANGE,
+    Source, MAX_PLAUSIBLE_GB_PER_S, MIN_MEASURABLE_GB_PER_S, MIN_MEASURABLE_TFLOPS,
+    MIN_PLAUSIBLE_GB_PER_S, TFLOPS_RANGE,
 };
 
 /// What to write when `nodes[i].gpu_links` is missing (also serde's missing field).
 pub(crate) const GPU_LINKS_HINT: &str = "give the GPU-pair bandwidths in GB/s: {\"provenance\": {...}, \"gb_per_s\": [[...]]}, one row per GPU";
+
+/// How a figure is checked, by where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// Written by a person or another tool: refused outside the plausible range.
+    Plausible,
+    /// Measured on these nodes: kept down to what a measurement can give at all.
+    Measured,
+}
+
+impl Check {
+    pub(crate) fn of(provenance: &Provenance) -> Check {
+        match provenance.source {
+            Source::Measured => Check::Measured,
+            Source::Datasheet | Source::Imported | Source::Estimated => Check::Plausible,
+        }
+    }
+}
 
 /// Validates a profile file and builds the profile it describes.
 pub(crate) fn check(file: ProfileFile, origin: &str) -> Result<ClusterProfile, ProfileError> {
@@ -105,8 +131,8 @@ pub(crate) fn check(file: ProfileFile, origin: &str) -> Result<ClusterProfile, P
     })
 }
 
-/// A link matrix of `shape`, every off-diagonal cell a plausible bandwidth; `labels` name
-/// the endpoints in the messages.
+/// A link matrix of `shape`, every off-diagonal cell a bandwidth checked as its provenance
+/// says; `labels` name the endpoints in the messages.
 fn link_matrix(
     origin: &str,
     path: &str,
@@ -119,12 +145,13 @@ fn link_matrix(
     let read = |at: &str, cell: &Option<f64>| {
         cell.ok_or_else(|| wrong_type(origin, at, &Value::Null, "a number in GB/s"))
     };
+    let check = Check::of(&links.provenance);
     let cells = bandwidth_cells(
         origin,
         &cells_path,
         &links.gb_per_s,
         shape,
-        Unit::GbPerS,
+        (Unit::GbPerS, check),
         labels,
         read,
     )?;
@@ -147,32 +174,46 @@ pub(crate) fn check_gpu(origin: &str, path: &str, gpu: &GpuSpec) -> Result<(), P
         });
     }
     let peak = field_path(path, "peak_tflops");
-    check_tflops(origin, &field_path(&peak, "fp16"), gpu.peak_tflops.fp16)?;
+    // A CPU stand-in's peak is the throughput it measured, so its provenance says measured.
+    let check = Check::of(&gpu.provenance);
+    check_tflops(
+        origin,
+        &field_path(&peak, "fp16"),
+        gpu.peak_tflops.fp16,
+        check,
+    )?;
     if let Some(bf16) = gpu.peak_tflops.bf16 {
-        check_tflops(origin, &field_path(&peak, "bf16"), bf16)?;
+        check_tflops(origin, &field_path(&peak, "bf16"), bf16, check)?;
     }
     if let Some(measured) = &gpu.measured_tflops {
         let at = field_path(path, "measured_tflops");
-        check_tflops(origin, &field_path(&at, "tflops"), measured.tflops)?;
+        let check = Check::of(&measured.provenance);
+        check_tflops(origin, &field_path(&at, "tflops"), measured.tflops, check)?;
         check_provenance(origin, &field_path(&at, "provenance"), &measured.provenance)?;
     }
     check_provenance(origin, &field_path(path, "provenance"), &gpu.provenance)
 }
 
-fn check_tflops(origin: &str, path: &str, tflops: f64) -> Result<(), ProfileError> {
-    let (low, high) = TFLOPS_RANGE;
+fn check_tflops(origin: &str, path: &str, tflops: f64, check: Check) -> Result<(), ProfileError> {
+    let (low, high) = match check {
+        Check::Plausible => TFLOPS_RANGE,
+        Check::Measured => (MIN_MEASURABLE_TFLOPS, TFLOPS_RANGE.1),
+    };
     if (low..=high).contains(&tflops) {
-        Ok(())
-    } else {
-        Err(invalid(
-            origin,
-            path,
-            format!(
-                "is {} (give a TFLOPS figure from {low} to {high}, e.g. 312.0 for an A100 in bf16)",
-                show_number(tflops)
-            ),
-        ))
+        return Ok(());
     }
+    let problem = match check {
+        Check::Plausible => format!(
+            "is {} (give a TFLOPS figure from {low} to {high}, e.g. 312.0 for an A100 in bf16)",
+            show_number(tflops)
+        ),
+        Check::Measured => format!(
+            "is {}, which no measurement gives (a measured throughput lies from {} to {high} TFLOPS; measure again)",
+            show_number(tflops),
+            show_number(low)
+        ),
+    };
+    Err(invalid(origin, path, problem))
 }
 
 fn check_provenance(origin: &str, path: &str, provenance: &Provenance) -> Result<(), ProfileError> {
@@ -269,29 +310,32 @@ impl Unit {
         }
     }
 
-    /// The plausible range in this unit.
-    fn range(self) -> (f64, f64) {
+    /// The accepted range in this unit: plausible for a figure written by hand, what a
+    /// measurement can give at all for a measured one.
+    fn range(self, check: Check) -> (f64, f64) {
         let scale = match self {
             Unit::GbPerS => 1.0,
             Unit::MbPerS => 1000.0,
         };
-        (
-            MIN_PLAUSIBLE_GB_PER_S * scale,
-            MAX_PLAUSIBLE_GB_PER_S * scale,
-        )
+        let min = match check {
+            Check::Plausible => MIN_PLAUSIBLE_GB_PER_S,
+            Check::Measured => MIN_MEASURABLE_GB_PER_S,
+        };
+        (min * scale, MAX_PLAUSIBLE_GB_PER_S * scale)
     }
 }
 
-/// One link's bandwidth must be finite, positive and plausible.
+/// One link's bandwidth must be finite, positive and within [`Unit::range`].
 fn check_bandwidth(
     origin: &str,
     path: &str,
     value: f64,
     unit: Unit,
+    check: Check,
     from: &str,
     to: &str,
 ) -> Result<(), ProfileError> {
-    let (min, max) = unit.range();
+    let (min, max) = unit.range(check);
     if !value.is_finite() {
         Err(ProfileError::NotANumber {
             origin: origin.into(),
@@ -315,6 +359,13 @@ fn check_bandwidth(
             to: to.into(),
         })
     } else if !(min..=max).contains(&value) {
+        // Too large is a unit mistake whatever the source: the hint gives the range people
+        // write. Too small for a measured figure: the floor of what a measurement gives.
+        let min = if value > max {
+            unit.range(Check::Plausible).0
+        } else {
+            min
+        };
         Err(ProfileError::ImplausibleBandwidth {
             origin: origin.into(),
             path: path.into(),
@@ -348,7 +399,7 @@ pub(crate) fn bandwidth_cells<C>(
     path: &str,
     rows: &[Vec<C>],
     shape: &MatrixShape,
-    unit: Unit,
+    (unit, check): (Unit, Check),
     labels: &[String],
     read: impl Fn(&str, &C) -> Result<f64, ProfileError>,
 ) -> Result<Vec<f64>, ProfileError> {
@@ -362,7 +413,7 @@ pub(crate) fn bandwidth_cells<C>(
             }
             let at = format!("{path}[{i}][{j}]");
             let value = read(&at, cell)?;
-            check_bandwidth(origin, &at, value, unit, &labels[i], &labels[j])?;
+            check_bandwidth(origin, &at, value, unit, check, &labels[i], &labels[j])?;
             cells.push(value);
         }
     }

@@ -226,6 +226,9 @@ pub fn run_profile(
                             format_duration(Duration::from_secs(age.as_secs())),
                             path.display()
                         ));
+                        for part in profile.slow_parts() {
+                            note(part.to_string());
+                        }
                         return Ok(ProfileRun {
                             profile,
                             inventory,
@@ -275,7 +278,11 @@ pub fn run_profile(
     };
     let report = probe::run_probe(&request, progress)?;
     let today = utc_date(SystemTime::now());
-    let profile = assemble(spec, &inventory, &plan, &report, &settings, &today)?;
+    let mut profile = assemble(spec, &inventory, &plan, &report, &settings, &today)?;
+    // A slow figure is kept (it is what the node did) and said so, in the file and here.
+    for part in profile.mark_slow() {
+        note(part.to_string());
+    }
     profile
         .validate("the measured profile")
         .map_err(ProfileRunError::Invalid)?;
