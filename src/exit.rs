@@ -120,7 +120,7 @@ pub const ROWS: &[Row] = &[
     ),
     Row {
         code: "128+N",
-        meaning: "stopped by signal N (every node is torn down first), or a node's torchrun ended by signal N and no re-plan was possible",
+        meaning: "stopped by signal N, or a node's torchrun was ended by signal N and could not be re-planned",
         exit_code: None,
     },
     Row {
