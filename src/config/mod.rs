@@ -151,6 +151,23 @@ pub enum RecomputeMethod {
     Block,
 }
 
+impl RecomputeMethod {
+    /// The word Megatron's `--recompute-method` takes (and `--pin recompute=full:WORD:N`).
+    pub fn megatron_name(self) -> &'static str {
+        match self {
+            RecomputeMethod::Uniform => "uniform",
+            RecomputeMethod::Block => "block",
+        }
+    }
+
+    /// The method `--recompute-method WORD` names, if any.
+    pub fn from_megatron_name(word: &str) -> Option<Self> {
+        [RecomputeMethod::Uniform, RecomputeMethod::Block]
+            .into_iter()
+            .find(|m| m.megatron_name() == word)
+    }
+}
+
 /// Parallel settings fixed by the user (`--pin`); `None` means "the planner chooses".
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Constraints {

@@ -42,7 +42,7 @@ use std::collections::BTreeSet;
 
 use crate::config::megatron::argparse::arg_words;
 use crate::config::megatron::options::{self, Requirement, Rewrite};
-use crate::config::{presets, Recompute, RecomputeMethod, Settings};
+use crate::config::{presets, Recompute, Settings};
 use crate::model::parallel::ParallelConfig;
 
 use super::RenderError;
@@ -374,10 +374,7 @@ pub fn recompute_args(recompute: &Recompute) -> Result<Vec<String>, RenderError>
                     "full recomputation over 0 layers (the plan must say how many)".into(),
                 ));
             }
-            let method = match method {
-                RecomputeMethod::Uniform => "uniform",
-                RecomputeMethod::Block => "block",
-            };
+            let method = method.megatron_name();
             let n = num_layers.to_string();
             words(&[
                 "--recompute-granularity",
@@ -426,7 +423,7 @@ fn rewrite_of(name: Option<&str>) -> Option<Rewrite> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings_from_megatron_args;
+    use crate::config::{settings_from_megatron_args, RecomputeMethod};
 
     fn w(text: &str) -> Vec<String> {
         text.split_whitespace().map(str::to_string).collect()

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use minijinja::{context, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Precision, Recompute, RecomputeMethod, Settings};
+use crate::config::{Precision, Recompute, Settings};
 use crate::exec::{single_quote, single_quote_join};
 use crate::model::parallel::ParallelConfig;
 
@@ -505,11 +505,7 @@ fn readme(
         Recompute::None => "none".to_string(),
         Recompute::Selective => "selective".to_string(),
         Recompute::Full { method, num_layers } => {
-            let method = match method {
-                RecomputeMethod::Uniform => "uniform",
-                RecomputeMethod::Block => "block",
-            };
-            format!("full ({method}, {num_layers} layers)")
+            format!("full ({}, {num_layers} layers)", method.megatron_name())
         }
     };
     let layers = config

@@ -5,8 +5,7 @@
 use super::read::{Granularity, RawArgs, Vocabulary};
 use super::{contradiction, ArgsError};
 use crate::config::{
-    presets, ModelSpec, Normalization, PositionEmbedding, Precision, Recompute, RecomputeMethod,
-    TrainingSettings,
+    presets, ModelSpec, Normalization, PositionEmbedding, Precision, Recompute, TrainingSettings,
 };
 
 fn require(raw: &RawArgs, value: Option<u64>, option: &'static str) -> Result<u64, ArgsError> {
@@ -158,10 +157,6 @@ fn recompute(raw: &RawArgs, num_layers: u64) -> Result<Recompute, ArgsError> {
     } else {
         raw.recompute_granularity
     };
-    let method_name = |m: RecomputeMethod| match m {
-        RecomputeMethod::Uniform => "uniform",
-        RecomputeMethod::Block => "block",
-    };
     let selective_source = if raw.recompute_activations {
         "--recompute-activations (selective recomputation)"
     } else {
@@ -172,7 +167,7 @@ fn recompute(raw: &RawArgs, num_layers: u64) -> Result<Recompute, ArgsError> {
             if let Some(m) = raw.recompute_method {
                 return Err(contradiction(format!(
                     "--recompute-method {} has no effect without --recompute-granularity full (Megatron ignores it: add --recompute-granularity full, or drop it)",
-                    method_name(m)
+                    m.megatron_name()
                 )));
             }
             if let Some(n) = raw.recompute_num_layers {
@@ -186,7 +181,7 @@ fn recompute(raw: &RawArgs, num_layers: u64) -> Result<Recompute, ArgsError> {
             if let Some(m) = raw.recompute_method {
                 return Err(contradiction(format!(
                     "--recompute-method {} needs --recompute-granularity full, but {selective_source} is given (Megatron refuses a method with selective recomputation: drop one)",
-                    method_name(m)
+                    m.megatron_name()
                 )));
             }
             if let Some(n) = raw.recompute_num_layers {

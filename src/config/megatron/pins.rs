@@ -69,11 +69,7 @@ impl fmt::Display for Pin {
                 // `full` with method and layers left to the arguments (see parse_pins).
                 Recompute::Full { num_layers: 0, .. } => f.write_str("=full"),
                 Recompute::Full { method, num_layers } => {
-                    let method = match method {
-                        RecomputeMethod::Uniform => "uniform",
-                        RecomputeMethod::Block => "block",
-                    };
-                    write!(f, "=full:{method}:{num_layers}")
+                    write!(f, "=full:{}:{num_layers}", method.megatron_name())
                 }
             },
             _ => Ok(()),
@@ -176,10 +172,8 @@ fn parse_recompute_pin(v: &str) -> Result<Recompute, String> {
             num_layers: 0,
         }),
         ["full", method, n] => {
-            let method = match *method {
-                "uniform" => RecomputeMethod::Uniform,
-                "block" => RecomputeMethod::Block,
-                _ => return Err(format!("{usage}, got {v:?}")),
+            let Some(method) = RecomputeMethod::from_megatron_name(method) else {
+                return Err(format!("{usage}, got {v:?}"));
             };
             match parse_count(n) {
                 Some(num_layers) if num_layers > 0 => Ok(Recompute::Full { method, num_layers }),

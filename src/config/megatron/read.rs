@@ -243,10 +243,8 @@ fn set_value(raw: &mut RawArgs, read: Read, option: &str, value: &str) -> Result
             })
         }
         Field::RecomputeMethod => {
-            raw.recompute_method = Some(match choice(&["uniform", "block"])?.as_str() {
-                "block" => RecomputeMethod::Block,
-                _ => RecomputeMethod::Uniform,
-            })
+            raw.recompute_method =
+                RecomputeMethod::from_megatron_name(&choice(&["uniform", "block"])?)
         }
         Field::RecomputeNumLayers => raw.recompute_num_layers = Some(positive()?),
         Field::Save => raw.save = Some(value.to_string()),
