@@ -11,10 +11,10 @@ use crate::cluster::{self, Allocation, AllocationError, AllocationRequest, Clust
 use crate::config::{self, Settings};
 use crate::error::Error;
 use crate::launch;
+use crate::measure::{self, ProfileOptions, ProgressBars};
 use crate::model::time::TimeEstimate;
 use crate::model::{params, ParallelConfig};
 use crate::plan::Plan;
-use crate::measure::{self, ProfileOptions, ProgressBars};
 use crate::render::ScriptInvocation;
 use crate::report::dry_run::{DryRunReport, ModelSection, ProfileSummary, ScriptSection};
 /// What a dry run did, when it had no profile to plan with.

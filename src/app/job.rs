@@ -11,11 +11,12 @@ use crate::config::Settings;
 use crate::error::Error;
 use crate::exec::{self, Transport};
 use crate::launch;
+use crate::measure::ProgressBars;
 use crate::model::time::{self, TimeEstimate, TimeModel, TimeRequest};
 use crate::model::{ParallelConfig, Placement};
 use crate::plan::{self, Plan, PlanOptions};
-use crate::measure::ProgressBars;
 use crate::render;
+use crate::replan::trials::{next_step, Position, Rounds, Seen, Step, MAX_TRIAL_ROUNDS};
 use crate::report::plan::plan_to_human;
 use crate::supervise;
 use crate::trial;
@@ -200,13 +201,11 @@ pub(super) fn job_template(
     })
 }
 
-/// At most this many rounds of trial, fit and re-plan.
-pub(super) const MAX_TRIAL_ROUNDS: usize = 2;
-
-/// Runs the trial of the job's plan (at each `--trial-micro-batches` size), fits the
-/// calibration and re-plans with it. When the re-plan picks another configuration, or the
-/// trial ran out of memory, the new plan is tried too (at most [`MAX_TRIAL_ROUNDS`]
-/// rounds, `rounds` here). Returns the plan to launch and the report.
+/// Runs the trial rounds of the job's plan as [`crate::replan::trials`] decides (trial each
+/// `--trial-micro-batches` size, on running out of memory raise the overhead and re-plan,
+/// fit the calibration, re-plan, try a changed plan again; at most `rounds` rounds) and
+/// returns the plan to launch and the report. Only executes: every decision is
+/// [`next_step`]'s.
 pub(super) fn trial_and_replan(
     config: &RunConfig,
     job: &Job,
@@ -219,82 +218,98 @@ pub(super) fn trial_and_replan(
     let mut plan = job.plan.clone();
     let mut trials: Vec<(trial::TrialMeasurement, Placement)> = Vec::new();
     let mut report = None;
-    for round in 0..rounds {
-        let sizes = match (&config.trial.micro_batches, round) {
-            (Some(list), 0) => list.clone(),
-            _ => vec![plan.config.micro_batch],
-        };
-        let mut out_of_memory = None;
-        for mbs in sizes {
-            let mut tried = plan.clone();
-            tried.config.micro_batch = mbs;
-            let batch = mbs * tried.config.dp;
-            if mbs == 0 || settings.training.global_batch_size % batch != 0 {
-                return Err(Error::Usage(format!(
-                    "--trial-micro-batches {mbs}: the global batch {} is not a multiple of micro-batch {mbs} × dp {} (choose sizes that divide it)",
-                    settings.training.global_batch_size, tried.config.dp
-                )));
-            }
-            eprintln!(
-                "pipette-run: trial run: tp {} pp {} dp {} micro-batch {}, {} iterations",
-                tried.config.tp, tried.config.pp, tried.config.dp, mbs, config.trial.iters
-            );
-            let request = trial::TrialRequest {
-                template: &job.template,
-                plan: &tried,
-                iters: config.trial.iters,
-                timeout: config.trial.timeout,
-                command_timeout: Duration::from_secs(60),
-                python: "python3",
-            };
-            match trial::run_trial(&request, &progress) {
-                Ok(m) => trials.push((m, tried.placement.clone())),
-                Err(e) if e.is_out_of_memory() && round + 1 < rounds => {
-                    out_of_memory = Some((tried, e));
-                    break;
+    let mut out_of_memory: Option<trial::TrialError> = None;
+    let policy = Rounds {
+        max: rounds,
+        first_sizes: config.trial.micro_batches.as_deref(),
+    };
+    let (mut at, mut seen) = (Position::default(), Seen::Start);
+    loop {
+        let (step, next) = next_step(&policy, at, seen, plan.config.micro_batch);
+        at = next;
+        seen = match step {
+            Step::Trial { micro_batch: mbs } => {
+                let mut tried = plan.clone();
+                tried.config.micro_batch = mbs;
+                let batch = mbs * tried.config.dp;
+                if mbs == 0 || settings.training.global_batch_size % batch != 0 {
+                    return Err(Error::Usage(format!(
+                        "--trial-micro-batches {mbs}: the global batch {} is not a multiple of micro-batch {mbs} × dp {} (choose sizes that divide it)",
+                        settings.training.global_batch_size, tried.config.dp
+                    )));
                 }
-                Err(e) => return Err(e.into()),
+                eprintln!(
+                    "pipette-run: trial run: tp {} pp {} dp {} micro-batch {}, {} iterations",
+                    tried.config.tp, tried.config.pp, tried.config.dp, mbs, config.trial.iters
+                );
+                let request = trial::TrialRequest {
+                    template: &job.template,
+                    plan: &tried,
+                    iters: config.trial.iters,
+                    timeout: config.trial.timeout,
+                    command_timeout: Duration::from_secs(60),
+                    python: "python3",
+                };
+                match trial::run_trial(&request, &progress) {
+                    Ok(m) => {
+                        trials.push((m, tried.placement.clone()));
+                        Seen::Measured
+                    }
+                    Err(e) if e.is_out_of_memory() => {
+                        out_of_memory = Some(e);
+                        Seen::OutOfMemory {
+                            peak_bytes: tried.estimate.peak_memory_bytes,
+                            usable_bytes: tried.estimate.usable_memory_bytes,
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
-        }
-        if let Some((tried, e)) = out_of_memory {
-            // The estimate was too low: raise the overhead until that configuration no
-            // longer fits, and plan again.
-            let peak = tried.estimate.peak_memory_bytes;
-            let usable = tried.estimate.usable_memory_bytes;
-            options.calibration.overhead_bytes += usable.saturating_sub(peak) + (1 << 20);
-            eprintln!("pipette-run: the trial ran out of memory ({e}); re-planning with a larger memory estimate");
-            plan = plan::plan(settings, &job.profile, &options)?;
-            continue;
-        }
-        let fitted = trial::calibrate(
-            settings,
-            &job.profile,
-            &trials,
-            &before,
-            options.time_options,
-        )?;
-        options.calibration = fitted.calibration.clone();
-        eprint!("{}", indent_lines(&fitted.to_human(), "pipette-run: "));
-        report = Some(fitted);
-        let replanned = plan::plan(settings, &job.profile, &options)?;
-        let changed = replanned.config != plan.config;
-        if changed {
-            eprintln!(
-                "pipette-run: re-planned with the calibrated estimates: tp {} pp {} dp {} micro-batch {} (was tp {} pp {} dp {} micro-batch {})",
-                replanned.config.tp,
-                replanned.config.pp,
-                replanned.config.dp,
-                replanned.config.micro_batch,
-                plan.config.tp,
-                plan.config.pp,
-                plan.config.dp,
-                plan.config.micro_batch
-            );
-        }
-        plan = replanned;
-        if !changed || round + 1 == rounds {
-            break;
-        }
+            Step::RaiseOverhead { by_bytes } => {
+                options.calibration.overhead_bytes += by_bytes;
+                if let Some(e) = out_of_memory.take() {
+                    eprintln!("pipette-run: the trial ran out of memory ({e}); re-planning with a larger memory estimate");
+                }
+                plan = plan::plan(settings, &job.profile, &options)?;
+                Seen::Replanned
+            }
+            Step::Fit => {
+                let fitted = trial::calibrate(
+                    settings,
+                    &job.profile,
+                    &trials,
+                    &before,
+                    options.time_options,
+                )?;
+                options.calibration = fitted.calibration.clone();
+                eprint!("{}", indent_lines(&fitted.to_human(), "pipette-run: "));
+                report = Some(fitted);
+                let replanned = plan::plan(settings, &job.profile, &options)?;
+                let changed = replanned.config != plan.config;
+                if changed {
+                    eprintln!(
+                        "pipette-run: re-planned with the calibrated estimates: tp {} pp {} dp {} micro-batch {} (was tp {} pp {} dp {} micro-batch {})",
+                        replanned.config.tp,
+                        replanned.config.pp,
+                        replanned.config.dp,
+                        replanned.config.micro_batch,
+                        plan.config.tp,
+                        plan.config.pp,
+                        plan.config.dp,
+                        plan.config.micro_batch
+                    );
+                }
+                plan = replanned;
+                Seen::Fitted { changed }
+            }
+            Step::OutOfMemory => {
+                return Err(match out_of_memory.take() {
+                    Some(e) => e.into(),
+                    None => Error::Internal("the trial ran out of memory".to_string()),
+                });
+            }
+            Step::Done => break,
+        };
     }
     let report = report.ok_or_else(|| Error::Internal("no trial was measured".to_string()))?;
     Ok((plan, report))

@@ -8,7 +8,8 @@
 //! [`teardown`] stops them all (TERM, grace, KILL, in parallel) and [`sweep`] kills what
 //! a launcher left behind (torchrun starts its workers in sessions of their own, so a
 //! killed or stopped torchrun can leave them running); [`read_checkpoint`] says what the
-//! user's save directory holds.
+//! user's save directory holds; [`output_lines`] reads what the job prints (Megatron's
+//! iteration lines, torchrun's failure report).
 //!
 //! Every process of a job carries `PIPETTE_RUN_ID` (unique per pipette-run invocation) and
 //! `PIPETTE_HOST` in its environment; that is how the sweep finds them, on any transport.
@@ -17,6 +18,7 @@
 //! [`crate::supervise`]) and does not decide when to re-plan.
 
 pub mod checkpoint;
+pub mod output_lines;
 mod teardown;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! The driver: runs attempts one after another. Each is launched, watched
 //! ([`super::watch`]), torn down, swept and health-checked; [`decide`] says what follows;
-//! the driver reads the checkpoint when asked, re-plans ([`super::replan`]), prepares the
+//! the driver reads the checkpoint when asked, re-plans ([`crate::replan::failure`]), prepares the
 //! next attempt, and records every step as an [`Event`] that the [`Reporter`] also shows.
 
 use std::sync::Arc;
@@ -10,7 +10,6 @@ use super::decide::{self, decide, Decision, Ending, Facts, Next, Stop};
 use super::events::{Event, EventLog, NodeRef, StopRecord};
 use super::health::{self, Health};
 use super::output::JobOutput;
-use super::replan::{checkpoint_format, replan};
 use super::reporter::{replan_text, Reporter};
 use super::signals::SignalGuard;
 use super::watch::watch;
@@ -20,6 +19,7 @@ use crate::exit::ExitCode;
 use crate::launch::{
     self, read_checkpoint, Attempt, CheckpointState, JobTemplate, Resume, RunningJob,
 };
+use crate::replan::failure::{checkpoint_format, replan};
 
 /// What the driver shares across attempts.
 struct Driver<'a> {

@@ -1,7 +1,8 @@
 //! Supervise: watch a launched job to its end, and when a node fails or the job hangs,
 //! tear it down, leave the bad nodes out, re-plan on the survivors and resume from the last
-//! checkpoint, a bounded number of times. The only loop back in the pipeline
-//! (`RunningJob ─▶ Outcome`, and on failure back to `Plan`).
+//! checkpoint, a bounded number of times: the pipeline's loop back after a failure
+//! (`RunningJob ─▶ Outcome`, and on failure back to `Plan`; the other loop back, the trial
+//! rounds, comes before the launch, and [`crate::replan`] decides both).
 //!
 //! # What is a failure
 //!
@@ -30,7 +31,7 @@
 //!    timeout, or fewer GPUs visible than its profile lists.
 //!
 //! The rest are the survivors. The job is re-planned on them with the same settings (the
-//! global batch is kept) by [`replan::replan()`], which prefers a plan keeping tp × pp
+//! global batch is kept) by [`crate::replan::failure::replan()`], which prefers a plan keeping tp × pp
 //! so the checkpoint loads without resharding; the relaunch gets `--load SAVE` when the
 //! user has `--save` and a checkpoint exists, and goes into `attempt-N/` of the run
 //! directory. At most `max_replans` times; then, or when no plan is possible, the exit code
@@ -47,7 +48,8 @@
 //!
 //! - [`decide`]: what follows an attempt (blame, survivors, exit code, stop or re-plan), a
 //!   pure function of what the driver saw;
-//! - [`replan`]: which plan the survivors get (the checkpoint policy), pure as well;
+//! - [`crate::replan::failure`]: which plan the survivors get (the checkpoint policy),
+//!   pure as well; the re-plan policy's owner is [`crate::replan`];
 //! - the driver runs the attempts: launch, watch, teardown, sweep and health checks, the
 //!   checkpoint read, the re-plan, the next attempt;
 //! - [`events`]: everything the supervisor does, as typed [`events::Event`]s written to
@@ -62,7 +64,6 @@ mod driver;
 pub mod events;
 pub mod health;
 pub mod output;
-pub mod replan;
 pub mod reporter;
 pub mod signals;
 mod watch;
@@ -73,6 +74,9 @@ use serde::Serialize;
 
 use crate::launch::{Attempt, JobTemplate, Resume};
 use crate::model::parallel::ParallelConfig;
+/// The survivors' plan moved to [`crate::replan::failure`]; this path stays for callers
+/// that name it here.
+pub use crate::replan::failure as replan;
 use events::EventLog;
 pub use output::Echo;
 

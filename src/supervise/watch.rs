@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use super::decide::Ending;
 use super::events::Event;
-use super::output::{torchrun_root_cause, JobOutput, Phase};
+use super::output::{JobOutput, Phase};
 use super::signals::{signal_name, SignalGuard};
 use super::{FailureReason, NodeFailure, SuperviseOptions};
 use crate::exec::{ExecError, RunningCommand, Status, TransportKind};
 use crate::exit::{self, ExitCode};
+use crate::launch::output_lines::torchrun_root_cause;
 use crate::launch::RunningJob;
 
 /// Polls `job` until it ends; returns how, and when the end was seen. Every failure,

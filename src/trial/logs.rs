@@ -11,12 +11,12 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::supervise::output::parse_iteration;
+use crate::launch::output_lines::parse_iteration;
 
 /// The time in Megatron's iteration line (` [2024-10-24 21:02:23] iteration       20/
 /// 40000 | consumed samples: 1280 | elapsed time per iteration (ms): 826.6 | ...`); the
 /// iteration and the total are read by the supervisor's parser,
-/// [`crate::supervise::output::parse_iteration`].
+/// [`crate::launch::output_lines::parse_iteration`].
 static ELAPSED: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"elapsed time per iteration \(ms\):\s*([0-9]+(?:\.[0-9]+)?)")
         .expect("a valid regex")

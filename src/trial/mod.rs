@@ -15,7 +15,8 @@
 //!   estimates before and after, and their errors.
 //!
 //! Owns the trial's arguments, hook, log reading and fit. Must not plan (the caller
-//! re-plans with the fitted calibration) or launch the job.
+//! re-plans with the fitted calibration, as [`crate::replan::trials`] decides) or launch
+//! the job.
 
 pub mod fit;
 pub mod logs;
@@ -29,13 +30,13 @@ use crate::cluster::ClusterProfile;
 use crate::config::Settings;
 use crate::exec::staged::{self, JobError, StageError, StagedFile};
 use crate::exec::{format_duration, ExecError, ExecOptions, NodeCommand, Status, Stream};
+use crate::launch::output_lines::torchrun_root_cause;
 use crate::launch::{self, JobTemplate, LaunchError};
 use crate::measure::{Phase, Progress};
 use crate::model::memory::estimate_memory;
 use crate::model::time::{self, ThroughputBasis, TimeError, TimeModel, TimeOptions, TimeRequest};
 use crate::model::{Calibration, ParallelConfig, Placement};
 use crate::plan::Plan;
-use crate::supervise::output::torchrun_root_cause;
 
 pub use fit::{MemoryFit, MemoryFitMethod, MemoryPoint};
 pub use logs::{IterationLine, MemoryLine};

@@ -18,7 +18,7 @@
 //! 4. With no checkpoint yet (or no `--save`), any plan will do: the job starts again.
 //!
 //! Plans with the same planner options (and seed) as the first launch. Pure: the checkpoint
-//! is read by the driver ([`crate::launch::read_checkpoint`]) and passed in.
+//! is read by the supervisor's driver ([`crate::launch::read_checkpoint`]) and passed in.
 
 use crate::cluster::profile::{DeviceSelection, NodeSelection};
 use crate::cluster::ClusterProfile;
