@@ -105,15 +105,18 @@ fn assert_cleaned_up(dir: &Path, nodes: u32) {
 fn a_failing_node_stops_the_others_and_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let torchrun = fake_torchrun(dir.path(), Some(1));
+    let options = options(&torchrun);
     let start = Instant::now();
     let err = run_profile(
         &spec(&["node-a", "node-b", "node-c"]),
-        &options(&torchrun),
+        &options,
         &NoProgress,
     )
     .unwrap_err();
+    // The others were stopped, not left to the probe's time limit (how much sooner
+    // depends on the machine's load).
     assert!(
-        start.elapsed() < Duration::from_secs(20),
+        start.elapsed() < options.probe_timeout,
         "{:?}",
         start.elapsed()
     );

@@ -210,8 +210,8 @@ pub struct SuperviseOptions {
     pub torchrun: String,
 
     /// Between TERM and KILL when the nodes are stopped (after a failure, or on Ctrl-C /
-    /// SIGTERM; a second Ctrl-C kills at once). A node whose torchrun does not stop within
-    /// it is treated as hung and left out of a re-plan
+    /// SIGTERM; a second Ctrl-C kills at once). After a stall, a node whose torchrun does not
+    /// stop within it is treated as hung and left out of a re-plan
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub grace: std::time::Duration,
 

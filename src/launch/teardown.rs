@@ -14,7 +14,9 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use super::{RunningJob, RUN_ID_VAR};
-use crate::exec::{self, ExecError, NodeCommand, Status, Transport, TransportKind};
+use crate::exec::{
+    self, ExecError, NodeCommand, Status, Transport, TransportKind, REMOTE_TEARDOWN_MARGIN,
+};
 
 /// How one node's torchrun stopped.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,8 +27,9 @@ pub struct NodeStop {
     pub status: Option<Status>,
     /// From the start of the teardown until it was gone.
     pub took: Duration,
-    /// Whether it stopped within the grace period after TERM. A launcher that does not is
-    /// hung (or stopped), and its node is left out of the next attempt.
+    /// Whether it stopped by itself after TERM, within the grace period, rather than by
+    /// the KILL that follows it (see [`killed`]). After a stall, a launcher that did not is
+    /// taken for hung (or stopped), and its node is left out of the next attempt.
     pub stopped_in_grace: bool,
     /// Whether it was still running when the teardown began.
     pub was_running: bool,
@@ -79,7 +82,8 @@ pub fn teardown(
                     node_rank: rank,
                     status,
                     took,
-                    stopped_in_grace: took < grace,
+                    stopped_in_grace: status.is_some_and(|s| !killed(s, kind))
+                        && (kind == TransportKind::Local || took < grace + REMOTE_TEARDOWN_MARGIN),
                     was_running: true,
                     error,
                 }
@@ -131,6 +135,22 @@ pub fn teardown(
         }
     }
     stops.into_iter().flatten().collect()
+}
+
+/// Whether a command torn down ended by the KILL that follows the grace period (ours, or
+/// the remote watchdog's, which the wrapper reports as 128 + 9) rather than by itself.
+///
+/// Why the status and not the clock: a launcher that exits just before the grace period
+/// is over may be reaped just after it when the machine is busy; what tells a hung
+/// launcher from a live one is whether it had to be killed. (A remote command that outlived
+/// its watchdog's grace period and margin, see [`exec::RunningCommand::terminate`], was not
+/// stopped in time either, whatever ended `ssh` or `srun` here after that.)
+fn killed(status: Status, kind: TransportKind) -> bool {
+    const KILL: i32 = Signal::SIGKILL as i32;
+    match status {
+        Status::Signaled(signal) => signal == KILL,
+        Status::Exited(code) => kind != TransportKind::Local && code == 128 + KILL,
+    }
 }
 
 /// How long a `srun` sent TERM by a kill at once has to cancel its job step and exit

@@ -6,7 +6,8 @@
 //! Left out of the next attempt are (see the [module doc](super)):
 //!
 //! 1. the nodes whose failure was seen first, the most severe kind only ([`blamed`]);
-//! 2. every node whose torchrun did not stop within the grace period after TERM;
+//! 2. after a stall, every node whose torchrun did not stop within the grace period after
+//!    TERM (a failure with a culprit does not count it: see [`suspects`]);
 //! 3. every node that failed its health check.
 
 use std::time::Duration;
@@ -234,19 +235,22 @@ fn stop(facts: &Facts<'_>, end: String, exit_code: i32, why: Stop) -> Decision {
     }
 }
 
-/// The nodes left out before any health check: those blamed for a failure, then those that
-/// did not stop within the grace period. (The health check skips them.)
+/// The nodes left out before any health check (which skips them): those blamed for a
+/// failure; after a stall, which blames no one, those that did not stop within the grace
+/// period.
+///
+/// Why not every node that was slow to stop: after a failure its peers' torchruns shut
+/// their workers down, and on a busy node (or one whose CPUs the job itself keeps busy)
+/// that can take longer than the grace period; such a node is killed, swept and
+/// health-checked like every other, and left out only if the check fails. After a stall,
+/// not stopping is the only sign of which node stalled (a stopped or hung launcher never
+/// reacts to TERM).
 pub fn suspects(ending: &Ending, unresponsive: &[String]) -> Vec<String> {
-    let mut left_out = match ending {
+    match ending {
         Ending::Failed(failures) => blamed(failures),
-        _ => Vec::new(),
-    };
-    for host in unresponsive {
-        if !left_out.contains(host) {
-            left_out.push(host.clone());
-        }
+        Ending::Stalled(_) => unresponsive.to_vec(),
+        Ending::Finished | Ending::Signal(_) => Vec::new(),
     }
-    left_out
 }
 
 /// The nodes blamed for a failure: among those seen failing first, the most severe kind (a
@@ -396,6 +400,16 @@ mod tests {
                 left_out: &["c"],
                 next: fresh.clone(),
                 end: "no progress for 3 s; c did not stop within the grace period",
+                ..BASE
+            },
+            Case {
+                name: "after a failure with a culprit, a peer slow to stop is not left out",
+                ending: worker_exit(),
+                unresponsive: &["a", "c"],
+                exit_code: 3,
+                left_out: &["b"],
+                next: fresh.clone(),
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)",
                 ..BASE
             },
             Case {

@@ -25,8 +25,10 @@
 //!    only: a lost connection over a launcher ended by a signal over a non-zero exit. (When
 //!    one node dies, its peers fail moments later with communication errors; those are
 //!    consequences, not causes.)
-//! 2. every node whose torchrun did not stop within the grace period after TERM: it is
-//!    hung or stopped (this is how a stalled node is found: the healthy ones stop at once);
+//! 2. after a stall, every node whose torchrun did not stop within the grace period after
+//!    TERM (was killed): it is hung or stopped (this is how a stalled node is found). After
+//!    a failure with a culprit, a peer slow to stop (a busy node can take longer than the
+//!    grace period to shut its workers down) is only killed and health-checked;
 //! 3. every node that fails the health check ([`health`]): unreachable within the health
 //!    timeout, or fewer GPUs visible than its profile lists.
 //!
