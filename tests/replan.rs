@@ -41,7 +41,7 @@ use pipette::launch::CheckpointState;
 use pipette::model::ParallelConfig;
 use pipette::plan::PlanOptions;
 use pipette::supervise::events::read_events;
-use pipette::supervise::replan::{checkpoint_format, replan, ReplanError};
+use pipette::replan::failure::{checkpoint_format, replan, ReplanError};
 
 /// The end-to-end tests share two cores: one job at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

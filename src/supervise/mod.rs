@@ -76,9 +76,6 @@ use serde::Serialize;
 
 use crate::launch::{Attempt, JobTemplate, Resume};
 use crate::model::parallel::ParallelConfig;
-/// The survivors' plan moved to [`crate::replan::failure`]; this path stays for callers
-/// that name it here.
-pub use crate::replan::failure as replan;
 use events::EventLog;
 pub use output::Echo;
 
