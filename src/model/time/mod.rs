@@ -84,6 +84,7 @@
 pub mod compat;
 mod costs;
 mod fabric;
+pub mod perf;
 
 pub use costs::{ConfigCosts, StageSync};
 pub use fabric::{ClusterFabric, Fabric, GpuThroughput, ThroughputBasis, FP32_SHARE_OF_FP16_PEAK};
