@@ -478,7 +478,10 @@ fn a_mixed_cluster_is_governed_by_its_slow_gpus() {
         ]
     );
     assert_eq!(e.critical_stage, 3);
-    assert!(e.stages[2].forward_ms > 2.0 * e.stages[0].forward_ms);
+    // The V100's GEMMs take 2.5 × as long (125 against 312 TFLOPS), its memory-bound
+    // kernels 1.8 × (900 against 1600 GB/s); the fixed cost per kernel is the same.
+    let ratio = e.stages[2].forward_ms / e.stages[0].forward_ms;
+    assert!(ratio > 1.5 && ratio < 2.5, "{ratio}");
 }
 
 #[test]
