@@ -1,11 +1,16 @@
 //! Times the full planner (candidates, memory filter, ranking, rank mapping of the best
-//! configurations) on 16, 32 (mixed A100/V100), 64, 1024 and 8192 GPUs and prints a table; run by
-//! `scripts/bench-plan`. Evaluations are time-model evaluations: one per ranked
-//! configuration, and one per state of every mapping search (incremental ones included).
+//! configurations) on 16, 32 (mixed A100/V100), 64, 1024, 1024 mixed H100/A100, 8192 and
+//! 16,384 GPUs (Llama-3-405B) and prints a table; run by `scripts/bench-plan`. Evaluations
+//! are time-model evaluations: one per ranked configuration, and one per state of every
+//! mapping search (incremental ones included). Each case runs in a process of its own, so
+//! its peak memory (the process's max RSS from getrusage: the cluster, the planner and
+//! everything it allocates) is its own.
 //!
-//! Usage: `cargo run --release --example bench_plan [-- GPUS...] [--repeat N]`
+//! Usage: `cargo run --release --example bench_plan [-- CASES...] [--repeat N] [--threads N]`
+//! where a case is its key: 16, 32, 64, 1024, 1024-mix, 8192, 16384.
 
 use std::path::PathBuf;
+use std::process::Command;
 use std::time::Instant;
 
 use pipette::cluster::ClusterProfile;
@@ -17,14 +22,17 @@ mod clusters;
 
 /// One benchmark case: a cluster, a model and Megatron arguments beyond the preset.
 struct Case {
+    /// How the command line names the case.
+    key: &'static str,
     gpus: usize,
     cluster: &'static str,
     model: &'static str,
     args: &'static [&'static str],
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 7] = [
     Case {
+        key: "16",
         gpus: 16,
         cluster: "a100-2x8.json",
         model: "gpt3-13b",
@@ -33,49 +41,82 @@ const CASES: [Case; 5] = [
     // Mixed GPU kinds: every order of the kinds along the pipeline and a layer split per
     // candidate, plus the best even split for the report (V100s train in fp16).
     Case {
+        key: "32",
         gpus: 32,
         cluster: "a100-v100-mixed-4x8.json",
         model: "gpt3-13b",
         args: &["--fp16"],
     },
     Case {
+        key: "64",
         gpus: 64,
         cluster: "generated 8x8 A100",
         model: "gpt3-13b",
         args: &[],
     },
     Case {
+        key: "1024",
         gpus: 1024,
         cluster: "h100-128x8.json",
         model: "gpt3-175b",
         args: &[],
     },
+    // Two GPU kinds, 512 of each: 64 H100 nodes (NDR) and 64 A100 nodes (HDR).
     Case {
+        key: "1024-mix",
+        gpus: 1024,
+        cluster: "generated 64+64x8 H100/A100",
+        model: "gpt3-175b",
+        args: &[],
+    },
+    Case {
+        key: "8192",
         gpus: 8192,
         cluster: "generated 1024x8 H100",
         model: "gpt3-175b",
         args: &[],
     },
+    // Llama 3 405B's own scale (Dubey et al. 2024, Table 4: 16,384 H100 GPUs).
+    Case {
+        key: "16384",
+        gpus: 16384,
+        cluster: "generated 2048x8 H100",
+        model: "llama3-405b",
+        args: &[],
+    },
 ];
 
+fn h100() -> pipette::cluster::profile::GpuSpec {
+    clusters::gpu("H100-SXM5-80GB", 989.0)
+}
+
+fn a100() -> pipette::cluster::profile::GpuSpec {
+    clusters::gpu("A100-SXM4-80GB", 312.0)
+}
+
 fn load(case: &Case) -> ClusterProfile {
-    match case.gpus {
-        64 => clusters::generated(
+    match case.key {
+        "64" => clusters::generated(8, 8, &a100(), 240.0, 23.5, 64),
+        "1024-mix" => clusters::mixed(
+            &[
+                clusters::NodeKind {
+                    nodes: 64,
+                    gpu: h100(),
+                    intra: 380.0,
+                    nic: 46.5,
+                },
+                clusters::NodeKind {
+                    nodes: 64,
+                    gpu: a100(),
+                    intra: 240.0,
+                    nic: 23.5,
+                },
+            ],
             8,
-            8,
-            &clusters::gpu("A100-SXM4-80GB", 312.0),
-            240.0,
-            23.5,
-            64,
+            1025,
         ),
-        8192 => clusters::generated(
-            1024,
-            8,
-            &clusters::gpu("H100-SXM5-80GB", 989.0),
-            380.0,
-            46.5,
-            8192,
-        ),
+        "8192" => clusters::generated(1024, 8, &h100(), 380.0, 46.5, 8192),
+        "16384" => clusters::generated(2048, 8, &h100(), 380.0, 46.5, 16384),
         _ => {
             let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("examples/clusters")
@@ -85,44 +126,145 @@ fn load(case: &Case) -> ClusterProfile {
     }
 }
 
-fn main() {
-    let mut sizes = Vec::new();
-    let mut repeat = 1;
-    let mut threads = 0;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        if arg == "--threads" {
-            threads = args
-                .next()
-                .and_then(|n| n.parse().ok())
-                .expect("--threads takes a number");
-        } else if arg == "--repeat" {
-            repeat = args
-                .next()
-                .and_then(|n| n.parse().ok())
-                .expect("--repeat takes a number");
-        } else {
-            sizes.push(
-                arg.parse::<usize>()
-                    .expect("GPU counts: 16, 32 (mixed A100/V100), 64, 1024, 8192"),
-            );
-        }
-    }
+/// This process so far: peak resident memory, MiB (Linux reports `ru_maxrss` in KiB), and
+/// CPU seconds (user + system; on a machine shared with other work they say what the case
+/// costs better than the wall time does).
+fn usage() -> (f64, f64) {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).map_or(
+        (f64::NAN, f64::NAN),
+        |u| {
+            let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            (
+                u.max_rss() as f64 / 1024.0,
+                seconds(u.user_time()) + seconds(u.system_time()),
+            )
+        },
+    )
+}
+
+/// Plans `case` `repeat` times on `threads` threads (0: all) and prints a row per run.
+fn run_case(case: &Case, repeat: usize, threads: usize) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .expect("a thread pool");
+    let cluster = load(case);
+    assert_eq!(cluster.gpu_count(), Some(case.gpus));
+    let args: Vec<String> = case.args.iter().map(|a| a.to_string()).collect();
+    let settings = settings_from_megatron_args(&args, Some(case.model), &[]).unwrap();
+    let options = PlanOptions::default();
+    if std::env::var_os("PHASES").is_some() {
+        let o = PlanOptions {
+            mapping: pipette::plan::MappingMode::Identity,
+            ..options.clone()
+        };
+        let start = Instant::now();
+        let r = plan(&settings, &cluster, &o).unwrap();
+        eprintln!(
+            "ranking only: {:.3} s, {} evals",
+            start.elapsed().as_secs_f64(),
+            r.stats.evaluations
+        );
+    }
+    for _ in 0..repeat {
+        let cpu_before = usage().1;
+        let start = Instant::now();
+        let result = pool
+            .install(|| plan(&settings, &cluster, &options))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let wall = start.elapsed().as_secs_f64();
+        let (rss_mib, cpu_after) = usage();
+        let c = &result.config;
+        let shape = format!(
+            "tp{} pp{} dp{} mb{} v{} {}",
+            c.tp,
+            c.pp,
+            c.dp,
+            c.micro_batch,
+            c.vpp.unwrap_or(1),
+            match result.mapping.method {
+                pipette::plan::SearchMethod::Anneal => "anneal",
+                pipette::plan::SearchMethod::Exhaustive { .. } => "exhaustive",
+                pipette::plan::SearchMethod::Identity => "identity",
+            }
+        );
+        println!(
+            "{:>8}  {:<28} {:<11} {:>8.3} {:>8.3} {:>8.0} {:>9} {:>7} {:>12} {:>12.0}  {:<34} {:>10.1} {:>10.1}",
+            case.key,
+            case.cluster,
+            case.model,
+            wall,
+            cpu_after - cpu_before,
+            rss_mib,
+            result.stats.candidates,
+            result.stats.fitting,
+            result.stats.evaluations,
+            result.stats.evaluations as f64 / wall,
+            shape,
+            result.baseline_mapping_ms,
+            result.estimate.iteration_ms,
+        );
+    }
+}
+
+fn main() {
+    let mut keys = Vec::new();
+    let mut repeat = 1;
+    let mut threads = 0;
+    let mut child = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--threads" => {
+                threads = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .expect("--threads takes a number")
+            }
+            "--repeat" => {
+                repeat = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .expect("--repeat takes a number")
+            }
+            // One case in this process: what the parent runs for each case.
+            "--one" => child = true,
+            key => {
+                assert!(
+                    CASES.iter().any(|c| c.key == key),
+                    "unknown case {key:?} (cases: 16, 32, 64, 1024, 1024-mix, 8192, 16384)"
+                );
+                keys.push(key.to_string());
+            }
+        }
+    }
+    let selected: Vec<&Case> = CASES
+        .iter()
+        .filter(|c| keys.is_empty() || keys.iter().any(|k| k == c.key))
+        .collect();
+    if child {
+        for case in selected {
+            run_case(case, repeat, threads);
+        }
+        return;
+    }
     println!(
         "threads: {}, machine: {} logical CPUs",
-        pool.current_num_threads(),
+        if threads == 0 {
+            rayon::current_num_threads()
+        } else {
+            threads
+        },
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!(
-        "{:>5}  {:<22} {:<9} {:>8} {:>9} {:>7} {:>12} {:>12}  {:<34} {:>10} {:>10}",
-        "GPUs",
+        "{:>8}  {:<28} {:<11} {:>8} {:>8} {:>8} {:>9} {:>7} {:>12} {:>12}  {:<34} {:>10} {:>10}",
+        "case",
         "cluster",
         "model",
         "wall s",
+        "CPU s",
+        "RSS MiB",
         "configs",
         "fit",
         "evaluations",
@@ -131,62 +273,21 @@ fn main() {
         "ident ms",
         "mapped ms"
     );
-    for case in CASES
-        .iter()
-        .filter(|c| sizes.is_empty() || sizes.contains(&c.gpus))
-    {
-        let cluster = load(case);
-        assert_eq!(cluster.gpu_count(), Some(case.gpus));
-        let args: Vec<String> = case.args.iter().map(|a| a.to_string()).collect();
-        let settings = settings_from_megatron_args(&args, Some(case.model), &[]).unwrap();
-        let options = PlanOptions::default();
-        if std::env::var_os("PHASES").is_some() {
-            let o = PlanOptions {
-                mapping: pipette::plan::MappingMode::Identity,
-                ..options.clone()
-            };
-            let start = Instant::now();
-            let r = plan(&settings, &cluster, &o).unwrap();
-            eprintln!(
-                "ranking only: {:.3} s, {} evals",
-                start.elapsed().as_secs_f64(),
-                r.stats.evaluations
-            );
+    let exe = std::env::current_exe().expect("the benchmark's own path");
+    let mut failed = false;
+    for case in selected {
+        let status = Command::new(&exe)
+            .args(["--one", case.key])
+            .args(["--repeat", &repeat.to_string()])
+            .args(["--threads", &threads.to_string()])
+            .status()
+            .expect("the benchmark runs itself for each case");
+        if !status.success() {
+            eprintln!("case {}: {status}", case.key);
+            failed = true;
         }
-        for _ in 0..repeat {
-            let start = Instant::now();
-            let result = pool
-                .install(|| plan(&settings, &cluster, &options))
-                .unwrap_or_else(|e| panic!("{e}"));
-            let wall = start.elapsed().as_secs_f64();
-            let c = &result.config;
-            let shape = format!(
-                "tp{} pp{} dp{} mb{} v{} {}",
-                c.tp,
-                c.pp,
-                c.dp,
-                c.micro_batch,
-                c.vpp.unwrap_or(1),
-                match result.mapping.method {
-                    pipette::plan::SearchMethod::Anneal => "anneal",
-                    pipette::plan::SearchMethod::Exhaustive { .. } => "exhaustive",
-                    pipette::plan::SearchMethod::Identity => "identity",
-                }
-            );
-            println!(
-                "{:>5}  {:<22} {:<9} {:>8.3} {:>9} {:>7} {:>12} {:>12.0}  {:<34} {:>10.1} {:>10.1}",
-                case.gpus,
-                case.cluster,
-                case.model,
-                wall,
-                result.stats.candidates,
-                result.stats.fitting,
-                result.stats.evaluations,
-                result.stats.evaluations as f64 / wall,
-                shape,
-                result.baseline_mapping_ms,
-                result.estimate.iteration_ms,
-            );
-        }
+    }
+    if failed {
+        std::process::exit(1);
     }
 }

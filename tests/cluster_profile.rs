@@ -12,7 +12,7 @@ use pipette::cluster::{ClusterProfile, ProfileError};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-const EXAMPLES: [&str; 7] = [
+const EXAMPLES: [&str; 8] = [
     "a100-2x8.json",
     "a100-4x8-degraded.json",
     "a100-v100-mixed-4x8.json",
@@ -20,6 +20,7 @@ const EXAMPLES: [&str; 7] = [
     "h100-16x8.json",
     "h100-a100-mixed-4x8.json",
     "v100-8x8.json",
+    "vtrain-a100.json",
 ];
 
 fn crate_dir() -> PathBuf {

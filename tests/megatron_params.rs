@@ -63,6 +63,15 @@ fn preset_cases() -> Vec<Case> {
              --num-layers-per-virtual-pipeline-stage 5 --use-distributed-optimizer",
         ),
         ("gpt3-13b", "--tensor-model-parallel-size 2"),
+        // 128256 is a multiple of 128 but not of 128 × 8: padded for tp 8.
+        (
+            "llama3-405b",
+            "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 9 --sequence-parallel",
+        ),
+        (
+            "llama3-8b",
+            "--tensor-model-parallel-size 2 --use-distributed-optimizer",
+        ),
     ] {
         cases.push(Case {
             name: format!("{name} {extra}"),

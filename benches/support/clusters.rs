@@ -34,13 +34,45 @@ pub fn generated(
     inter: f64,
     seed: u64,
 ) -> ClusterProfile {
+    mixed(
+        &[NodeKind {
+            nodes,
+            gpu: gpu.clone(),
+            intra,
+            nic: inter,
+        }],
+        per_node,
+        seed,
+    )
+}
+
+/// One kind of node in a [`mixed`] cluster.
+pub struct NodeKind {
+    pub nodes: usize,
+    pub gpu: GpuSpec,
+    /// GPU pairs inside a node, GB/s.
+    pub intra: f64,
+    /// What one NIC of such a node attains, GB/s.
+    pub nic: f64,
+}
+
+/// The kinds' nodes one after another, `per_node` GPUs each: GPU pairs at their kind's
+/// `intra`, a node pair at the slower of the two NICs, each link jittered by ±1.5 %, and 2 %
+/// of the node pairs (one direction) at 40–60 %.
+pub fn mixed(kinds: &[NodeKind], per_node: usize, seed: u64) -> ClusterProfile {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let provenance = Provenance::new(Source::Estimated).with_note("generated for the benchmark");
     let jitter = |rng: &mut ChaCha8Rng, x: f64| x * rng.random_range(0.985..1.015);
+    let kind_of: Vec<&NodeKind> = kinds
+        .iter()
+        .flat_map(|k| std::iter::repeat_n(k, k.nodes))
+        .collect();
+    let nodes = kind_of.len();
     let mut rows = vec![vec![0.0; nodes]; nodes];
     for (a, row) in rows.iter_mut().enumerate() {
         for (b, cell) in row.iter_mut().enumerate() {
             if a != b {
+                let inter = kind_of[a].nic.min(kind_of[b].nic);
                 let degraded = rng.random::<f64>() < 0.02;
                 let base = if degraded {
                     inter * rng.random_range(0.4..0.6)
@@ -52,13 +84,15 @@ pub fn generated(
         }
     }
     let node_links = LinkMatrix::from_rows(&rows, provenance.clone()).expect("square");
-    let nodes = (0..nodes)
-        .map(|n| {
+    let nodes = kind_of
+        .iter()
+        .enumerate()
+        .map(|(n, kind)| {
             let mut gpu_rows = vec![vec![0.0; per_node]; per_node];
             for (a, row) in gpu_rows.iter_mut().enumerate() {
                 for (b, cell) in row.iter_mut().enumerate() {
                     if a != b {
-                        *cell = jitter(&mut rng, intra);
+                        *cell = jitter(&mut rng, kind.intra);
                     }
                 }
             }
@@ -68,7 +102,7 @@ pub fn generated(
                     gpus: (0..per_node)
                         .map(|i| GpuSpec {
                             index: i as u32,
-                            ..gpu.clone()
+                            ..kind.gpu.clone()
                         })
                         .collect(),
                     links: LinkMatrix::from_rows(&gpu_rows, provenance.clone()).expect("square"),

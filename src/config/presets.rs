@@ -11,6 +11,12 @@
 //! learned positions, tied embeddings, GeLU). Llama 2 from Touvron et al. 2023 and the
 //! released configurations (sequence 4096, vocabulary 32000, RMSNorm, SwiGLU, rotary
 //! positions, no biases, untied output layer; 70B with 8 key/value groups; 4M-token batches).
+//! Llama 3 from Dubey et al. 2024, "The Llama 3 Herd of Models" (Table 3: layers, model
+//! dimension, FFN dimension, 8 key/value heads for every size, vocabulary of 128,256 tokens;
+//! the same Llama architecture otherwise; sequences of 8,192 tokens; 405B trained with
+//! batches of 16M tokens, 2,048 sequences, Table 4). The paper gives no batch for 8B and
+//! 70B: they take 405B's. RoPE's base frequency (500,000) changes neither the parameter
+//! count nor the time, so the presets leave `--rotary-base` at Megatron's default.
 
 use super::megatron::ArgsError;
 use super::ModelSpec;
@@ -66,8 +72,10 @@ macro_rules! gpt3 {
     };
 }
 
-macro_rules! llama2 {
-    ($layers:literal, $hidden:literal, $heads:literal, $ffn:literal $(, $extra:literal)*) => {
+// Llama 2 and Llama 3 share the architecture; the sequence, the vocabulary and the batch
+// come first, then the model's own shape and any extra arguments (grouped-query attention).
+macro_rules! llama {
+    ($seq:literal, $vocab:literal, $batch:literal; $layers:literal, $hidden:literal, $heads:literal, $ffn:literal $(, $extra:literal)*) => {
         &[
             "--num-layers",
             $layers,
@@ -86,17 +94,36 @@ macro_rules! llama2 {
             "rope",
             "--untie-embeddings-and-output-weights",
             "--seq-length",
-            "4096",
+            $seq,
             "--max-position-embeddings",
-            "4096",
+            $seq,
             "--vocab-size",
-            "32000",
+            $vocab,
             "--micro-batch-size",
             "1",
             "--global-batch-size",
-            "1024",
+            $batch,
             "--bf16",
         ]
+    };
+}
+
+// Every Llama 3 has 8 key/value groups, the 128k vocabulary, sequences of 8192 and (see the
+// module doc) batches of 2048 sequences.
+macro_rules! llama3 {
+    ($layers:literal, $hidden:literal, $heads:literal, $ffn:literal) => {
+        llama!(
+            "8192",
+            "128256",
+            "2048";
+            $layers,
+            $hidden,
+            $heads,
+            $ffn,
+            "--group-query-attention",
+            "--num-query-groups",
+            "8"
+        )
     };
 }
 
@@ -125,17 +152,20 @@ pub const PRESETS: &[Preset] = &[
     Preset {
         name: "llama2-7b",
         summary: "Llama 2 7B: 32 layers, hidden 4096, 32 heads, ffn 11008, seq 4096, batch 1024",
-        args: llama2!("32", "4096", "32", "11008"),
+        args: llama!("4096", "32000", "1024"; "32", "4096", "32", "11008"),
     },
     Preset {
         name: "llama2-13b",
         summary: "Llama 2 13B: 40 layers, hidden 5120, 40 heads, ffn 13824, seq 4096, batch 1024",
-        args: llama2!("40", "5120", "40", "13824"),
+        args: llama!("4096", "32000", "1024"; "40", "5120", "40", "13824"),
     },
     Preset {
         name: "llama2-70b",
         summary: "Llama 2 70B: 80 layers, hidden 8192, 64 heads in 8 groups, ffn 28672, seq 4096, batch 1024",
-        args: llama2!(
+        args: llama!(
+            "4096",
+            "32000",
+            "1024";
             "80",
             "8192",
             "64",
@@ -144,6 +174,21 @@ pub const PRESETS: &[Preset] = &[
             "--num-query-groups",
             "8"
         ),
+    },
+    Preset {
+        name: "llama3-8b",
+        summary: "Llama 3 8B: 32 layers, hidden 4096, 32 heads in 8 groups, ffn 14336, vocab 128256, seq 8192, batch 2048",
+        args: llama3!("32", "4096", "32", "14336"),
+    },
+    Preset {
+        name: "llama3-70b",
+        summary: "Llama 3 70B: 80 layers, hidden 8192, 64 heads in 8 groups, ffn 28672, vocab 128256, seq 8192, batch 2048",
+        args: llama3!("80", "8192", "64", "28672"),
+    },
+    Preset {
+        name: "llama3-405b",
+        summary: "Llama 3 405B: 126 layers, hidden 16384, 128 heads in 8 groups, ffn 53248, vocab 128256, seq 8192, batch 2048",
+        args: llama3!("126", "16384", "128", "53248"),
     },
 ];
 
@@ -201,6 +246,9 @@ mod tests {
             "llama2-7b",
             "llama2-13b",
             "llama2-70b",
+            "llama3-8b",
+            "llama3-70b",
+            "llama3-405b",
         ] {
             assert!(preset(want).is_some(), "{want}");
         }
@@ -264,6 +312,32 @@ mod tests {
         assert_eq!((m.num_attention_heads, m.num_query_groups), (64, 8));
         assert_eq!(m.ffn_hidden_size, 28672);
         assert_eq!(total_parameters(&m, 1), 68_976_648_192);
+    }
+
+    #[test]
+    fn llama3_presets_are_llama3() {
+        for (name, layers, hidden, heads, ffn, parameters) in [
+            ("llama3-8b", 32, 4096, 32, 14336, 8_030_261_248u64),
+            ("llama3-70b", 80, 8192, 64, 28672, 70_553_706_496),
+            ("llama3-405b", 126, 16384, 128, 53248, 405_853_388_800),
+        ] {
+            let m = preset(name).unwrap().model().unwrap();
+            assert_eq!(
+                (m.num_layers, m.hidden_size, m.num_attention_heads),
+                (layers, hidden, heads),
+                "{name}"
+            );
+            assert_eq!((m.ffn_hidden_size, m.num_query_groups), (ffn, 8), "{name}");
+            assert_eq!((m.seq_length, m.vocab_size), (8192, 128256), "{name}");
+            assert_eq!(m.kv_channels, 128, "{name}");
+            assert_eq!(m.normalization, Normalization::RMSNorm);
+            assert_eq!(m.position_embedding, PositionEmbedding::Rope);
+            assert!(m.swiglu && m.untie_embeddings_and_output_weights);
+            assert!(!m.add_bias_linear && !m.add_qkv_bias);
+            // Megatron's own count (tests/megatron_params.rs); 8B and 70B are the released
+            // checkpoints' counts too.
+            assert_eq!(total_parameters(&m, 1), parameters, "{name}");
+        }
     }
 
     #[test]

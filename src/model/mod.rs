@@ -9,6 +9,7 @@ pub mod memory;
 pub mod parallel;
 pub mod params;
 pub mod time;
+pub mod validation;
 
 pub use calibration::Calibration;
 pub use memory::{estimate_memory, MemoryEstimate, StageMemory};
