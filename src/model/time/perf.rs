@@ -17,6 +17,8 @@
 //! weighting of the four nearest measured shapes of the same layout in log₂(m, n, k) space);
 //! the caller records that it happened, and the estimate's notes say so.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use serde::Deserialize;
@@ -126,6 +128,9 @@ pub struct PerfTable {
     pub borrowed: bool,
 }
 
+/// A looked-up shape: kind, m, n, k (as bits), layout.
+type ShapeKey = (usize, u64, u64, u64, u8);
+
 /// A GEMM's efficiency and whether the shape was measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Efficiency {
@@ -206,6 +211,35 @@ impl PerfTable {
     /// figure for a measured shape, else the inverse-square-distance mean of the four
     /// nearest measured shapes of that layout in log₂ space.
     pub fn gemm_efficiency(&self, m: f64, n: f64, k: f64, layout: Layout) -> Efficiency {
+        // The planner prices thousands of configurations that share a few hundred GEMM
+        // shapes: each thread remembers the shapes it has looked up (the same value either
+        // way, so the plan does not depend on the threads).
+        thread_local! {
+            static SEEN: RefCell<HashMap<ShapeKey, Efficiency>> =
+                RefCell::new(HashMap::new());
+        }
+        let key = (
+            self.kind.index(),
+            m.to_bits(),
+            n.to_bits(),
+            k.to_bits(),
+            layout as u8,
+        );
+        if let Some(e) = SEEN.with(|seen| seen.borrow().get(&key).copied()) {
+            return e;
+        }
+        let e = self.interpolate(m, n, k, layout);
+        SEEN.with(|seen| {
+            let mut seen = seen.borrow_mut();
+            if seen.len() >= 1 << 16 {
+                seen.clear();
+            }
+            seen.insert(key, e);
+        });
+        e
+    }
+
+    fn interpolate(&self, m: f64, n: f64, k: f64, layout: Layout) -> Efficiency {
         let x = [m.max(1.0).log2(), n.max(1.0).log2(), k.max(1.0).log2()];
         let extrapolated = (0..3).any(|d| x[d] < self.range[d].0 || x[d] > self.range[d].1);
         let mut nearest = [(f64::INFINITY, 0.0f64); 4];
