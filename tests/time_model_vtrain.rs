@@ -3,12 +3,15 @@
 //! vTrain's own assumptions: vocabulary 50,257, fp16, full recomputation).
 //!
 //! The bounds are what today's model meets with the shipped calibration and nothing fitted,
-//! with a little room, so that a change that makes the model rank or predict worse fails:
-//! on the 109 multi-node runs, median |error| 25.3 %, max 140.7 %, Kendall's tau 0.51–0.77
-//! per sweep, the model's pick at most 11.5 % slower than the measured best, the faster
-//! member named in 125 of 189 micro-batch pairs (50 predicted as ties). Issue 19's targets
-//! (median ≤ 6 %, max ≤ 20 % fitted on the one-node runs; ≤ 15 % unfitted; tau ≥ 0.85;
-//! pick within 2 %; ≥ 95 % of the pairs) replace them as the model improves.
+//! with a little room, so that a change that makes the model rank or predict worse fails.
+//! On the 109 multi-node runs the per-operation model (shipped tables, nothing fitted) has
+//! median |error| 8.8 %, max 143.7 %, Kendall's tau 0.50–0.85 per sweep, its pick at most
+//! 10.4 % slower than the measured best, the faster member named in 166 of 189 micro-batch
+//! pairs; the one-efficiency model before it had 25.3 %, 140.7 %, 0.51–0.77, 11.5 % and 125
+//! of 189 (50 predicted as ties). Issue 19's unfitted target (median ≤ 15 %) is held here;
+//! its other targets (median ≤ 6 %, max ≤ 20 % fitted on the one-node runs; tau ≥ 0.85;
+//! pick within 2 %; ≥ 95 % of the pairs) are not met yet and replace the loose bounds as the
+//! model improves.
 //! `scripts/validate-time-model` prints the full report.
 
 use std::path::PathBuf;
@@ -75,8 +78,9 @@ fn every_run_is_read_and_costed() {
 #[test]
 fn shipped_model_predicts_the_multi_node_runs_within_todays_bounds() {
     let s = shipped_score(multi());
+    // Issue 19: with the shipped tables and nothing fitted, median |error| at most 15 %.
     assert!(
-        s.median_abs_error <= 0.28,
+        s.median_abs_error <= 0.15,
         "median |error| {}",
         s.median_abs_error
     );
@@ -92,7 +96,7 @@ fn shipped_model_ranks_each_sweep_within_todays_bounds() {
         assert!(sweep.pick_regret <= 0.12, "{sweep:?}");
     }
     let pairs = s.micro_batch_pairs;
-    assert!(pairs.named >= 120, "{pairs:?}");
+    assert!(pairs.named >= 160, "{pairs:?}");
 }
 
 #[test]
@@ -111,5 +115,5 @@ fn fitting_on_one_node_runs_fits_them_at_least_as_well_as_the_defaults() {
     );
     let after = predict(&sample, cluster(), &fit.calibration, TimeModel::Pipette).unwrap();
     assert!((rms_log_error(&after) - fit.rms_log_error).abs() < 1e-12);
-    assert_ne!(fit.calibration.compute_efficiency, base.compute_efficiency);
+    assert_ne!(fit.calibration, base);
 }

@@ -49,6 +49,15 @@ pub struct Calibration {
     /// Time: with `--overlap-param-gather`, the share of the next forward pass that can
     /// hide the distributed optimizer's parameter all-gather. Default 0.9.
     pub param_gather_overlap: f64,
+    /// Time (Pipette model): scale on the shipped tables' matrix-multiply efficiencies
+    /// (`data/perf`), the same for every shape. Default 1.0: the published figures as they are.
+    pub gemm_scale: f64,
+    /// Time (Pipette model): scale on the tables' fixed cost of a memory-bound kernel
+    /// (launch and tail; SimuMax's 40 µs). Default 1.0.
+    pub kernel_cost_scale: f64,
+    /// Time (Pipette model): scale on the tables' collective latencies (tensor-parallel
+    /// collectives and pipeline messages). Default 1.0.
+    pub collective_latency_scale: f64,
 }
 
 impl Default for Calibration {
@@ -62,6 +71,9 @@ impl Default for Calibration {
             tp_comm_overlap: 0.5,
             grad_reduce_overlap: 0.9,
             param_gather_overlap: 0.9,
+            gemm_scale: 1.0,
+            kernel_cost_scale: 1.0,
+            collective_latency_scale: 1.0,
         }
     }
 }

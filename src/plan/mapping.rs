@@ -415,6 +415,11 @@ impl Fabric for PairFabric<'_> {
     fn ms_per_gflop(&self, device: Device) -> f64 {
         self.inner.ms_per_gflop(device)
     }
+
+    #[inline]
+    fn gpu_perf(&self, device: Device) -> crate::model::time::GpuPerf {
+        self.inner.gpu_perf(device)
+    }
 }
 
 /// A [`Fabric`] that can be asked to bring a link's figure into the cache ahead of use.

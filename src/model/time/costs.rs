@@ -6,12 +6,14 @@
 //! order, so the report's `iteration_ms` is bit-for-bit what `evaluate` returns.
 
 use crate::cluster::ClusterProfile;
-use crate::config::{ModelSpec, Precision, TrainingSettings};
+use crate::config::{ModelSpec, Precision, Recompute, RecomputeMethod, TrainingSettings};
 use crate::model::calibration::Calibration;
 use crate::model::flops::{stage_flops, AttentionMask};
 use crate::model::parallel::{Device, ParallelConfig};
 use crate::model::params::ParameterBreakdown;
 
+use super::ops::{KindOps, OpCost, OpShape, StageOps, StageShape};
+use super::perf::{GpuKind, PerfTable};
 use super::{
     gpu_ref, link_ref, ClusterFabric, DataParallelComm, Fabric, HopTime, PipelineComm, RingLink,
     StageTime, TimeError, TimeEstimate, TimeModel, TimeOptions,
@@ -48,8 +50,17 @@ pub struct ConfigCosts {
     /// B GB/s it takes volume / B milliseconds.
     pub(super) tp_fwd_mb: Vec<f64>,
     pub(super) tp_bwd_mb: Vec<f64>,
+    /// Latency of the tp collectives per micro-batch, ms (forward, backward).
+    pub(super) tp_fwd_lat_ms: Vec<f64>,
+    pub(super) tp_bwd_lat_ms: Vec<f64>,
     /// Share of tp collective time left exposed.
     pub(super) tp_exposed: f64,
+    /// Per-operation compute of stage `s` on GPU kind `k` at `k · pp + s`.
+    pub(super) ops: Vec<StageOps>,
+    /// `ops[i].slot()`, for the evaluation's inner loop.
+    pub(super) slot_ops: Vec<OpCost>,
+    /// Latency of one pipeline message, ms.
+    pub(super) p2p_latency_ms: f64,
     pub(super) p2p_bytes: f64,
     pub(super) p2p_mb: f64,
     pub(super) grad_bytes: Vec<f64>,
@@ -94,19 +105,6 @@ fn times(a: f64, b: f64) -> f64 {
     }
 }
 
-/// The slowest GPU of a group: (ms per GFLOP, position).
-#[inline]
-fn slowest_gpu<F: Fabric + ?Sized>(fabric: &F, group: &[Device]) -> (f64, usize) {
-    let mut worst = (f64::NEG_INFINITY, 0);
-    for (i, &d) in group.iter().enumerate() {
-        let x = fabric.ms_per_gflop(d);
-        if x > worst.0 {
-            worst = (x, i);
-        }
-    }
-    worst
-}
-
 /// The slowest link of the ring `group[0] → group[1] → … → group[0]`: (GB/s, sender's
 /// position); infinite for a group of one.
 #[inline]
@@ -129,10 +127,16 @@ fn ring_bottleneck<F: Fabric + ?Sized>(fabric: &F, group: &[Device]) -> (f64, us
 /// One pipeline hop: each tp rank `k` sends the activation `from[k] → to[k]` and receives
 /// the gradient back; the slowest pair governs. (ms, position).
 #[inline]
-fn hop<F: Fabric + ?Sized>(fabric: &F, from: &[Device], to: &[Device], mb: f64) -> (f64, usize) {
+fn hop<F: Fabric + ?Sized>(
+    fabric: &F,
+    from: &[Device],
+    to: &[Device],
+    mb: f64,
+    latency_ms: f64,
+) -> (f64, usize) {
     let mut worst = (f64::NEG_INFINITY, 0);
     for (k, (&a, &b)) in from.iter().zip(to).enumerate() {
-        let ms = mb / fabric.gb_per_s(a, b) + mb / fabric.gb_per_s(b, a);
+        let ms = mb / fabric.gb_per_s(a, b) + mb / fabric.gb_per_s(b, a) + 2.0 * latency_ms;
         if ms > worst.0 {
             worst = (ms, k);
         }
@@ -192,6 +196,13 @@ impl ConfigCosts {
             recompute_gflop: Vec::with_capacity(pp),
             tp_fwd_mb: Vec::with_capacity(pp),
             tp_bwd_mb: Vec::with_capacity(pp),
+            tp_fwd_lat_ms: Vec::with_capacity(pp),
+            tp_bwd_lat_ms: Vec::with_capacity(pp),
+            ops: Vec::with_capacity(pp * GpuKind::ALL.len()),
+            slot_ops: Vec::with_capacity(pp * GpuKind::ALL.len()),
+            p2p_latency_ms: PerfTable::get(GpuKind::A100).collective_latency_us.p2p
+                * calibration.collective_latency_scale
+                / 1e3,
             tp_exposed: if options.tp_comm_overlap {
                 1.0 - calibration.tp_comm_overlap
             } else {
@@ -217,6 +228,19 @@ impl ConfigCosts {
             notes: Vec::new(),
         };
         costs.p2p_mb = costs.p2p_bytes / 1e6;
+
+        // Collective latencies: the table's figure for a group of 8, scaled by the ring's
+        // steps (t − 1 of 7), and by the calibration.
+        let latency = PerfTable::get(GpuKind::A100).collective_latency_us;
+        let steps = (t - 1.0) / 7.0 * calibration.collective_latency_scale / 1e3;
+        let (ar_ms, ag_ms, rs_ms) = (
+            latency.all_reduce * steps,
+            latency.all_gather * steps,
+            latency.reduce_scatter * steps,
+        );
+        // A pair of SP collectives (all-gather + reduce-scatter) replaces an all-reduce.
+        let pair_ms = if sp { ag_ms + rs_ms } else { ar_ms };
+        let single_ms = if sp { (ag_ms + rs_ms) / 2.0 } else { ar_ms };
 
         for s in 0..pp {
             let first = s == 0;
@@ -260,6 +284,22 @@ impl ConfigCosts {
             };
             costs.tp_fwd_mb.push(tp_fwd);
             costs.tp_bwd_mb.push(tp_bwd);
+            // Latencies: two all-reduces (or AG + RS pairs) per layer each way, the
+            // recomputed layers' forward ones again, and one for the embedding (forward)
+            // and the output layer (backward).
+            let edge = |on: bool| if on { single_ms } else { 0.0 };
+            costs.tp_fwd_lat_ms.push(if tp > 1 {
+                2.0 * layers * pair_ms + edge(first) + edge(last && sp)
+            } else {
+                0.0
+            });
+            costs.tp_bwd_lat_ms.push(if tp > 1 {
+                2.0 * (layers + flops.recomputed_layers as f64) * pair_ms
+                    + edge(last)
+                    + edge(first && sp)
+            } else {
+                0.0
+            });
 
             let stage_params = params.stage(config.layers_per_stage[s], first, last) as f64 / t;
             let grad_bytes = stage_params * grad_element;
@@ -276,6 +316,7 @@ impl ConfigCosts {
             costs.dp_gather_mb.push(gather / 1e6);
         }
 
+        costs.price_ops(model, config, calibration, act_bytes);
         if precision == Precision::Fp32 {
             costs.notes.push(
                 "fp32 training: GPUs taken at 1/16 of their fp16 tensor peak (CUDA cores)".into(),
@@ -287,6 +328,49 @@ impl ConfigCosts {
                 .push("bf16 gradients reduced in fp32 (Megatron's default)".into());
         }
         Ok(costs)
+    }
+
+    /// Every stage's per-operation compute on every GPU kind ([`super::ops`]).
+    fn price_ops(
+        &mut self,
+        model: &ModelSpec,
+        config: &ParallelConfig,
+        calibration: &Calibration,
+        act_bytes: f64,
+    ) {
+        let shape = OpShape {
+            model,
+            micro_batch: config.micro_batch,
+            tp: config.tp,
+            sequence_parallel: config.sequence_parallel,
+            act_bytes,
+        };
+        let chunks = config.vpp.unwrap_or(1).max(1);
+        for kind in GpuKind::ALL {
+            let kind_ops = KindOps::new(&shape, kind, calibration);
+            for s in 0..self.pp {
+                let layers = self.layers[s];
+                let recomputed_layers = match &config.recompute {
+                    Recompute::Full { method, num_layers } => match method {
+                        RecomputeMethod::Uniform => layers,
+                        RecomputeMethod::Block => num_layers.saturating_mul(chunks).min(layers),
+                    },
+                    _ => 0,
+                };
+                let stage = kind_ops.stage(&StageShape {
+                    layers,
+                    first: s == 0,
+                    last: s + 1 == self.pp,
+                    recomputed_layers,
+                    selective: config.recompute == Recompute::Selective,
+                });
+                self.ops.push(stage);
+                self.slot_ops.push(stage.slot());
+            }
+            if kind == GpuKind::A100 && kind_ops.extrapolated {
+                self.notes.push("some GEMM shapes lie outside the measured tables (data/perf): their efficiencies are interpolated from the nearest measured shapes".into());
+            }
+        }
     }
 
     /// Ranks: tp × dp × pp.
@@ -399,7 +483,7 @@ impl ConfigCosts {
     /// slowest tp rank's pair governing.
     #[inline]
     pub fn hop_ms<F: Fabric + ?Sized>(&self, fabric: &F, from: &[Device], to: &[Device]) -> f64 {
-        hop(fabric, from, to, self.p2p_mb).0
+        hop(fabric, from, to, self.p2p_mb, self.p2p_latency_ms).0
     }
 
     /// A replica's pipeline time from its slowest slot, the sum of its hops in stage order
@@ -459,15 +543,40 @@ impl ConfigCosts {
         group: &[Device],
         s: usize,
     ) -> (f64, f64) {
-        let (ms_per_gflop, _) = slowest_gpu(fabric, group);
-        let compute = (self.fwd_gflop[s] + self.bwd_gflop[s]) * ms_per_gflop;
-        let tp = if self.tp > 1 {
+        let (compute, _) = self.slowest_compute(fabric, group, s);
+        (compute, self.tp_ms(fabric, group, s) * self.tp_exposed)
+    }
+
+    /// Stage `s`'s compute for one micro-batch on the slowest GPU of `group`: (ms, position).
+    #[inline]
+    fn slowest_compute<F: Fabric + ?Sized>(
+        &self,
+        fabric: &F,
+        group: &[Device],
+        s: usize,
+    ) -> (f64, usize) {
+        let mut worst = (f64::NEG_INFINITY, 0);
+        for (i, &d) in group.iter().enumerate() {
+            let perf = fabric.gpu_perf(d);
+            let ms = self.slot_ops[perf.kind.index() * self.pp + s].ms(perf.ms_per_peak_gflop);
+            if ms > worst.0 {
+                worst = (ms, i);
+            }
+        }
+        worst
+    }
+
+    /// Stage `s`'s tensor-parallel collectives for one micro-batch, before overlap.
+    #[inline]
+    fn tp_ms<F: Fabric + ?Sized>(&self, fabric: &F, group: &[Device], s: usize) -> f64 {
+        if self.tp > 1 {
             let (bw, _) = ring_bottleneck(fabric, group);
-            (self.tp_fwd_mb[s] + self.tp_bwd_mb[s]) * self.tp_exposed / bw
+            (self.tp_fwd_mb[s] + self.tp_bwd_mb[s]) / bw
+                + self.tp_fwd_lat_ms[s]
+                + self.tp_bwd_lat_ms[s]
         } else {
             0.0
-        };
-        (compute, tp)
+        }
     }
 
     /// Replica `d`: (max slot, its stage, one pass through the pipeline).
@@ -490,7 +599,14 @@ impl ConfigCosts {
                 critical = s;
             }
             if s + 1 < self.pp {
-                pass += hop(fabric, group, self.group(devices, d, s + 1), self.p2p_mb).0;
+                pass += hop(
+                    fabric,
+                    group,
+                    self.group(devices, d, s + 1),
+                    self.p2p_mb,
+                    self.p2p_latency_ms,
+                )
+                .0;
             }
         }
         if self.has_wrap_hop() {
@@ -499,6 +615,7 @@ impl ConfigCosts {
                 self.group(devices, d, self.pp - 1),
                 self.group(devices, d, 0),
                 self.p2p_mb,
+                self.p2p_latency_ms,
             )
             .0;
             pass = self.pass_from(pass, wrap);
@@ -594,6 +711,17 @@ impl ConfigCosts {
         let iteration_ms =
             pipeline + data_parallel.reduce_exposed_ms + data_parallel.param_gather_exposed_ms;
         let mut notes = self.notes.clone();
+        let mut borrowed: Vec<GpuKind> = Vec::new();
+        for d in devices {
+            let kind = fabric.gpu_perf(*d).kind;
+            if PerfTable::get(kind).borrowed && !borrowed.contains(&kind) {
+                borrowed.push(kind);
+                notes.push(format!(
+                    "no published GEMM table for the {}: the A100's measured efficiencies (data/perf/a100.json) stand in, at its own peak and memory bandwidth",
+                    kind.as_str()
+                ));
+            }
+        }
         notes.push(format!(
             "1F1B critical path: {m} micro-batch slots + {bubble} bubble slots of stage {critical_stage}, and {passes} pass(es) through the pipeline (one per group of {pp} micro-batches)",
             m = self.microbatches,
@@ -629,23 +757,21 @@ impl ConfigCosts {
         s: usize,
     ) -> StageTime {
         let group = self.group(devices, replica, s);
-        let (ms_per_gflop, slowest) = slowest_gpu(fabric, group);
-        let (compute, tp_comm_ms) = self.slot(fabric, group, s);
+        let (compute, slowest) = self.slowest_compute(fabric, group, s);
+        let (_, tp_comm_ms) = self.slot(fabric, group, s);
         let tp_link = (self.tp > 1).then(|| {
             let (_, i) = ring_bottleneck(fabric, group);
             link_ref(cluster, fabric, group[i], group[(i + 1) % group.len()])
         });
-        let tp_total = if self.tp > 1 {
-            (self.tp_fwd_mb[s] + self.tp_bwd_mb[s]) / ring_bottleneck(fabric, group).0
-        } else {
-            0.0
-        };
+        let tp_total = self.tp_ms(fabric, group, s);
+        let perf = fabric.gpu_perf(group[slowest]);
+        let ops = &self.ops[perf.kind.index() * self.pp + s];
         StageTime {
             stage: s,
             layers: self.layers[s],
-            forward_ms: self.fwd_gflop[s] * ms_per_gflop,
-            backward_ms: self.bwd_gflop[s] * ms_per_gflop,
-            recompute_ms: self.recompute_gflop[s] * ms_per_gflop,
+            forward_ms: ops.forward.ms(perf.ms_per_peak_gflop),
+            backward_ms: ops.backward.ms(perf.ms_per_peak_gflop),
+            recompute_ms: ops.recompute.ms(perf.ms_per_peak_gflop),
             tp_comm_ms,
             tp_comm_hidden_ms: tp_total - tp_comm_ms,
             tp_link,
@@ -666,7 +792,7 @@ impl ConfigCosts {
         let mut add = |from_stage: usize, to_stage: usize, times: u64| {
             let from = self.group(devices, replica, from_stage);
             let to = self.group(devices, replica, to_stage);
-            let (ms, k) = hop(fabric, from, to, self.p2p_mb);
+            let (ms, k) = hop(fabric, from, to, self.p2p_mb, self.p2p_latency_ms);
             hops.push(HopTime {
                 from_stage,
                 to_stage,

@@ -13,6 +13,7 @@ use crate::config::Precision;
 use crate::model::calibration::Calibration;
 use crate::model::parallel::Device;
 
+use super::perf::{GpuKind, PerfTable};
 use super::TimeError;
 
 /// fp32 training runs on CUDA cores, not tensor cores (PyTorch leaves TF32 off for matrix
@@ -29,6 +30,19 @@ pub trait Fabric {
     /// Milliseconds per GFLOP on `device` (1 / effective TFLOPS); infinite for a GPU that
     /// cannot run the training dtype.
     fn ms_per_gflop(&self, device: Device) -> f64;
+    /// The GPU's kind (which performance table costs its operations) and its matrix-multiply
+    /// rate at 100 % table efficiency, for the per-operation costs of the Pipette model.
+    fn gpu_perf(&self, device: Device) -> GpuPerf;
+}
+
+/// What the per-operation costs need of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuPerf {
+    pub kind: GpuKind,
+    /// Milliseconds per GFLOP at the table's 100 % (1 / (peak TFLOPS × `gemm_scale`); with a
+    /// measured throughput, that throughput is taken as the table's best shape). Infinite for
+    /// a GPU that cannot run the training dtype.
+    pub ms_per_peak_gflop: f64,
 }
 
 /// Where a GPU's effective throughput came from.
@@ -77,6 +91,7 @@ pub struct ClusterFabric {
     /// Per device: 1 / effective TFLOPS.
     ms_per_gflop: Vec<f64>,
     throughput: Vec<GpuThroughput>,
+    perf: Vec<GpuPerf>,
     /// Per node: its slowest GPU pair (infinite for a one-GPU node).
     slowest_intra: Vec<f64>,
 }
@@ -99,6 +114,7 @@ impl ClusterFabric {
         let mut gpu_links = Vec::new();
         let mut ms_per_gflop = Vec::new();
         let mut throughput = Vec::new();
+        let mut perf = Vec::new();
         let mut slowest_intra = Vec::with_capacity(node_count);
         for node in &cluster.nodes {
             let GpuInventory::Known { gpus, links } = &node.gpus else {
@@ -123,6 +139,7 @@ impl ClusterFabric {
                     f64::INFINITY
                 });
                 throughput.push(t);
+                perf.push(gpu_perf(gpu, t, precision, calibration));
             }
         }
         Ok(ClusterFabric {
@@ -132,6 +149,7 @@ impl ClusterFabric {
             gpu_links,
             ms_per_gflop,
             throughput,
+            perf,
             slowest_intra,
         })
     }
@@ -185,6 +203,46 @@ impl Fabric for ClusterFabric {
     #[inline]
     fn ms_per_gflop(&self, device: Device) -> f64 {
         self.ms_per_gflop[self.slots[device.node].device_base + device.gpu]
+    }
+
+    #[inline]
+    fn gpu_perf(&self, device: Device) -> GpuPerf {
+        self.perf[self.slots[device.node].device_base + device.gpu]
+    }
+}
+
+/// The per-operation rate of one GPU: its datasheet peak for the training dtype (fp32: the
+/// CUDA-core share of the fp16 peak) times the calibration's `gemm_scale`, or a measured
+/// best-shape throughput mapped onto the table's best efficiency.
+fn gpu_perf(
+    gpu: &crate::cluster::profile::GpuSpec,
+    t: GpuThroughput,
+    precision: Precision,
+    calibration: &Calibration,
+) -> GpuPerf {
+    let kind = GpuKind::of(&gpu.name);
+    let peak = match t.basis {
+        ThroughputBasis::Unsupported => 0.0,
+        ThroughputBasis::Measured => {
+            t.tflops / PerfTable::get(kind).best_efficiency * calibration.gemm_scale
+        }
+        ThroughputBasis::Fp32FromFp16Peak => {
+            gpu.peak_tflops.fp16 * FP32_SHARE_OF_FP16_PEAK * calibration.gemm_scale
+        }
+        ThroughputBasis::Peak => {
+            tensor_dtype(precision)
+                .and_then(|d| gpu.peak_tflops.get(d))
+                .unwrap_or(0.0)
+                * calibration.gemm_scale
+        }
+    };
+    GpuPerf {
+        kind,
+        ms_per_peak_gflop: if peak > 0.0 {
+            1.0 / peak
+        } else {
+            f64::INFINITY
+        },
     }
 }
 

@@ -17,9 +17,10 @@
 //! needs for one micro-batch's forward and backward pass:
 //!
 //! ```text
-//! T_{s,d}   = (F_s + B_s) / TFLOPS(slowest GPU of the tp group)        compute
-//!           + tp collective volume of s / slowest link of the tp ring   tensor parallel
-//! P_d       = Σ_s [ act / bw(s → s+1) + grad / bw(s+1 → s) ]           one pass through the pipeline
+//! T_{s,d}   = max over the tp group's GPUs of Σ_ops cost(op, GPU kind)   compute
+//!           + tp collective volume of s / slowest link of the tp ring
+//!           + latency of s's tp collectives                            tensor parallel
+//! P_d       = Σ_s [ act / bw(s → s+1) + grad / bw(s+1 → s) + 2 α_p2p ]  one pass through the pipeline
 //!             (each hop: the slowest of the tp ranks' parallel sends; interleaved: v·Σ plus
 //!              v − 1 wrap-around hops from the last stage to the first)
 //! R_d       = m · max_s T_{s,d}  +  (pp − 1)/v · max_s T_{s,d}  +  ⌈m / pp⌉ · P_d
@@ -33,10 +34,22 @@
 //!   bubble. Taking the bubble as (pp − 1) × the largest slot errs long when the other stages
 //!   are faster (the fill and drain pass through each stage once); the planner's balanced
 //!   splits make the slots nearly equal, where the two agree.
-//! - **Compute**: [`super::flops`] per GPU (÷ tp); backward = 2 × forward, recomputation
-//!   added to the backward pass. Throughput is the measured matrix-multiply figure when the
-//!   profile has one for the training dtype (× `measured_compute_efficiency`), else the
-//!   datasheet peak × `compute_efficiency` ([`Calibration`]).
+//! - **Compute**: per operation ([`ops`]): each linear layer's three GEMMs with Megatron's
+//!   shapes at the efficiency the GPU kind's table ([`perf`], published measurements in
+//!   `data/perf`) gives for that shape and layout, the attention core likewise, and the
+//!   memory-bound kernels (norms, bias-dropout-add, activation, rotary, embedding,
+//!   cross-entropy) as bytes ÷ attained HBM bandwidth + a fixed cost per kernel;
+//!   recomputation re-costs what it redoes, in the backward pass. A GEMM's rate is the
+//!   datasheet peak × its table efficiency × the calibration's `gemm_scale` (a measured
+//!   best-shape throughput stands for the table's best efficiency). Thin GEMMs (small
+//!   micro-batch, large tp) run at lower efficiency and the fixed costs do not shrink with
+//!   the micro-batch: that is what makes micro-batch 1 slow on real GPUs. The stage's FLOPs
+//!   ([`super::flops`]) at the GPU's nominal rate (`compute_efficiency` of the peak, or the
+//!   measured figure) still give the overlap windows below and the compatibility models'
+//!   compute.
+//! - **Latencies**: every tp collective pays the table's latency for a group of 8 scaled by
+//!   its ring steps ((t − 1)/7), every pipeline message the table's point-to-point latency;
+//!   the calibration's `collective_latency_scale` scales both.
 //! - **Tensor parallel**: per layer and micro-batch two all-reduces of `s·b·h` forward and two
 //!   backward (with sequence parallelism two all-gathers and two reduce-scatters each way:
 //!   the same ring volume), plus the embedding's and the output layer's; full recomputation
@@ -84,9 +97,13 @@
 pub mod compat;
 mod costs;
 mod fabric;
+mod ops;
+pub mod perf;
 
 pub use costs::{ConfigCosts, StageSync};
-pub use fabric::{ClusterFabric, Fabric, GpuThroughput, ThroughputBasis, FP32_SHARE_OF_FP16_PEAK};
+pub use fabric::{
+    ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis, FP32_SHARE_OF_FP16_PEAK,
+};
 
 use std::fmt;
 use std::str::FromStr;
@@ -482,6 +499,7 @@ fn check_placement(
 fn check_calibration(c: &Calibration) -> Result<(), TimeError> {
     let fraction = "give a fraction in (0, 1]";
     let share = "give a fraction in [0, 1]";
+    let scale = "give a positive factor (1 takes the shipped table as it is)";
     let checks: [(&'static str, f64, bool, &'static str); 5] = [
         ("compute_efficiency", c.compute_efficiency, false, fraction),
         (
@@ -498,6 +516,19 @@ fn check_calibration(c: &Calibration) -> Result<(), TimeError> {
         let low_ok = if zero_ok { value >= 0.0 } else { value > 0.0 };
         if !(low_ok && value <= 1.0) {
             return Err(TimeError::Calibration { field, value, hint });
+        }
+    }
+    for (field, value) in [
+        ("gemm_scale", c.gemm_scale),
+        ("kernel_cost_scale", c.kernel_cost_scale),
+        ("collective_latency_scale", c.collective_latency_scale),
+    ] {
+        if !(value.is_finite() && value > 0.0) {
+            return Err(TimeError::Calibration {
+                field,
+                value,
+                hint: scale,
+            });
         }
     }
     Ok(())

@@ -1,0 +1,242 @@
+//! Per-operation compute costs of one pipeline stage and micro-batch on one GPU kind: every
+//! linear layer's three GEMMs with Megatron's shapes, the attention core, and the
+//! memory-bound kernels, priced with the shipped tables ([`super::perf`]).
+//!
+//! Shapes, for micro-batch `b`, sequence `s`, tokens `T = s·b`, hidden `h`, ffn `f`, query
+//! width `q`, key/value width `kv`, tensor-parallel size `t` and padded vocabulary `V`:
+//!
+//! | layer | in → out per GPU |
+//! |---|---|
+//! | QKV (column-parallel) | h → (q + 2·kv)/t |
+//! | attention output (row-parallel) | q/t → h |
+//! | MLP up (column-parallel; gate and up with SwiGLU) | h → f/t (2·f/t) |
+//! | MLP down (row-parallel) | f/t → h |
+//! | logits (last stage, vocabulary-parallel) | h → V/t |
+//!
+//! Each is three GEMMs of `2·T·in·out` FLOPs: forward `T × out × in`, input gradient
+//! `T × in × out`, weight gradient `out × in × T` (m × n × k), each at its table efficiency.
+//! The attention core (flash attention: scores and context of `b·heads/t` heads, `s × s`
+//! by the head width, causal FLOPs) is priced as a GEMM of that shape, backward twice the
+//! forward. Memory-bound kernels (norms, bias-dropout-add, the activation, rotary
+//! embedding, embedding lookup, cross-entropy) cost bytes ÷ attained HBM bandwidth plus the
+//! table's fixed cost per kernel; their backward moves about twice the bytes in as many
+//! kernels. With sequence parallelism the norms and dropouts see `T/t` tokens.
+//!
+//! Every figure is independent of the placement, so the time model computes it once per
+//! configuration and GPU kind.
+
+use crate::config::{ModelSpec, PositionEmbedding};
+use crate::model::calibration::Calibration;
+use crate::model::flops::{AttentionMask, LayerFlops};
+use crate::model::params::padded_vocab_size;
+
+use super::perf::{GpuKind, Layout, PerfTable};
+
+/// Compute of one stage for one micro-batch on one GPU: GEMM work in GFLOP at 100 % of the
+/// table (FLOPs ÷ efficiency; multiply by the GPU's ms per peak GFLOP) and memory-bound
+/// milliseconds (independent of the GPU's FLOPS).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OpCost {
+    pub gflop: f64,
+    pub fixed_ms: f64,
+}
+
+impl OpCost {
+    fn add(&mut self, other: OpCost, times: f64) {
+        self.gflop += other.gflop * times;
+        self.fixed_ms += other.fixed_ms * times;
+    }
+
+    /// Milliseconds on a GPU that needs `ms_per_peak_gflop` per GFLOP at 100 %.
+    #[inline]
+    pub fn ms(&self, ms_per_peak_gflop: f64) -> f64 {
+        self.gflop * ms_per_peak_gflop + self.fixed_ms
+    }
+}
+
+/// One stage's forward, backward (recomputation included) and recomputation costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageOps {
+    pub forward: OpCost,
+    pub backward: OpCost,
+    pub recompute: OpCost,
+}
+
+impl StageOps {
+    /// Forward and backward: one micro-batch slot's compute.
+    pub fn slot(&self) -> OpCost {
+        OpCost {
+            gflop: self.forward.gflop + self.backward.gflop,
+            fixed_ms: self.forward.fixed_ms + self.backward.fixed_ms,
+        }
+    }
+}
+
+/// What one stage holds.
+#[derive(Debug, Clone, Copy)]
+pub struct StageShape {
+    pub layers: u64,
+    pub first: bool,
+    pub last: bool,
+    /// Layers whose whole forward pass is redone in the backward pass.
+    pub recomputed_layers: u64,
+    /// Only the attention core is redone (selective recomputation).
+    pub selective: bool,
+}
+
+/// The parts of a configuration that shape the operations.
+#[derive(Debug, Clone, Copy)]
+pub struct OpShape<'a> {
+    pub model: &'a ModelSpec,
+    pub micro_batch: u64,
+    pub tp: u64,
+    pub sequence_parallel: bool,
+    /// Bytes per activation element.
+    pub act_bytes: f64,
+}
+
+/// Costs of one transformer layer and the stage extras on one GPU kind.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KindOps {
+    layer_fwd: OpCost,
+    layer_bwd: OpCost,
+    attention_fwd: OpCost,
+    first_fwd: OpCost,
+    first_bwd: OpCost,
+    last_fwd: OpCost,
+    last_bwd: OpCost,
+    /// Some GEMM shape was not in the table.
+    pub interpolated: bool,
+    pub extrapolated: bool,
+}
+
+impl KindOps {
+    /// The per-layer and per-stage costs of `shape` on `kind`.
+    pub fn new(shape: &OpShape<'_>, kind: GpuKind, calibration: &Calibration) -> Self {
+        let table = PerfTable::get(kind);
+        let model = shape.model;
+        let t = shape.tp as f64;
+        let tokens = (model.seq_length * shape.micro_batch) as f64;
+        let h = model.hidden_size as f64;
+        let f = model.ffn_hidden_size as f64;
+        let q = (model.num_attention_heads * model.kv_channels) as f64;
+        let kv = (model.num_query_groups * model.kv_channels) as f64;
+        let e = shape.act_bytes;
+        let sp_tokens = if shape.sequence_parallel && shape.tp > 1 {
+            tokens / t
+        } else {
+            tokens
+        };
+        let mut ops = KindOps::default();
+        let mut flags = (false, false);
+        let mut gemm = |m: f64, n: f64, k: f64, layout: Layout| -> f64 {
+            let eff = table.gemm_efficiency(m, n, k, layout);
+            flags.0 |= eff.interpolated;
+            flags.1 |= eff.extrapolated;
+            2.0 * m * n * k / 1e9 / eff.value
+        };
+        // A linear layer `in → out` over the tokens: (forward, backward) work.
+        let mut linear = |input: f64, output: f64| -> (f64, f64) {
+            let fwd = gemm(tokens, output, input, Layout::Fwd);
+            let bwd = gemm(tokens, input, output, Layout::Dgrad)
+                + gemm(output, input, tokens, Layout::Wgrad);
+            (fwd, bwd)
+        };
+        let up = if model.swiglu { 2.0 * f / t } else { f / t };
+        for (input, output) in [(h, (q + 2.0 * kv) / t), (q / t, h), (h, up), (f / t, h)] {
+            let (fwd, bwd) = linear(input, output);
+            ops.layer_fwd.gflop += fwd;
+            ops.layer_bwd.gflop += bwd;
+        }
+        let logits = if shape.model.vocab_size > 0 {
+            let v = padded_vocab_size(model, shape.tp) as f64 / t;
+            linear(h, v)
+        } else {
+            (0.0, 0.0)
+        };
+        // Attention core: b·heads/t heads of s × s by the head width; the causal FLOPs at
+        // the efficiency of that GEMM, the heads folded into m.
+        let heads = (shape.micro_batch * model.num_attention_heads) as f64 / t;
+        let s = model.seq_length as f64;
+        let core_gflop = LayerFlops::new(model, shape.micro_batch, AttentionMask::Causal)
+            .attention_core
+            / t
+            / 1e9;
+        let core_eff = table.gemm_efficiency(heads * s, s, model.kv_channels as f64, Layout::Fwd);
+        flags.0 |= core_eff.interpolated;
+        flags.1 |= core_eff.extrapolated;
+        ops.attention_fwd.gflop = core_gflop / core_eff.value;
+        ops.layer_fwd.gflop += ops.attention_fwd.gflop;
+        ops.layer_bwd.gflop += 2.0 * ops.attention_fwd.gflop;
+
+        // Memory-bound kernels: (bytes, kernels) forward; backward twice the bytes, as many
+        // kernels.
+        let kernel_ms = table.memory_kernel_us * calibration.kernel_cost_scale / 1e3;
+        let memory = |bytes: f64, kernels: f64| OpCost {
+            gflop: 0.0,
+            fixed_ms: bytes / (table.hbm_gb_per_s * 1e6) + kernels * kernel_ms,
+        };
+        let act = if model.swiglu { 3.0 } else { 2.0 } * tokens * f / t * e;
+        let mut layer_bytes = 2.0 * 2.0 * sp_tokens * h * e // two norms: read, write
+            + 2.0 * (3.0 * sp_tokens * h * e + sp_tokens * h) // two bias-dropout-adds + mask
+            + act;
+        let mut layer_kernels = 5.0;
+        if model.position_embedding == PositionEmbedding::Rope {
+            layer_bytes += 2.0 * tokens * (q + kv) / t * e;
+            layer_kernels += 1.0;
+        }
+        let layer_mem = memory(layer_bytes, layer_kernels);
+        ops.layer_fwd.add(layer_mem, 1.0);
+        ops.layer_bwd
+            .add(memory(2.0 * layer_bytes, layer_kernels), 1.0);
+
+        // First stage: embedding lookup (and positions); last: final norm, logits and the
+        // vocabulary-parallel cross-entropy over T × V/t logits (max, exp-sum, loss; fp32
+        // softmax kept for the backward pass).
+        let embed = memory(2.0 * tokens * h * e, 2.0);
+        ops.first_fwd.add(embed, 1.0);
+        ops.first_bwd.add(embed, 1.0);
+        let v = padded_vocab_size(model, shape.tp) as f64 / t;
+        ops.last_fwd.gflop = logits.0;
+        ops.last_bwd.gflop = logits.1;
+        ops.last_fwd.add(
+            memory(2.0 * sp_tokens * h * e + tokens * v * (3.0 * e + 4.0), 5.0),
+            1.0,
+        );
+        ops.last_bwd.add(
+            memory(4.0 * sp_tokens * h * e + tokens * v * (4.0 + e), 3.0),
+            1.0,
+        );
+        ops.interpolated = flags.0;
+        ops.extrapolated = flags.1;
+        ops
+    }
+
+    /// A stage's forward, backward and recomputation on this kind.
+    pub fn stage(&self, stage: &StageShape) -> StageOps {
+        let layers = stage.layers as f64;
+        let mut forward = OpCost::default();
+        forward.add(self.layer_fwd, layers);
+        let mut backward = OpCost::default();
+        backward.add(self.layer_bwd, layers);
+        if stage.first {
+            forward.add(self.first_fwd, 1.0);
+            backward.add(self.first_bwd, 1.0);
+        }
+        if stage.last {
+            forward.add(self.last_fwd, 1.0);
+            backward.add(self.last_bwd, 1.0);
+        }
+        let mut recompute = OpCost::default();
+        recompute.add(self.layer_fwd, stage.recomputed_layers as f64);
+        if stage.selective && stage.recomputed_layers == 0 {
+            recompute.add(self.attention_fwd, layers);
+        }
+        backward.add(recompute, 1.0);
+        StageOps {
+            forward,
+            backward,
+            recompute,
+        }
+    }
+}

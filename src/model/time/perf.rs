@@ -1,0 +1,312 @@
+//! Published performance figures per GPU kind, shipped as data (`data/perf/*.json`, embedded
+//! at build time): matrix-multiply efficiency by shape and layout, HBM bandwidth and the fixed
+//! cost of a memory-bound kernel, and collective latencies. Every file names its source and
+//! licence next to its figures; nothing here is invented or fitted (fitting is the
+//! [`Calibration`](crate::model::Calibration)'s job, as scales on these figures).
+//!
+//! - **A100**: SimuMax's 183 measured bf16 GEMM efficiencies (A100 PCIe, by shape and layout),
+//!   its HBM figure and per-kernel cost, and its collective latencies (Apache-2.0).
+//! - **H100**: 72 measured bf16 GEMM throughputs from XLA's matmul interpolator table
+//!   (sm_90, Apache-2.0), as efficiencies of the 989.4 TFLOPS datasheet peak; HBM 3.35 TB/s
+//!   (datasheet); kernel and collective costs carried over from the A100 file.
+//! - **V100** and any other GPU: no published shape table is shipped, so the A100's
+//!   efficiencies stand in (the estimate's notes say so); HBM 900 GB/s for the V100
+//!   (datasheet), the A100's figure otherwise.
+//!
+//! A shape outside a table is interpolated ([`PerfTable::gemm_efficiency`]: inverse-distance
+//! weighting of the four nearest measured shapes of the same layout in log₂(m, n, k) space);
+//! the caller records that it happened, and the estimate's notes say so.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+
+/// The GPU families with their own figures. The time model precomputes every stage for each
+/// kind, so the planner never recomputes per placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GpuKind {
+    A100,
+    H100,
+    V100,
+    /// Anything else: the A100's efficiencies stand in.
+    Other,
+}
+
+impl GpuKind {
+    /// Every kind, in index order.
+    pub const ALL: [GpuKind; 4] = [GpuKind::A100, GpuKind::H100, GpuKind::V100, GpuKind::Other];
+
+    /// The kind of a GPU by its name as nvidia-smi prints it (`NVIDIA A100-SXM4-80GB`,
+    /// `H100 80GB HBM3`, `Tesla V100-SXM2-32GB`). H200 and GH200 count as H100 (same
+    /// tensor cores).
+    pub fn of(name: &str) -> GpuKind {
+        let upper = name.to_ascii_uppercase();
+        if upper.contains("H100") || upper.contains("H200") || upper.contains("H800") {
+            GpuKind::H100
+        } else if upper.contains("A100") || upper.contains("A800") {
+            GpuKind::A100
+        } else if upper.contains("V100") {
+            GpuKind::V100
+        } else {
+            GpuKind::Other
+        }
+    }
+
+    /// Position in [`GpuKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuKind::A100 => "A100",
+            GpuKind::H100 => "H100",
+            GpuKind::V100 => "V100",
+            GpuKind::Other => "other GPU",
+        }
+    }
+}
+
+/// Which of a linear layer's three GEMMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// `y = x·Wᵀ` (cuBLAS TN).
+    Fwd,
+    /// `dx = dy·W` (NN).
+    Dgrad,
+    /// `dW = dyᵀ·x`, accumulated in fp32 (NT).
+    Wgrad,
+    /// A table without layouts: its points serve all three.
+    Any,
+}
+
+/// Collective latencies of one group, microseconds.
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct CollectiveLatency {
+    pub all_reduce: f64,
+    pub all_gather: f64,
+    pub reduce_scatter: f64,
+    pub p2p: f64,
+}
+
+/// One measured GEMM: m × n × k and the attained share of the peak.
+#[derive(Debug, Clone, Copy, Deserialize)]
+struct Point(u64, u64, u64, Layout, f64);
+
+#[derive(Debug, Deserialize)]
+struct PerfFile {
+    peak_tflops: f64,
+    hbm_gb_per_s: f64,
+    hbm_efficiency: f64,
+    memory_kernel_us: f64,
+    collective_latency_us: CollectiveLatency,
+    points: Vec<Point>,
+}
+
+/// One kind's figures, ready for lookups.
+#[derive(Debug)]
+pub struct PerfTable {
+    pub kind: GpuKind,
+    /// The dense peak the efficiencies are shares of.
+    pub peak_tflops: f64,
+    /// Attained HBM bandwidth, GB/s (bandwidth × efficiency).
+    pub hbm_gb_per_s: f64,
+    /// Fixed cost of one memory-bound kernel, µs.
+    pub memory_kernel_us: f64,
+    /// Latency of a collective over 8 GPUs, µs.
+    pub collective_latency_us: CollectiveLatency,
+    /// The best efficiency in the table (a measured best-shape throughput maps to it).
+    pub best_efficiency: f64,
+    /// Measured points: log₂ m, log₂ n, log₂ k, layout, efficiency.
+    points: Vec<([f64; 3], Layout, f64)>,
+    /// Per dimension, the smallest and largest log₂ in the table.
+    range: [(f64, f64); 3],
+    /// The table is another kind's stand-in.
+    pub borrowed: bool,
+}
+
+/// A looked-up shape: kind, m, n, k (as bits), layout.
+type ShapeKey = (usize, u64, u64, u64, u8);
+
+/// A GEMM's efficiency and whether the shape was measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Efficiency {
+    pub value: f64,
+    /// The shape lies between measured ones (not one of them).
+    pub interpolated: bool,
+    /// Some dimension lies outside the measured range (the nearest shapes govern).
+    pub extrapolated: bool,
+}
+
+const A100_JSON: &str = include_str!("../../../data/perf/a100.json");
+const H100_JSON: &str = include_str!("../../../data/perf/h100.json");
+
+/// V100 HBM2: 900 GB/s (NVIDIA V100 datasheet).
+const V100_HBM_GB_PER_S: f64 = 900.0;
+/// V100 dense fp16 tensor peak: 125 TFLOPS (NVIDIA V100 SXM2 datasheet).
+const V100_PEAK_TFLOPS: f64 = 125.0;
+
+impl PerfTable {
+    /// The table for `kind` (parsed once).
+    pub fn get(kind: GpuKind) -> &'static PerfTable {
+        static TABLES: OnceLock<[PerfTable; 4]> = OnceLock::new();
+        &TABLES.get_or_init(|| {
+            let a100 = parse(A100_JSON);
+            let h100 = parse(H100_JSON);
+            [
+                PerfTable::new(GpuKind::A100, &a100, None, false),
+                PerfTable::new(GpuKind::H100, &h100, None, false),
+                PerfTable::new(
+                    GpuKind::V100,
+                    &a100,
+                    Some((V100_PEAK_TFLOPS, V100_HBM_GB_PER_S)),
+                    true,
+                ),
+                PerfTable::new(GpuKind::Other, &a100, None, true),
+            ]
+        })[kind.index()]
+    }
+
+    fn new(kind: GpuKind, file: &PerfFile, own: Option<(f64, f64)>, borrowed: bool) -> Self {
+        let (peak, hbm) = own.unwrap_or((file.peak_tflops, file.hbm_gb_per_s));
+        let points: Vec<([f64; 3], Layout, f64)> = file
+            .points
+            .iter()
+            .map(|p| {
+                (
+                    [
+                        (p.0 as f64).log2(),
+                        (p.1 as f64).log2(),
+                        (p.2 as f64).log2(),
+                    ],
+                    p.3,
+                    p.4,
+                )
+            })
+            .collect();
+        let mut range = [(f64::INFINITY, f64::NEG_INFINITY); 3];
+        for (x, _, _) in &points {
+            for d in 0..3 {
+                range[d].0 = range[d].0.min(x[d]);
+                range[d].1 = range[d].1.max(x[d]);
+            }
+        }
+        PerfTable {
+            kind,
+            peak_tflops: peak,
+            hbm_gb_per_s: hbm * file.hbm_efficiency,
+            memory_kernel_us: file.memory_kernel_us,
+            collective_latency_us: file.collective_latency_us,
+            best_efficiency: points.iter().map(|p| p.2).fold(0.0, f64::max),
+            points,
+            range,
+            borrowed,
+        }
+    }
+
+    /// The efficiency of an `m × n × k` GEMM (FLOPs 2·m·n·k) in `layout`: the measured
+    /// figure for a measured shape, else the inverse-square-distance mean of the four
+    /// nearest measured shapes of that layout in log₂ space.
+    pub fn gemm_efficiency(&self, m: f64, n: f64, k: f64, layout: Layout) -> Efficiency {
+        // The planner prices thousands of configurations that share a few hundred GEMM
+        // shapes: each thread remembers the shapes it has looked up (the same value either
+        // way, so the plan does not depend on the threads).
+        thread_local! {
+            static SEEN: RefCell<HashMap<ShapeKey, Efficiency>> =
+                RefCell::new(HashMap::new());
+        }
+        let key = (
+            self.kind.index(),
+            m.to_bits(),
+            n.to_bits(),
+            k.to_bits(),
+            layout as u8,
+        );
+        if let Some(e) = SEEN.with(|seen| seen.borrow().get(&key).copied()) {
+            return e;
+        }
+        let e = self.interpolate(m, n, k, layout);
+        SEEN.with(|seen| {
+            let mut seen = seen.borrow_mut();
+            if seen.len() >= 1 << 16 {
+                seen.clear();
+            }
+            seen.insert(key, e);
+        });
+        e
+    }
+
+    fn interpolate(&self, m: f64, n: f64, k: f64, layout: Layout) -> Efficiency {
+        let x = [m.max(1.0).log2(), n.max(1.0).log2(), k.max(1.0).log2()];
+        let extrapolated = (0..3).any(|d| x[d] < self.range[d].0 || x[d] > self.range[d].1);
+        let mut nearest = [(f64::INFINITY, 0.0f64); 4];
+        for (p, l, e) in &self.points {
+            if *l != layout && *l != Layout::Any {
+                continue;
+            }
+            let d2 = (0..3).map(|d| (p[d] - x[d]).powi(2)).sum::<f64>();
+            if d2 < nearest[3].0 {
+                nearest[3] = (d2, *e);
+                nearest.sort_by(|a, b| a.0.total_cmp(&b.0));
+            }
+        }
+        if nearest[0].0 == 0.0 {
+            return Efficiency {
+                value: nearest[0].1,
+                interpolated: false,
+                extrapolated: false,
+            };
+        }
+        let (mut sum, mut weight) = (0.0, 0.0);
+        for (d2, e) in nearest.iter().filter(|n| n.0.is_finite()) {
+            sum += e / d2;
+            weight += 1.0 / d2;
+        }
+        Efficiency {
+            value: sum / weight,
+            interpolated: true,
+            extrapolated,
+        }
+    }
+}
+
+fn parse(text: &str) -> PerfFile {
+    // The files are part of the build; `tests` below parse every one of them.
+    serde_json::from_str(text).expect("data/perf tables are valid (checked by the tests)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_by_name() {
+        assert_eq!(GpuKind::of("NVIDIA A100-SXM4-80GB"), GpuKind::A100);
+        assert_eq!(GpuKind::of("NVIDIA H100 80GB HBM3"), GpuKind::H100);
+        assert_eq!(GpuKind::of("Tesla V100-SXM2-32GB"), GpuKind::V100);
+        assert_eq!(GpuKind::of("NVIDIA L40S"), GpuKind::Other);
+    }
+
+    #[test]
+    fn measured_shapes_read_back_and_others_lie_between() {
+        let a100 = PerfTable::get(GpuKind::A100);
+        // SimuMax a100_pcie.json: "b=1, m=4096, k=4096, n=4096, layout=TN" 0.721422...
+        let e = a100.gemm_efficiency(4096.0, 4096.0, 4096.0, Layout::Fwd);
+        assert_eq!(e.value, 0.7214);
+        assert!(!e.interpolated);
+        let thin = a100.gemm_efficiency(4096.0, 384.0, 3072.0, Layout::Fwd);
+        assert!(thin.interpolated && thin.extrapolated);
+        let all: Vec<f64> = a100.points.iter().map(|p| p.2).collect();
+        let lo = all.iter().copied().fold(1.0, f64::min);
+        assert!(thin.value >= lo && thin.value <= a100.best_efficiency);
+        // XLA sm_90: b=1 m=n=k=4096, 783328793548203 FLOPS of 989.4 TFLOPS.
+        let h100 = PerfTable::get(GpuKind::H100);
+        let e = h100.gemm_efficiency(4096.0, 4096.0, 4096.0, Layout::Wgrad);
+        assert_eq!(e.value, 0.7917);
+        assert!(PerfTable::get(GpuKind::V100).borrowed);
+        assert_eq!(PerfTable::get(GpuKind::V100).peak_tflops, 125.0);
+    }
+}
