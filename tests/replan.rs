@@ -40,8 +40,8 @@ use pipette::config::settings_from_megatron_args;
 use pipette::launch::CheckpointState;
 use pipette::model::ParallelConfig;
 use pipette::plan::PlanOptions;
-use pipette::supervise::events::read_events;
 use pipette::replan::failure::{checkpoint_format, replan, ReplanError};
+use pipette::supervise::events::read_events;
 
 /// The end-to-end tests share two cores: one job at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
