@@ -1,0 +1,379 @@
+//! The planner's one entry point, [`plan`]: settings and a cluster profile in, the fastest
+//! configuration that fits and its rank mapping out.
+//!
+//! 1. **Candidates**: every configuration Megatron accepts for this model on the profile's
+//!    nodes × GPUs per node ([`super::space::candidates`]), pinned settings respected. The
+//!    planner needs the same GPU count on every node ([`PlanError::MixedGpuCounts`]).
+//!    On a cluster that mixes kinds of GPU ([`super::hetero`]), every candidate is taken
+//!    on every order of the GPU classes along the pipeline (an [`Arrangement`]), and each
+//!    plain-1F1B shape also gets its layers balanced over that arrangement's stages by
+//!    speed within each stage's memory ([`super::layers`]; `SpaceOptions::uneven_layers`
+//!    off leaves only even splits, which is how the report's even-split comparison is
+//!    planned).
+//! 2. **Memory**: drop every configuration one of whose stages needs more than its own
+//!    GPUs' memory less the headroom ([`MemoryHeadroom`], default 5 %); on a homogeneous
+//!    cluster that is the worst stage against the smallest GPU. When none is left:
+//!    [`PlanError::NothingFits`], with the smallest need (per stage on mixed GPUs) and what
+//!    would make it fit.
+//! 3. **Rank** the rest by the time model on torchrun's default placement of their
+//!    arrangement (in parallel; ties broken by a stable key of the configuration, then the
+//!    arrangement, so the order is the same on every machine).
+//! 4. **Map** the best `top_k` (in parallel, each with a seed derived from the plan's seed
+//!    and its rank, so the thread count changes nothing) with [`super::mapping`], node
+//!    swaps confined to a GPU class on mixed clusters, and keep the lowest mapped cost
+//!    (ties: the better-ranked configuration).
+//!
+//! On a homogeneous cluster there is one arrangement (the profile's order, every swap
+//! allowed) and the plan is what it was before heterogeneous planning, bit for bit.
+//!
+//! Pure: no I/O, no clock. Timing a plan is left to callers (the benchmark).
+
+mod balance;
+mod cluster;
+mod error;
+mod options;
+mod rank;
+mod report;
+
+use rayon::prelude::*;
+
+use crate::cluster::ClusterProfile;
+use crate::config::Settings;
+use crate::model::memory::estimate_memory;
+use crate::model::parallel::{Device, Placement};
+use crate::model::time::{
+    compat::pipette_compat_ms, estimate, ClusterFabric, ConfigCosts, TimeError, TimeModel,
+    TimeRequest,
+};
+use crate::plan::hetero::{class_orders, gpu_classes, Arrangement};
+use crate::plan::mapping::{
+    map_config, search_mapping, FullObjective, MappingError, MappingSearch, MappingState,
+    PairFabric,
+};
+use crate::plan::space::candidates;
+use balance::balanced_configs;
+use cluster::{check_dtype, cluster_shape};
+pub use error::PlanError;
+use error::{no_candidates, nothing_fits, nothing_fits_per_stage, Candidates};
+pub use options::{
+    default_budget, MappingMode, MemoryHeadroom, PlanOptions, COMPAT_BUDGET,
+    DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_TOP_K,
+};
+pub use rank::derive_seed;
+use rank::{by_cost, cost, stage_needs};
+use report::{even_split, rank_mapping, stage_plans};
+pub use report::{
+    EvenSplit, HeterogeneousPlan, Plan, PlanEstimate, PlanStats, RankMapping, RankedConfig,
+    SearchSettings, StagePlan,
+};
+
+/// Plans `settings` on `cluster` (see the module doc).
+pub fn plan(
+    settings: &Settings,
+    cluster: &ClusterProfile,
+    options: &PlanOptions,
+) -> Result<Plan, PlanError> {
+    if options.time_model == TimeModel::Amp {
+        return Err(PlanError::UnsupportedTimeModel(TimeModel::Amp));
+    }
+    let shape = cluster_shape(cluster)?;
+    let precision = settings.training.precision;
+    let fabric = ClusterFabric::new(cluster, precision, &options.calibration)?;
+    check_dtype(cluster, &fabric, settings)?;
+    let classes = gpu_classes(cluster, &fabric, options.headroom);
+    let heterogeneous = classes.len() > 1;
+    // One arrangement (the profile's order, every node swap allowed) on a homogeneous
+    // cluster: the plan is then exactly what it was before heterogeneous planning.
+    let orders = if heterogeneous {
+        class_orders(classes.len())
+    } else {
+        vec![(0..classes.len()).collect()]
+    };
+    let arrangements = orders
+        .iter()
+        .map(|order| {
+            Arrangement::new(
+                cluster,
+                &fabric,
+                &classes,
+                order,
+                options.headroom,
+                precision,
+                &options.calibration,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let gpus = shape.nodes * shape.gpus_per_node;
+    let identity = Placement::identity(gpus, shape.gpus_per_node).devices;
+
+    // 1. Candidates: every configuration on every arrangement, and on a heterogeneous
+    //    cluster each configuration's layers balanced over each arrangement's stages.
+    let all = candidates(
+        settings,
+        shape.nodes as u64,
+        shape.gpus_per_node as u64,
+        &options.space,
+    );
+    if all.is_empty() {
+        return Err(no_candidates(settings, &shape));
+    }
+    let mut configs = all;
+    let mut pairs: Vec<(usize, usize)> = (0..configs.len())
+        .flat_map(|c| (0..arrangements.len()).map(move |a| (c, a)))
+        .collect();
+    if heterogeneous && options.space.uneven_layers {
+        // Balanced splits are never among the candidates' own (even, first/last) splits,
+        // but two arrangements may balance a shape alike: one configuration, two pairs.
+        let known = configs.len();
+        for (config, a) in balanced_configs(settings, &configs, &arrangements, &identity, options) {
+            let at = match configs[known..].iter().position(|c| *c == config) {
+                Some(at) => known + at,
+                None => {
+                    configs.push(config);
+                    configs.len() - 1
+                }
+            };
+            pairs.push((at, a));
+        }
+    }
+
+    // 2. Memory: every stage against its own GPUs.
+    let needs: Vec<Vec<u64>> = configs
+        .par_iter()
+        .map(|c| stage_needs(settings, c, &options.calibration))
+        .collect();
+    let peaks: Vec<u64> = needs
+        .iter()
+        .map(|n| n.iter().copied().max().unwrap_or(0))
+        .collect();
+    let fits = |(c, a): (usize, usize)| {
+        needs[c]
+            .iter()
+            .enumerate()
+            .all(|(s, &need)| need <= arrangements[a].stage_usable(&configs[c], s))
+    };
+    let fitting: Vec<usize> = (0..pairs.len()).filter(|&p| fits(pairs[p])).collect();
+    let usable = shape
+        .gpu_memory_bytes
+        .saturating_sub(options.headroom.bytes(shape.gpu_memory_bytes));
+    if fitting.is_empty() {
+        if heterogeneous {
+            return Err(nothing_fits_per_stage(
+                settings,
+                &shape,
+                options,
+                Candidates {
+                    configs: &configs,
+                    pairs: &pairs,
+                    needs: &needs,
+                },
+                &arrangements,
+                &classes,
+            ));
+        }
+        return Err(nothing_fits(
+            settings, &shape, options, &configs, &peaks, usable,
+        ));
+    }
+
+    // 3. Rank on each arrangement's torchrun default placement.
+    let ranked: Vec<Result<(usize, f64, ConfigCosts), TimeError>> = fitting
+        .par_iter()
+        .map(|&p| {
+            let (c, a) = pairs[p];
+            let costs = ConfigCosts::new(
+                &settings.model,
+                &settings.training,
+                &configs[c],
+                &options.calibration,
+                &options.time_options,
+            )?;
+            let ms = cost(
+                settings,
+                options.time_model,
+                &costs,
+                &configs[c],
+                &arrangements[a].fabric,
+                &identity,
+            );
+            Ok((p, ms, costs))
+        })
+        .collect();
+    let mut ranked = ranked.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let config_of = |p: usize| &configs[pairs[p].0];
+    ranked.sort_by(|a, b| {
+        by_cost((a.1, config_of(a.0)), (b.1, config_of(b.0)))
+            .then_with(|| pairs[a.0].1.cmp(&pairs[b.0].1))
+    });
+    let ranking_evaluations = ranked.len() as u64;
+    ranked.truncate(options.top_k.max(1));
+
+    // 4. Map the best, node swaps confined to each arrangement's classes.
+    let pair_fabrics: Vec<PairFabric> = arrangements
+        .iter()
+        .map(|a| PairFabric::new(&a.fabric))
+        .collect();
+    let budget = options.budget.unwrap_or_else(|| match options.time_model {
+        TimeModel::PipetteCompat => default_budget(gpus).min(COMPAT_BUDGET),
+        _ => default_budget(gpus),
+    });
+    let mapped: Vec<Result<_, MappingError>> = ranked
+        .par_iter()
+        .enumerate()
+        .map(|(k, (p, _, costs))| {
+            let (c, a) = pairs[*p];
+            let arrangement = &arrangements[a];
+            let seed = derive_seed(options.seed, k);
+            let search = match options.mapping {
+                MappingMode::Auto => MappingSearch::Auto {
+                    limit: options.exhaustive_limit,
+                    budget,
+                    seed,
+                },
+                MappingMode::Anneal => MappingSearch::Anneal { budget, seed },
+                MappingMode::Exhaustive => MappingSearch::Exhaustive {
+                    limit: options.exhaustive_limit,
+                },
+                MappingMode::Identity => MappingSearch::Identity,
+            };
+            let mut result = match options.time_model {
+                TimeModel::PipetteCompat => {
+                    let model = &settings.model;
+                    let micro = configs[c].micro_batch;
+                    let fabric = &arrangement.fabric;
+                    let mut objective = FullObjective::new(|d: &[Device]| {
+                        pipette_compat_ms(costs, model, micro, fabric, d)
+                    });
+                    search_mapping(&mut objective, &arrangement.space, &search)
+                }
+                _ => map_config(costs, &pair_fabrics[a], &arrangement.space, &search),
+            }?;
+            // Back to the profile's node positions.
+            for n in &mut result.state.node_order {
+                *n = arrangement.order[*n];
+            }
+            Ok(result)
+        })
+        .collect();
+    let mapped = mapped.into_iter().collect::<Result<Vec<_>, _>>()?;
+
+    let mut top: Vec<(RankedConfig, MappingState, u64, usize)> = ranked
+        .iter()
+        .zip(mapped)
+        .map(|((p, identity_ms, _), result)| {
+            let (c, a) = pairs[*p];
+            (
+                RankedConfig {
+                    config: configs[c].clone(),
+                    peak_memory_bytes: peaks[c],
+                    iteration_ms: *identity_ms,
+                    mapped_ms: result.cost_ms,
+                    method: result.method,
+                    evaluations: result.evaluations,
+                    placement: result.state.placement(),
+                },
+                result.state,
+                result.evaluations,
+                a,
+            )
+        })
+        .collect();
+    let mapping_evaluations: u64 = top.iter().map(|t| t.2).sum();
+    // Stable: equal costs keep the ranking's order.
+    top.sort_by(|a, b| a.0.mapped_ms.total_cmp(&b.0.mapped_ms));
+    let (best, state, _, arrangement) = top[0].clone();
+
+    let placement = state.placement();
+    let request = TimeRequest {
+        model: &settings.model,
+        training: &settings.training,
+        config: &best.config,
+        cluster,
+        placement: &placement,
+        calibration: &options.calibration,
+        options: options.time_options,
+    };
+    let time = estimate(&request, options.time_model)?;
+    let memory = estimate_memory(
+        &settings.model,
+        &settings.training,
+        &best.config,
+        &options.calibration,
+    );
+    let heterogeneous = heterogeneous.then(|| HeterogeneousPlan {
+        stages: stage_plans(
+            settings,
+            options,
+            &best.config,
+            &arrangements[arrangement],
+            &classes,
+            &memory,
+            &time,
+        ),
+        even_split: even_split(settings, cluster, options, time.iteration_ms),
+    });
+    let mapping = rank_mapping(cluster, &state, best.method, best.evaluations);
+    Ok(Plan {
+        config: best.config.clone(),
+        mapping,
+        estimate: PlanEstimate {
+            iteration_ms: time.iteration_ms,
+            peak_memory_bytes: memory.peak_bytes,
+            gpu_memory_bytes: shape.gpu_memory_bytes,
+            usable_memory_bytes: usable,
+            time,
+            memory,
+        },
+        baseline_mapping_ms: best.iteration_ms,
+        placement,
+        stats: PlanStats {
+            candidates: pairs.len(),
+            fitting: fitting.len(),
+            mapped: top.len(),
+            ranking_evaluations,
+            mapping_evaluations,
+            evaluations: ranking_evaluations + mapping_evaluations,
+        },
+        top: top.into_iter().map(|t| t.0).collect(),
+        search: SearchSettings {
+            time_model: options.time_model,
+            mapping: options.mapping,
+            budget,
+            exhaustive_limit: options.exhaustive_limit,
+            seed: options.seed,
+            top_k: options.top_k.max(1),
+            headroom: options.headroom,
+        },
+        heterogeneous,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cmp::Ordering;
+
+    use super::*;
+    use crate::model::parallel::ParallelConfig;
+
+    #[test]
+    fn derived_seeds_differ_and_repeat() {
+        assert_eq!(derive_seed(1, 0), derive_seed(1, 0));
+        assert_ne!(derive_seed(1, 0), derive_seed(1, 1));
+        assert_ne!(derive_seed(1, 0), derive_seed(2, 0));
+    }
+
+    #[test]
+    fn headroom_in_bytes() {
+        assert_eq!(MemoryHeadroom::Fraction(0.05).bytes(100), 5);
+        assert_eq!(MemoryHeadroom::Bytes(7).bytes(100), 7);
+        assert_eq!(MemoryHeadroom::default(), MemoryHeadroom::Fraction(0.05));
+    }
+
+    #[test]
+    fn ties_break_on_the_configuration() {
+        let a = ParallelConfig::even(8, 1, 2, 1, 1);
+        let b = ParallelConfig::even(8, 2, 1, 1, 1);
+        assert_eq!(by_cost((1.0, &a), (1.0, &b)), Ordering::Less);
+        assert_eq!(by_cost((2.0, &a), (1.0, &b)), Ordering::Greater);
+    }
+}

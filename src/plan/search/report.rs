@@ -1,0 +1,236 @@
+//! The plan as the planner hands it out ([`Plan`] and the views inside it), and how the
+//! winner's stages, even-split comparison and host/device mapping are put together.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::balance::{stage_usables, with_split, StageTables};
+use super::options::{MappingMode, MemoryHeadroom, PlanOptions};
+use super::plan;
+use crate::cluster::ClusterProfile;
+use crate::config::Settings;
+use crate::model::memory::MemoryEstimate;
+use crate::model::parallel::{ParallelConfig, Placement};
+use crate::model::time::{TimeEstimate, TimeModel};
+use crate::plan::hetero::{Arrangement, GpuClass};
+use crate::plan::layers::layer_capacity;
+use crate::plan::mapping::{MappingState, SearchMethod};
+
+/// The plan: the configuration, where each rank runs, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub config: ParallelConfig,
+    pub mapping: RankMapping,
+    pub estimate: PlanEstimate,
+    /// The same configuration on torchrun's default placement, ms per iteration.
+    pub baseline_mapping_ms: f64,
+    /// `devices[rank]`, positions in the cluster profile.
+    pub placement: Placement,
+    /// The mapped configurations, best first.
+    pub top: Vec<RankedConfig>,
+    pub search: SearchSettings,
+    pub stats: PlanStats,
+    /// On a cluster that mixes kinds of GPU: each stage's GPUs, layers, memory and time,
+    /// and the best even split for comparison. Absent on a homogeneous cluster.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heterogeneous: Option<HeterogeneousPlan>,
+}
+
+/// The pipeline stages of a plan on a heterogeneous cluster.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeterogeneousPlan {
+    /// First to last.
+    pub stages: Vec<StagePlan>,
+    /// The best plan whose stages hold equal layers (planned with uneven splits off), when
+    /// this plan was made with uneven splits allowed and an even split fits.
+    pub even_split: Option<EvenSplit>,
+}
+
+/// One pipeline stage of a heterogeneous plan (before the rank mapping, which keeps every
+/// stage on GPUs of the same kind).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StagePlan {
+    pub stage: usize,
+    /// The GPU model(s) the stage runs on, `+`-joined when it spans kinds.
+    pub gpu: String,
+    /// GPUs of the stage: tp × dp.
+    pub gpus: u64,
+    pub layers: u64,
+    /// The most layers this stage's memory holds.
+    pub layer_capacity: u64,
+    /// The estimated peak per GPU.
+    pub peak_memory_bytes: u64,
+    /// The stage's smallest GPU memory, and what the plan may use of it.
+    pub gpu_memory_bytes: u64,
+    pub usable_memory_bytes: u64,
+    /// One micro-batch's forward and backward pass on the slowest pipeline, ms.
+    pub slot_ms: f64,
+}
+
+/// The best even split on the same cluster.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvenSplit {
+    pub config: ParallelConfig,
+    pub iteration_ms: f64,
+    /// Its iteration time over the plan's.
+    pub ratio: f64,
+}
+
+/// How torchrun realises the placement: node ranks and each node's device order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankMapping {
+    /// Host of node rank 0, 1, ... (`--node-rank` of each host).
+    pub node_order: Vec<String>,
+    /// Per host, the `CUDA_VISIBLE_DEVICES` order (device indices): local rank `l` runs on
+    /// the `l`-th.
+    pub cuda_visible_devices: BTreeMap<String, Vec<u32>>,
+    /// The same as positions in the profile.
+    pub state: MappingState,
+    #[serde(flatten)]
+    pub method: SearchMethod,
+    pub evaluations: u64,
+}
+
+/// The winner's estimates.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanEstimate {
+    pub iteration_ms: f64,
+    pub peak_memory_bytes: u64,
+    /// The smallest GPU's memory, and what the plan may use of it (less the headroom).
+    pub gpu_memory_bytes: u64,
+    pub usable_memory_bytes: u64,
+    pub time: TimeEstimate,
+    pub memory: MemoryEstimate,
+}
+
+/// One mapped configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankedConfig {
+    pub config: ParallelConfig,
+    pub peak_memory_bytes: u64,
+    /// On torchrun's default placement.
+    pub iteration_ms: f64,
+    /// On the best mapping found.
+    pub mapped_ms: f64,
+    #[serde(flatten)]
+    pub method: SearchMethod,
+    pub evaluations: u64,
+    /// The best mapping found, as ranks' GPUs (the winner's is also `Plan::placement`).
+    #[serde(skip)]
+    pub placement: Placement,
+}
+
+/// The search as it was run, to reproduce it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SearchSettings {
+    pub time_model: TimeModel,
+    pub mapping: MappingMode,
+    pub budget: u64,
+    pub exhaustive_limit: u64,
+    pub seed: u64,
+    pub top_k: usize,
+    pub headroom: MemoryHeadroom,
+}
+
+/// How much the planner looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PlanStats {
+    /// Configurations Megatron accepts with the pinned settings (on mixed GPUs: per order
+    /// of the GPU kinds along the pipeline, balanced splits included).
+    pub candidates: usize,
+    /// Those that fit in memory.
+    pub fitting: usize,
+    /// Those that got a mapping search.
+    pub mapped: usize,
+    /// Time-model evaluations: one per fitting configuration to rank, and every state of
+    /// every mapping search (incremental ones included).
+    pub ranking_evaluations: u64,
+    pub mapping_evaluations: u64,
+    pub evaluations: u64,
+}
+
+/// The stages of the winning `config` on its `arrangement`.
+pub(super) fn stage_plans(
+    settings: &Settings,
+    options: &PlanOptions,
+    config: &ParallelConfig,
+    arrangement: &Arrangement,
+    classes: &[GpuClass],
+    memory: &MemoryEstimate,
+    time: &TimeEstimate,
+) -> Vec<StagePlan> {
+    let usable = stage_usables(arrangement, config);
+    let tables = StageTables::new(settings, &with_split(config, Vec::new()), options, false);
+    (0..config.pp as usize)
+        .map(|s| StagePlan {
+            stage: s,
+            gpu: arrangement.stage_gpu(config, s, classes),
+            gpus: config.tp * config.dp,
+            layers: config.layers_per_stage[s],
+            layer_capacity: tables.as_ref().map_or(0, |t| {
+                layer_capacity(s, t.most, &|s, l| t.fits(&usable, s, l))
+            }),
+            peak_memory_bytes: memory.stages[s].total_bytes,
+            gpu_memory_bytes: arrangement.stage_memory(config, s),
+            usable_memory_bytes: usable[s],
+            slot_ms: time.stages.get(s).map_or(0.0, |t| t.slot_ms),
+        })
+        .collect()
+}
+
+/// The comparison the report shows for a plan of `iteration_ms`: the same search with
+/// even splits only; `None` when uneven splits are off already or no even split fits.
+pub(super) fn even_split(
+    settings: &Settings,
+    cluster: &ClusterProfile,
+    options: &PlanOptions,
+    iteration_ms: f64,
+) -> Option<EvenSplit> {
+    if !options.space.uneven_layers {
+        return None;
+    }
+    let mut even = options.clone();
+    even.space.uneven_layers = false;
+    let even = plan(settings, cluster, &even).ok()?;
+    Some(EvenSplit {
+        ratio: even.estimate.iteration_ms / iteration_ms,
+        iteration_ms: even.estimate.iteration_ms,
+        config: even.config,
+    })
+}
+
+/// Host names and device indices of a mapping.
+pub(super) fn rank_mapping(
+    cluster: &ClusterProfile,
+    state: &MappingState,
+    method: SearchMethod,
+    evaluations: u64,
+) -> RankMapping {
+    let node_order = state
+        .node_order
+        .iter()
+        .map(|&n| cluster.nodes[n].host.clone())
+        .collect();
+    let cuda_visible_devices = state
+        .node_order
+        .iter()
+        .zip(&state.gpu_order)
+        .map(|(&n, order)| {
+            let node = &cluster.nodes[n];
+            let gpus = node.gpus().unwrap_or_default();
+            let indices = order
+                .iter()
+                .map(|&g| gpus.get(g).map_or(g as u32, |gpu| gpu.index))
+                .collect();
+            (node.host.clone(), indices)
+        })
+        .collect();
+    RankMapping {
+        node_order,
+        cuda_visible_devices,
+        state: state.clone(),
+        method,
+        evaluations,
+    }
+}
