@@ -1,0 +1,432 @@
+//! Assembling the profile: how many processes each node runs and what a CPU stand-in
+//! gets ([`NodePlan`]), and the [`ClusterProfile`] built from the inventory and the
+//! probe's report.
+
+use std::collections::BTreeMap;
+
+use crate::cluster::profile::{
+    round_figure, Dtype, GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile,
+    PeakTflops, Provenance, Source,
+};
+use crate::cluster::{ClusterProfile, ClusterSpec};
+use crate::exec::{is_local_host, Transport};
+
+use super::{
+    inventory, probe, Backend, NodeDevices, NodeInventory, ProbeReport, ProbeSettings,
+    ProfileOptions, ProfileRunError,
+};
+
+/// How many processes each node runs, and what the CPU stand-ins get.
+pub(super) struct NodePlan {
+    pub(super) nproc: Vec<u32>,
+    /// Per node: the processes sharing its machine (all of them with the local transport).
+    pub(super) machine_procs: Vec<u32>,
+}
+
+impl NodePlan {
+    pub(super) fn new(
+        spec: &ClusterSpec,
+        options: &ProfileOptions,
+        inventory: &[NodeInventory],
+    ) -> Self {
+        let nproc: Vec<u32> = spec
+            .nodes
+            .iter()
+            .zip(inventory)
+            .map(|(node, inv)| match &inv.devices {
+                NodeDevices::Gpus { gpus, .. } => {
+                    let n = gpus.len() as u32;
+                    options.nproc_per_node.map_or(n, |cap| cap.clamp(1, n))
+                }
+                NodeDevices::Cpus { .. } => options
+                    .nproc_per_node
+                    .or(node.slots.count())
+                    .unwrap_or(1)
+                    .max(1),
+            })
+            .collect();
+        let total: u32 = nproc.iter().sum();
+        // Several nodes may be one machine: forced local, or loopback names over ssh.
+        let machine_procs = spec
+            .nodes
+            .iter()
+            .zip(&nproc)
+            .map(|(node, n)| {
+                if options.transport == Transport::Local || is_local_host(&node.host) {
+                    let local: u32 = spec
+                        .nodes
+                        .iter()
+                        .zip(&nproc)
+                        .filter(|(m, _)| {
+                            options.transport == Transport::Local || is_local_host(&m.host)
+                        })
+                        .map(|(_, n)| *n)
+                        .sum();
+                    local.max(1).min(total)
+                } else {
+                    *n
+                }
+            })
+            .collect();
+        NodePlan {
+            nproc,
+            machine_procs,
+        }
+    }
+
+    /// What identifies these nodes for the cache: hosts (sorted), what each offers, how
+    /// many processes run there.
+    pub(super) fn canonical(&self, inventory: &[NodeInventory], backend: Backend) -> String {
+        let mut lines: Vec<String> = inventory
+            .iter()
+            .zip(&self.nproc)
+            .map(|(inv, n)| match &inv.devices {
+                NodeDevices::Gpus { gpus, .. } => format!(
+                    "{}\tgpu\t{n}\t{}",
+                    inv.host,
+                    gpus.iter()
+                        .take(*n as usize)
+                        .map(|g| format!(
+                            "{}|{}|{}|{}",
+                            g.index,
+                            g.name,
+                            g.memory_bytes,
+                            g.pci_bus_id.as_deref().unwrap_or("")
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(";")
+                ),
+                NodeDevices::Cpus {
+                    memory_bytes,
+                    cpus,
+                    model,
+                } => format!("{}\tcpu\t{n}\t{memory_bytes}|{cpus}|{model}", inv.host),
+            })
+            .collect();
+        lines.sort();
+        format!(
+            "pipette-profile/1 {}\n{}\n",
+            backend.as_str(),
+            lines.join("\n")
+        )
+    }
+
+    pub(super) fn probe_nodes(
+        &self,
+        spec: &ClusterSpec,
+        options: &ProfileOptions,
+        inventory: &[NodeInventory],
+        backend: Backend,
+    ) -> Vec<probe::ProbeNode> {
+        let gloo_ifname_given = options.env.iter().any(|(k, _)| k == "GLOO_SOCKET_IFNAME")
+            || std::env::var_os("GLOO_SOCKET_IFNAME").is_some();
+        spec.nodes
+            .iter()
+            .zip(inventory)
+            .enumerate()
+            .map(|(i, (node, inv))| {
+                let mut env = options.env.clone();
+                let mut threads = None;
+                match &inv.devices {
+                    NodeDevices::Gpus { gpus, .. } => {
+                        let visible: Vec<String> = gpus
+                            .iter()
+                            .take(self.nproc[i] as usize)
+                            .map(|g| g.index.to_string())
+                            .collect();
+                        env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+                        env.push(("CUDA_VISIBLE_DEVICES".into(), visible.join(",")));
+                    }
+                    NodeDevices::Cpus { cpus, .. } => {
+                        threads = Some((cpus / self.machine_procs[i].max(1)).max(1));
+                    }
+                }
+                // Every rank of a local run is on this machine: loopback is the network.
+                if backend == Backend::Gloo
+                    && options.transport == Transport::Local
+                    && !gloo_ifname_given
+                {
+                    env.push(("GLOO_SOCKET_IFNAME".into(), "lo".into()));
+                }
+                probe::ProbeNode {
+                    host: node.host.clone(),
+                    nproc: self.nproc[i],
+                    env,
+                    threads,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The profile from the inventory and the probe's report.
+pub(super) fn assemble(
+    spec: &ClusterSpec,
+    inventory: &[NodeInventory],
+    plan: &NodePlan,
+    report: &ProbeReport,
+    settings: &ProbeSettings,
+    today: &str,
+) -> Result<ClusterProfile, ProfileRunError> {
+    let bad = |detail: String| ProfileRunError::BadResult { detail };
+    let expected: u32 = plan.nproc.iter().sum();
+    if report.world_size != expected as usize || report.ranks.len() != report.world_size {
+        return Err(bad(format!(
+            "{} ranks reported, {} started",
+            report.ranks.len(),
+            expected
+        )));
+    }
+    // rank → (node, local rank)
+    let mut place = vec![(usize::MAX, usize::MAX); report.world_size];
+    for r in &report.ranks {
+        if r.rank >= place.len()
+            || r.node >= spec.nodes.len()
+            || r.local_rank >= plan.nproc[r.node] as usize
+        {
+            return Err(bad(format!(
+                "rank {} on node {} local rank {} is outside the launch",
+                r.rank, r.node, r.local_rank
+            )));
+        }
+        place[r.rank] = (r.node, r.local_rank);
+    }
+    let size = settings.reported_size();
+    let mib = |b: u64| {
+        if b >= 1 << 20 {
+            format!("{} MiB", b >> 20)
+        } else {
+            format!("{} KiB", b >> 10)
+        }
+    };
+    let sizes: Vec<String> = settings.sizes.iter().map(|s| mib(*s)).collect();
+    let link_note = format!(
+        "point-to-point, one direction: median of {} repeats at {} ({} backend; sizes tried: {})",
+        report.repeats,
+        mib(size),
+        report.backend,
+        sizes.join(", ")
+    );
+    let measured = |note: String| {
+        Provenance::new(Source::Measured)
+            .with_date(today)
+            .with_tool(probe::TOOL)
+            .with_note(note)
+    };
+
+    let n = spec.nodes.len();
+    let mut node_cells = vec![0.0; n * n];
+    let mut gpu_cells: Vec<Vec<f64>> = plan
+        .nproc
+        .iter()
+        .map(|p| vec![0.0; (*p as usize).pow(2)])
+        .collect();
+    for rec in report.links.iter().filter(|r| r.size == size) {
+        let (Some(&(sn, sl)), Some(&(dn, dl))) = (place.get(rec.src), place.get(rec.dst)) else {
+            return Err(bad(format!("a link names rank {} or {}", rec.src, rec.dst)));
+        };
+        match rec.kind.as_str() {
+            "intra" if sn == dn => {
+                let p = plan.nproc[sn] as usize;
+                gpu_cells[sn][sl * p + dl] = rec.gb_per_s;
+            }
+            "inter" if sn != dn => node_cells[sn * n + dn] = rec.gb_per_s,
+            other => {
+                return Err(bad(format!(
+                    "a {other:?} link from rank {} to rank {}",
+                    rec.src, rec.dst
+                )))
+            }
+        }
+    }
+    let missing = |cells: &[f64], size: usize| {
+        (0..size * size).find(|k| k / size != k % size && cells[*k] <= 0.0)
+    };
+    if let Some(k) = missing(&node_cells, n) {
+        return Err(bad(format!(
+            "no figure from {} to {}",
+            spec.nodes[k / n].host,
+            spec.nodes[k % n].host
+        )));
+    }
+
+    // Compute figures by rank and dtype.
+    let mut compute: BTreeMap<(usize, &str), f64> = BTreeMap::new();
+    for c in &report.compute {
+        compute.insert((c.rank, c.dtype.as_str()), round_figure(c.tflops));
+    }
+    let rank_of = |node: usize, local: usize| place.iter().position(|p| *p == (node, local));
+
+    let mut nodes = Vec::with_capacity(n);
+    for (i, (node, inv)) in spec.nodes.iter().zip(inventory).enumerate() {
+        let p = plan.nproc[i] as usize;
+        if let Some(k) = missing(&gpu_cells[i], p) {
+            return Err(bad(format!(
+                "no figure from GPU {} to GPU {} of {}",
+                k / p,
+                k % p,
+                node.host
+            )));
+        }
+        let mut gpus = Vec::with_capacity(p);
+        for local in 0..p {
+            let rank = rank_of(i, local)
+                .ok_or_else(|| bad(format!("no rank for local rank {local} of {}", node.host)))?;
+            let tflops = |dtype: &str| compute.get(&(rank, dtype)).copied();
+            gpus.push(match &inv.devices {
+                NodeDevices::Gpus { gpus: records, .. } => {
+                    let record = &records[local];
+                    gpu_spec(record, tflops("bf16"), tflops("fp16"), today)
+                }
+                NodeDevices::Cpus {
+                    memory_bytes,
+                    model,
+                    ..
+                } => cpu_spec(
+                    local as u32,
+                    memory_bytes / u64::from(plan.machine_procs[i].max(1)),
+                    model,
+                    tflops("fp32"),
+                    tflops("bf16"),
+                    today,
+                )
+                .ok_or_else(|| bad(format!("no compute figure for rank {rank}")))?,
+            });
+        }
+        let links = LinkMatrix::from_rows(
+            &gpu_cells[i]
+                .chunks(p.max(1))
+                .map(<[f64]>::to_vec)
+                .collect::<Vec<_>>(),
+            if p > 1 {
+                measured(link_note.clone())
+            } else {
+                measured("one GPU: no pairs inside the node".into())
+            },
+        )
+        .ok_or_else(|| bad(format!("the GPU matrix of {} is not square", node.host)))?;
+        nodes.push(NodeProfile {
+            host: node.host.clone(),
+            gpus: GpuInventory::Known { gpus, links },
+        });
+    }
+    let node_links = LinkMatrix::from_rows(
+        &node_cells
+            .chunks(n)
+            .map(<[f64]>::to_vec)
+            .collect::<Vec<_>>(),
+        if n > 1 {
+            measured(format!("{link_note}; between the first GPU of each node"))
+        } else {
+            measured("one node: no node pairs".into())
+        },
+    )
+    .ok_or_else(|| bad("the node matrix is not square".into()))?;
+    let kind = match inventory.first().map(|i| &i.devices) {
+        Some(NodeDevices::Cpus { .. }) => "CPU processes standing in for GPUs, ",
+        _ => "",
+    };
+    Ok(ClusterProfile {
+        note: Some(format!(
+            "measured by {} on {today}: {n} node(s), {} rank(s), {kind}torch {}, {:.0} s",
+            probe::TOOL,
+            report.world_size,
+            report.torch,
+            report.elapsed_s
+        )),
+        nodes,
+        node_links,
+    })
+}
+
+pub(super) fn gpu_spec(
+    record: &inventory::GpuRecord,
+    bf16: Option<f64>,
+    fp16: Option<f64>,
+    today: &str,
+) -> GpuSpec {
+    let measured = match (bf16, fp16) {
+        (Some(t), _) => Some((Dtype::Bf16, t)),
+        (None, Some(t)) => Some((Dtype::Fp16, t)),
+        (None, None) => None,
+    };
+    let measured_tflops = measured.map(|(dtype, tflops)| MeasuredTflops {
+        dtype,
+        tflops,
+        provenance: Provenance::new(Source::Measured)
+            .with_date(today)
+            .with_tool(probe::TOOL)
+            .with_note("median matmul throughput, all GPUs busy at once"),
+    });
+    let (peak_tflops, provenance) = match inventory::peak_for(&record.name) {
+        Some(peak) => (
+            peak,
+            Provenance::new(Source::Datasheet)
+                .with_date(today)
+                .with_tool("nvidia-smi")
+                .with_note("peak: NVIDIA datasheet, dense"),
+        ),
+        None => {
+            let t = measured.map_or(1.0, |(_, t)| t);
+            (
+                PeakTflops {
+                    bf16: bf16.map(|_| t),
+                    fp16: t,
+                },
+                Provenance::new(Source::Estimated)
+                    .with_date(today)
+                    .with_tool("nvidia-smi")
+                    .with_note(
+                        "model not in pipette-run's datasheet table: peak set to the measured \
+                         matmul throughput",
+                    ),
+            )
+        }
+    };
+    GpuSpec {
+        index: record.index,
+        name: record.name.clone(),
+        memory_bytes: record.memory_bytes,
+        peak_tflops,
+        measured_tflops,
+        provenance,
+    }
+}
+
+fn cpu_spec(
+    index: u32,
+    memory_bytes: u64,
+    model: &str,
+    fp32: Option<f64>,
+    bf16: Option<f64>,
+    today: &str,
+) -> Option<GpuSpec> {
+    let best = fp32.into_iter().chain(bf16).reduce(f64::max)?;
+    let measured_tflops = bf16.map(|tflops| MeasuredTflops {
+        dtype: Dtype::Bf16,
+        tflops,
+        provenance: Provenance::new(Source::Measured)
+            .with_date(today)
+            .with_tool(probe::TOOL)
+            .with_note("bf16 matmul on the CPU, all stand-ins busy at once"),
+    });
+    Some(GpuSpec {
+        index,
+        name: "cpu".into(),
+        memory_bytes: memory_bytes.max(1),
+        peak_tflops: PeakTflops {
+            bf16: Some(best),
+            fp16: best,
+        },
+        measured_tflops,
+        provenance: Provenance::new(Source::Measured)
+            .with_date(today)
+            .with_tool(probe::TOOL)
+            .with_note(format!(
+                "CPU process standing in for a GPU on {model}: memory = its share of RAM, \
+                 peak = best attained matmul (fp32 {:.4}, bf16 {:.4} TFLOPS)",
+                fp32.unwrap_or(0.0),
+                bf16.unwrap_or(0.0)
+            )),
+    })
+}
