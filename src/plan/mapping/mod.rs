@@ -178,8 +178,9 @@ pub enum MappingError {
     TooManyStates { states: String, limit: u64 },
 }
 
-/// Searches the mappings of `costs`' configuration on `fabric` (a [`ClusterFabric`], or a
-/// [`PairFabric`] of it on large clusters) with the Pipette model.
+/// Searches the mappings of `costs`' configuration on `fabric` (a
+/// [`ClusterFabric`](crate::model::time::ClusterFabric), or a [`PairFabric`] of it on large
+/// clusters) with the Pipette model.
 pub fn map_config<F: Links + ?Sized>(
     costs: &ConfigCosts,
     fabric: &F,

@@ -104,7 +104,7 @@ pub(super) fn stage_usables(arrangement: &Arrangement, config: &ParallelConfig) 
         .collect()
 }
 
-/// Balanced splits (see [`super::layers`]) of every configuration shape among `configs`
+/// Balanced splits (see [`crate::plan::layers`]) of every configuration shape among `configs`
 /// that runs the plain 1F1B schedule on more than one stage, on every arrangement, less
 /// those the candidates already hold (the even and first/last splits of the same shape).
 ///
@@ -165,7 +165,7 @@ pub(super) fn balanced_configs(
 }
 
 /// A balanced split on `arrangement` improved by moving single layers under the full
-/// time model (see [`super::layers::refine_split`]), kept ordered by stage speed.
+/// time model (see [`crate::plan::layers::refine_split`]), kept ordered by stage speed.
 fn refine_balanced(
     settings: &Settings,
     tables: &StageTables,
