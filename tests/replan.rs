@@ -344,14 +344,19 @@ fn assert_replanned_and_resumed(
         "{}",
         tail(&logs, 30)
     );
-    // The same global batch on four ranks: three micro-batches each.
+    // The same global batch on four ranks, at the micro-batch the re-plan chose (the time
+    // model's pick; three samples per rank either way).
     assert!(
         logs.contains("data-parallel size: 4"),
         "{}",
         tail(&logs, 30)
     );
+    let micro_batch = replan["to"]["micro_batch"]
+        .as_u64()
+        .expect("the re-plan's micro-batch");
+    assert_eq!(12 % (4 * micro_batch), 0, "{replan}");
     assert!(
-        logs.contains("global batch 12, micro-batch 1"),
+        logs.contains(&format!("global batch 12, micro-batch {micro_batch}")),
         "{}",
         tail(&logs, 30)
     );
