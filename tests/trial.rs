@@ -192,6 +192,9 @@ fn a_script_failing_in_the_trial_is_reported_and_nothing_is_launched() {
 fn a_hanging_script_hits_the_trial_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("marker").display().to_string();
+    // Each iteration hangs this long: a run that waited for the script instead of its
+    // trial timeout would take at least this.
+    let hang_seconds = 600;
     let started = std::time::Instant::now();
     let output = command(env!("CARGO_BIN_EXE_pipette-run"), None, dir.path())
         .arg("--run-dir")
@@ -199,14 +202,18 @@ fn a_hanging_script_hits_the_trial_timeout() {
         .args(["--trial-timeout", "8s", "--grace", "2s"])
         .arg("examples/train_gpt.py")
         .args(TINY_MODEL)
-        .args(["--toy-iteration-seconds", "600"])
+        .args(["--toy-iteration-seconds", &hang_seconds.to_string()])
         .args(["--data-path", &marker])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(72), "{stderr}");
     assert!(stderr.contains("did not finish within 8 s"), "{stderr}");
-    assert!(started.elapsed().as_secs() < 60);
+    let took = started.elapsed().as_secs();
+    assert!(
+        took < hang_seconds / 2,
+        "the trial took {took} s: it waited for the script, not for its timeout"
+    );
     assert_no_process_left(&marker);
 }
 

@@ -827,9 +827,15 @@ impl Drop for Slurm {
 
 const SLURM_NODE: &str = "pipette-node";
 
+/// The test cluster's `KillWait` (Slurm's default, written out): how long slurmd waits
+/// between TERM and KILL when a step is cancelled gracefully. Tests that check a step is
+/// killed at once (not after TERM and this wait) bound their waits by a part of it.
+pub const SLURM_KILL_WAIT: Duration = Duration::from_secs(30);
+
 fn slurm_conf(dir: &Path, node: &str, ctld_port: u16, slurmd_port: u16) -> String {
     let d = dir.display();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let kill_wait = SLURM_KILL_WAIT.as_secs();
     format!(
         "ClusterName=pipette-test\n\
          SlurmctldHost=localhost(127.0.0.1)\n\
@@ -858,6 +864,7 @@ fn slurm_conf(dir: &Path, node: &str, ctld_port: u16, slurmd_port: u16) -> Strin
          MpiDefault=none\n\
          ReturnToService=2\n\
          MessageTimeout=10\n\
+         KillWait={kill_wait}\n\
          NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=100 State=UNKNOWN\n\
          PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP\n"
     )
