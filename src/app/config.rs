@@ -185,6 +185,13 @@ impl RunConfig {
     }
 }
 
+impl RunConfig {
+    /// Why the job is not planned, when it is not (see [`crate::config::planning_off`]).
+    pub(super) fn planning_off(&self) -> Option<String> {
+        crate::config::planning_off(&self.script.args, self.settings.preset.as_deref())
+    }
+}
+
 impl DiscoveryInputs {
     pub(super) fn new(options: &DiscoveryOptions, environment: Environment) -> Self {
         DiscoveryInputs {

@@ -3,12 +3,30 @@
 //!
 //! Owns: the Megatron argument vocabulary we understand, Megatron's defaults and
 //! derivations (ffn size, kv channels, vocabulary padding), the presets, and which
-//! parallel settings the user pinned. Must not touch the cluster or plan anything.
+//! parallel settings the user pinned; whether the script is Megatron's at all
+//! ([`planning_off`]); what a DeepSpeed config the arguments name says about batch sizes
+//! ([`deepspeed`]). Must not touch the cluster or plan anything.
 
+pub mod deepspeed;
 pub mod megatron;
 pub mod presets;
 
 pub use megatron::{settings_from_megatron_args, ArgsError};
+
+/// Why pipette-run does not plan a script, in one line; `None` when it plans: `--model`
+/// is given, or the arguments after SCRIPT give one of Megatron's model arguments
+/// ([`megatron::MODEL_ARGUMENTS`]). Without either, the script is not one pipette-run
+/// understands (an FSDP, DeepSpeed, Lightning or plain DDP script): it is launched as
+/// torchrun would launch it, its arguments untouched.
+pub fn planning_off(script_args: &[String], preset: Option<&str>) -> Option<String> {
+    if preset.is_some() || megatron::model_arguments_given(script_args) {
+        return None;
+    }
+    Some(format!(
+        "planning is off: no --model and none of Megatron's model arguments ({}) after SCRIPT, so the script runs as torchrun would run it, on the nodes found, its arguments untouched",
+        megatron::MODEL_ARGUMENTS.join(", ")
+    ))
+}
 
 use serde::{Deserialize, Serialize};
 
