@@ -8,7 +8,8 @@ DistributedDataParallel, a few steps of SGD whose gradients DDP all-reduces.
 Every rank prints one line with what torchrun gave it (rank, world size, local rank,
 node rank), so a test can compare pipette-run's launch with torchrun's rule. Options
 for tests: --fail-rank R raises an exception on rank R after the first step;
---step-seconds S makes each step last S seconds (a long-running job).
+--step-seconds S makes each step last S seconds (a long-running job); --tag WORD is
+ignored (it marks the job's processes).
 """
 
 import argparse
@@ -25,6 +26,8 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--step-seconds", type=float, default=0.0)
     parser.add_argument("--fail-rank", type=int, default=-1)
+    # Unused: a word on the command line by which a test finds the job's processes.
+    parser.add_argument("--tag", default="")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")

@@ -114,7 +114,12 @@ pub(super) fn launch_and_supervise(config: &RunConfig, why: &str) -> Result<i32,
     let first = template
         .prepare(1, Layout::World(prepared.world), None)
         .map_err(launch_error)?;
-    supervise_job(config, &template, first, None)
+    // Silence fails the job only when --startup-timeout says how long: torchrun never
+    // gives up on a quiet script, and a script that is not Megatron's prints no iteration
+    // lines by which progress could be told.
+    let mut config = config.clone();
+    config.supervise.startup_timeout = config.startup_timeout_given;
+    supervise_job(&config, &template, first, None)
 }
 
 fn planning_off(why: &str) -> Planning {
@@ -135,6 +140,11 @@ fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
     let allocation = allocate(found, profile, config.allocation)?;
     let world = world_of(&allocation)?;
     let mut notes = vec![why.to_string()];
+    if let Some(pin) = &config.settings.pin {
+        notes.push(format!(
+            "--pin {pin} is ignored: with planning off there is no plan to pin"
+        ));
+    }
     let deepspeed = match deepspeed::config_path(&config.script.args) {
         None => None,
         Some(path) => match read_deepspeed(&path, world.world_size())? {

@@ -198,3 +198,40 @@ pub struct Constraints {
     pub recompute: Option<Recompute>,
     pub distributed_optimizer: Option<bool>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(text: &str) -> Vec<String> {
+        text.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn planning_is_off_without_model_or_megatron_model_arguments() {
+        for plain in [
+            "",
+            "--lr 0.1 --epochs 3",
+            "--deepspeed_config ds.json --micro-batch-size 4 --seq-length 512",
+            // Underscores are not Megatron's spelling: the script's own options.
+            "--num_layers 4 --hidden_size 64",
+            // After `--`, nothing is an option.
+            "--lr 1 -- --num-layers 4",
+        ] {
+            let why = planning_off(&words(plain), None);
+            let why = why.unwrap_or_else(|| panic!("{plain:?} should not be planned"));
+            assert!(
+                why.contains("--num-layers, --hidden-size, --num-attention-heads"),
+                "{why}"
+            );
+        }
+        for megatron in [
+            "--num-layers 4",
+            "--hidden-size=64 --lr 1",
+            "--x --num-attention-heads 8",
+        ] {
+            assert_eq!(planning_off(&words(megatron), None), None, "{megatron}");
+        }
+        assert_eq!(planning_off(&words("--lr 1"), Some("gpt3-1.3b")), None);
+    }
+}
