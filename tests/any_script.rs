@@ -460,3 +460,30 @@ fn any_script_dry_run_shows_nodes_commands_and_planning_off() {
     );
     assert!(dir.path().join("run/world.json").is_file());
 }
+
+#[test]
+fn any_script_nproc_per_node_cpu_is_counted_on_each_node_as_torchrun_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    // torchrun's `cpu` is os.cpu_count(): the logical CPUs /proc/cpuinfo lists.
+    let cpus = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count() as u64;
+    let out = pipette_run_in(dir.path())
+        .args(["--hosts", "node-a,node-b", "--launcher", "local"])
+        .args(["--nproc-per-node", "cpu", "--run-dir", "run"])
+        .args(["--json", "--dry-run", "train.py"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["world"]["nproc_per_node"], cpus, "{report}");
+    assert_eq!(report["nodes"]["world_size"], 2 * cpus, "{report}");
+    let argv = report["launch"]["nodes"][1]["argv"].as_array().unwrap();
+    assert!(
+        argv.contains(&Value::from(format!("--nproc-per-node={cpus}"))),
+        "{argv:?}"
+    );
+}

@@ -12,10 +12,12 @@ use super::config::RunConfig;
 use super::inputs::{allocate, discover_nodes, script_section};
 use super::job::{job_template, launch_error, supervise_job};
 use super::to_json;
-use crate::cluster::{Allocation, ClusterProfile};
+use crate::cluster::allocation::NprocPerNode;
+use crate::cluster::{Allocation, ClusterProfile, Slots};
 use crate::config::deepspeed::{self, DeepSpeedBatch, DeepSpeedConfig, DeepSpeedError};
 use crate::error::Error;
 use crate::launch::{Layout, Planning, World};
+use crate::measure::inventory::{take_inventory, InventoryRequest, NodeDevices};
 use crate::render::{self, LaunchSpec};
 use crate::report::dry_run::{NodesSection, ScriptSection};
 
@@ -137,7 +139,8 @@ fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
         None => None,
     };
     let profile = profile.as_ref().map(|(p, c)| (p.as_path(), c));
-    let allocation = allocate(found, profile, config.allocation)?;
+    let mut allocation = allocate(found, profile, config.allocation)?;
+    count_workers(config, &mut allocation)?;
     let world = world_of(&allocation)?;
     let mut notes = vec![why.to_string()];
     if let Some(pin) = &config.settings.pin {
@@ -164,6 +167,47 @@ fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
         deepspeed,
         notes,
     })
+}
+
+/// `--nproc-per-node gpu`, `auto` or `cpu` where discovery could not tell the count: each
+/// node is asked, and counted as torchrun counts there — its GPUs (`gpu`; `auto` on a node
+/// that has any), else its logical CPUs (`cpu`; `auto` on a node without GPUs).
+fn count_workers(config: &RunConfig, allocation: &mut Allocation) -> Result<(), Error> {
+    let asked = match config.allocation.nproc_per_node {
+        Some(asked @ (NprocPerNode::Gpu | NprocPerNode::Auto | NprocPerNode::Cpu)) => asked,
+        _ => return Ok(()),
+    };
+    let transport = config
+        .launch
+        .access
+        .transport(&allocation.host_names(), &allocation.source);
+    let request = InventoryRequest {
+        transport: &transport,
+        nvidia_smi: "nvidia-smi",
+        timeout: config.supervise.health_timeout,
+    };
+    for host in allocation.hosts.iter_mut().filter(|h| h.workers.is_none()) {
+        let inventory = take_inventory(&request, &host.host, &Slots::Unknown)
+            .map_err(|e| Error::Profile(e.into()))?;
+        let count = match (asked, &inventory.devices) {
+            (NprocPerNode::Gpu | NprocPerNode::Auto, NodeDevices::Gpus { gpus, .. }) => {
+                gpus.len() as u32
+            }
+            (NprocPerNode::Cpu | NprocPerNode::Auto, NodeDevices::Cpus { cpus, .. }) => *cpus,
+            _ => {
+                return Err(Error::Usage(format!(
+                    "--nproc-per-node {asked}: {} has {} (give --nproc-per-node N)",
+                    host.host,
+                    match inventory.devices {
+                        NodeDevices::Gpus { .. } => "GPUs, whose CPUs pipette-run does not count",
+                        NodeDevices::Cpus { .. } => "no GPU",
+                    }
+                )))
+            }
+        };
+        host.workers = Some(count);
+    }
+    Ok(())
 }
 
 /// The world torchrun would run: the allocation's hosts in order, each with the same

@@ -4,7 +4,8 @@
 //!
 //! Owns: rewriting the user's Megatron arguments ([`megatron`]), torchrun's command line
 //! and option spellings ([`torchrun`]), one-line text for comments ([`shell`]) and the templates
-//! ([`templates`]). Pure: [`render`] does no I/O. The one function that touches the disk,
+//! ([`templates`]); for a script pipette-run does not plan, the launch of the world torchrun
+//! would run, its arguments untouched ([`render_world`]). Pure: [`render`] does no I/O. The one function that touches the disk,
 //! [`write_run_dir`], sits apart at the edge; reading a `--templates` directory is
 //! [`Templates::from_dir`]. Must not plan, discover or launch anything.
 //!
