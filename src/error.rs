@@ -5,6 +5,7 @@
 //! [`crate::exit`].
 
 use crate::cluster::{DiscoveryError, ProfileError};
+use crate::config::deepspeed::DeepSpeedError;
 use crate::config::ArgsError;
 use crate::measure::ProfileRunError;
 use crate::model::time::TimeError;
@@ -21,6 +22,9 @@ pub enum Error {
     Usage(String),
     #[error(transparent)]
     ModelArgs(#[from] ArgsError),
+    /// A DeepSpeed config the script's arguments name cannot work on the world found.
+    #[error(transparent)]
+    DeepSpeed(#[from] DeepSpeedError),
     #[error(transparent)]
     NodeList(#[from] DiscoveryError),
     #[error(transparent)]
@@ -48,7 +52,7 @@ impl Error {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             Error::Usage(_) => ExitCode::Usage,
-            Error::ModelArgs(_) => ExitCode::ModelArgs,
+            Error::ModelArgs(_) | Error::DeepSpeed(_) => ExitCode::ModelArgs,
             Error::NodeList(_) => ExitCode::NodeList,
             Error::ClusterFile(_) | Error::ClusterMismatch(_) | Error::Time(_) => {
                 ExitCode::ClusterFile

@@ -15,7 +15,8 @@ pub enum ExitCode {
     Success = 0,
     /// A malformed pipette-run or torchrun option (the same code torchrun uses).
     Usage = 2,
-    /// The Megatron arguments after SCRIPT (or a preset) describe an impossible model or run.
+    /// The arguments after SCRIPT (Megatron's, or the batch sizes of a DeepSpeed config they
+    /// name) or a preset describe an impossible model or run.
     ModelArgs = 65,
     /// The node list could not be read: Slurm/PBS variables, hostfile, --hosts, --include/--exclude.
     NodeList = 66,
@@ -80,7 +81,7 @@ pub const ROWS: &[Row] = &[
     row(
         ExitCode::ModelArgs,
         "65",
-        "the Megatron arguments after SCRIPT (or --model) describe an impossible model or run",
+        "the arguments after SCRIPT (Megatron's, or a DeepSpeed config's batch sizes) or --model describe an impossible model or run",
     ),
     row(
         ExitCode::NodeList,

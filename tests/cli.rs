@@ -701,8 +701,11 @@ fn sequence_longer_than_positions_exits_65() {
 
 #[test]
 fn missing_model_arguments_suggest_a_preset_and_exit_65() {
+    // One of Megatron's model arguments makes the script Megatron's: the rest must follow.
+    // (Without any, planning is off and the script runs as torchrun would: see
+    // tests/any_script.rs.)
     assert_fails(
-        pipette_run().args(["--dry-run", "train.py", "--lr", "1e-4"]),
+        pipette_run().args(["--dry-run", "train.py", "--num-layers", "4", "--lr", "1e-4"]),
         65,
         "--model",
     );

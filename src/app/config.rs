@@ -43,6 +43,10 @@ pub(super) struct RunConfig {
     pub(super) supervise: supervise::SuperviseOptions,
     /// The environment every node gets (see [`render::forwarded_env`]).
     pub(super) node_env: BTreeMap<String, String>,
+    /// `--startup-timeout` as given (`None` when not, or `0`): with planning off it is the
+    /// only silence that fails a job, since a script that is not Megatron's prints no
+    /// iteration lines and may be quiet for long, as it may under torchrun.
+    pub(super) startup_timeout_given: Option<Duration>,
 }
 
 /// How results are shown.
@@ -126,6 +130,7 @@ impl RunConfig {
     pub(super) fn resolve(cli: &RunCli, env: Environment) -> RunConfig {
         let t = &cli.torchrun;
         let s = &cli.supervise;
+        let endpoint = rendezvous_endpoint(&t.rdzv_endpoint);
         RunConfig {
             output: OutputMode {
                 dry_run: cli.pipette.dry_run,
@@ -156,8 +161,8 @@ impl RunConfig {
                 templates: cli.launch.templates.clone(),
                 torchrun: s.torchrun.clone(),
                 torchrun_passthrough: t.passthrough_args(),
-                master_addr: t.master_addr.clone(),
-                master_port: t.master_port,
+                master_addr: endpoint.0.or_else(|| t.master_addr.clone()),
+                master_port: endpoint.1.unwrap_or(t.master_port),
                 rdzv_id: (t.rdzv_id != "none").then(|| t.rdzv_id.clone()),
                 access: NodeAccess {
                     launcher: s.launcher.clone(),
@@ -179,9 +184,17 @@ impl RunConfig {
                 },
                 ..supervise::SuperviseOptions::default()
             },
+            startup_timeout_given: s.startup_timeout.filter(|d| !d.is_zero()),
             node_env: forwarded_env(&env),
             discovery: DiscoveryInputs::new(&cli.discovery, env),
         }
+    }
+}
+
+impl RunConfig {
+    /// Why the job is not planned, when it is not (see [`crate::config::planning_off`]).
+    pub(super) fn planning_off(&self) -> Option<String> {
+        crate::config::planning_off(&self.script.args, self.settings.preset.as_deref())
     }
 }
 
@@ -253,6 +266,24 @@ impl NodeAccess {
     }
 }
 
+/// torchrun's `--rdzv-endpoint HOST[:PORT]` (`[V6]:PORT` too): the rank-0 node's address
+/// and port, which win over `--master-addr`/`--master-port` as they do in torchrun.
+/// Empty: neither.
+pub(super) fn rendezvous_endpoint(endpoint: &str) -> (Option<String>, Option<u16>) {
+    let endpoint = endpoint.trim();
+    if endpoint.is_empty() {
+        return (None, None);
+    }
+    let (host, port) = match endpoint.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && (!host.contains(':') || host.ends_with(']')) => {
+            (host, port.parse().ok())
+        }
+        _ => (endpoint, None),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (Some(host.to_string()), port)
+}
+
 /// The part of the environment every node gets.
 pub(super) fn forwarded_env(env: &Environment) -> BTreeMap<String, String> {
     render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())))
@@ -304,6 +335,28 @@ mod tests {
         // The start-up timeout follows the stall timeout unless given.
         assert_eq!(s.startup_timeout, s.stall_timeout);
         assert!(matches!(s.echo, supervise::Echo::Streams));
+    }
+
+    #[test]
+    fn the_rendezvous_endpoint_names_the_master() {
+        assert_eq!(rendezvous_endpoint(""), (None, None));
+        assert_eq!(
+            rendezvous_endpoint("n0:29400"),
+            (Some("n0".to_string()), Some(29400))
+        );
+        assert_eq!(rendezvous_endpoint("n0"), (Some("n0".to_string()), None));
+        assert_eq!(
+            rendezvous_endpoint("[::1]:7"),
+            (Some("::1".to_string()), Some(7))
+        );
+        assert_eq!(
+            rendezvous_endpoint("fe80::1"),
+            (Some("fe80::1".to_string()), None)
+        );
+        let c = resolve(&["--rdzv-endpoint", "n3:1234", "--master-addr", "n0", "t.py"]);
+        assert_eq!(c.launch.master_addr.as_deref(), Some("n3"));
+        assert_eq!(c.launch.master_port, 1234);
+        assert_eq!(c.startup_timeout_given, None);
     }
 
     #[test]

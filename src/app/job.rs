@@ -71,7 +71,9 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
     } else {
         let (plan, report) = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS)?;
         job.plan = plan;
-        job.template.plan_options.calibration = report.calibration.clone();
+        if let launch::Planning::On(inputs) = &mut job.template.planning {
+            inputs.options.calibration = report.calibration.clone();
+        }
         Some(report)
     };
     let Job {
@@ -80,13 +82,28 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
         plan,
         ..
     } = job;
-    let run_dir = template.run_dir.clone();
-    let first = template
-        .prepare(1, profile, plan, None)
-        .map_err(launch_error)?;
+    let layout = launch::Layout::Planned {
+        plan: Box::new(plan),
+        profile: Box::new(profile),
+    };
+    let first = template.prepare(1, layout, None).map_err(launch_error)?;
     if let Some(report) = &trial {
-        write_json(&run_dir.join("trial.json"), report, "--run-dir")?;
+        write_json(&template.run_dir.join("trial.json"), report, "--run-dir")?;
     }
+    supervise_job(config, &template, first, trial.as_ref())
+}
+
+/// Supervises `first` (and every relaunch) to the end, planned or not: the event log, the
+/// notes and the run directory's line, then [`supervise::supervise`], the summary (on
+/// stderr and in the run directory) and, with `--json`, the result on stdout. Returns
+/// pipette-run's exit code.
+pub(super) fn supervise_job(
+    config: &RunConfig,
+    template: &launch::JobTemplate,
+    first: launch::Attempt,
+    trial: Option<&trial::TrialReport>,
+) -> Result<i32, Error> {
+    let run_dir = template.run_dir.clone();
     let events = supervise::events::EventLog::create(&run_dir).map_err(|e| {
         Error::Usage(format!(
             "cannot write {}: {e} (choose another --run-dir)",
@@ -96,11 +113,12 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
     for note in &first.spec.notes {
         eprintln!("pipette-run: {note}");
     }
-    eprintln!(
-        "pipette-run: run directory {} (launch scripts, plan, trial.json, logs/, events.jsonl)",
-        run_dir.display()
-    );
-    let outcome = supervise::supervise(&template, first, &config.supervise, &events);
+    let files = match template.planning {
+        launch::Planning::On(_) => "launch scripts, plan, trial.json, logs/, events.jsonl",
+        launch::Planning::Off { .. } => "launch scripts, world.json, logs/, events.jsonl",
+    };
+    eprintln!("pipette-run: run directory {} ({files})", run_dir.display());
+    let outcome = supervise::supervise(template, first, &config.supervise, &events);
     let summary = outcome.summary();
     eprint!("{summary}");
     if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
@@ -110,7 +128,7 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
         let result = LaunchResult {
             run_dir: run_dir.display().to_string(),
             outcome: &outcome,
-            trial: trial.as_ref(),
+            trial,
         };
         println!("{}", to_json(&result)?);
     }
@@ -146,7 +164,7 @@ pub(super) fn prepare_job(config: &RunConfig) -> Result<Job, Error> {
     };
     let options = config.planning.plan_options(&run.settings)?;
     let plan = plan::plan(&run.settings, &profile, &options)?;
-    let template = job_template(config, &run.settings, &run.allocation, options)?;
+    let template = job_template(config, planning_on(&run.settings, options), &run.allocation)?;
     Ok(Job {
         run,
         profile,
@@ -155,14 +173,21 @@ pub(super) fn prepare_job(config: &RunConfig) -> Result<Job, Error> {
     })
 }
 
-/// What every attempt of the job shares: the run's configuration, the settings, and the
-/// allocation (its hosts and node source choose the transport, its job id the rendezvous
-/// id).
+/// A planned job's planning: the settings and the planner's options.
+pub(super) fn planning_on(settings: &Settings, options: PlanOptions) -> launch::Planning {
+    launch::Planning::On(Box::new(launch::PlanInputs {
+        settings: settings.clone(),
+        options,
+    }))
+}
+
+/// What every attempt of the job shares: the run's configuration, whether and from what
+/// it is planned, and the allocation (its hosts and node source choose the transport, its
+/// job id the rendezvous id).
 pub(super) fn job_template(
     config: &RunConfig,
-    settings: &Settings,
+    planning: launch::Planning,
     allocation: &Allocation,
-    options: PlanOptions,
 ) -> Result<launch::JobTemplate, Error> {
     let launch = &config.launch;
     let workdir = std::env::current_dir()
@@ -183,7 +208,7 @@ pub(super) fn job_template(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     Ok(launch::JobTemplate {
-        settings: settings.clone(),
+        planning,
         script: config.script.clone(),
         torchrun: launch.torchrun.clone(),
         torchrun_spelling: installed_torchrun_spelling(&launch.torchrun),
@@ -195,7 +220,6 @@ pub(super) fn job_template(
         workdir,
         run_dir,
         templates,
-        plan_options: options,
         transport,
         run_id: format!("{}-{nanos}", std::process::id()),
     })
@@ -212,7 +236,12 @@ pub(super) fn trial_and_replan(
     rounds: usize,
 ) -> Result<(Plan, trial::TrialReport), Error> {
     let settings = &job.run.settings;
-    let mut options = job.template.plan_options.clone();
+    let mut options = job
+        .template
+        .planning
+        .inputs()
+        .map(|i| i.options.clone())
+        .ok_or_else(|| Error::Internal("a trial of a job that is not planned".to_string()))?;
     let before = options.calibration.clone();
     let progress = ProgressBars::new(!config.output.json);
     let mut plan = job.plan.clone();
@@ -352,6 +381,7 @@ pub(super) fn launch_error(e: launch::LaunchError) -> Error {
         launch::LaunchError::Plan(e) => Error::Plan(e),
         launch::LaunchError::Render(e) => Error::Render(e),
         launch::LaunchError::PlanJson(e) => Error::Internal(e),
+        e @ launch::LaunchError::NotPlanned => Error::Internal(e.to_string()),
     }
 }
 
@@ -365,7 +395,7 @@ pub(super) fn plan_and_render(config: &RunConfig, run: &mut Run) -> Result<(), E
     let plan = plan::plan(&run.settings, profile, &options)?;
     run.runner_up = runner_up(&plan, &run.settings, profile, &options);
     // The same template the launch renders with, so the preview is what would run.
-    let mut template = job_template(config, &run.settings, &run.allocation, options)?;
+    let mut template = job_template(config, planning_on(&run.settings, options), &run.allocation)?;
     template.run_id.clear();
     let run_dir = template.run_dir.clone();
     let launch = template

@@ -6,6 +6,8 @@
 //!   the rest of the orchestrator reads (no clap types below the entry points);
 //! - `job`: `pipette-run` — the dry run, and the launch: profile, plan, trial, launch,
 //!   supervise; `pipette calibrate` (the trial alone);
+//! - `unplanned`: `pipette-run` for a script it does not plan (planning off): discovery,
+//!   the world torchrun would run, launched and supervised as a planned job is;
 //! - `inputs`: reading a run's inputs — nodes and their allocation, cluster profile (read
 //!   or measured), settings — into the dry-run report's sections;
 //! - `tools`: the other `pipette` subcommands, each one stage on its own.
@@ -14,6 +16,7 @@ mod config;
 mod inputs;
 mod job;
 mod tools;
+mod unplanned;
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -35,6 +38,15 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Err(e) => return clap_exit(e),
     };
     let config = RunConfig::resolve(&cli, current_environment());
+    if let Some(why) = config.planning_off() {
+        return match config.output.dry_run {
+            true => finish("pipette-run", unplanned::run(&config, &why)),
+            false => match unplanned::launch_and_supervise(&config, &why) {
+                Ok(code) => code,
+                Err(e) => finish("pipette-run", Err(e)),
+            },
+        };
+    }
     if !config.output.dry_run {
         return match job::launch_and_supervise(&config) {
             Ok(code) => code,

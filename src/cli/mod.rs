@@ -27,6 +27,11 @@ pub const EXIT_CODES_HELP: &str = crate::exit::HELP;
 /// Everything after SCRIPT belongs to the script: pipette-run reads the model and
 /// training settings from the Megatron arguments there and rewrites only the parallel
 /// ones.
+///
+/// Any other script (FSDP, DeepSpeed, Lightning, plain DDP: no --model and none of
+/// --num-layers, --hidden-size, --num-attention-heads after SCRIPT) is not planned: it
+/// runs as torchrun would run it on the nodes found, its arguments untouched, and is
+/// supervised the same way (merged logs, failures, teardown, relaunch on the survivors).
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "pipette-run",

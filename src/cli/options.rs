@@ -222,12 +222,14 @@ pub struct SuperviseOptions {
     pub stall_timeout: std::time::Duration,
 
     /// Before the first iteration line (and after the last), no output at all from any
-    /// node this long is a failure (default: --stall-timeout; `0` never gives up)
+    /// node this long is a failure (default: --stall-timeout; `0` never gives up). With
+    /// planning off (a script that is not Megatron's), only when given
     #[arg(long = "startup-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub startup_timeout: Option<std::time::Duration>,
 
     /// How many times a failed job is re-planned on the surviving nodes and resumed from
-    /// its last checkpoint; 0 never re-plans
+    /// its last checkpoint (with planning off: run again on them, as it was); 0 never
+    /// re-plans
     #[arg(
         long = "max-replans",
         env = "PIPETTE_MAX_REPLANS",

@@ -3,12 +3,30 @@
 //!
 //! Owns: the Megatron argument vocabulary we understand, Megatron's defaults and
 //! derivations (ffn size, kv channels, vocabulary padding), the presets, and which
-//! parallel settings the user pinned. Must not touch the cluster or plan anything.
+//! parallel settings the user pinned; whether the script is Megatron's at all
+//! ([`planning_off`]); what a DeepSpeed config the arguments name says about batch sizes
+//! ([`deepspeed`]). Must not touch the cluster or plan anything.
 
+pub mod deepspeed;
 pub mod megatron;
 pub mod presets;
 
 pub use megatron::{settings_from_megatron_args, ArgsError};
+
+/// Why pipette-run does not plan a script, in one line; `None` when it plans: `--model`
+/// is given, or the arguments after SCRIPT give one of Megatron's model arguments
+/// ([`megatron::MODEL_ARGUMENTS`]). Without either, the script is not one pipette-run
+/// understands (an FSDP, DeepSpeed, Lightning or plain DDP script): it is launched as
+/// torchrun would launch it, its arguments untouched.
+pub fn planning_off(script_args: &[String], preset: Option<&str>) -> Option<String> {
+    if preset.is_some() || megatron::model_arguments_given(script_args) {
+        return None;
+    }
+    Some(format!(
+        "planning is off: no --model and none of Megatron's model arguments ({}) after SCRIPT, so the script runs as torchrun would run it, on the nodes found, its arguments untouched",
+        megatron::MODEL_ARGUMENTS.join(", ")
+    ))
+}
 
 use serde::{Deserialize, Serialize};
 
@@ -179,4 +197,41 @@ pub struct Constraints {
     pub sequence_parallel: Option<bool>,
     pub recompute: Option<Recompute>,
     pub distributed_optimizer: Option<bool>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(text: &str) -> Vec<String> {
+        text.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn planning_is_off_without_model_or_megatron_model_arguments() {
+        for plain in [
+            "",
+            "--lr 0.1 --epochs 3",
+            "--deepspeed_config ds.json --micro-batch-size 4 --seq-length 512",
+            // Underscores are not Megatron's spelling: the script's own options.
+            "--num_layers 4 --hidden_size 64",
+            // After `--`, nothing is an option.
+            "--lr 1 -- --num-layers 4",
+        ] {
+            let why = planning_off(&words(plain), None);
+            let why = why.unwrap_or_else(|| panic!("{plain:?} should not be planned"));
+            assert!(
+                why.contains("--num-layers, --hidden-size, --num-attention-heads"),
+                "{why}"
+            );
+        }
+        for megatron in [
+            "--num-layers 4",
+            "--hidden-size=64 --lr 1",
+            "--x --num-attention-heads 8",
+        ] {
+            assert_eq!(planning_off(&words(megatron), None), None, "{megatron}");
+        }
+        assert_eq!(planning_off(&words("--lr 1"), Some("gpt3-1.3b")), None);
+    }
 }

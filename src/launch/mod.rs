@@ -1,9 +1,11 @@
 //! Launch: from a plan to torchrun running on every node.
 //!
-//! A [`JobTemplate`] holds what every attempt of a job shares (the settings, the user's
-//! script and arguments, torchrun's options, the environment, the transport, the run
-//! directory); [`JobTemplate::prepare`] renders one [`Attempt`] for a plan on some nodes
-//! (with `--load SAVE` when it resumes, see [`resume_args`]) and writes its files;
+//! A [`JobTemplate`] holds what every attempt of a job shares (whether it is planned and
+//! from which settings, the user's script and arguments, torchrun's options, the
+//! environment, the transport, the run directory); [`JobTemplate::prepare`] renders one
+//! [`Attempt`] for a [`Layout`] — a plan on some nodes, or, with planning off, the world
+//! torchrun would run — (with `--load SAVE` when it resumes, see [`resume_args`]) and
+//! writes its files;
 //! [`start`] runs its torchrun commands through the exec seam as a [`RunningJob`];
 //! [`teardown`] stops them all (TERM, grace, KILL, in parallel) and [`sweep`] kills what
 //! a launcher left behind (torchrun starts its workers in sessions of their own, so a
@@ -34,6 +36,7 @@ use crate::exec::{
     self, ExecError, ExecOptions, NodeCommand, OutputSink, RunningCommand, SrunOptions, SshOptions,
     Status, Transport,
 };
+use crate::model::parallel::ParallelConfig;
 use crate::plan::{Plan, PlanError, PlanOptions};
 use crate::render::{self, LaunchSpec, RenderError, ScriptInvocation, Templates};
 
@@ -46,7 +49,8 @@ pub const RUN_ID_VAR: &str = "PIPETTE_RUN_ID";
 /// What every attempt of a job shares.
 #[derive(Debug, Clone)]
 pub struct JobTemplate {
-    pub settings: Settings,
+    /// Whether pipette-run plans the job, and from what.
+    pub planning: Planning,
     /// The user's script and arguments, as given.
     pub script: ScriptInvocation,
     /// The torchrun executable on the nodes.
@@ -67,22 +71,106 @@ pub struct JobTemplate {
     /// Attempt 1's files go here; attempt N's into `attempt-N/` below it.
     pub run_dir: PathBuf,
     pub templates: Templates,
-    pub plan_options: PlanOptions,
     pub transport: Transport,
     /// Unique per invocation: the value of [`RUN_ID_VAR`] on every node. Empty for a
     /// preview (`--dry-run`), whose scripts pipette-run never supervises.
     pub run_id: String,
 }
 
-/// One launch of the job: a plan on some nodes, rendered and written to its directory.
+/// Whether a job is planned.
+#[derive(Debug, Clone)]
+pub enum Planning {
+    /// pipette-run plans the job (and re-plans it after a failure) from the settings read
+    /// from the Megatron arguments, with the planner's options.
+    On(Box<PlanInputs>),
+    /// The script is not one pipette-run plans; why, in one line. Every attempt runs the
+    /// world as torchrun would ([`Layout::World`]).
+    Off { why: String },
+}
+
+/// What a planned job is planned from.
+#[derive(Debug, Clone)]
+pub struct PlanInputs {
+    pub settings: Settings,
+    pub options: PlanOptions,
+}
+
+impl Planning {
+    /// The settings, when the job is planned.
+    pub fn settings(&self) -> Option<&Settings> {
+        self.inputs().map(|i| &i.settings)
+    }
+
+    /// What the job is planned from, when it is.
+    pub fn inputs(&self) -> Option<&PlanInputs> {
+        match self {
+            Planning::On(inputs) => Some(inputs),
+            Planning::Off { .. } => None,
+        }
+    }
+}
+
+/// What one attempt runs on its nodes.
+#[derive(Debug, Clone)]
+pub enum Layout {
+    /// A plan (tp, pp, dp, micro-batch, the rank mapping) on the nodes of `profile`.
+    Planned {
+        plan: Box<Plan>,
+        /// The nodes of this attempt.
+        profile: Box<ClusterProfile>,
+    },
+    /// With planning off: the world torchrun would run.
+    World(World),
+}
+
+/// The world of an unplanned attempt: hosts in node-rank order, the same number of
+/// workers on each (torchrun's `--nproc-per-node`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct World {
+    pub hosts: Vec<String>,
+    pub nproc_per_node: u64,
+}
+
+impl World {
+    pub fn world_size(&self) -> u64 {
+        self.hosts.len() as u64 * self.nproc_per_node
+    }
+
+    /// The same world on `survivors` (their order kept): what a relaunch after a failure
+    /// runs, a smaller world with the same workers per node.
+    pub fn on(&self, survivors: &[String]) -> World {
+        World {
+            hosts: survivors.to_vec(),
+            nproc_per_node: self.nproc_per_node,
+        }
+    }
+}
+
+impl Layout {
+    /// The plan's configuration; `None` for an unplanned world.
+    pub fn config(&self) -> Option<&ParallelConfig> {
+        match self {
+            Layout::Planned { plan, .. } => Some(&plan.config),
+            Layout::World(_) => None,
+        }
+    }
+
+    /// The nodes' profile, when the attempt was planned on one.
+    pub fn profile(&self) -> Option<&ClusterProfile> {
+        match self {
+            Layout::Planned { profile, .. } => Some(profile),
+            Layout::World(_) => None,
+        }
+    }
+}
+
+/// One launch of the job: a layout on some nodes, rendered and written to its directory.
 #[derive(Debug, Clone)]
 pub struct Attempt {
     /// 1 for the first launch.
     pub number: u32,
     pub dir: PathBuf,
-    /// The nodes of this attempt.
-    pub profile: ClusterProfile,
-    pub plan: Plan,
+    pub layout: Layout,
     pub spec: LaunchSpec,
     /// Where this attempt resumes from (relaunches of a job with `--save`).
     pub resume: Option<Resume>,
@@ -108,6 +196,9 @@ pub enum LaunchError {
         "the plan cannot be written as JSON: {0} (this is a bug in pipette-run; please report it)"
     )]
     PlanJson(String),
+    /// A plan's launch asked of a job whose planning is off.
+    #[error("a plan was to be launched for a job that is not planned (this is a bug in pipette-run; please report it)")]
+    NotPlanned,
 }
 
 impl JobTemplate {
@@ -120,25 +211,67 @@ impl JobTemplate {
         }
     }
 
-    /// Renders attempt `number` of `plan` on `profile`'s nodes and writes its files.
+    /// Renders attempt `number` of `layout` and writes its files.
     pub fn prepare(
         &self,
         number: u32,
-        profile: ClusterProfile,
-        plan: Plan,
+        layout: Layout,
         resume: Option<Resume>,
     ) -> Result<Attempt, LaunchError> {
         let dir = self.attempt_dir(number);
-        let spec = self.render(&plan, resume.as_ref(), &dir)?;
+        let spec = match &layout {
+            Layout::Planned { plan, .. } => self.render(plan, resume.as_ref(), &dir)?,
+            Layout::World(world) => self.render_world(world, &dir)?,
+        };
         render::write_run_dir(&spec, &dir)?;
         Ok(Attempt {
             number,
             dir,
-            profile,
-            plan,
+            layout,
             spec,
             resume,
         })
+    }
+
+    /// The launch of `world`, planning off (pure: nothing is written): the script and its
+    /// arguments as given.
+    pub fn render_world(&self, world: &World, dir: &Path) -> Result<LaunchSpec, LaunchError> {
+        let input = render::WorldInput {
+            script: self.script.clone(),
+            node_order: &world.hosts,
+            nproc_per_node: world.nproc_per_node,
+            master_addr: self.master_addr_for_launch(),
+            master_port: self.master_port,
+            rdzv_id: self.rdzv_id.clone(),
+            torchrun: self.torchrun.clone(),
+            torchrun_passthrough: self.torchrun_passthrough.clone(),
+            torchrun_spelling: self.torchrun_spelling,
+            env: self.env_for_launch(),
+            workdir: self.workdir.display().to_string(),
+            run_dir: dir.display().to_string(),
+            planning_off: match &self.planning {
+                Planning::Off { why } => why.clone(),
+                Planning::On(_) => String::new(),
+            },
+        };
+        Ok(render::render_world(&input, &self.templates)?)
+    }
+
+    /// The user's `--master-addr`, else `127.0.0.1` with the local transport (where every
+    /// "node" is this machine), else the rank-0 host (`None`).
+    fn master_addr_for_launch(&self) -> Option<String> {
+        self.master_addr
+            .clone()
+            .or_else(|| (self.transport == Transport::Local).then(|| "127.0.0.1".to_string()))
+    }
+
+    /// The environment of every node: the forwarded variables and the run id.
+    fn env_for_launch(&self) -> BTreeMap<String, String> {
+        let mut env = self.env.clone();
+        if !self.run_id.is_empty() {
+            env.insert(RUN_ID_VAR.to_string(), self.run_id.clone());
+        }
+        env
     }
 
     /// The launch of `plan` (pure: nothing is written).
@@ -148,6 +281,9 @@ impl JobTemplate {
         resume: Option<&Resume>,
         dir: &Path,
     ) -> Result<LaunchSpec, LaunchError> {
+        let Some(settings) = self.planning.settings() else {
+            return Err(LaunchError::NotPlanned);
+        };
         let mut script = self.script.clone();
         let mut notes = Vec::new();
         if let Some(resume) = resume {
@@ -155,27 +291,20 @@ impl JobTemplate {
             script.args = args;
             notes = dropped;
         }
-        let mut env = self.env.clone();
-        if !self.run_id.is_empty() {
-            env.insert(RUN_ID_VAR.to_string(), self.run_id.clone());
-        }
         let mut input = render::RenderInput::new(
-            &self.settings,
+            settings,
             script,
             &plan.config,
             &plan.mapping.node_order,
             &plan.mapping.cuda_visible_devices,
         );
-        input.master_addr = self
-            .master_addr
-            .clone()
-            .or_else(|| (self.transport == Transport::Local).then(|| "127.0.0.1".to_string()));
+        input.master_addr = self.master_addr_for_launch();
         input.master_port = self.master_port;
         input.rdzv_id = self.rdzv_id.clone();
         input.torchrun = self.torchrun.clone();
         input.torchrun_spelling = self.torchrun_spelling;
         input.torchrun_passthrough = self.torchrun_passthrough.clone();
-        input.env = env;
+        input.env = self.env_for_launch();
         input.workdir = self.workdir.display().to_string();
         input.run_dir = dir.display().to_string();
         input.plan_json =

@@ -4,7 +4,8 @@
 //!
 //! Owns: rewriting the user's Megatron arguments ([`megatron`]), torchrun's command line
 //! and option spellings ([`torchrun`]), one-line text for comments ([`shell`]) and the templates
-//! ([`templates`]). Pure: [`render`] does no I/O. The one function that touches the disk,
+//! ([`templates`]); for a script pipette-run does not plan, the launch of the world torchrun
+//! would run, its arguments untouched ([`render_world`]). Pure: [`render`] does no I/O. The one function that touches the disk,
 //! [`write_run_dir`], sits apart at the edge; reading a `--templates` directory is
 //! [`Templates::from_dir`]. Must not plan, discover or launch anything.
 //!
@@ -23,6 +24,7 @@ mod run_dir;
 pub mod shell;
 pub mod templates;
 pub mod torchrun;
+mod world;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,6 +39,7 @@ pub use megatron::{megatron_args, uses_deepspeed, MegatronArgs};
 pub use run_dir::{default_run_dir, write_run_dir};
 pub use templates::Templates;
 pub use torchrun::TorchrunSpelling;
+pub use world::{render_world, WorldInput};
 
 /// How torchrun runs the user's SCRIPT, as the command line said.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -296,64 +299,28 @@ pub fn render(input: &RenderInput<'_>, templates: &Templates) -> Result<LaunchSp
         .clone()
         .unwrap_or_else(|| input.node_order[0].clone());
 
+    let common = NodeCommon {
+        nnodes,
+        nproc_per_node: nproc,
+        master_addr: &master_addr,
+        master_port: input.master_port,
+        rdzv_id: &input.rdzv_id,
+        torchrun: &input.torchrun,
+        passthrough: &input.torchrun_passthrough,
+        spelling: input.torchrun_spelling,
+        script: &input.script,
+        script_args: &megatron.args,
+        workdir: &input.workdir,
+        run_dir: &input.run_dir,
+    };
     let mut nodes = Vec::new();
     let mut files = Vec::new();
     for (node_rank, host) in input.node_order.iter().enumerate() {
         let gpus = input.cuda_visible_devices[host].clone();
-        let env = node_env(host, &gpus, &megatron.env, &input.env);
-        let at = torchrun::NodeCoordinates {
-            nnodes,
-            nproc_per_node: nproc,
-            node_rank,
-            master_addr: &master_addr,
-            master_port: input.master_port,
-            rdzv_id: &input.rdzv_id,
-        };
-        let argv = torchrun::argv(
-            &input.torchrun,
-            &at,
-            &input.torchrun_passthrough,
-            input.torchrun_spelling,
-            &input.script,
-            &megatron.args,
-        );
-        let first_rank = node_rank as u64 * nproc;
-        let script_path = format!("launch-{node_rank}-{}.sh", file_name_part(host));
-        let quoted: Vec<String> = argv.iter().map(|w| single_quote(w)).collect();
-        let context = context! {
-            node_rank,
-            nnodes,
-            nproc_per_node => nproc,
-            world_size,
-            first_rank,
-            last_rank => first_rank + nproc - 1,
-            host => single_quote(host),
-            host_comment => shell::one_line(host),
-            workdir => single_quote(&input.workdir),
-            run_dir => single_quote(&input.run_dir),
-            env => env.iter().map(|(name, value)| context! {
-                name => name.clone(),
-                value => single_quote(value),
-            }).collect::<Vec<_>>(),
-            argv => quoted.clone(),
-            command => command_lines(&argv, megatron.args.len()).join(" \\\n    "),
-        };
-        let script = templates.render(templates::LAUNCH, context)?;
-        files.push(RunFile {
-            path: script_path.clone(),
-            contents: script.clone(),
-            executable: true,
-        });
-        nodes.push(NodeLaunch {
-            host: host.clone(),
-            node_rank: node_rank as u64,
-            first_rank,
-            cuda_visible_devices: gpus,
-            env,
-            argv,
-            script_path,
-            script,
-        });
+        let env = node_env(host, Some(&gpus), &megatron.env, &input.env);
+        let (node, file) = common.node(node_rank, host, gpus, env, templates)?;
+        nodes.push(node);
+        files.push(file);
     }
 
     let quoted_args: Vec<String> = option_lines(&megatron.args);
@@ -408,23 +375,111 @@ pub fn render(input: &RenderInput<'_>, templates: &Templates) -> Result<LaunchSp
     })
 }
 
-/// The environment of one node's script: the mapping's variables, those Megatron
-/// requires, then the forwarded ones (less any the first two set), then the host.
+/// What every node's torchrun command and launch script share.
+struct NodeCommon<'a> {
+    nnodes: usize,
+    nproc_per_node: u64,
+    master_addr: &'a str,
+    master_port: u16,
+    rdzv_id: &'a str,
+    torchrun: &'a str,
+    passthrough: &'a [String],
+    spelling: TorchrunSpelling,
+    script: &'a ScriptInvocation,
+    /// The arguments after SCRIPT, as the script gets them.
+    script_args: &'a [String],
+    workdir: &'a str,
+    run_dir: &'a str,
+}
+
+impl NodeCommon<'_> {
+    /// Node `node_rank`'s launch (on `host`, its local ranks on `gpus`, with `env`) and
+    /// its launch script.
+    fn node(
+        &self,
+        node_rank: usize,
+        host: &str,
+        gpus: Vec<u32>,
+        env: Vec<(String, String)>,
+        templates: &Templates,
+    ) -> Result<(NodeLaunch, RunFile), RenderError> {
+        let nproc = self.nproc_per_node;
+        let at = torchrun::NodeCoordinates {
+            nnodes: self.nnodes,
+            nproc_per_node: nproc,
+            node_rank,
+            master_addr: self.master_addr,
+            master_port: self.master_port,
+            rdzv_id: self.rdzv_id,
+        };
+        let argv = torchrun::argv(
+            self.torchrun,
+            &at,
+            self.passthrough,
+            self.spelling,
+            self.script,
+            self.script_args,
+        );
+        let first_rank = node_rank as u64 * nproc;
+        let script_path = format!("launch-{node_rank}-{}.sh", file_name_part(host));
+        let quoted: Vec<String> = argv.iter().map(|w| single_quote(w)).collect();
+        let context = context! {
+            node_rank,
+            nnodes => self.nnodes,
+            nproc_per_node => nproc,
+            world_size => self.nnodes as u64 * nproc,
+            first_rank,
+            last_rank => first_rank + nproc - 1,
+            host => single_quote(host),
+            host_comment => shell::one_line(host),
+            workdir => single_quote(self.workdir),
+            run_dir => single_quote(self.run_dir),
+            env => env.iter().map(|(name, value)| context! {
+                name => name.clone(),
+                value => single_quote(value),
+            }).collect::<Vec<_>>(),
+            argv => quoted,
+            command => command_lines(&argv, self.script_args.len()).join(" \\\n    "),
+        };
+        let script = templates.render(templates::LAUNCH, context)?;
+        let file = RunFile {
+            path: script_path.clone(),
+            contents: script.clone(),
+            executable: true,
+        };
+        let node = NodeLaunch {
+            host: host.to_string(),
+            node_rank: node_rank as u64,
+            first_rank,
+            cuda_visible_devices: gpus,
+            env,
+            argv,
+            script_path,
+            script,
+        };
+        Ok((node, file))
+    }
+}
+
+/// The environment of one node's script: the mapping's variables (when the job has a
+/// mapping), those the script requires, then the forwarded ones (less any the first two
+/// set), then the host.
 fn node_env(
     host: &str,
-    gpus: &[u32],
+    gpus: Option<&[u32]>,
     required: &[(String, String)],
     forwarded: &BTreeMap<String, String>,
 ) -> Vec<(String, String)> {
-    let devices = gpus
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut env = vec![
-        ("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()),
-        ("CUDA_VISIBLE_DEVICES".to_string(), devices),
-    ];
+    let mut env = Vec::new();
+    if let Some(gpus) = gpus {
+        let devices = gpus
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        env.push(("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()));
+        env.push(("CUDA_VISIBLE_DEVICES".to_string(), devices));
+    }
     env.extend(required.iter().cloned());
     let ours: BTreeSet<String> = env
         .iter()
@@ -634,17 +689,8 @@ fn command_lines(argv: &[String], script_args: usize) -> Vec<String> {
 fn check_input(input: &RenderInput<'_>) -> Result<(), RenderError> {
     let plan = |m: String| Err(RenderError::Plan(m));
     let nproc = input.nproc_per_node;
-    if input.node_order.is_empty() || nproc == 0 {
-        return plan(format!(
-            "no workers: {} nodes × {nproc} per node",
-            input.node_order.len()
-        ));
-    }
-    let mut seen = BTreeSet::new();
+    check_nodes(input.node_order, nproc)?;
     for host in input.node_order {
-        if !seen.insert(host) {
-            return plan(format!("host {host:?} has two node ranks"));
-        }
         match input.cuda_visible_devices.get(host) {
             None => return plan(format!("host {host:?} has no CUDA_VISIBLE_DEVICES list")),
             Some(gpus) if gpus.len() as u64 != nproc => {
@@ -671,28 +717,76 @@ fn check_input(input: &RenderInput<'_>) -> Result<(), RenderError> {
             input.config.world_size()
         ));
     }
-    check_words("a host name", input.node_order)?;
-    check_words("an argument", &input.script.args)?;
-    check_words("a torchrun option", &input.torchrun_passthrough)?;
+    check_values(&LaunchValues {
+        node_order: input.node_order,
+        script: &input.script,
+        torchrun: &input.torchrun,
+        torchrun_passthrough: &input.torchrun_passthrough,
+        rdzv_id: &input.rdzv_id,
+        workdir: &input.workdir,
+        run_dir: &input.run_dir,
+        master_addr: input.master_addr.as_deref(),
+        env: &input.env,
+    })
+}
+
+/// At least one node and one worker per node, each host once.
+fn check_nodes(node_order: &[String], nproc: u64) -> Result<(), RenderError> {
+    if node_order.is_empty() || nproc == 0 {
+        return Err(RenderError::Plan(format!(
+            "no workers: {} nodes × {nproc} per node",
+            node_order.len()
+        )));
+    }
+    let mut seen = BTreeSet::new();
+    for host in node_order {
+        if !seen.insert(host) {
+            return Err(RenderError::Plan(format!(
+                "host {host:?} has two node ranks"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The values of a launch that become argv words, file contents or variables.
+struct LaunchValues<'a> {
+    node_order: &'a [String],
+    script: &'a ScriptInvocation,
+    torchrun: &'a str,
+    torchrun_passthrough: &'a [String],
+    rdzv_id: &'a str,
+    workdir: &'a str,
+    run_dir: &'a str,
+    master_addr: Option<&'a str>,
+    env: &'a BTreeMap<String, String>,
+}
+
+/// Every value can be an argv word (no NUL), SCRIPT is not read as an option, and every
+/// variable name is a shell name.
+fn check_values(v: &LaunchValues<'_>) -> Result<(), RenderError> {
+    check_words("a host name", v.node_order)?;
+    check_words("an argument", &v.script.args)?;
+    check_words("a torchrun option", v.torchrun_passthrough)?;
     check_words(
         "a value",
         &[
-            input.script.program.clone(),
-            input.torchrun.clone(),
-            input.rdzv_id.clone(),
-            input.workdir.clone(),
-            input.run_dir.clone(),
-            input.master_addr.clone().unwrap_or_default(),
+            v.script.program.clone(),
+            v.torchrun.to_string(),
+            v.rdzv_id.to_string(),
+            v.workdir.to_string(),
+            v.run_dir.to_string(),
+            v.master_addr.unwrap_or_default().to_string(),
         ],
     )?;
-    if input.script.program.starts_with('-') || input.script.program.is_empty() {
+    if v.script.program.starts_with('-') || v.script.program.is_empty() {
         return Err(RenderError::Unrepresentable {
             what: "SCRIPT".into(),
-            value: input.script.program.clone(),
+            value: v.script.program.clone(),
             reason: "would be read by torchrun as an option (write ./NAME for a file)".into(),
         });
     }
-    for (name, value) in &input.env {
+    for (name, value) in v.env {
         let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !valid {

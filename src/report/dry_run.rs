@@ -85,22 +85,11 @@ pub struct ModelSection {
     pub padded_vocab_size: u64,
 }
 
-impl DryRunReport {
-    /// The report as people read it.
-    pub fn to_human(&self) -> String {
-        let mut out = String::new();
-        self.write_nodes(&mut out);
-        self.write_model(&mut out);
-        self.write_training(&mut out);
-        self.write_launch(&mut out);
-        out.push('\n');
-        out.push_str(&self.status);
-        out.push('\n');
-        out
-    }
-
-    fn write_nodes(&self, out: &mut String) {
-        let n = &self.nodes;
+impl NodesSection {
+    /// The nodes as people read them: where they came from, one row per host, the world
+    /// size, discovery's warnings.
+    pub fn write_human(&self, out: &mut String) {
+        let n = self;
         let source = match &n.source {
             NodeSource::Slurm { variable } => format!("Slurm ({variable})"),
             NodeSource::Pbs { path } => format!("PBS ({path})"),
@@ -146,6 +135,25 @@ impl DryRunReport {
         for w in &n.warnings {
             out.push_str(&format!("  warning: {w}\n"));
         }
+    }
+}
+
+impl DryRunReport {
+    /// The report as people read it.
+    pub fn to_human(&self) -> String {
+        let mut out = String::new();
+        self.write_nodes(&mut out);
+        self.write_model(&mut out);
+        self.write_training(&mut out);
+        self.write_launch(&mut out);
+        out.push('\n');
+        out.push_str(&self.status);
+        out.push('\n');
+        out
+    }
+
+    fn write_nodes(&self, out: &mut String) {
+        self.nodes.write_human(out);
         if let Some(p) = &self.cluster_profile {
             let links = p
                 .node_link_gbps

@@ -10,16 +10,17 @@ use super::decide::{self, decide, Decision, Ending, Facts, Next, Stop};
 use super::events::{Event, EventLog, NodeRef, StopRecord};
 use super::health::{self, Health};
 use super::output::JobOutput;
-use super::reporter::{replan_text, Reporter};
+use super::reporter::{relaunch_text, replan_text, Reporter};
 use super::signals::SignalGuard;
 use super::watch::watch;
 use super::{AttemptSummary, Outcome, SuperviseOptions};
 use crate::exec::format_duration;
 use crate::exit::ExitCode;
 use crate::launch::{
-    self, read_checkpoint, Attempt, CheckpointState, JobTemplate, Resume, RunningJob,
+    self, read_checkpoint, Attempt, CheckpointState, JobTemplate, LaunchError, Layout, Planning,
+    Resume, RunningJob,
 };
-use crate::replan::failure::{checkpoint_format, replan};
+use crate::replan::failure::{checkpoint_format, replan, ReplanError};
 
 /// What the driver shares across attempts.
 struct Driver<'a> {
@@ -137,7 +138,8 @@ impl Driver<'_> {
                     node_rank: *node_rank,
                 })
                 .collect(),
-            config: attempt.plan.config.clone(),
+            config: attempt.layout.config().cloned(),
+            world_size: attempt.spec.world_size,
             transport: template.transport.kind().as_str().to_string(),
             resume: attempt.resume.clone(),
             since_failure,
@@ -167,13 +169,18 @@ impl Driver<'_> {
                 .map(|r| r.signal),
             replans: outcome.replans,
             max_replans: options.max_replans,
-            save: template.settings.training.save.as_deref(),
+            // An unplanned job resumes nothing: no checkpoint it writes is ours to read.
+            save: template
+                .planning
+                .settings()
+                .and_then(|s| s.training.save.as_deref()),
             checkpoint: None,
         };
         let summary = |decision: &Decision| AttemptSummary {
             number: attempt.number,
             hosts: hosts.clone(),
-            config: attempt.plan.config.clone(),
+            config: attempt.layout.config().cloned(),
+            world_size: attempt.spec.world_size,
             resume: attempt.resume.clone(),
             iterations: output.iterations(),
             end: decision.end.clone(),
@@ -262,8 +269,9 @@ impl Driver<'_> {
         (unresponsive, unhealthy)
     }
 
-    /// Re-plans on the decision's survivors and prepares the next attempt. Returns it with
-    /// what the re-plan decided in words, or why the job stops.
+    /// Re-plans on the decision's survivors (or, with planning off, takes the same world on
+    /// them) and prepares the next attempt. Returns it with what changed in words, or why
+    /// the job stops.
     fn relaunch(
         &self,
         attempt: &Attempt,
@@ -273,58 +281,81 @@ impl Driver<'_> {
     ) -> Result<(Attempt, String), Stop> {
         let template = self.template;
         let (left_out, survivors) = (decision.left_out, decision.survivors);
-        let replanned = replan(
-            &template.settings,
-            &attempt.profile,
-            &survivors,
-            &attempt.plan.config,
-            &template.plan_options,
-            checkpoint,
-            &checkpoint_format(&template.script.args),
-        );
-        let replanned = match replanned {
-            Ok(r) => r,
-            Err(e) => {
-                self.emit(Event::ReplanRefused {
-                    reason: e.to_string(),
-                    left_out,
-                    survivors,
-                });
-                return Err(Stop::ReplanRefused(e.to_string()));
+        let refuse = |reason: String, left_out: Vec<String>, survivors: Vec<String>| {
+            self.emit(Event::ReplanRefused {
+                reason: reason.clone(),
+                left_out,
+                survivors,
+            });
+            Stop::ReplanRefused(reason)
+        };
+        let (layout, kept_tp_pp, resharded, notes) = match (&attempt.layout, &template.planning) {
+            (Layout::World(world), _) => {
+                if survivors.is_empty() {
+                    let reason = ReplanError::NoSurvivors.to_string();
+                    return Err(refuse(reason, left_out, survivors));
+                }
+                (
+                    Layout::World(world.on(&survivors)),
+                    false,
+                    false,
+                    Vec::new(),
+                )
+            }
+            (Layout::Planned { plan, profile }, Planning::On(inputs)) => {
+                let replanned = replan(
+                    &inputs.settings,
+                    profile,
+                    &survivors,
+                    &plan.config,
+                    &inputs.options,
+                    checkpoint,
+                    &checkpoint_format(&template.script.args),
+                );
+                match replanned {
+                    Ok(r) => (
+                        Layout::Planned {
+                            plan: Box::new(r.plan),
+                            profile: Box::new(r.profile),
+                        },
+                        r.kept_tp_pp,
+                        r.resharded,
+                        r.notes,
+                    ),
+                    Err(e) => return Err(refuse(e.to_string(), left_out, survivors)),
+                }
+            }
+            (Layout::Planned { .. }, Planning::Off { .. }) => {
+                return Err(Stop::PrepareFailed(LaunchError::NotPlanned.to_string()))
             }
         };
         let next = template
-            .prepare(
-                attempt.number + 1,
-                replanned.profile.clone(),
-                replanned.plan.clone(),
-                resume.clone(),
-            )
+            .prepare(attempt.number + 1, layout, resume.clone())
             .map_err(|e| Stop::PrepareFailed(e.to_string()))?;
-        let (from, to) = (&attempt.plan.config, &next.plan.config);
-        let text = replan_text(
-            survivors.len(),
-            &left_out,
-            from,
-            to,
-            replanned.kept_tp_pp,
-            resume.as_ref(),
-        );
+        let (from, to) = (attempt.layout.config(), next.layout.config());
+        let world_sizes = (attempt.spec.world_size, next.spec.world_size);
+        let text = match (from, to) {
+            (Some(from), Some(to)) => replan_text(
+                survivors.len(),
+                &left_out,
+                from,
+                to,
+                kept_tp_pp,
+                resume.as_ref(),
+            ),
+            _ => relaunch_text(survivors.len(), &left_out, world_sizes),
+        };
         self.emit(Event::Replan {
             attempt: next.number,
             left_out,
             nodes: survivors,
-            from: from.clone(),
-            to: to.clone(),
-            kept_tp_pp: replanned.kept_tp_pp,
-            resharded: replanned.resharded,
+            from: from.cloned(),
+            to: to.cloned(),
+            world_sizes,
+            kept_tp_pp,
+            resharded,
             resume,
-            notes: replanned
-                .notes
-                .iter()
-                .chain(&next.spec.notes)
-                .cloned()
-                .collect(),
+            notes: notes.iter().chain(&next.spec.notes).cloned().collect(),
         });
         Ok((next, text))
     }
@@ -350,7 +381,10 @@ impl Driver<'_> {
                             launch::sweep(&template.transport, host, &template.run_id, timeout)
                                 .unwrap_or(0);
                         let health = (check && !left_out.contains(host)).then(|| {
-                            let gpus = health::expected_gpus(&attempt.profile, host);
+                            let gpus = attempt
+                                .layout
+                                .profile()
+                                .and_then(|p| health::expected_gpus(p, host));
                             health::check(&template.transport, host, gpus, timeout)
                         });
                         (swept, health)

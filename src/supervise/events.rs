@@ -23,7 +23,7 @@ use crate::launch::{NodeStop, Resume};
 use crate::model::parallel::ParallelConfig;
 
 /// The version of the events' schema, written as `schema` on every line.
-pub const SCHEMA: u32 = 1;
+pub const SCHEMA: u32 = 2;
 
 /// One thing the supervisor did or saw.
 #[derive(Debug, Clone, Serialize)]
@@ -36,8 +36,10 @@ pub enum Event {
         dir: String,
         /// In node-rank order.
         nodes: Vec<NodeRef>,
-        /// The plan's tp, pp, dp, micro_batch, vpp, ...
-        config: ParallelConfig,
+        /// The plan's tp, pp, dp, micro_batch, vpp, ...; null when planning is off.
+        config: Option<ParallelConfig>,
+        /// Workers across the nodes.
+        world_size: u64,
         /// `local`, `ssh` or `srun`.
         transport: String,
         resume: Option<Resume>,
@@ -89,8 +91,12 @@ pub enum Event {
         left_out: Vec<String>,
         /// The survivors.
         nodes: Vec<String>,
-        from: ParallelConfig,
-        to: ParallelConfig,
+        /// The plans before and after; null when planning is off (the same script and
+        /// arguments run on the survivors' world).
+        from: Option<ParallelConfig>,
+        to: Option<ParallelConfig>,
+        /// `[before, after]`: workers across the nodes.
+        world_sizes: (u64, u64),
         kept_tp_pp: bool,
         resharded: bool,
         resume: Option<Resume>,

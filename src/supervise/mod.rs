@@ -41,6 +41,11 @@
 //! ended by signal N, 68 when a node could not be reached, 127 when a command could not
 //! start, 124 for a stall, which has no worker exit code).
 //!
+//! With planning off (a script that is not Megatron's, [`crate::launch::Planning::Off`]),
+//! the survivors run the same script and arguments again, a smaller world of the same
+//! workers per node, started afresh (nothing is resumed), within the same `max_replans`;
+//! the `replan` event then has null plans and the world sizes before and after.
+//!
 //! # Signals
 //!
 //! SIGINT and SIGTERM end the job: every node is torn down (a second signal kills at once)
@@ -173,7 +178,9 @@ impl NodeFailure {
 pub struct AttemptSummary {
     pub number: u32,
     pub hosts: Vec<String>,
-    pub config: ParallelConfig,
+    /// The plan's configuration; null when planning is off.
+    pub config: Option<ParallelConfig>,
+    pub world_size: u64,
     pub resume: Option<Resume>,
     /// The first and last iteration the job reported.
     pub iterations: Option<(u64, u64)>,
@@ -202,16 +209,12 @@ impl Outcome {
     pub fn summary(&self) -> String {
         let mut text = String::from("pipette-run: summary\n");
         for a in &self.attempts {
-            let c = &a.config;
             text.push_str(&format!(
-                "  attempt {}: {} node(s) ({}), tp={} pp={} dp={} micro-batch {}{}{}: {}\n",
+                "  attempt {}: {} node(s) ({}), {}{}{}: {}\n",
                 a.number,
                 a.hosts.len(),
                 a.hosts.join(", "),
-                c.tp,
-                c.pp,
-                c.dp,
-                c.micro_batch,
+                reporter::layout_text(a.config.as_ref(), a.world_size),
                 a.resume
                     .as_ref()
                     .map(|r| format!(
@@ -222,9 +225,12 @@ impl Outcome {
                             .unwrap_or_default()
                     ))
                     .unwrap_or_default(),
-                a.iterations
-                    .map(|(f, l)| format!(", iterations {f}–{l}"))
-                    .unwrap_or_else(|| ", no iteration reported".to_string()),
+                match (a.iterations, &a.config) {
+                    (Some((f, l)), _) => format!(", iterations {f}–{l}"),
+                    (None, Some(_)) => ", no iteration reported".to_string(),
+                    // A script that is not Megatron's has no iteration lines to report.
+                    (None, None) => String::new(),
+                },
                 a.end
             ));
             if !a.left_out.is_empty() {

@@ -56,21 +56,19 @@ impl Reporter {
             Event::Launch {
                 attempt,
                 nodes,
-                config: c,
+                config,
+                world_size,
                 since_failure,
                 ..
             } => vec![format!(
-                "attempt {attempt}: launching torchrun on {} node(s) ({}), tp={} pp={} dp={} micro-batch {}{}",
+                "attempt {attempt}: launching torchrun on {} node(s) ({}), {}{}",
                 nodes.len(),
                 nodes
                     .iter()
                     .map(|n| n.host.as_str())
                     .collect::<Vec<_>>()
                     .join(", "),
-                c.tp,
-                c.pp,
-                c.dp,
-                c.micro_batch,
+                layout_text(config.as_ref(), *world_size),
                 since_failure
                     .map(|d| format!(", {:.2} s after the failure", d.as_secs_f64()))
                     .unwrap_or_default()
@@ -94,14 +92,21 @@ impl Reporter {
                 nodes,
                 from,
                 to,
+                world_sizes,
                 kept_tp_pp,
                 resume,
                 notes,
                 ..
-            } => std::iter::once(format!(
-                "re-planned: {}",
-                replan_text(nodes.len(), left_out, from, to, *kept_tp_pp, resume.as_ref())
-            ))
+            } => std::iter::once(match (from, to) {
+                (Some(from), Some(to)) => format!(
+                    "re-planned: {}",
+                    replan_text(nodes.len(), left_out, from, to, *kept_tp_pp, resume.as_ref())
+                ),
+                _ => format!(
+                    "relaunched: {}",
+                    relaunch_text(nodes.len(), left_out, *world_sizes)
+                ),
+            })
             .chain(notes.iter().map(|n| format!("  {n}")))
             .collect(),
             Event::Progress { .. }
@@ -125,6 +130,36 @@ pub fn stop_line(stop: &Stop) -> Option<String> {
     }
 }
 
+/// What an attempt runs, in words: the plan's sizes, or the world when planning is off.
+pub fn layout_text(config: Option<&ParallelConfig>, world_size: u64) -> String {
+    match config {
+        Some(c) => format!(
+            "tp={} pp={} dp={} micro-batch {}",
+            c.tp, c.pp, c.dp, c.micro_batch
+        ),
+        None => format!("world size {world_size} (planning off)"),
+    }
+}
+
+/// An unplanned job's relaunch on the survivors, in words: for the `relaunched:` line and
+/// the summary.
+pub fn relaunch_text(survivors: usize, left_out: &[String], world_sizes: (u64, u64)) -> String {
+    format!(
+        "{survivors} node(s) left{}; world size {} → {}, the same script and arguments (planning off); starting again",
+        left_out_text(left_out),
+        world_sizes.0,
+        world_sizes.1
+    )
+}
+
+fn left_out_text(left_out: &[String]) -> String {
+    if left_out.is_empty() {
+        " (none left out)".to_string()
+    } else {
+        format!(" (left out {})", left_out.join(", "))
+    }
+}
+
 /// What a re-plan decided, in words: for the `re-planned:` line and the summary.
 pub fn replan_text(
     survivors: usize,
@@ -136,11 +171,7 @@ pub fn replan_text(
 ) -> String {
     format!(
         "{survivors} node(s) left{}; tp={} pp={} dp={} → tp={} pp={} dp={} micro-batch {}{}{}",
-        if left_out.is_empty() {
-            " (none left out)".to_string()
-        } else {
-            format!(" (left out {})", left_out.join(", "))
-        },
+        left_out_text(left_out),
         from.tp,
         from.pp,
         from.dp,
@@ -208,8 +239,9 @@ mod tests {
             attempt: 2,
             left_out: vec!["node-b".into()],
             nodes: vec!["node-a".into(), "node-c".into()],
-            from: from.clone(),
-            to: to.clone(),
+            from: Some(from.clone()),
+            to: Some(to.clone()),
+            world_sizes: (6, 4),
             kept_tp_pp: true,
             resharded: false,
             resume: Some(Resume {

@@ -243,11 +243,15 @@ pub fn trial_commands(
     iters: u64,
     staging_dirs: &[&str],
 ) -> Result<TrialCommands, LaunchError> {
+    let settings = template
+        .planning
+        .settings()
+        .ok_or(LaunchError::NotPlanned)?;
     let mut job = template.clone();
     let (args, notes) = trial_args(
         &template.script.args,
         iters,
-        template.settings.training.global_batch_size,
+        settings.training.global_batch_size,
     );
     job.script.args = args;
     let spec = job.render(plan, None, &template.run_dir.join("trial"))?;

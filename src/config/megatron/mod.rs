@@ -103,6 +103,21 @@ pub enum ArgsError {
     },
 }
 
+/// The options that make the arguments after SCRIPT Megatron's: the model's shape, which
+/// Megatron requires and no other launcher's script is likely to spell this way.
+/// pipette-run plans only when one of them is given (or `--model`); see
+/// [`model_arguments_given`].
+pub const MODEL_ARGUMENTS: &[&str] = &["--num-layers", "--hidden-size", "--num-attention-heads"];
+
+/// Whether the arguments give one of [`MODEL_ARGUMENTS`] (dashed, as Megatron spells
+/// them; `--opt value` or `--opt=value`; before any `--`).
+pub fn model_arguments_given(args: &[String]) -> bool {
+    argparse::arg_words(args).iter().any(|word| {
+        word.written_name(args)
+            .is_some_and(|name| MODEL_ARGUMENTS.contains(&format!("--{name}").as_str()))
+    })
+}
+
 pub(super) fn contradiction(message: String) -> ArgsError {
     ArgsError::Contradiction(message)
 }

@@ -1,0 +1,63 @@
+"""A plain PyTorch DDP script, with no Megatron arguments: pipette-run launches it as
+torchrun would (planning off). gloo on CPU, a one-layer model wrapped in
+DistributedDataParallel, a few steps of SGD whose gradients DDP all-reduces.
+
+    pipette-run --nproc-per-node 2 examples/ddp.py --steps 3
+    torchrun    --nproc-per-node 2 examples/ddp.py --steps 3
+
+Every rank prints one line with what torchrun gave it (rank, world size, local rank,
+node rank), so a test can compare pipette-run's launch with torchrun's rule. Options
+for tests: --fail-rank R raises an exception on rank R after the first step;
+--step-seconds S makes each step last S seconds (a long-running job); --tag WORD is
+ignored (it marks the job's processes).
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    # Unused: a word on the command line by which a test finds the job's processes.
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(
+        f"ddp: rank {rank} world {world} local_rank {os.environ['LOCAL_RANK']} "
+        f"local_world {os.environ['LOCAL_WORLD_SIZE']} node_rank {os.environ['GROUP_RANK']} "
+        f"host {os.environ.get('PIPETTE_HOST', '-')}",
+        flush=True,
+    )
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(args.steps):
+        x = torch.full((2, 4), float(rank + 1))
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if rank == args.fail_rank:
+            raise RuntimeError(f"rank {rank} fails on purpose after step {step}")
+        # Every rank holds the same weights after DDP's all-reduce: their sum says so.
+        total = model.module.weight.detach().sum().clone()
+        dist.all_reduce(total)
+        if rank == 0:
+            print(f"ddp: step {step} world {world} loss {loss.item():.4f}", flush=True)
+        time.sleep(args.step_seconds)
+    dist.destroy_process_group()
+    print(f"ddp: rank {rank} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

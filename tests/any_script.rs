@@ -1,0 +1,489 @@
+//! Any torchrun script launches: a script without Megatron's arguments (here
+//! `examples/ddp.py`, plain DistributedDataParallel on gloo) runs under pipette-run as
+//! torchrun would run it — planning off, said so in one line — on the nodes found, and is
+//! supervised as a planned job is: failures end the job with the worker's code and leave
+//! nothing running, a killed node is left out and the script runs again on the survivors.
+//!
+//! Two local "nodes" (`node-a`, `node-b`, both this machine through the local transport,
+//! or 127.0.0.1 and 127.0.0.2 through a real sshd) of two CPU workers each, PyTorch's real
+//! torchrun from the venv. The ranks are checked against torchrun's rule for
+//! `--nnodes 2 --nproc-per-node 2 --node-rank N` with the static rendezvous: rank =
+//! N·2 + local rank, world size 4. Every job's processes carry the test's temp dir on
+//! their command line (`--tag`), by which the process table is checked afterwards.
+//!
+//! They hold on a busy machine: they wait for what the job prints and for pipette-run to
+//! exit, never for a fixed time. They run one at a time (two CPU cores cannot hold two
+//! such jobs). Needs the venv of `scripts/setup-megatron-venv` (or
+//! `PIPETTE_MEGATRON_PYTHON`) and, for the ssh test, OpenSSH's server; fails, never skips,
+//! without them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+use common::{assert_no_process_left, cpu_job_command, node_processes, torchrun, Sshd};
+use pipette::supervise::events::read_events;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const LOCAL: [&str; 2] = ["node-a", "node-b"];
+
+/// A pipette-run job under test, with its own temp dir.
+struct Job {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Job {
+    /// Starts `pipette-run` with `options` on `examples/ddp.py` with `script_args`.
+    fn start(hosts: &[&str], options: &[&str], script_args: &[&str]) -> Job {
+        let dir = tempfile::Builder::new()
+            .prefix("pipette-any-script-")
+            .tempdir()
+            .unwrap();
+        let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
+        command
+            .args(["--hosts", &hosts.join(","), "--nproc-per-node", "2"])
+            .arg("--run-dir")
+            .arg(dir.path().join("run"))
+            .arg("--torchrun")
+            .arg(torchrun())
+            .args(["--master-port", &common::free_port().to_string()])
+            .args(["--grace", "5s", "--health-timeout", "15s"])
+            .args(options)
+            .arg("examples/ddp.py")
+            .arg("--tag")
+            .arg(dir.path())
+            .args(script_args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
+            .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap());
+        let child = command.spawn().expect("start pipette-run");
+        Job {
+            dir,
+            child: Some(child),
+        }
+    }
+
+    fn marker(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stdout")).unwrap_or_default()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
+    }
+
+    fn events(&self) -> Vec<Value> {
+        read_events(&self.run_dir().join("events.jsonl")).unwrap()
+    }
+
+    /// Waits until the job's stdout holds `needle`; fails if pipette-run exits first or
+    /// nothing comes within `limit` (a bound for a hung job, not a timing requirement).
+    fn wait_for_output(&mut self, needle: &str, limit: Duration) {
+        let end = Instant::now() + limit;
+        while !self.stdout().contains(needle) {
+            if let Ok(Some(status)) = self.child.as_mut().unwrap().try_wait() {
+                panic!(
+                    "pipette-run exited ({status}) before printing {needle:?}:\n{}\n{}",
+                    self.stdout(),
+                    self.stderr()
+                );
+            }
+            assert!(
+                Instant::now() < end,
+                "no {needle:?} within {limit:?}:\n{}\n{}",
+                self.stdout(),
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for pipette-run to exit (stopping it after `limit`, a bound for a hung job).
+    fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > end {
+                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+                let _ = child.wait();
+                panic!(
+                    "pipette-run did not finish within {limit:?}:\n{}\n{}",
+                    self.stdout(),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // A failed test must not leave its job running for the next one.
+        if let Some(mut child) = self.child.take() {
+            if child.try_wait().ok().flatten().is_none() {
+                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
+                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
+                let _ = child.wait();
+            }
+        }
+        for p in common::with_marker(&self.marker()) {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+        }
+    }
+}
+
+fn find<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["event"] == name).collect()
+}
+
+/// One `ddp: rank ...` line of the script: (rank, world, local rank, local world, node
+/// rank, host).
+type RankLine = (u64, u64, u64, u64, u64, String);
+
+fn rank_lines(text: &str) -> Vec<RankLine> {
+    let mut lines: Vec<RankLine> = text
+        .lines()
+        .filter_map(|l| l.split_once("ddp: rank ").map(|(_, rest)| rest))
+        .filter(|rest| rest.contains(" world "))
+        .map(|rest| {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            let n = |i: usize| words[i].parse::<u64>().unwrap();
+            // "R world W local_rank L local_world LW node_rank N host H"
+            (n(0), n(2), n(4), n(6), n(8), words[10].to_string())
+        })
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// What torchrun gives `hosts.len()` nodes of two workers with the static rendezvous and
+/// node ranks in the order of `hosts`.
+fn torchrun_ranks(hosts: &[&str]) -> Vec<RankLine> {
+    let world = hosts.len() as u64 * 2;
+    (0..world)
+        .map(|rank| {
+            let node = rank / 2;
+            (
+                rank,
+                world,
+                rank % 2,
+                2,
+                node,
+                hosts[node as usize].to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A plain DDP run on `hosts` through `options`: every rank as torchrun numbers it, the
+/// world of four, exit 0, planning off said once, the events of one attempt.
+fn assert_plain_ddp_runs(hosts: &[&str], options: &[&str], transport: &str) {
+    let mut job = Job::start(hosts, options, &["--steps", "2"]);
+    let status = job.wait(Duration::from_secs(300));
+    let (stdout, stderr) = (job.stdout(), job.stderr());
+    assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
+    assert_eq!(rank_lines(&stdout), torchrun_ranks(hosts), "{stdout}");
+    assert!(stdout.contains("ddp: step 1 world 4"), "{stdout}");
+    let off: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("pipette-run: planning is off"))
+        .collect();
+    assert_eq!(off.len(), 1, "{stderr}");
+    assert!(
+        off[0].contains("--num-layers, --hidden-size, --num-attention-heads"),
+        "{stderr}"
+    );
+    let events = job.events();
+    let launch = find(&events, "launch");
+    assert_eq!(launch.len(), 1, "{events:?}");
+    assert_eq!(launch[0]["config"], Value::Null);
+    assert_eq!(launch[0]["world_size"], 4);
+    assert_eq!(launch[0]["transport"], transport);
+    assert_eq!(find(&events, "exit")[0]["code"], 0);
+    assert!(job.run_dir().join("world.json").is_file());
+    assert_no_process_left(&job.marker());
+}
+
+#[test]
+fn any_script_plain_ddp_on_two_local_nodes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    assert_plain_ddp_runs(&LOCAL, &["--launcher", "local"], "local");
+}
+
+#[test]
+fn any_script_plain_ddp_over_ssh() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let sshd = Sshd::start();
+    let hosts = ["127.0.0.1", "127.0.0.2"];
+    let config = sshd.client_config(&hosts);
+    let config = config.display().to_string();
+    assert_plain_ddp_runs(
+        &hosts,
+        &["--launcher", "ssh", "--ssh-config", &config],
+        "ssh",
+    );
+    drop(sshd);
+}
+
+#[test]
+fn any_script_rank_raising_fails_the_job_with_its_exception() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut job = Job::start(
+        &LOCAL,
+        &["--launcher", "local", "--max-replans", "0"],
+        &["--steps", "3", "--fail-rank", "3"],
+    );
+    let status = job.wait(Duration::from_secs(300));
+    let stderr = job.stderr();
+    // Python's exit code for an uncaught exception, through torchrun.
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.starts_with("[node-b r1]")
+            && l.contains("RuntimeError: rank 3 fails on purpose after step 0")),
+        "{stderr}"
+    );
+    let events = job.events();
+    let failed = find(&events, "node_failed");
+    assert_eq!(failed[0]["host"], "node-b", "{failed:?}");
+    assert_eq!(failed[0]["worker_rank"], 3, "{failed:?}");
+    assert!(find(&events, "replan").is_empty());
+    assert_eq!(find(&events, "exit")[0]["code"], 1);
+    assert!(
+        stderr.contains("node-b (node rank 1): torchrun exited with exit code 1"),
+        "{stderr}"
+    );
+    assert_no_process_left(&job.marker());
+}
+
+#[test]
+fn any_script_node_killed_relaunches_on_the_survivor() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut job = Job::start(
+        &LOCAL,
+        &["--launcher", "local", "--max-replans", "1"],
+        &["--steps", "12", "--step-seconds", "0.5"],
+    );
+    job.wait_for_output("ddp: step 2 world 4", Duration::from_secs(240));
+    let procs = node_processes(&job.marker(), "node-b");
+    assert!(
+        procs.len() >= 3,
+        "node-b should run torchrun and two workers: {procs:?}"
+    );
+    for p in &procs {
+        kill(Pid::from_raw(p.pid), Signal::SIGKILL).unwrap();
+    }
+    let status = job.wait(Duration::from_secs(300));
+    let (stdout, stderr) = (job.stdout(), job.stderr());
+    assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
+    let events = job.events();
+    let failed = find(&events, "node_failed");
+    assert_eq!(failed[0]["host"], "node-b", "{failed:?}");
+    assert_eq!(failed[0]["reason"], "signal", "{failed:?}");
+    let replan = find(&events, "replan");
+    assert_eq!(replan.len(), 1, "{events:?}");
+    assert_eq!(replan[0]["left_out"], serde_json::json!(["node-b"]));
+    assert_eq!(replan[0]["nodes"], serde_json::json!(["node-a"]));
+    assert_eq!(replan[0]["from"], Value::Null);
+    assert_eq!(replan[0]["to"], Value::Null);
+    assert_eq!(replan[0]["world_sizes"], serde_json::json!([4, 2]));
+    let launch = find(&events, "launch");
+    assert_eq!(launch.len(), 2, "{events:?}");
+    assert_eq!(launch[1]["world_size"], 2);
+    assert_eq!(launch[1]["nodes"][0]["host"], "node-a");
+    // The same script and arguments on the survivor's world, to the end.
+    let attempt_2 = logs(&job.run_dir().join("attempt-2"));
+    assert_eq!(
+        rank_lines(&attempt_2),
+        torchrun_ranks(&["node-a"]),
+        "{attempt_2}"
+    );
+    assert!(attempt_2.contains("ddp: step 11 world 2"), "{attempt_2}");
+    assert!(
+        stderr.contains(
+            "pipette-run: relaunched: 1 node(s) left (left out node-b); world size 4 → 2"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(find(&events, "exit")[0]["code"], 0);
+    assert_no_process_left(&job.marker());
+}
+
+/// Everything the nodes of an attempt wrote (its `logs/`).
+fn logs(dir: &Path) -> String {
+    let mut text = String::new();
+    for entry in std::fs::read_dir(dir.join("logs")).unwrap().flatten() {
+        text.push_str(&std::fs::read_to_string(entry.path()).unwrap());
+    }
+    text
+}
+
+// ---- without launching anything ---------------------------------------------------------
+
+fn pipette_run_in(dir: &Path) -> std::process::Command {
+    let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
+    command.current_dir(dir);
+    command
+}
+
+#[test]
+fn any_script_deepspeed_batch_that_cannot_hold_is_refused_before_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ds.json"),
+        r#"{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}}"#,
+    )
+    .unwrap();
+    let out = pipette_run_in(dir.path())
+        .args(["--hosts", "node-a,node-b", "--launcher", "local"])
+        .args(["--nproc-per-node", "2", "--run-dir", "run"])
+        .args(["train.py", "--deepspeed_config", "ds.json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines,
+        ["pipette-run: error: the DeepSpeed config ds.json cannot hold on the 4 rank(s) found: train_batch_size 16 != train_micro_batch_size_per_gpu 3 × gradient_accumulation_steps 2 × world size 4 (DeepSpeed refuses it; change the config, or run on a world size it divides into)"],
+        "{stderr}"
+    );
+    // Nothing was launched: no run directory, no events.
+    assert!(!dir.path().join("run").exists());
+}
+
+#[test]
+fn any_script_dry_run_shows_nodes_commands_and_planning_off() {
+    let dir = tempfile::tempdir().unwrap();
+    // DeepSpeed derives the accumulation: 16 // 2 // 4 = 2, and 2 × 2 × 4 = 16 holds.
+    std::fs::write(
+        dir.path().join("ds.json"),
+        r#"{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}}"#,
+    )
+    .unwrap();
+    let args = [
+        "--hosts",
+        "node-a,node-b",
+        "--launcher",
+        "local",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "29411",
+        "--rdzv-id",
+        "job7",
+        "--run-dir",
+        "run",
+        "--dry-run",
+        "train.py",
+        "--deepspeed",
+        "ds.json",
+        "--lr",
+        "it's",
+    ];
+    let out = pipette_run_in(dir.path()).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "Nodes: 2 from --hosts",
+        "  world size 4",
+        "planning is off: no --model and none of Megatron's model arguments (--num-layers, --hidden-size, --num-attention-heads) after SCRIPT",
+        "DeepSpeed config ds.json: train_batch_size 16 = micro-batch 2 per rank × 2 accumulation step(s) × 4 rank(s) (DeepSpeed derives gradient_accumulation_steps = 16 // 2 // 4); ZeRO stage 3",
+        "'--nnodes=2' '--nproc-per-node=2' '--node-rank=1' '--rdzv-backend=static' '--rdzv-id=job7' '--master-addr=127.0.0.1' '--master-port=29411' 'train.py' '--deepspeed' 'ds.json' '--lr' 'it'\\''s'",
+        "Dry run: rendered; nothing was launched",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} not in:\n{stdout}");
+    }
+    assert!(dir.path().join("run/launch-1-node-b.sh").is_file());
+    // A run directory holds one launch: the second dry run writes its own.
+    std::fs::remove_dir_all(dir.path().join("run")).unwrap();
+    let out = pipette_run_in(dir.path())
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["planning"], "off");
+    assert!(report["why"].as_str().unwrap().contains("--num-layers"));
+    assert_eq!(
+        report["world"]["hosts"],
+        serde_json::json!(["node-a", "node-b"])
+    );
+    assert_eq!(report["nodes"]["world_size"], 4);
+    assert_eq!(
+        report["deepspeed"]["batch"]["gradient_accumulation_steps"],
+        2
+    );
+    assert_eq!(report["deepspeed"]["config"]["zero_stage"], 3);
+    let nodes = report["launch"]["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(nodes[1]["first_rank"], 2);
+    let argv: Vec<&str> = nodes[0]["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        argv[argv.len() - 5..],
+        ["train.py", "--deepspeed", "ds.json", "--lr", "it's"]
+    );
+    assert!(dir.path().join("run/world.json").is_file());
+}
+
+#[test]
+fn any_script_nproc_per_node_cpu_is_counted_on_each_node_as_torchrun_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    // torchrun's `cpu` is os.cpu_count(): the logical CPUs /proc/cpuinfo lists.
+    let cpus = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count() as u64;
+    let out = pipette_run_in(dir.path())
+        .args(["--hosts", "node-a,node-b", "--launcher", "local"])
+        .args(["--nproc-per-node", "cpu", "--run-dir", "run"])
+        .args(["--json", "--dry-run", "train.py"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["world"]["nproc_per_node"], cpus, "{report}");
+    assert_eq!(report["nodes"]["world_size"], 2 * cpus, "{report}");
+    let argv = report["launch"]["nodes"][1]["argv"].as_array().unwrap();
+    assert!(
+        argv.contains(&Value::from(format!("--nproc-per-node={cpus}"))),
+        "{argv:?}"
+    );
+}
