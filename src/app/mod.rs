@@ -30,6 +30,14 @@ pub use job::installed_torchrun_spelling;
 
 /// Runs `pipette-run` with these arguments; returns the process exit code.
 pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let args: Vec<OsString> = args.into_iter().collect();
+    // The leader runs this binary as the relay of the agent transport (see exec::agent).
+    if args
+        .get(1)
+        .is_some_and(|a| a == crate::exec::agent::RELAY_FLAG)
+    {
+        return crate::exec::agent::relay_main();
+    }
     let cli = match RunCli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return clap_exit(e),
