@@ -8,9 +8,12 @@
 //!   supervise; `pipette calibrate` (the trial alone);
 //! - `inputs`: reading a run's inputs — nodes and their allocation, cluster profile (read
 //!   or measured), settings — into the dry-run report's sections;
+//! - `copies`: one pipette-run per node — the leader's run over the copies' nodes, or an
+//!   agent's life;
 //! - `tools`: the other `pipette` subcommands, each one stage on its own.
 
 mod config;
+mod copies;
 mod inputs;
 mod job;
 mod tools;
@@ -43,13 +46,22 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Err(e) => return clap_exit(e),
     };
     let config = RunConfig::resolve(&cli, current_environment());
+    match copies::detect(&config, cli.torchrun.local_addr.as_deref()) {
+        Err(e) => finish("pipette-run", Err(e)),
+        Ok(Some(found)) => copies::run_copy(config, found, drive),
+        Ok(None) => drive(&config),
+    }
+}
+
+/// The single driver's run (also the leader's, of one copy per node).
+fn drive(config: &RunConfig) -> i32 {
     if !config.output.dry_run {
-        return match job::launch_and_supervise(&config) {
+        return match job::launch_and_supervise(config) {
             Ok(code) => code,
             Err(e) => finish("pipette-run", Err(e)),
         };
     }
-    finish("pipette-run", job::run(&config))
+    finish("pipette-run", job::run(config))
 }
 
 /// Runs `pipette` with these arguments; returns the process exit code.

@@ -108,6 +108,7 @@ impl DryRunReport {
             NodeSource::Hosts => "--hosts".to_string(),
             NodeSource::Local => "this machine (no allocation found)".to_string(),
             NodeSource::ClusterFile { path } => format!("cluster file {path}"),
+            NodeSource::Copies { pattern } => format!("the copies of pipette-run, {pattern}"),
         };
         let job = n
             .job_id

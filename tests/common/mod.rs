@@ -88,6 +88,38 @@ pub fn cpu_job_command(bin: &str) -> Command {
     command
 }
 
+/// The Megatron-style arguments of the tiny GPT the end-to-end tests train with
+/// examples/train_gpt.py: a global batch of 12, a checkpoint every `save_interval`
+/// iterations (with `--save`, which the caller adds), 0.3 s per iteration.
+pub fn tiny_gpt_args(train_iters: u64, save_interval: u64) -> Vec<String> {
+    [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+        "--max-position-embeddings",
+        "32",
+        "--vocab-size",
+        "256",
+        "--micro-batch-size",
+        "1",
+        "--global-batch-size",
+        "12",
+        "--train-iters",
+        &train_iters.to_string(),
+        "--save-interval",
+        &save_interval.to_string(),
+        "--toy-iteration-seconds",
+        "0.3",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind(("127.0.0.1", 0))
         .unwrap()
