@@ -746,7 +746,7 @@ impl Slurm {
     }
 
     /// munged with a fresh key and its socket in `dir`; waits for the socket.
-    fn start_munged(dir: &Path) -> Daemon {
+    pub fn start_munged(dir: &Path) -> Daemon {
         use std::os::unix::fs::OpenOptionsExt;
         let key = dir.join("munge.key");
         let mut bytes = vec![0u8; 128];
@@ -860,11 +860,29 @@ impl Drop for Slurm {
 const SLURM_NODE: &str = "pipette-node";
 
 fn slurm_conf(dir: &Path, node: &str, ctld_port: u16, slurmd_port: u16) -> String {
-    let d = dir.display();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     format!(
+        "{}NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=100 State=UNKNOWN\n\
+         PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP\n",
+        slurm_conf_head(dir, "127.0.0.1", ctld_port, slurmd_port, "")
+    )
+}
+
+/// Everything of a test cluster's `slurm.conf` but its nodes and partition: slurmctld at
+/// `controller` (an address of this machine), munge's socket and every file in `dir`;
+/// `per_node` is added to the names of slurmd's spool directory, pid and log file (`-%n`
+/// when several slurmd share `dir`).
+pub fn slurm_conf_head(
+    dir: &Path,
+    controller: &str,
+    ctld_port: u16,
+    slurmd_port: u16,
+    per_node: &str,
+) -> String {
+    let d = dir.display();
+    format!(
         "ClusterName=pipette-test\n\
-         SlurmctldHost=localhost(127.0.0.1)\n\
+         SlurmctldHost=localhost({controller})\n\
          SlurmctldPort={ctld_port}\n\
          SlurmdPort={slurmd_port}\n\
          SlurmUser=root\n\
@@ -873,11 +891,11 @@ fn slurm_conf(dir: &Path, node: &str, ctld_port: u16, slurmd_port: u16) -> Strin
          CredType=cred/munge\n\
          AuthInfo=socket={d}/munge.sock\n\
          StateSaveLocation={d}/state\n\
-         SlurmdSpoolDir={d}/spool\n\
+         SlurmdSpoolDir={d}/spool{per_node}\n\
          SlurmctldPidFile={d}/slurmctld.pid\n\
-         SlurmdPidFile={d}/slurmd.pid\n\
+         SlurmdPidFile={d}/slurmd{per_node}.pid\n\
          SlurmctldLogFile={d}/slurmctld.log\n\
-         SlurmdLogFile={d}/slurmd.log\n\
+         SlurmdLogFile={d}/slurmd{per_node}.log\n\
          PlugStackConfig={d}/plugstack.conf\n\
          MailProg=/bin/true\n\
          ProctrackType=proctrack/linuxproc\n\
@@ -889,14 +907,12 @@ fn slurm_conf(dir: &Path, node: &str, ctld_port: u16, slurmd_port: u16) -> Strin
          SwitchType=switch/none\n\
          MpiDefault=none\n\
          ReturnToService=2\n\
-         MessageTimeout=10\n\
-         NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=100 State=UNKNOWN\n\
-         PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP\n"
+         MessageTimeout=10\n"
     )
 }
 
 /// The node's state as `sinfo` reports it (`idle`, `down*`…), `None` when sinfo fails.
-fn node_state(conf: &Path) -> Option<String> {
+pub fn node_state(conf: &Path) -> Option<String> {
     let out = Command::new("/usr/bin/sinfo")
         .args(["--noheader", "--Node", "--format=%T"])
         .env("SLURM_CONF", conf)
@@ -910,7 +926,7 @@ fn node_state(conf: &Path) -> Option<String> {
 
 /// Kills every process started with this cluster's `SLURM_CONF` in its environment: step
 /// daemons, srun and the tasks it started.
-fn kill_slurm_leftovers(conf: &Path) {
+pub fn kill_slurm_leftovers(conf: &Path) {
     let want = format!("SLURM_CONF={}", conf.display());
     let me = std::process::id() as i32;
     for _round in 0..20 {
