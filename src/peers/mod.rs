@@ -11,8 +11,9 @@
 //! ([`Fleet::end`]), with which they exit.
 //!
 //! The control connection is the agents' lifeline: when it drops without an end (the
-//! leader died, or its node did), an agent stops every command it runs (TERM, the grace
-//! period, KILL) and exits with [`LOST_LEADER`]. When an agent dies, its commands are torn
+//! leader died, or its node did), or the leader says nothing for [`SILENCE`] (it speaks
+//! every [`HEARTBEAT`]), an agent stops every command it runs (TERM, the grace period, KILL)
+//! and exits with [`LOST_LEADER`]. When an agent dies, its commands are torn
 //! down by the wrapper's watchdog on its node, and the leader sees that node's commands
 //! fail as an unreachable node, which the supervisor re-plans around as it does for ssh.
 //!
@@ -28,7 +29,9 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::copies::{Copies, Pattern};
 use crate::cluster::{ClusterSpec, Node, NodeSource, Slots};
 use crate::exec::agent::wire::{self, Channel, HandshakeError, Sender};
-use crate::exec::agent::{AgentNode, AgentOptions, CommandServer, JobSecret, Purpose};
+use crate::exec::agent::{
+    AgentNode, AgentOptions, CommandServer, JobSecret, Purpose, HEARTBEAT, SILENCE,
+};
 use crate::exec::Transport;
 use crate::exit::ExitCode;
 
@@ -100,6 +103,8 @@ enum Control {
     Refused { reason: String },
     /// Leader → agent: the job is over; exit with `code`.
     End { code: i32 },
+    /// Leader → agent: still here (every [`HEARTBEAT`]).
+    Alive,
 }
 
 /// A copy of pipette-run that joined: one node of the job.
@@ -119,6 +124,8 @@ pub struct Fleet {
     controls: Vec<Sender>,
     server: CommandServer,
     options: PeerOptions,
+    /// Stops the heartbeat thread (dropped or sent to).
+    heartbeat: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
 }
 
 impl Fleet {
@@ -262,12 +269,23 @@ impl Fleet {
             });
         }
         members.sort_by_key(|m| m.rank);
+        // The agents take a leader silent for SILENCE for lost: speak up regularly.
+        let (beat_tx, beat_rx) = mpsc::channel::<()>();
+        let beating = controls.clone();
+        let beat = std::thread::spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = beat_rx.recv_timeout(HEARTBEAT) {
+                for sender in &beating {
+                    let _ = sender.send(&Control::Alive);
+                }
+            }
+        });
         Ok(Fleet {
             members,
             pattern: copies.pattern.clone(),
             controls,
             server,
             options: options.clone(),
+            heartbeat: Some((beat_tx, beat)),
         })
     }
 
@@ -314,7 +332,11 @@ impl Fleet {
     }
 
     /// Tells every agent the job's exit code, and stops this node's command server.
-    pub fn end(self, code: i32) {
+    pub fn end(mut self, code: i32) {
+        if let Some((stop, beat)) = self.heartbeat.take() {
+            drop(stop);
+            let _ = beat.join();
+        }
         for sender in &self.controls {
             let _ = sender.send(&Control::End { code });
             sender.finish();
@@ -364,6 +386,8 @@ pub fn follow(copies: &Copies, options: &PeerOptions, log: &Log) -> Result<i32, 
         Ok(_) => return Err(lost("the leader closed the connection".to_string())),
         Err(e) => return Err(lost(e.to_string())),
     }
+    // The leader speaks at least every HEARTBEAT: silence means its node is gone.
+    let _ = channel.set_read_timeout(Some(SILENCE));
     loop {
         match channel.recv::<Control>() {
             Ok(Some(Control::End { code })) => {

@@ -17,6 +17,10 @@
 //!   lost) or the agent itself dies, the wrapper's watchdog sends TERM to the command's
 //!   process group, waits the grace period and sends KILL. Nothing outlives its order.
 //!
+//! - a node that vanishes without closing its connections (powered off, cut off) is noticed
+//!   by silence: a running command's agent speaks at least every [`HEARTBEAT`], and the
+//!   relay gives it up after [`SILENCE`] (as ssh's `ServerAliveInterval` does).
+//!
 //! A relay that cannot reach its agent, or loses it, exits with 255 after a line starting
 //! [`RELAY_SAYS`], which [`super::RunningCommand::into_output`] reports as an unreachable
 //! node (as ssh's own 255).
@@ -27,7 +31,7 @@ pub mod wire;
 
 use serde::{Deserialize, Serialize};
 
-pub use relay::{relay_main, RELAY_FLAG};
+pub use relay::{is_timeout, relay_main, RELAY_FLAG};
 pub use serve::CommandServer;
 pub use wire::{JobSecret, Purpose};
 
@@ -89,7 +93,18 @@ enum CommandMessage {
     Output { stderr: bool, line: String },
     /// Agent → leader: the command ended with this code (128 + N for signal N).
     Exit { code: i32 },
+    /// Agent → leader: the command still runs (every [`HEARTBEAT`]).
+    Alive,
 }
+
+/// How often a side that may have nothing else to say shows it is alive (an agent to the
+/// relay while its command runs, the leader to its agents).
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a side waits without a word before it takes the other for lost (a node that
+/// vanished without closing its connections: powered off, cut off the network). Six
+/// heartbeats, so a busy machine is not mistaken for a dead one.
+pub const SILENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The relay's order for `command` on `host` (served at `addr`): the line its standard
 /// input starts with.

@@ -7,7 +7,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use super::wire::{self, read_line, Channel, HandshakeError, Purpose};
-use super::{CommandMessage, JobSecret, RelayOrder, RELAY_SAYS};
+use super::{CommandMessage, JobSecret, RelayOrder, RELAY_SAYS, SILENCE};
 
 /// The first argument that makes `pipette-run` a relay.
 pub const RELAY_FLAG: &str = "--pipette-agent-relay";
@@ -64,6 +64,8 @@ pub fn relay_main() -> i32 {
         let _ = std::io::copy(&mut stdin, &mut std::io::sink());
         let _ = sender.send(&CommandMessage::Stop);
     });
+    // The agent speaks at least every HEARTBEAT: silence means its node is gone.
+    let _ = channel.set_read_timeout(Some(SILENCE));
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
     loop {
         match channel.recv::<CommandMessage>() {
@@ -81,12 +83,28 @@ pub fn relay_main() -> i32 {
                 );
                 return UNREACHABLE;
             }
+            Err(e) if is_timeout(&e) => {
+                eprintln!(
+                    "{RELAY_SAYS}lost the agent of {}: nothing heard from it for {}",
+                    order.host,
+                    crate::exec::format_duration(SILENCE)
+                );
+                return UNREACHABLE;
+            }
             Err(e) => {
                 eprintln!("{RELAY_SAYS}lost the agent of {}: {e}", order.host);
                 return UNREACHABLE;
             }
         }
     }
+}
+
+/// Whether a read ended because its time limit passed.
+pub fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 /// Connects to `addr` and authenticates as a command connection.

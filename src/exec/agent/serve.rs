@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::wire::{self, Purpose, Sender};
-use super::{CommandMessage, JobSecret};
+use super::{CommandMessage, JobSecret, HEARTBEAT};
 use crate::exec::transport::wrapped_here;
 use crate::exec::{
     ExecOptions, NodeCommand, OutputSink, RunningCommand, Status, Stream, TransportKind,
@@ -176,7 +176,12 @@ fn run(
     let mut running =
         RunningCommand::start(TransportKind::Local, host, command, invocation, &options)
             .map_err(|e| e.to_string())?;
+    let mut last_word = Instant::now();
     let status = loop {
+        if last_word.elapsed() >= HEARTBEAT {
+            let _ = sender.send(&CommandMessage::Alive);
+            last_word = Instant::now();
+        }
         let deadline = Instant::now() + POLL * 2;
         if let Some(status) = running
             .wait_until(Some(deadline))
