@@ -21,6 +21,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -126,6 +127,8 @@ pub struct Fleet {
     options: PeerOptions,
     /// Stops the heartbeat thread (dropped or sent to).
     heartbeat: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
+    /// Set once the job ends: agents leaving then is expected, not news.
+    ending: Arc<AtomicBool>,
 }
 
 impl Fleet {
@@ -148,6 +151,7 @@ impl Fleet {
             addr: join_addr(&host, server.addr().port()),
         }];
         let mut controls = Vec::new();
+        let ending = Arc::new(AtomicBool::new(false));
         log(&format!(
             "leading {} copies of pipette-run ({}); waiting for node ranks 1-{} on {}",
             copies.count,
@@ -240,12 +244,14 @@ impl Fleet {
                 host: name.clone(),
             });
             controls.push(sender);
-            // The lifeline: an agent that goes away is noted (the supervisor finds out
-            // through its commands).
-            let log = Arc::clone(log);
+            // The lifeline: an agent that goes away before the end is noted (the
+            // supervisor finds out through its commands).
+            let (log, ending) = (Arc::clone(log), Arc::clone(&ending));
             std::thread::spawn(move || {
                 while let Ok(Some(_)) = channel.recv::<Control>() {}
-                log(&format!("the copy of node rank {rank} ({name}) is gone"));
+                if !ending.load(Ordering::SeqCst) {
+                    log(&format!("the copy of node rank {rank} ({name}) is gone"));
+                }
             });
         }
         let _ = stop_tx.send(());
@@ -286,6 +292,7 @@ impl Fleet {
             server,
             options: options.clone(),
             heartbeat: Some((beat_tx, beat)),
+            ending,
         })
     }
 
@@ -333,6 +340,7 @@ impl Fleet {
 
     /// Tells every agent the job's exit code, and stops this node's command server.
     pub fn end(mut self, code: i32) {
+        self.ending.store(true, Ordering::SeqCst);
         if let Some((stop, beat)) = self.heartbeat.take() {
             drop(stop);
             let _ = beat.join();
