@@ -9,6 +9,7 @@ use crate::config::deepspeed::DeepSpeedError;
 use crate::config::ArgsError;
 use crate::measure::ProfileRunError;
 use crate::model::time::TimeError;
+use crate::peers::PeerError;
 use crate::plan::PlanError;
 use crate::render::RenderError;
 use crate::trial::TrialError;
@@ -41,6 +42,9 @@ pub enum Error {
     Profile(#[from] ProfileRunError),
     #[error(transparent)]
     Trial(#[from] TrialError),
+    /// The copies of pipette-run (one per node) could not become one job.
+    #[error(transparent)]
+    Peers(#[from] PeerError),
     /// The cluster file and the allocation disagree.
     #[error("{0}")]
     ClusterMismatch(String),
@@ -90,6 +94,14 @@ impl Error {
                 }
                 TrialError::Launch(_) => ExitCode::Internal,
                 TrialError::Exec(_) | TrialError::Stage { .. } => ExitCode::Unreachable,
+            },
+            Error::Peers(e) => match e {
+                PeerError::Listen { .. } | PeerError::Resolve { .. } | PeerError::Serve { .. } => {
+                    ExitCode::Usage
+                }
+                PeerError::Refused { .. } => ExitCode::Usage,
+                PeerError::Incomplete { .. } => ExitCode::NodeList,
+                PeerError::NoLeader { .. } => ExitCode::Unreachable,
             },
             Error::Internal(_) => ExitCode::Internal,
         }

@@ -26,6 +26,9 @@
 //! - [`cluster`] discovers the allocated nodes, reads and validates cluster profile files
 //!   ([`cluster::ClusterProfile`]), and decides the [`cluster::Allocation`] (which hosts,
 //!   how many workers each, which GPUs) that the profile, the report and launch all read.
+//! - [`peers`] makes one job of one pipette-run per node (`srun --ntasks-per-node=1`,
+//!   one per Kubernetes pod): the leader gathers the other copies and reaches each node
+//!   through its copy ([`exec::agent`]); the agents follow it.
 //! - [`measure`] measures the nodes (GPU inventory, link bandwidth, matmul throughput)
 //!   into a cluster profile, cached per node set.
 //! - [`model`] holds the pure cost models: parameters, memory per stage, iteration time,
@@ -52,7 +55,7 @@
 //!   [`app`] and the binaries use it); [`exit`] lists every exit code with its meaning (a
 //!   leaf: it imports no stage).
 //!
-//! The order exec → cluster → measure → config/model → plan → render → launch → trial →
+//! The order exec → cluster → peers → measure → config/model → plan → render → launch → trial →
 //! replan → supervise → report → cli → error → app is checked by tests/architecture.rs:
 //! no module names a later one.
 //!
@@ -68,6 +71,7 @@ pub mod exit;
 pub mod launch;
 pub mod measure;
 pub mod model;
+pub mod peers;
 pub mod plan;
 pub mod render;
 pub mod replan;

@@ -1,4 +1,4 @@
-//! The stage order of the crate, checked: data flows one way (exec → cluster → config/model →
+//! The stage order of the crate, checked: data flows one way (exec → cluster → peers → config/model →
 //! plan → render → launch → trial → replan → supervise → app), so no module of an earlier
 //! stage may name a later one. Reads every `crate::` path in the code of src/ (comments
 //! and doc links excepted: a doc may point anywhere) and fails on a back-edge, naming the
@@ -13,23 +13,25 @@ const ORDER: &[(&str, u32)] = &[
     ("exit", 0),
     ("exec", 1),
     ("cluster", 2),
+    // One copy per node: the leader gathers the copies, the agents follow it.
+    ("peers", 3),
     // Measures the nodes into a cluster profile.
-    ("measure", 3),
-    ("config", 4),
-    ("model", 4),
-    ("plan", 5),
-    ("render", 6),
-    ("launch", 7),
-    ("trial", 8),
+    ("measure", 4),
+    ("config", 5),
+    ("model", 5),
+    ("plan", 6),
+    ("render", 7),
+    ("launch", 8),
+    ("trial", 9),
     // The re-plan policy: trial rounds and the survivors' plan.
-    ("replan", 9),
-    ("supervise", 10),
+    ("replan", 10),
+    ("supervise", 11),
     // Presentation and the front: stage values for people, the command lines, the
     // top-level error, the orchestrator.
-    ("report", 11),
-    ("cli", 12),
-    ("error", 13),
-    ("app", 14),
+    ("report", 12),
+    ("cli", 13),
+    ("error", 14),
+    ("app", 15),
 ];
 
 fn rank(module: &str) -> Option<u32> {

@@ -97,30 +97,7 @@ impl Job {
         command
             .args(extra)
             .arg("examples/train_gpt.py")
-            .args([
-                "--num-layers",
-                "2",
-                "--hidden-size",
-                "64",
-                "--num-attention-heads",
-                "4",
-                "--seq-length",
-                "32",
-                "--max-position-embeddings",
-                "32",
-                "--vocab-size",
-                "256",
-                "--micro-batch-size",
-                "1",
-                "--global-batch-size",
-                "12",
-                "--train-iters",
-                &TRAIN_ITERS.to_string(),
-                "--save-interval",
-                &SAVE_INTERVAL.to_string(),
-                "--toy-iteration-seconds",
-                "0.3",
-            ])
+            .args(common::tiny_gpt_args(TRAIN_ITERS, SAVE_INTERVAL))
             .arg("--save")
             .arg(&save)
             .args(script_extra)

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cli::{DiscoveryOptions, ModelOptions, PlanningOptions, RunCli};
-use crate::cluster::{AllocationRequest, DiscoveryRequest, Environment, NodeSource};
+use crate::cluster::{AllocationRequest, ClusterSpec, DiscoveryRequest, Environment, NodeSource};
 use crate::config::Settings;
 use crate::error::Error;
 use crate::exec::{SshOptions, Transport};
@@ -66,6 +66,8 @@ pub(super) struct DiscoveryInputs {
     pub(super) cluster_file: Option<PathBuf>,
     /// The environment (Slurm and PBS variables).
     pub(super) environment: Environment,
+    /// The nodes of the copies of pipette-run that joined this one, their leader.
+    pub(super) copies: Option<ClusterSpec>,
 }
 
 /// What the model and training settings are read with, besides Megatron arguments.
@@ -123,6 +125,8 @@ pub(super) struct NodeAccess {
     pub(super) launcher: Option<String>,
     /// `--ssh-config`.
     pub(super) ssh_config: Option<PathBuf>,
+    /// The leader of one copy per node reaches every node through its copy.
+    pub(super) agents: Option<Transport>,
 }
 
 impl RunConfig {
@@ -167,6 +171,7 @@ impl RunConfig {
                 access: NodeAccess {
                     launcher: s.launcher.clone(),
                     ssh_config: s.ssh_config.clone(),
+                    agents: None,
                 },
             },
             supervise: supervise::SuperviseOptions {
@@ -196,6 +201,19 @@ impl RunConfig {
     pub(super) fn planning_off(&self) -> Option<String> {
         crate::config::planning_off(&self.script.args, self.settings.preset.as_deref())
     }
+
+    /// The configuration of the leader of one copy per node: the nodes are the copies'
+    /// (`spec`), reached through them (`transport`); torchrun's master is the plan's first
+    /// node (the leader's address names only where the copies meet), and a `--local-addr`
+    /// names only the leader's node, so no node's torchrun gets it.
+    pub(super) fn lead(&mut self, spec: ClusterSpec, transport: Transport) {
+        self.discovery.copies = Some(spec);
+        self.launch.access.agents = Some(transport);
+        self.launch.master_addr = None;
+        self.launch
+            .torchrun_passthrough
+            .retain(|a| !a.starts_with("--local-addr="));
+    }
 }
 
 impl DiscoveryInputs {
@@ -209,6 +227,7 @@ impl DiscoveryInputs {
             },
             cluster_file: options.cluster.clone(),
             environment,
+            copies: None,
         }
     }
 }
@@ -258,6 +277,9 @@ impl NodeAccess {
     /// How to reach these nodes, for profiling and for the launch alike: `--launcher` as
     /// asked, else [`launch::choose_transport`]'s rule; ssh with `--ssh-config` when given.
     pub(super) fn transport(&self, hosts: &[String], source: &NodeSource) -> Transport {
+        if let Some(agents) = &self.agents {
+            return agents.clone();
+        }
         let mut ssh = SshOptions::default();
         if let Some(config) = &self.ssh_config {
             ssh.extra_args = vec!["-F".to_string(), config.display().to_string()];

@@ -10,9 +10,12 @@
 //!   the world torchrun would run, launched and supervised as a planned job is;
 //! - `inputs`: reading a run's inputs — nodes and their allocation, cluster profile (read
 //!   or measured), settings — into the dry-run report's sections;
+//! - `copies`: one pipette-run per node — the leader's run over the copies' nodes, or an
+//!   agent's life;
 //! - `tools`: the other `pipette` subcommands, each one stage on its own.
 
 mod config;
+mod copies;
 mod inputs;
 mod job;
 mod tools;
@@ -33,27 +36,44 @@ pub use job::installed_torchrun_spelling;
 
 /// Runs `pipette-run` with these arguments; returns the process exit code.
 pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let args: Vec<OsString> = args.into_iter().collect();
+    // The leader runs this binary as the relay of the agent transport (see exec::agent).
+    if args
+        .get(1)
+        .is_some_and(|a| a == crate::exec::agent::RELAY_FLAG)
+    {
+        return crate::exec::agent::relay_main();
+    }
     let cli = match RunCli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return clap_exit(e),
     };
     let config = RunConfig::resolve(&cli, current_environment());
+    match copies::detect(&config, cli.torchrun.local_addr.as_deref()) {
+        Err(e) => finish("pipette-run", Err(e)),
+        Ok(Some(found)) => copies::run_copy(config, found, drive),
+        Ok(None) => drive(&config),
+    }
+}
+
+/// The single driver's run (also the leader's, of one copy per node).
+fn drive(config: &RunConfig) -> i32 {
     if let Some(why) = config.planning_off() {
         return match config.output.dry_run {
-            true => finish("pipette-run", unplanned::run(&config, &why)),
-            false => match unplanned::launch_and_supervise(&config, &why) {
+            true => finish("pipette-run", unplanned::run(config, &why)),
+            false => match unplanned::launch_and_supervise(config, &why) {
                 Ok(code) => code,
                 Err(e) => finish("pipette-run", Err(e)),
             },
         };
     }
     if !config.output.dry_run {
-        return match job::launch_and_supervise(&config) {
+        return match job::launch_and_supervise(config) {
             Ok(code) => code,
             Err(e) => finish("pipette-run", Err(e)),
         };
     }
-    finish("pipette-run", job::run(&config))
+    finish("pipette-run", job::run(config))
 }
 
 /// Runs `pipette` with these arguments; returns the process exit code.

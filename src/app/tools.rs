@@ -147,7 +147,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             }
             let access = NodeAccess {
                 launcher: args.launcher.clone(),
-                ssh_config: None,
+                ..NodeAccess::default()
             };
             let options = ProfileOptions {
                 transport: access.transport(&spec.hosts(), &spec.source),

@@ -108,6 +108,17 @@ pub enum DiscoveryError {
     NoLocalHost,
     #[error(transparent)]
     Filter(#[from] FilterError),
+    /// A Slurm step with more tasks than nodes (see [`super::copies`]).
+    #[error(
+        "this Slurm step runs {tasks} tasks on {nodes} node{plural}, but pipette-run runs once \
+         per node and starts the processes of every GPU itself (write the step as `{line}`)",
+        plural = if *.nodes == 1 { "" } else { "s" }
+    )]
+    TasksPerNode {
+        tasks: u32,
+        nodes: u32,
+        line: String,
+    },
 }
 
 const SLURM_LIST_VARIABLES: [&str; 2] = ["SLURM_JOB_NODELIST", "SLURM_NODELIST"];
@@ -374,17 +385,20 @@ fn pbs_nodes(path: PathBuf) -> Result<Vec<Node>, DiscoveryError> {
     Ok(nodes)
 }
 
+/// An environment of these variables, for tests.
+#[cfg(test)]
+pub(crate) fn environment(pairs: &[(&str, &str)]) -> Environment {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::environment as env;
     use super::*;
     use std::path::Path;
-
-    fn env(pairs: &[(&str, &str)]) -> Environment {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     fn node(host: &str, slots: Slots) -> Node {
         Node {

@@ -7,6 +7,7 @@
 //! filters, and the cluster profile file formats. Must not know about models or plans.
 
 pub mod allocation;
+pub mod copies;
 pub mod discover;
 pub mod hostfile;
 pub mod hostlist;
@@ -83,4 +84,6 @@ pub enum NodeSource {
     Local,
     /// No allocation found, and `--cluster FILE` named the nodes (planning offline).
     ClusterFile { path: String },
+    /// One copy of pipette-run per node, which joined the leader (see [`copies`]).
+    Copies { pattern: String },
 }

@@ -137,6 +137,17 @@ pub(super) fn ssh_failure(stderr: &[u8], host: &str) -> Option<(String, String)>
     Some((detail, hint))
 }
 
+/// When the agent relay exits with 255 after a line of its own, the node's copy of
+/// pipette-run could not be reached or was lost: returns (what the relay said, what to do).
+pub(super) fn agent_failure(stderr: &[u8]) -> Option<(String, String)> {
+    let text = String::from_utf8_lossy(stderr);
+    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    let detail = line.strip_prefix(super::agent::RELAY_SAYS)?;
+    let hint =
+        "check that the node's copy of pipette-run still runs; its own log says why it ended";
+    Some((detail.to_owned(), hint.to_owned()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@
 //!
 //! Owns processes and transports; knows nothing of torchrun, profiles or plans.
 
+pub mod agent;
 mod error;
 mod process;
 mod quote;
@@ -38,8 +39,8 @@ pub use transport::{is_local_host, Invocation, SrunOptions, SshOptions, Transpor
 /// The grace period between TERM and KILL unless [`ExecOptions::grace`] says otherwise.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 
-/// A command to run on a node.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// A command to run on a node. Serialisable: the agent transport sends it as data.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct NodeCommand {
     /// The program, looked up on the node's PATH unless it contains a `/`.
     pub program: String,
@@ -179,6 +180,15 @@ pub enum Stream {
 /// without the line end. For prefixed logs and progress.
 pub trait OutputSink: Send + Sync {
     fn line(&self, host: &str, stream: Stream, line: &[u8]);
+
+    /// The line as the command wrote it: with its line end (`\n`, `\r\n`), or none for
+    /// the last bytes before the stream ended. A sink that passes output on byte for byte
+    /// (the agent transport) takes this; the default strips the end and calls
+    /// [`OutputSink::line`].
+    fn raw_line(&self, host: &str, stream: Stream, raw: &[u8]) {
+        let text = raw.strip_suffix(b"\n").unwrap_or(raw);
+        self.line(host, stream, text.strip_suffix(b"\r").unwrap_or(text));
+    }
 }
 
 impl<F: Fn(&str, Stream, &[u8]) + Send + Sync> OutputSink for F {

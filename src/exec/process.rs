@@ -21,7 +21,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::error::ssh_failure;
+use super::error::{agent_failure, ssh_failure};
 use super::transport::is_srun_task_report;
 use super::{
     ExecError, ExecOptions, Invocation, NodeCommand, Output, Status, Stream, TransportKind,
@@ -100,7 +100,8 @@ impl RunningCommand {
             source,
         })?;
         let pgid = Pid::from_raw(child.id() as i32);
-        let stdin = match (child.stdin.take(), &command.stdin) {
+        let first = invocation.stdin.as_ref().or(command.stdin.as_ref());
+        let stdin = match (child.stdin.take(), first) {
             (Some(pipe), Some(data)) => {
                 let data = data.clone();
                 let keep = invocation.remote;
@@ -275,8 +276,13 @@ impl RunningCommand {
     pub fn into_output(mut self) -> Result<Output, ExecError> {
         let status = self.wait()?;
         let output = self.collect(status);
-        if self.kind == TransportKind::Ssh && output.status == Status::Exited(255) {
-            if let Some((detail, hint)) = ssh_failure(&output.stderr, &self.host) {
+        if output.status == Status::Exited(255) {
+            let failure = match self.kind {
+                TransportKind::Ssh => ssh_failure(&output.stderr, &self.host),
+                TransportKind::Agent => agent_failure(&output.stderr),
+                _ => None,
+            };
+            if let Some((detail, hint)) = failure {
                 return Err(ExecError::Unreachable {
                     host: self.host.clone(),
                     transport: self.kind,
@@ -392,8 +398,7 @@ impl Reader {
                     continue;
                 }
                 if let Some(sink) = &sink {
-                    let text = line.strip_suffix(b"\n").unwrap_or(&line);
-                    sink.line(&host, stream, text.strip_suffix(b"\r").unwrap_or(text));
+                    sink.raw_line(&host, stream, &line);
                 }
                 let mut buf = buffer.lock().unwrap_or_else(|p| p.into_inner());
                 buf.extend_from_slice(&line);
@@ -439,6 +444,9 @@ fn start_hint(kind: TransportKind, error: &std::io::Error) -> String {
         (TransportKind::Ssh, true) => "install the OpenSSH client (ssh), or put it on PATH".into(),
         (TransportKind::Srun, true) => {
             "srun is Slurm's; run inside a Slurm allocation, or use another transport".into()
+        }
+        (TransportKind::Agent, true) => {
+            "the agent transport runs pipette-run itself as its relay; check that its binary is still there".into()
         }
         (TransportKind::Local, true) => {
             "check the program's path, or install it on this machine".into()

@@ -38,6 +38,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::agent::{relay_order, AgentOptions, RELAY_FLAG};
 use super::quote::{host_problem, is_env_name, shell_join, shell_quote};
 use super::{ExecError, NodeCommand};
 
@@ -78,6 +79,8 @@ pub enum Transport {
     Ssh(SshOptions),
     /// As a one-task Slurm job step on the host, inside the current allocation.
     Srun(SrunOptions),
+    /// Through the copy of pipette-run that runs on the host (see [`super::agent`]).
+    Agent(AgentOptions),
 }
 
 /// Options of the `ssh` client. Host keys and agents come from the user's ssh configuration.
@@ -136,6 +139,7 @@ pub enum TransportKind {
     Local,
     Ssh,
     Srun,
+    Agent,
 }
 
 impl TransportKind {
@@ -144,6 +148,7 @@ impl TransportKind {
             TransportKind::Local => "local",
             TransportKind::Ssh => "ssh",
             TransportKind::Srun => "srun",
+            TransportKind::Agent => "agent",
         }
     }
 }
@@ -160,6 +165,9 @@ pub struct Invocation {
     /// Whether the command runs under [`REMOTE_WRAPPER`], whose standard input must stay
     /// open while the command should run.
     pub remote: bool,
+    /// What the local process reads first on its standard input, instead of
+    /// [`NodeCommand::stdin`] (which these bytes carry on): the agent relay's order.
+    pub stdin: Option<Vec<u8>>,
 }
 
 impl Invocation {
@@ -189,6 +197,7 @@ impl Transport {
             Transport::Local => TransportKind::Local,
             Transport::Ssh(_) => TransportKind::Ssh,
             Transport::Srun(_) => TransportKind::Srun,
+            Transport::Agent(_) => TransportKind::Agent,
         }
     }
 
@@ -208,6 +217,7 @@ impl Transport {
                 env: command.env.clone(),
                 cwd: command.cwd.clone(),
                 remote: false,
+                stdin: None,
             }),
             Transport::Ssh(ssh) => {
                 check_host(host)?;
@@ -245,6 +255,7 @@ impl Transport {
                     env: Vec::new(),
                     cwd: None,
                     remote: true,
+                    stdin: None,
                 })
             }
             Transport::Srun(srun) => {
@@ -264,10 +275,47 @@ impl Transport {
                     env: Vec::new(),
                     cwd: None,
                     remote: true,
+                    stdin: None,
+                })
+            }
+            Transport::Agent(agent) => {
+                let addr = agent.addr_of(host).ok_or_else(|| ExecError::BadHost {
+                    host: host.to_owned(),
+                    problem: "is not the node of any copy of pipette-run in this job",
+                })?;
+                Ok(Invocation {
+                    program: agent.relay.to_string_lossy().into_owned(),
+                    args: vec![RELAY_FLAG.to_owned(), host.to_owned()],
+                    env: Vec::new(),
+                    cwd: None,
+                    remote: true,
+                    stdin: Some(relay_order(agent, host, addr, command, grace)),
                 })
             }
         }
     }
+}
+
+/// The command line that runs `command` on this machine under [`REMOTE_WRAPPER`], as an
+/// agent does for its leader: the caller holds the wrapper's standard input, and when it
+/// closes (the caller is done with the command, or died) the watchdog tears the command
+/// down.
+pub(super) fn wrapped_here(
+    host: &str,
+    command: &NodeCommand,
+    grace: Duration,
+) -> Result<Invocation, ExecError> {
+    check_command(host, command)?;
+    let mut words = wrapper_words(command, grace);
+    let program = words.remove(0);
+    Ok(Invocation {
+        program,
+        args: words,
+        env: Vec::new(),
+        cwd: None,
+        remote: true,
+        stdin: None,
+    })
 }
 
 /// `/bin/sh -c WRAPPER pipette-exec GRACE NSTDIN CWD NENV K=V... PROGRAM ARGS...`

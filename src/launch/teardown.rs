@@ -172,7 +172,11 @@ pub const SRUN_CANCEL_WAIT: Duration = Duration::from_secs(5);
 fn kill_at_once(kind: TransportKind) -> (Signal, bool) {
     match kind {
         TransportKind::Srun => (Signal::SIGTERM, true),
-        TransportKind::Local | TransportKind::Ssh => (Signal::SIGKILL, false),
+        // A killed agent relay drops its connection: the agent then tears the command
+        // down, as the ssh watchdog does.
+        TransportKind::Local | TransportKind::Ssh | TransportKind::Agent => {
+            (Signal::SIGKILL, false)
+        }
     }
 }
 

@@ -97,6 +97,7 @@ impl NodesSection {
             NodeSource::Hosts => "--hosts".to_string(),
             NodeSource::Local => "this machine (no allocation found)".to_string(),
             NodeSource::ClusterFile { path } => format!("cluster file {path}"),
+            NodeSource::Copies { pattern } => format!("the copies of pipette-run, {pattern}"),
         };
         let job = n
             .job_id

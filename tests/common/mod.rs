@@ -88,6 +88,38 @@ pub fn cpu_job_command(bin: &str) -> Command {
     command
 }
 
+/// The Megatron-style arguments of the tiny GPT the end-to-end tests train with
+/// examples/train_gpt.py: a global batch of 12, a checkpoint every `save_interval`
+/// iterations (with `--save`, which the caller adds), 0.3 s per iteration.
+pub fn tiny_gpt_args(train_iters: u64, save_interval: u64) -> Vec<String> {
+    [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+        "--max-position-embeddings",
+        "32",
+        "--vocab-size",
+        "256",
+        "--micro-batch-size",
+        "1",
+        "--global-batch-size",
+        "12",
+        "--train-iters",
+        &train_iters.to_string(),
+        "--save-interval",
+        &save_interval.to_string(),
+        "--toy-iteration-seconds",
+        "0.3",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind(("127.0.0.1", 0))
         .unwrap()
@@ -714,7 +746,7 @@ impl Slurm {
     }
 
     /// munged with a fresh key and its socket in `dir`; waits for the socket.
-    fn start_munged(dir: &Path) -> Daemon {
+    pub fn start_munged(dir: &Path) -> Daemon {
         use std::os::unix::fs::OpenOptionsExt;
         let key = dir.join("munge.key");
         let mut bytes = vec![0u8; 128];
@@ -833,12 +865,30 @@ const SLURM_NODE: &str = "pipette-node";
 pub const SLURM_KILL_WAIT: Duration = Duration::from_secs(30);
 
 fn slurm_conf(dir: &Path, node: &str, ctld_port: u16, slurmd_port: u16) -> String {
-    let d = dir.display();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "{}NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=100 State=UNKNOWN\n\
+         PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP\n",
+        slurm_conf_head(dir, "127.0.0.1", ctld_port, slurmd_port, "")
+    )
+}
+
+/// Everything of a test cluster's `slurm.conf` but its nodes and partition: slurmctld at
+/// `controller` (an address of this machine), munge's socket and every file in `dir`;
+/// `per_node` is added to the names of slurmd's spool directory, pid and log file (`-%n`
+/// when several slurmd share `dir`).
+pub fn slurm_conf_head(
+    dir: &Path,
+    controller: &str,
+    ctld_port: u16,
+    slurmd_port: u16,
+    per_node: &str,
+) -> String {
+    let d = dir.display();
     let kill_wait = SLURM_KILL_WAIT.as_secs();
     format!(
         "ClusterName=pipette-test\n\
-         SlurmctldHost=localhost(127.0.0.1)\n\
+         SlurmctldHost=localhost({controller})\n\
          SlurmctldPort={ctld_port}\n\
          SlurmdPort={slurmd_port}\n\
          SlurmUser=root\n\
@@ -847,11 +897,11 @@ fn slurm_conf(dir: &Path, node: &str, ctld_port: u16, slurmd_port: u16) -> Strin
          CredType=cred/munge\n\
          AuthInfo=socket={d}/munge.sock\n\
          StateSaveLocation={d}/state\n\
-         SlurmdSpoolDir={d}/spool\n\
+         SlurmdSpoolDir={d}/spool{per_node}\n\
          SlurmctldPidFile={d}/slurmctld.pid\n\
-         SlurmdPidFile={d}/slurmd.pid\n\
+         SlurmdPidFile={d}/slurmd{per_node}.pid\n\
          SlurmctldLogFile={d}/slurmctld.log\n\
-         SlurmdLogFile={d}/slurmd.log\n\
+         SlurmdLogFile={d}/slurmd{per_node}.log\n\
          PlugStackConfig={d}/plugstack.conf\n\
          MailProg=/bin/true\n\
          ProctrackType=proctrack/linuxproc\n\
@@ -864,14 +914,12 @@ fn slurm_conf(dir: &Path, node: &str, ctld_port: u16, slurmd_port: u16) -> Strin
          MpiDefault=none\n\
          ReturnToService=2\n\
          MessageTimeout=10\n\
-         KillWait={kill_wait}\n\
-         NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=100 State=UNKNOWN\n\
-         PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP\n"
+         KillWait={kill_wait}\n"
     )
 }
 
 /// The node's state as `sinfo` reports it (`idle`, `down*`…), `None` when sinfo fails.
-fn node_state(conf: &Path) -> Option<String> {
+pub fn node_state(conf: &Path) -> Option<String> {
     let out = Command::new("/usr/bin/sinfo")
         .args(["--noheader", "--Node", "--format=%T"])
         .env("SLURM_CONF", conf)
@@ -885,7 +933,7 @@ fn node_state(conf: &Path) -> Option<String> {
 
 /// Kills every process started with this cluster's `SLURM_CONF` in its environment: step
 /// daemons, srun and the tasks it started.
-fn kill_slurm_leftovers(conf: &Path) {
+pub fn kill_slurm_leftovers(conf: &Path) {
     let want = format!("SLURM_CONF={}", conf.display());
     let me = std::process::id() as i32;
     for _round in 0..20 {
