@@ -144,11 +144,27 @@ impl Job {
             .ok()
     }
 
-    /// Waits (up to `limit`) until the job has printed iteration `n`; fails if pipette-run
-    /// exits first.
-    fn wait_for_iteration(&mut self, n: u64, limit: Duration) {
+    /// How far the job has got: the bytes of its output and events, and the CPU time of
+    /// its processes (pipette-run, torchrun, workers: the marker is on their command
+    /// lines). A job that is slow (a busy machine, a silent profile or trial) keeps adding
+    /// to it; a hung one does not.
+    fn activity(&self) -> u64 {
+        let written: u64 = ["stdout", "stderr", "run/events.jsonl"]
+            .iter()
+            .map(|name| std::fs::metadata(self.path(name)).map_or(0, |m| m.len()))
+            .sum();
+        let cpu: u64 = common::with_marker(&self.marker())
+            .iter()
+            .map(|p| p.cpu_ticks)
+            .sum();
+        written + cpu
+    }
+
+    /// Waits until the job has printed iteration `n`; fails if pipette-run exits first or
+    /// shows nothing new for `quiet_limit` (see [`Watchdog`]).
+    fn wait_for_iteration(&mut self, n: u64, quiet_limit: Duration) {
         let needle = format!(" iteration {n:8}/");
-        let end = Instant::now() + limit;
+        let mut watchdog = Watchdog::new(quiet_limit);
         while !self.stdout().contains(&needle) {
             if let Ok(Some(status)) = self.child.as_mut().unwrap().try_wait() {
                 panic!(
@@ -156,29 +172,31 @@ impl Job {
                     self.stderr()
                 );
             }
-            assert!(
-                Instant::now() < end,
-                "no iteration {n} within {limit:?}:\n{}\n{}",
-                tail(&self.stdout(), 20),
-                self.stderr()
-            );
+            if let Some(why) = watchdog.expired(self.activity()) {
+                panic!(
+                    "no iteration {n}: {why}:\n{}\n{}",
+                    tail(&self.stdout(), 20),
+                    self.stderr()
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
-    /// Waits for pipette-run to exit (killing it after `limit`).
-    fn wait(&mut self, limit: Duration) -> ExitStatus {
-        let child = self.child.as_mut().unwrap();
-        let end = Instant::now() + limit;
+    /// Waits for pipette-run to exit; stops it (and fails) when it shows nothing new for
+    /// `quiet_limit` (see [`Watchdog`]).
+    fn wait(&mut self, quiet_limit: Duration) -> ExitStatus {
+        let mut watchdog = Watchdog::new(quiet_limit);
         loop {
-            if let Some(status) = child.try_wait().unwrap() {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 return status;
             }
-            if Instant::now() > end {
+            if let Some(why) = watchdog.expired(self.activity()) {
+                let child = self.child.as_mut().unwrap();
                 let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
                 let _ = child.wait();
                 panic!(
-                    "pipette-run did not finish within {limit:?}:\n{}\n{}",
+                    "pipette-run did not finish: {why}:\n{}\n{}",
                     tail(&self.stdout(), 20),
                     self.stderr()
                 );
@@ -218,6 +236,46 @@ impl Drop for Job {
         }
         for p in common::with_marker(&self.marker()) {
             let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Tells a hung job from a slow one. A fixed limit on a whole job measures the machine: on
+/// a busy one the profile and the trial alone can take minutes. So a wait fails when the
+/// job shows nothing new for its quiet limit, and only past [`Watchdog::HARD_LIMIT`]
+/// otherwise (a job stuck printing the same thing forever must still end the test).
+struct Watchdog {
+    quiet_limit: Duration,
+    started: Instant,
+    last_change: Instant,
+    last_activity: u64,
+}
+
+impl Watchdog {
+    const HARD_LIMIT: Duration = Duration::from_secs(10 * 60);
+
+    fn new(quiet_limit: Duration) -> Self {
+        let now = Instant::now();
+        Watchdog {
+            quiet_limit,
+            started: now,
+            last_change: now,
+            last_activity: 0,
+        }
+    }
+
+    /// Why the wait is over given the job's activity now, or `None` to keep waiting.
+    fn expired(&mut self, activity: u64) -> Option<String> {
+        if activity != self.last_activity {
+            self.last_activity = activity;
+            self.last_change = Instant::now();
+        }
+        if self.last_change.elapsed() > self.quiet_limit {
+            Some(format!("nothing new for {:?}", self.quiet_limit))
+        } else if self.started.elapsed() > Self::HARD_LIMIT {
+            Some(format!("still going after {:?}", Self::HARD_LIMIT))
+        } else {
+            None
         }
     }
 }

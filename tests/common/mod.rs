@@ -172,6 +172,9 @@ pub struct Proc {
     pub state: char,
     pub cmdline: String,
     pub environ: Vec<String>,
+    /// CPU time used so far (user + system), in clock ticks: a process that uses none
+    /// over a while is not making progress.
+    pub cpu_ticks: u64,
 }
 
 /// Every live (not zombie) process, with its command line and (when readable) environment.
@@ -197,6 +200,11 @@ pub fn processes() -> Vec<Proc> {
             continue;
         }
         let ppid = fields[1].parse().unwrap_or(0);
+        // utime and stime, fields 14 and 15 of stat(5), counted here from the state (3).
+        let cpu_ticks = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+            .sum();
         let cmdline = std::fs::read(entry.path().join("cmdline"))
             .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
             .unwrap_or_default();
@@ -213,6 +221,7 @@ pub fn processes() -> Vec<Proc> {
             state,
             cmdline,
             environ,
+            cpu_ticks,
         });
     }
     out
