@@ -96,11 +96,14 @@
 
 pub mod compat;
 mod costs;
+mod evaluate;
 mod fabric;
 mod ops;
 pub mod perf;
+mod report;
 
-pub use costs::{ConfigCosts, StageSync};
+pub use costs::ConfigCosts;
+pub use evaluate::StageSync;
 pub use fabric::{
     ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis, FP32_SHARE_OF_FP16_PEAK,
 };
