@@ -289,6 +289,23 @@ pub struct Prediction {
     pub predicted_ms: f64,
     /// `predicted / measured − 1`: positive when the model is slow.
     pub error: f64,
+    /// Where the predicted time goes.
+    pub terms: PredictedTerms,
+}
+
+/// The terms of one prediction ([`crate::model::time::TimeEstimate`]'s, in ms), to see which
+/// one a bad prediction gets wrong.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PredictedTerms {
+    /// Compute of all micro-batch slots and the bubble on the critical stage.
+    pub compute_ms: f64,
+    /// Exposed tensor-parallel collectives of the same slots.
+    pub tp_comm_ms: f64,
+    pub pipeline_p2p_ms: f64,
+    /// Exposed data-parallel gradient reduce and parameter gather.
+    pub data_parallel_ms: f64,
+    /// The optimizer step.
+    pub optimizer_ms: f64,
 }
 
 /// Costs every run with `time_model` on `cluster` under `calibration`.
@@ -313,10 +330,24 @@ pub fn predict(
                 time_model,
             )
             .map_err(|e| format!("line {}: {e}", p.run.line))?;
+            let critical = &estimate.stages[estimate.critical_stage];
+            let tp_comm_ms = if critical.slot_ms > 0.0 {
+                (estimate.steady_ms + estimate.bubble_ms) * critical.tp_comm_ms / critical.slot_ms
+            } else {
+                0.0
+            };
             Ok(Prediction {
                 run: p.run.clone(),
                 predicted_ms: estimate.iteration_ms,
                 error: estimate.iteration_ms / p.run.measured_ms - 1.0,
+                terms: PredictedTerms {
+                    compute_ms: estimate.steady_ms + estimate.bubble_ms - tp_comm_ms,
+                    tp_comm_ms,
+                    pipeline_p2p_ms: estimate.pipeline_p2p_ms,
+                    data_parallel_ms: estimate.data_parallel_exposed_ms
+                        + estimate.param_gather_exposed_ms,
+                    optimizer_ms: 0.0,
+                },
             })
         })
         .collect()
@@ -688,6 +719,7 @@ mod tests {
             error: predicted_ms / run.measured_ms - 1.0,
             run,
             predicted_ms,
+            terms: PredictedTerms::default(),
         }
     }
 
