@@ -5,7 +5,8 @@
 //! The bounds are what today's model meets with the shipped calibration and nothing fitted,
 //! with a little room, so that a change that makes the model rank or predict worse fails.
 //! On the 109 multi-node runs the per-operation model (shipped tables, nothing fitted) has
-//! median |error| 8.8 %, max 143.7 %, Kendall's tau 0.50–0.85 per sweep, its pick at most
+//! median |error| 8.8 %, max 58.1 % (143.7 % before a collective crossing nodes spread over
+//! the nodes' NICs), Kendall's tau 0.50–0.85 per sweep, its pick at most
 //! 10.4 % slower than the measured best, the faster member named in 166 of 189 micro-batch
 //! pairs; the one-efficiency model before it had 25.3 %, 140.7 %, 0.51–0.77, 11.5 % and 125
 //! of 189 (50 predicted as ties). Issue 19's unfitted target (median ≤ 15 %) is held here;
@@ -84,7 +85,7 @@ fn shipped_model_predicts_the_multi_node_runs_within_todays_bounds() {
         "median |error| {}",
         s.median_abs_error
     );
-    assert!(s.max_abs_error <= 1.50, "max |error| {}", s.max_abs_error);
+    assert!(s.max_abs_error <= 0.65, "max |error| {}", s.max_abs_error);
 }
 
 #[test]

@@ -36,7 +36,10 @@ pub(super) fn times(a: f64, b: f64) -> f64 {
 }
 
 /// The slowest link of the ring `group[0] → group[1] → … → group[0]`: (GB/s, sender's
-/// position); infinite for a group of one.
+/// position); infinite for a group of one. A hop between nodes attains the node link times
+/// the group's share of the NICs at its slower end ([`Fabric::nic_share`]): NCCL runs one
+/// ring per channel, each crossing the nodes over its own NIC, so the channels together
+/// move the ring's volume that many times faster than one link would.
 #[inline]
 pub(super) fn ring_bottleneck<F: Fabric + ?Sized>(fabric: &F, group: &[Device]) -> (f64, usize) {
     let n = group.len();
@@ -46,7 +49,14 @@ pub(super) fn ring_bottleneck<F: Fabric + ?Sized>(fabric: &F, group: &[Device]) 
     }
     for i in 0..n {
         let next = if i + 1 == n { 0 } else { i + 1 };
-        let bw = fabric.gb_per_s(group[i], group[next]);
+        let (a, b) = (group[i], group[next]);
+        let mut bw = fabric.gb_per_s(a, b);
+        if a.node != b.node {
+            let on = |node: usize| group.iter().filter(|d| d.node == node).count();
+            bw *= fabric
+                .nic_share(a.node, on(a.node))
+                .min(fabric.nic_share(b.node, on(b.node)));
+        }
         if bw < best.0 {
             best = (bw, i);
         }

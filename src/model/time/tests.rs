@@ -299,6 +299,31 @@ fn tp_inside_a_node_beats_tp_across_nodes() {
 }
 
 #[test]
+fn tp_ring_across_nodes_spreads_over_the_nics() {
+    // tp 4 over two nodes of two GPUs (pp 1): two ring hops cross the nodes. With the NICs
+    // unknown each crossing attains one node link (20 GB/s); with 4 NICs per node the group
+    // holds both GPUs of each node, so it gets 4 × 2/2 links' worth: 80 GB/s.
+    let config = ParallelConfig::even(8, 4, 1, 1, 1);
+    let mut case = Case::new(cluster(2, 2, 200.0, 20.0), config, 4);
+    let one = case.run(TimeModel::Pipette);
+    case.cluster.node_links.nics_per_node = Some(4);
+    let four = case.run(TimeModel::Pipette);
+    let latency = 34.0 * latency_ms(ALL_REDUCE_US, 4.0);
+    assert!(close(
+        (one.stages[0].tp_comm_ms - latency) / (four.stages[0].tp_comm_ms - latency),
+        4.0
+    ));
+    assert_eq!(four.iteration_ms, case.fast());
+    // One NIC for the two GPUs of a node, both in the group: one link, as when unknown.
+    case.cluster.node_links.nics_per_node = Some(1);
+    let shared = case.run(TimeModel::Pipette);
+    assert!(close(
+        (shared.stages[0].tp_comm_ms - latency) / (one.stages[0].tp_comm_ms - latency),
+        1.0
+    ));
+}
+
+#[test]
 fn data_parallel_ring_bottleneck_and_overlap() {
     // dp 4 over four one-GPU nodes; node 2 → node 3 degraded to 5 GB/s.
     let mut c = cluster(4, 1, 240.0, 20.0);
