@@ -22,7 +22,8 @@
 //!   --data DIR                 (../shared/data/vtrain)
 //!   --json FILE                write the summary and every run's prediction as JSON
 //!                              (target/validate-time-model.json; `-` for stdout)
-//!   --bf16 | --no-recompute | --vocab N   change one assumption about vTrain's runs
+//!   --bf16 | --no-recompute | --flash-attention | --vocab N
+//!                              change one assumption about vTrain's runs
 //!   --quiet                    no per-run table
 
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ use std::process::ExitCode;
 
 use pipette::cluster::ClusterProfile;
 use pipette::config::Precision;
+use pipette::model::memory::AttentionKernel;
 use pipette::model::time::TimeModel;
 use pipette::model::validation::{
     fit_calibration, parse_runs, predict, prepare, score, Fit, Prediction, PreparedRun,
@@ -88,6 +90,7 @@ fn parse_options() -> Result<Options, String> {
             "--json" => o.json = value()?,
             "--bf16" => o.assumptions.precision = Precision::Bf16,
             "--no-recompute" => o.assumptions.full_recompute = false,
+            "--flash-attention" => o.assumptions.attention = AttentionKernel::Fused,
             "--vocab" => {
                 let text = value()?;
                 o.assumptions.vocab_size = text
@@ -212,7 +215,7 @@ fn run(o: &Options) -> Result<(), String> {
     let single = load_runs(&o.data.join("ground_truth_single.csv"), &o.assumptions)?;
     let multi = load_runs(&o.data.join("ground_truth_multi.csv"), &o.assumptions)?;
     println!(
-        "time model {}, cluster {}, assumptions: vocabulary {}, {:?}, {}",
+        "time model {}, cluster {}, assumptions: vocabulary {}, {:?}, {}, {:?} attention",
         o.time_model,
         o.cluster.display(),
         o.assumptions.vocab_size,
@@ -221,7 +224,8 @@ fn run(o: &Options) -> Result<(), String> {
             "full recomputation"
         } else {
             "no recomputation"
-        }
+        },
+        o.assumptions.attention
     );
     let mut modes = Vec::new();
     let mut wanted = Vec::new();

@@ -18,6 +18,7 @@ use serde::Serialize;
 use crate::cluster::ClusterProfile;
 use crate::config::{settings_from_megatron_args, ModelSpec, Precision, TrainingSettings};
 use crate::model::calibration::Calibration;
+use crate::model::memory::AttentionKernel;
 use crate::model::parallel::{ParallelConfig, Placement};
 use crate::model::time::{estimate, TimeModel, TimeOptions, TimeRequest};
 
@@ -176,7 +177,11 @@ fn positive(text: &str) -> Option<f64> {
 /// (activation checkpointing of every layer: Megatron's full, uniform recomputation of one
 /// layer at a time) and `use_gradient_bucket: false` (no gradient reduce overlapped with
 /// the backward pass: [`TimeOptions::default`]). The model is GPT-3's: LayerNorm, biases,
-/// learned positions, GeLU, ffn 4h, tied embeddings (Megatron's defaults).
+/// learned positions, GeLU, ffn 4h, tied embeddings (Megatron's defaults). Its attention is
+/// the unfused path (`src/model/gpt_modeling.py`: `torch.baddbmm` for the scores,
+/// `FusedScaleMaskSoftmax`, `torch.nn.Dropout` on the probabilities, `torch.bmm` for the
+/// context), as Megatron-DeepSpeed's without `--use-flash-attn`, with which the runs were
+/// measured (`data/README.md`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RunAssumptions {
     pub vocab_size: u64,
@@ -184,6 +189,8 @@ pub struct RunAssumptions {
     pub precision: Precision,
     /// Full recomputation of every layer (`use_checkpoint`).
     pub full_recompute: bool,
+    /// How the runs computed attention.
+    pub attention: AttentionKernel,
 }
 
 impl Default for RunAssumptions {
@@ -192,6 +199,7 @@ impl Default for RunAssumptions {
             vocab_size: 50257,
             precision: Precision::Fp16,
             full_recompute: true,
+            attention: AttentionKernel::Unfused,
         }
     }
 }
@@ -248,6 +256,8 @@ pub struct PreparedRun {
     pub config: ParallelConfig,
     /// torchrun's default placement: ranks fill the cluster's nodes in order.
     pub placement: Placement,
+    /// The time options the run's Megatron arguments and the assumptions give.
+    pub options: TimeOptions,
 }
 
 /// Turns every run into the planner's inputs: the settings its Megatron arguments give, its
@@ -271,7 +281,12 @@ pub fn prepare(
             let mut config =
                 ParallelConfig::even(run.layers, run.tp, run.pp, run.dp, run.micro_batch);
             config.recompute = settings.training.recompute.clone();
+            let options = TimeOptions {
+                attention: assumptions.attention,
+                ..TimeOptions::from_training(&settings.training)
+            };
             Ok(PreparedRun {
+                options,
                 placement: Placement::identity(run.gpus as usize, gpus_per_node),
                 run: run.clone(),
                 model: settings.model,
@@ -325,7 +340,7 @@ pub fn predict(
                     cluster,
                     placement: &p.placement,
                     calibration,
-                    options: TimeOptions::from_training(&p.training),
+                    options: p.options,
                 },
                 time_model,
             )

@@ -7,6 +7,7 @@
 use crate::config::{ModelSpec, Precision, Recompute, RecomputeMethod, TrainingSettings};
 use crate::model::calibration::Calibration;
 use crate::model::flops::{stage_flops, AttentionMask};
+use crate::model::memory::AttentionKernel;
 use crate::model::parallel::ParallelConfig;
 use crate::model::params::ParameterBreakdown;
 
@@ -245,7 +246,7 @@ impl ConfigCosts {
             costs.dp_gather_mb.push(gather / 1e6);
         }
 
-        costs.price_ops(model, config, calibration, act_bytes);
+        costs.price_ops(model, config, calibration, act_bytes, options.attention);
         if precision == Precision::Fp32 {
             costs.notes.push(
                 "fp32 training: GPUs taken at 1/16 of their fp16 tensor peak (CUDA cores)".into(),
@@ -266,6 +267,7 @@ impl ConfigCosts {
         config: &ParallelConfig,
         calibration: &Calibration,
         act_bytes: f64,
+        attention: AttentionKernel,
     ) {
         let shape = OpShape {
             model,
@@ -273,6 +275,7 @@ impl ConfigCosts {
             tp: config.tp,
             sequence_parallel: config.sequence_parallel,
             act_bytes,
+            attention,
         };
         let chunks = config.vpp.unwrap_or(1).max(1);
         for kind in GpuKind::ALL {

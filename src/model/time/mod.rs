@@ -117,6 +117,7 @@ use crate::cluster::profile::Dtype;
 use crate::cluster::ClusterProfile;
 use crate::config::{ModelSpec, TrainingSettings};
 use crate::model::calibration::Calibration;
+use crate::model::memory::AttentionKernel;
 use crate::model::parallel::{Device, ParallelConfig, Placement};
 
 /// Which time model costs a configuration.
@@ -179,6 +180,11 @@ pub struct TimeOptions {
     /// `--tp-comm-overlap`: Transformer Engine overlaps tensor-parallel collectives with
     /// the GEMMs.
     pub tp_comm_overlap: bool,
+    /// How attention is computed: flash / fused (the default), or the unfused path of
+    /// older Megatron (and Megatron-DeepSpeed without `--use-flash-attn`), which computes
+    /// the full `s × s` scores with batched GEMMs and runs the scale-mask-softmax and the
+    /// attention dropout over them in HBM.
+    pub attention: AttentionKernel,
 }
 
 impl TimeOptions {
@@ -189,6 +195,7 @@ impl TimeOptions {
             overlap_param_gather: training.overlap_param_gather,
             grad_reduce_in_bf16: training.grad_reduce_in_bf16,
             tp_comm_overlap: training.tp_comm_overlap,
+            attention: AttentionKernel::Fused,
         }
     }
 }
