@@ -182,15 +182,15 @@ fn print_sweeps(s: &Score) {
 
 fn print_runs(predictions: &[Prediction]) {
     println!(
-        "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>11} {:>11} {:>9}   {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>11} {:>11} {:>9}   {:>8} {:>8} {:>8} {:>8}",
         "line", "model", "GPUs", "tp", "pp", "dp", "mb", "measured", "predicted", "error",
-        "compute", "tp comm", "p2p", "dp sync", "optim"
+        "compute", "tp comm", "p2p", "dp sync"
     );
     for p in predictions {
         let r = &p.run;
         let t = &p.terms;
         println!(
-            "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>9.1}ms {:>9.1}ms {:>9}   {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
+            "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>9.1}ms {:>9.1}ms {:>9}   {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
             r.line,
             r.model_label(),
             r.gpus,
@@ -204,8 +204,7 @@ fn print_runs(predictions: &[Prediction]) {
             t.compute_ms,
             t.tp_comm_ms,
             t.pipeline_p2p_ms,
-            t.data_parallel_ms,
-            t.optimizer_ms
+            t.data_parallel_ms
         );
     }
 }

@@ -319,8 +319,6 @@ pub struct PredictedTerms {
     pub pipeline_p2p_ms: f64,
     /// Exposed data-parallel gradient reduce and parameter gather.
     pub data_parallel_ms: f64,
-    /// The optimizer step.
-    pub optimizer_ms: f64,
 }
 
 /// Costs every run with `time_model` on `cluster` under `calibration`.
@@ -361,7 +359,6 @@ pub fn predict(
                     pipeline_p2p_ms: estimate.pipeline_p2p_ms,
                     data_parallel_ms: estimate.data_parallel_exposed_ms
                         + estimate.param_gather_exposed_ms,
-                    optimizer_ms: 0.0,
                 },
             })
         })
