@@ -183,8 +183,20 @@ fn print_sweeps(s: &Score) {
 fn print_runs(predictions: &[Prediction]) {
     println!(
         "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>11} {:>11} {:>9}   {:>8} {:>8} {:>8} {:>8}",
-        "line", "model", "GPUs", "tp", "pp", "dp", "mb", "measured", "predicted", "error",
-        "compute", "tp comm", "p2p", "dp sync"
+        "line",
+        "model",
+        "GPUs",
+        "tp",
+        "pp",
+        "dp",
+        "mb",
+        "measured",
+        "predicted",
+        "error",
+        "compute",
+        "tp comm",
+        "p2p",
+        "dp sync"
     );
     for p in predictions {
         let r = &p.run;

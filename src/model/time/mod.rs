@@ -334,7 +334,8 @@ pub struct StageTime {
     pub tp_comm_ms: f64,
     /// Tensor-parallel collectives hidden by `--tp-comm-overlap`.
     pub tp_comm_hidden_ms: f64,
-    /// The slowest link of the tp ring (`None` without tensor parallelism).
+    /// The slowest link of the tp ring and what the ring attains there (across nodes: the
+    /// node link times the group's share of the NICs); `None` without tensor parallelism.
     pub tp_link: Option<LinkRef>,
     /// The slowest GPU of the tp group.
     pub gpu: Option<GpuRef>,

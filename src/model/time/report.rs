@@ -8,8 +8,8 @@ use super::costs::ConfigCosts;
 use super::evaluate::{hop, ring_bottleneck};
 use super::perf::{GpuKind, PerfTable};
 use super::{
-    gpu_ref, link_ref, ClusterFabric, DataParallelComm, Fabric, HopTime, PipelineComm, RingLink,
-    StageTime, TimeEstimate, TimeModel,
+    gpu_ref, link_ref, ClusterFabric, DataParallelComm, Fabric, HopTime, LinkRef, PipelineComm,
+    RingLink, StageTime, TimeEstimate, TimeModel,
 };
 
 impl ConfigCosts {
@@ -92,8 +92,13 @@ impl ConfigCosts {
         let (compute, slowest) = self.slowest_compute(fabric, group, s);
         let (_, tp_comm_ms) = self.slot(fabric, group, s);
         let tp_link = (self.tp > 1).then(|| {
-            let (_, i) = ring_bottleneck(fabric, group);
-            link_ref(cluster, fabric, group[i], group[(i + 1) % group.len()])
+            // The ring's attained bandwidth there: across nodes, the node link times the
+            // group's share of the NICs.
+            let (gb_per_s, i) = ring_bottleneck(fabric, group);
+            LinkRef {
+                gb_per_s,
+                ..link_ref(cluster, fabric, group[i], group[(i + 1) % group.len()])
+            }
         });
         let tp_total = self.tp_ms(fabric, group, s);
         let perf = fabric.gpu_perf(group[slowest]);

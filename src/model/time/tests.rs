@@ -316,6 +316,7 @@ fn tp_ring_across_nodes_spreads_over_the_nics() {
         4.0
     ));
     assert_eq!(four.iteration_ms, case.fast());
+    assert_eq!(four.stages[0].tp_link.as_ref().unwrap().gb_per_s, 80.0);
     // One NIC for the two GPUs of a node, both in the group: one link, as when unknown.
     case.cluster.node_links.nics_per_node = Some(1);
     let shared = case.run(TimeModel::Pipette);
