@@ -22,7 +22,8 @@
 //!   --data DIR                 (../shared/data/vtrain)
 //!   --json FILE                write the summary and every run's prediction as JSON
 //!                              (target/validate-time-model.json; `-` for stdout)
-//!   --bf16 | --no-recompute | --vocab N   change one assumption about vTrain's runs
+//!   --bf16 | --no-recompute | --flash-attention | --vocab N
+//!                              change one assumption about vTrain's runs
 //!   --quiet                    no per-run table
 
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ use std::process::ExitCode;
 
 use pipette::cluster::ClusterProfile;
 use pipette::config::Precision;
+use pipette::model::memory::AttentionKernel;
 use pipette::model::time::TimeModel;
 use pipette::model::validation::{
     fit_calibration, parse_runs, predict, prepare, score, Fit, Prediction, PreparedRun,
@@ -88,6 +90,7 @@ fn parse_options() -> Result<Options, String> {
             "--json" => o.json = value()?,
             "--bf16" => o.assumptions.precision = Precision::Bf16,
             "--no-recompute" => o.assumptions.full_recompute = false,
+            "--flash-attention" => o.assumptions.attention = AttentionKernel::Fused,
             "--vocab" => {
                 let text = value()?;
                 o.assumptions.vocab_size = text
@@ -179,13 +182,27 @@ fn print_sweeps(s: &Score) {
 
 fn print_runs(predictions: &[Prediction]) {
     println!(
-        "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>11} {:>11} {:>9}",
-        "line", "model", "GPUs", "tp", "pp", "dp", "mb", "measured", "predicted", "error"
+        "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>11} {:>11} {:>9}   {:>8} {:>8} {:>8} {:>8}",
+        "line",
+        "model",
+        "GPUs",
+        "tp",
+        "pp",
+        "dp",
+        "mb",
+        "measured",
+        "predicted",
+        "error",
+        "compute",
+        "tp comm",
+        "p2p",
+        "dp sync"
     );
     for p in predictions {
         let r = &p.run;
+        let t = &p.terms;
         println!(
-            "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>9.1}ms {:>9.1}ms {:>9}",
+            "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>9.1}ms {:>9.1}ms {:>9}   {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
             r.line,
             r.model_label(),
             r.gpus,
@@ -195,7 +212,11 @@ fn print_runs(predictions: &[Prediction]) {
             r.micro_batch,
             r.measured_ms,
             p.predicted_ms,
-            pct(p.error)
+            pct(p.error),
+            t.compute_ms,
+            t.tp_comm_ms,
+            t.pipeline_p2p_ms,
+            t.data_parallel_ms
         );
     }
 }
@@ -205,7 +226,7 @@ fn run(o: &Options) -> Result<(), String> {
     let single = load_runs(&o.data.join("ground_truth_single.csv"), &o.assumptions)?;
     let multi = load_runs(&o.data.join("ground_truth_multi.csv"), &o.assumptions)?;
     println!(
-        "time model {}, cluster {}, assumptions: vocabulary {}, {:?}, {}",
+        "time model {}, cluster {}, assumptions: vocabulary {}, {:?}, {}, {:?} attention",
         o.time_model,
         o.cluster.display(),
         o.assumptions.vocab_size,
@@ -214,7 +235,8 @@ fn run(o: &Options) -> Result<(), String> {
             "full recomputation"
         } else {
             "no recomputation"
-        }
+        },
+        o.assumptions.attention
     );
     let mut modes = Vec::new();
     let mut wanted = Vec::new();

@@ -382,7 +382,8 @@ fn in_spec_order(profile: ClusterProfile, spec: &ClusterSpec) -> Option<ClusterP
                 .collect()
         })
         .collect();
-    let node_links = LinkMatrix::from_rows(&rows, profile.node_links.provenance.clone())?;
+    let node_links = LinkMatrix::from_rows(&rows, profile.node_links.provenance.clone())?
+        .with_nics_per_node(profile.node_links.nics_per_node);
     let nodes = order.iter().map(|&i| profile.nodes[i].clone()).collect();
     Some(ClusterProfile {
         note: profile.note,

@@ -90,7 +90,7 @@
 //! SwiGLU's third matrix in its activations, and adds 5 % to its no-sequence-parallel figure.
 //! Arithmetic saturates at `u64::MAX`, so absurd inputs never panic.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::calibration::Calibration;
 use super::parallel::ParallelConfig;
@@ -175,11 +175,13 @@ impl ActivationBreakdown {
     }
 }
 
-/// How attention is computed, which decides whether the a·s² scores are kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// How attention is computed, which decides whether the a·s² scores are kept (memory) and
+/// whether they are written to and read from HBM (time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttentionKernel {
     /// Flash / fused attention (Megatron's default): the scores are never stored.
+    #[default]
     Fused,
     /// The unfused softmax path: softmax output, dropout mask and dropout output are kept,
     /// unless selective recomputation recomputes them.

@@ -18,6 +18,7 @@ use serde::Serialize;
 use crate::cluster::ClusterProfile;
 use crate::config::{settings_from_megatron_args, ModelSpec, Precision, TrainingSettings};
 use crate::model::calibration::Calibration;
+use crate::model::memory::AttentionKernel;
 use crate::model::parallel::{ParallelConfig, Placement};
 use crate::model::time::{estimate, TimeModel, TimeOptions, TimeRequest};
 
@@ -176,7 +177,11 @@ fn positive(text: &str) -> Option<f64> {
 /// (activation checkpointing of every layer: Megatron's full, uniform recomputation of one
 /// layer at a time) and `use_gradient_bucket: false` (no gradient reduce overlapped with
 /// the backward pass: [`TimeOptions::default`]). The model is GPT-3's: LayerNorm, biases,
-/// learned positions, GeLU, ffn 4h, tied embeddings (Megatron's defaults).
+/// learned positions, GeLU, ffn 4h, tied embeddings (Megatron's defaults). Its attention is
+/// the unfused path (`src/model/gpt_modeling.py`: `torch.baddbmm` for the scores,
+/// `FusedScaleMaskSoftmax`, `torch.nn.Dropout` on the probabilities, `torch.bmm` for the
+/// context), as Megatron-DeepSpeed's without `--use-flash-attn`, with which the runs were
+/// measured (`data/README.md`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RunAssumptions {
     pub vocab_size: u64,
@@ -184,6 +189,8 @@ pub struct RunAssumptions {
     pub precision: Precision,
     /// Full recomputation of every layer (`use_checkpoint`).
     pub full_recompute: bool,
+    /// How the runs computed attention.
+    pub attention: AttentionKernel,
 }
 
 impl Default for RunAssumptions {
@@ -192,6 +199,7 @@ impl Default for RunAssumptions {
             vocab_size: 50257,
             precision: Precision::Fp16,
             full_recompute: true,
+            attention: AttentionKernel::Unfused,
         }
     }
 }
@@ -248,6 +256,8 @@ pub struct PreparedRun {
     pub config: ParallelConfig,
     /// torchrun's default placement: ranks fill the cluster's nodes in order.
     pub placement: Placement,
+    /// The time options the run's Megatron arguments and the assumptions give.
+    pub options: TimeOptions,
 }
 
 /// Turns every run into the planner's inputs: the settings its Megatron arguments give, its
@@ -271,7 +281,12 @@ pub fn prepare(
             let mut config =
                 ParallelConfig::even(run.layers, run.tp, run.pp, run.dp, run.micro_batch);
             config.recompute = settings.training.recompute.clone();
+            let options = TimeOptions {
+                attention: assumptions.attention,
+                ..TimeOptions::from_training(&settings.training)
+            };
             Ok(PreparedRun {
+                options,
                 placement: Placement::identity(run.gpus as usize, gpus_per_node),
                 run: run.clone(),
                 model: settings.model,
@@ -289,6 +304,21 @@ pub struct Prediction {
     pub predicted_ms: f64,
     /// `predicted / measured − 1`: positive when the model is slow.
     pub error: f64,
+    /// Where the predicted time goes.
+    pub terms: PredictedTerms,
+}
+
+/// The terms of one prediction ([`crate::model::time::TimeEstimate`]'s, in ms), to see which
+/// one a bad prediction gets wrong.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PredictedTerms {
+    /// Compute of all micro-batch slots and the bubble on the critical stage.
+    pub compute_ms: f64,
+    /// Exposed tensor-parallel collectives of the same slots.
+    pub tp_comm_ms: f64,
+    pub pipeline_p2p_ms: f64,
+    /// Exposed data-parallel gradient reduce and parameter gather.
+    pub data_parallel_ms: f64,
 }
 
 /// Costs every run with `time_model` on `cluster` under `calibration`.
@@ -308,15 +338,28 @@ pub fn predict(
                     cluster,
                     placement: &p.placement,
                     calibration,
-                    options: TimeOptions::from_training(&p.training),
+                    options: p.options,
                 },
                 time_model,
             )
             .map_err(|e| format!("line {}: {e}", p.run.line))?;
+            let critical = &estimate.stages[estimate.critical_stage];
+            let tp_comm_ms = if critical.slot_ms > 0.0 {
+                (estimate.steady_ms + estimate.bubble_ms) * critical.tp_comm_ms / critical.slot_ms
+            } else {
+                0.0
+            };
             Ok(Prediction {
                 run: p.run.clone(),
                 predicted_ms: estimate.iteration_ms,
                 error: estimate.iteration_ms / p.run.measured_ms - 1.0,
+                terms: PredictedTerms {
+                    compute_ms: estimate.steady_ms + estimate.bubble_ms - tp_comm_ms,
+                    tp_comm_ms,
+                    pipeline_p2p_ms: estimate.pipeline_p2p_ms,
+                    data_parallel_ms: estimate.data_parallel_exposed_ms
+                        + estimate.param_gather_exposed_ms,
+                },
             })
         })
         .collect()
@@ -336,8 +379,8 @@ pub struct Fit {
 
 /// The fit hook: the calibration that makes the model best match `runs`, starting from
 /// `base`, by least squares on `ln(predicted / measured)`. For the Pipette model: the scales
-/// on its shipped tables (`gemm_scale`, `kernel_cost_scale`, `collective_latency_scale`),
-/// by coordinate descent, a golden-section search over each one's logarithm in
+/// on its shipped tables' fixed costs (`kernel_cost_scale`, `collective_latency_scale`; the
+/// GEMM efficiencies stay as measured, see below), by coordinate descent, a golden-section search over each one's logarithm in
 /// [0.05, 100], four rounds; for the compatibility models `compute_efficiency` in
 /// [0.05, 1].
 pub fn fit_calibration(
@@ -347,26 +390,24 @@ pub fn fit_calibration(
     time_model: TimeModel,
 ) -> Result<Fit, String> {
     // The Pipette model prices compute per operation from the shipped tables: what it
-    // exposes for fitting is a scale on the GEMM efficiencies, on the fixed cost per
-    // memory-bound kernel and on the collective latencies. The compatibility models read
-    // `compute_efficiency`.
+    // exposes for fitting is a scale on the fixed cost per memory-bound kernel and on the
+    // collective latencies. Not `gemm_scale`: the tables' GEMM efficiencies are measured
+    // per shape, and the one-node runs this is fitted on (hidden 1024 and 2048, sequence
+    // 1024) hold no GEMM of the shapes that dominate large models, so a scale fitted there
+    // is the small shapes' fixed costs in disguise and biases every large run (on vTrain's
+    // multi-node runs it made the median error 19.3 % instead of 10.0 %). The
+    // compatibility models read `compute_efficiency`.
     let fields: &[&str] = if time_model == TimeModel::Pipette {
-        &[
-            "gemm_scale",
-            "kernel_cost_scale",
-            "collective_latency_scale",
-        ]
+        &["kernel_cost_scale", "collective_latency_scale"]
     } else {
         &["compute_efficiency"]
     };
     let set = |c: &mut Calibration, field: &str, value: f64| match field {
-        "gemm_scale" => c.gemm_scale = value,
         "kernel_cost_scale" => c.kernel_cost_scale = value,
         "collective_latency_scale" => c.collective_latency_scale = value,
         _ => c.compute_efficiency = value,
     };
     let get = |c: &Calibration, field: &str| match field {
-        "gemm_scale" => c.gemm_scale,
         "kernel_cost_scale" => c.kernel_cost_scale,
         "collective_latency_scale" => c.collective_latency_scale,
         _ => c.compute_efficiency,
@@ -688,6 +729,7 @@ mod tests {
             error: predicted_ms / run.measured_ms - 1.0,
             run,
             predicted_ms,
+            terms: PredictedTerms::default(),
         }
     }
 

@@ -168,6 +168,32 @@ mod tests {
     }
 
     #[test]
+    fn nics_per_node_reads_back_and_belongs_to_node_links() {
+        let mut profile = two_nodes();
+        profile.node_links.nics_per_node = Some(4);
+        let text = profile.to_json_pretty();
+        assert!(text.contains("\"nics_per_node\": 4"), "{text}");
+        let again = ClusterProfile::from_json_str(&text, "t.json").unwrap();
+        assert_eq!(again.node_links.nics_per_node, Some(4));
+        assert_eq!(again, profile);
+
+        let zero = text.replace("\"nics_per_node\": 4", "\"nics_per_node\": 0");
+        let err = ClusterProfile::from_json_str(&zero, "z.json").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("z.json: node_links.nics_per_node is 0"),
+            "{err}"
+        );
+        let misplaced = text.replacen("\"gb_per_s\"", "\"nics_per_node\": 2, \"gb_per_s\"", 1);
+        let err = ClusterProfile::from_json_str(&misplaced, "m.json").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("gpu_links.nics_per_node belongs to node_links only"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn pretty_output_puts_one_matrix_row_on_a_line() {
         let mut profile = two_nodes();
         profile.node_links = LinkMatrix::uniform(12, 23.5, Provenance::new(Source::Estimated));

@@ -314,6 +314,7 @@ fn native_place(steps: &[Step], names: &[&str], found: &Value) -> Place {
         ["nodes", "[]", "gpus"] => expect("a list of GPUs, or \"unknown\"").or_missing(
             "list the node's GPUs, or write \"gpus\": \"unknown\" to have them profiled",
         ),
+        [.., "nics_per_node"] => expect("a whole number of NICs per node, e.g. 8"),
         [.., "gpu_links"] => expect(LINKS)
             .or_missing(GPU_LINKS_HINT)
             .owner("a link matrix"),

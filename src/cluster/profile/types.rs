@@ -229,6 +229,10 @@ impl fmt::Display for Source {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkMatrix {
     pub provenance: Provenance,
+    /// `node_links` only: the NICs of every node, over which NCCL spreads the channels of a
+    /// collective that crosses nodes (each cell is what one GPU pair, one NIC, attains).
+    /// `None`: unknown, taken as one.
+    pub nics_per_node: Option<u32>,
     size: usize,
     cells: Vec<f64>,
 }
@@ -260,9 +264,17 @@ impl LinkMatrix {
         }
         LinkMatrix {
             provenance,
+            nics_per_node: None,
             size,
             cells,
         }
+    }
+
+    /// The same matrix with `nics_per_node` set (a node-link matrix rebuilt from another
+    /// keeps its NICs).
+    pub fn with_nics_per_node(mut self, nics_per_node: Option<u32>) -> Self {
+        self.nics_per_node = nics_per_node;
+        self
     }
 
     /// The number of rows (and columns).
@@ -484,7 +496,8 @@ impl ClusterProfile {
                 index.len(),
                 cells,
                 self.node_links.provenance.clone(),
-            ),
+            )
+            .with_nics_per_node(self.node_links.nics_per_node),
         })
     }
 
@@ -531,6 +544,8 @@ pub(crate) enum GpusFile {
 #[serde(deny_unknown_fields)]
 pub(crate) struct LinksFile {
     pub provenance: Provenance,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nics_per_node: Option<u32>,
     pub gb_per_s: Vec<Vec<Option<f64>>>,
 }
 
@@ -577,6 +592,7 @@ impl From<&LinkMatrix> for LinksFile {
     fn from(matrix: &LinkMatrix) -> Self {
         LinksFile {
             provenance: matrix.provenance.clone(),
+            nics_per_node: matrix.nics_per_node,
             gb_per_s: (0..matrix.size)
                 .map(|i| matrix.row(i).iter().map(|&x| Some(x)).collect())
                 .collect(),

@@ -155,7 +155,21 @@ fn link_matrix(
         labels,
         read,
     )?;
-    Ok(LinkMatrix::from_cells(shape.size, cells, links.provenance))
+    let nics_at = field_path(path, "nics_per_node");
+    let problem = match links.nics_per_node {
+        Some(_) if path != "node_links" => Some("belongs to node_links only (remove it here)"),
+        Some(0) => Some("is 0 (give the NICs of every node, at least 1)"),
+        _ => None,
+    };
+    if let Some(problem) = problem {
+        return Err(ProfileError::InvalidValue {
+            origin: origin.to_string(),
+            path: nics_at,
+            problem: problem.to_string(),
+        });
+    }
+    Ok(LinkMatrix::from_cells(shape.size, cells, links.provenance)
+        .with_nics_per_node(links.nics_per_node))
 }
 
 /// A GPU's own figures: a name, memory, TFLOPS in range, real dates.

@@ -33,6 +33,12 @@ pub trait Fabric {
     /// The GPU's kind (which performance table costs its operations) and its matrix-multiply
     /// rate at 100 % table efficiency, for the per-operation costs of the Pipette model.
     fn gpu_perf(&self, device: Device) -> GpuPerf;
+    /// How many node links' worth of bandwidth a collective whose group has `members` GPUs
+    /// on `node` gets across the network: NCCL spreads a collective's channels over the
+    /// node's NICs, and like collectives of the node's other GPUs run at the same time
+    /// (tensor-parallel groups tile the nodes), so the group gets its share of the NICs:
+    /// `NICs × members / GPUs on the node`. One when the profile does not know the NICs.
+    fn nic_share(&self, node: usize, members: usize) -> f64;
 }
 
 /// What the per-operation costs need of one GPU.
@@ -94,6 +100,8 @@ pub struct ClusterFabric {
     perf: Vec<GpuPerf>,
     /// Per node: its slowest GPU pair (infinite for a one-GPU node).
     slowest_intra: Vec<f64>,
+    /// NICs per node (`node_links.nics_per_node`), if the profile knows them.
+    nics_per_node: Option<f64>,
 }
 
 impl ClusterFabric {
@@ -151,6 +159,7 @@ impl ClusterFabric {
             throughput,
             perf,
             slowest_intra,
+            nics_per_node: cluster.node_links.nics_per_node.map(f64::from),
         })
     }
 
@@ -208,6 +217,14 @@ impl Fabric for ClusterFabric {
     #[inline]
     fn gpu_perf(&self, device: Device) -> GpuPerf {
         self.perf[self.slots[device.node].device_base + device.gpu]
+    }
+
+    #[inline]
+    fn nic_share(&self, node: usize, members: usize) -> f64 {
+        match self.nics_per_node {
+            Some(nics) => nics * members as f64 / self.slots[node].gpus.max(1) as f64,
+            None => 1.0,
+        }
     }
 }
 

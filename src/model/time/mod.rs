@@ -96,11 +96,14 @@
 
 pub mod compat;
 mod costs;
+mod evaluate;
 mod fabric;
 mod ops;
 pub mod perf;
+mod report;
 
-pub use costs::{ConfigCosts, StageSync};
+pub use costs::ConfigCosts;
+pub use evaluate::StageSync;
 pub use fabric::{
     ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis, FP32_SHARE_OF_FP16_PEAK,
 };
@@ -114,6 +117,7 @@ use crate::cluster::profile::Dtype;
 use crate::cluster::ClusterProfile;
 use crate::config::{ModelSpec, TrainingSettings};
 use crate::model::calibration::Calibration;
+use crate::model::memory::AttentionKernel;
 use crate::model::parallel::{Device, ParallelConfig, Placement};
 
 /// Which time model costs a configuration.
@@ -176,6 +180,11 @@ pub struct TimeOptions {
     /// `--tp-comm-overlap`: Transformer Engine overlaps tensor-parallel collectives with
     /// the GEMMs.
     pub tp_comm_overlap: bool,
+    /// How attention is computed: flash / fused (the default), or the unfused path of
+    /// older Megatron (and Megatron-DeepSpeed without `--use-flash-attn`), which computes
+    /// the full `s × s` scores with batched GEMMs and runs the scale-mask-softmax and the
+    /// attention dropout over them in HBM.
+    pub attention: AttentionKernel,
 }
 
 impl TimeOptions {
@@ -186,6 +195,7 @@ impl TimeOptions {
             overlap_param_gather: training.overlap_param_gather,
             grad_reduce_in_bf16: training.grad_reduce_in_bf16,
             tp_comm_overlap: training.tp_comm_overlap,
+            attention: AttentionKernel::Fused,
         }
     }
 }
@@ -324,7 +334,8 @@ pub struct StageTime {
     pub tp_comm_ms: f64,
     /// Tensor-parallel collectives hidden by `--tp-comm-overlap`.
     pub tp_comm_hidden_ms: f64,
-    /// The slowest link of the tp ring (`None` without tensor parallelism).
+    /// The slowest link of the tp ring and what the ring attains there (across nodes: the
+    /// node link times the group's share of the NICs); `None` without tensor parallelism.
     pub tp_link: Option<LinkRef>,
     /// The slowest GPU of the tp group.
     pub gpu: Option<GpuRef>,

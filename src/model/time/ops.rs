@@ -28,6 +28,7 @@
 use crate::config::{ModelSpec, PositionEmbedding};
 use crate::model::calibration::Calibration;
 use crate::model::flops::{AttentionMask, LayerFlops};
+use crate::model::memory::AttentionKernel;
 use crate::model::params::padded_vocab_size;
 
 use super::perf::{GpuKind, Layout, PerfTable};
@@ -93,6 +94,7 @@ pub struct OpShape<'a> {
     pub sequence_parallel: bool,
     /// Bytes per activation element.
     pub act_bytes: f64,
+    pub attention: AttentionKernel,
 }
 
 /// Costs of one transformer layer and the stage extras on one GPU kind.
@@ -154,14 +156,16 @@ impl KindOps {
         } else {
             (0.0, 0.0)
         };
-        // Attention core: b·heads/t heads of s × s by the head width; the causal FLOPs at
-        // the efficiency of that GEMM, the heads folded into m.
+        // Attention core: b·heads/t heads of s × s by the head width, at the efficiency of
+        // that GEMM, the heads folded into m. Flash attention skips the masked half; the
+        // unfused path computes every score (batched GEMMs), then masks.
         let heads = (shape.micro_batch * model.num_attention_heads) as f64 / t;
         let s = model.seq_length as f64;
-        let core_gflop = LayerFlops::new(model, shape.micro_batch, AttentionMask::Causal)
-            .attention_core
-            / t
-            / 1e9;
+        let mask = match shape.attention {
+            AttentionKernel::Fused => AttentionMask::Causal,
+            AttentionKernel::Unfused => AttentionMask::Full,
+        };
+        let core_gflop = LayerFlops::new(model, shape.micro_batch, mask).attention_core / t / 1e9;
         let core_eff = table.gemm_efficiency(heads * s, s, model.kv_channels as f64, Layout::Fwd);
         flags.0 |= core_eff.interpolated;
         flags.1 |= core_eff.extrapolated;
@@ -189,6 +193,20 @@ impl KindOps {
         ops.layer_fwd.add(layer_mem, 1.0);
         ops.layer_bwd
             .add(memory(2.0 * layer_bytes, layer_kernels), 1.0);
+        if shape.attention == AttentionKernel::Unfused {
+            // The b·heads/t·s² scores pass through HBM: forward, the fused scale-mask-softmax
+            // reads and writes them, the attention dropout reads them and writes its output
+            // and a one-byte mask (2e + 2e + 1 bytes per score); backward, the dropout's
+            // gradient reads the incoming gradient and the mask and writes, the softmax's
+            // reads the gradient and its output and writes (2e + 1 + 3e). Two kernels each
+            // way; the attention core is redone with the forward in recomputation.
+            let scores = heads * s * s;
+            let unfused_fwd = memory(scores * (4.0 * e + 1.0), 2.0);
+            ops.attention_fwd.add(unfused_fwd, 1.0);
+            ops.layer_fwd.add(unfused_fwd, 1.0);
+            ops.layer_bwd
+                .add(memory(scores * (5.0 * e + 1.0), 2.0), 1.0);
+        }
 
         // First stage: embedding lookup (and positions); last: final norm, logits and the
         // vocabulary-parallel cross-entropy over T × V/t logits (max, exp-sum, loss; fp32

@@ -9,7 +9,9 @@ use crate::config::{
     Normalization, PositionEmbedding, Precision, Recompute, RecomputeMethod, TrainingSettings,
 };
 use crate::model::flops::{stage_flops, AttentionMask};
+use crate::model::memory::AttentionKernel;
 use crate::model::params::ParameterBreakdown;
+use crate::model::time::perf::{GpuKind, PerfTable};
 
 fn gpu(name: &str, bf16: Option<f64>, fp16: f64) -> GpuSpec {
     GpuSpec {
@@ -299,6 +301,32 @@ fn tp_inside_a_node_beats_tp_across_nodes() {
 }
 
 #[test]
+fn tp_ring_across_nodes_spreads_over_the_nics() {
+    // tp 4 over two nodes of two GPUs (pp 1): two ring hops cross the nodes. With the NICs
+    // unknown each crossing attains one node link (20 GB/s); with 4 NICs per node the group
+    // holds both GPUs of each node, so it gets 4 × 2/2 links' worth: 80 GB/s.
+    let config = ParallelConfig::even(8, 4, 1, 1, 1);
+    let mut case = Case::new(cluster(2, 2, 200.0, 20.0), config, 4);
+    let one = case.run(TimeModel::Pipette);
+    case.cluster.node_links.nics_per_node = Some(4);
+    let four = case.run(TimeModel::Pipette);
+    let latency = 34.0 * latency_ms(ALL_REDUCE_US, 4.0);
+    assert!(close(
+        (one.stages[0].tp_comm_ms - latency) / (four.stages[0].tp_comm_ms - latency),
+        4.0
+    ));
+    assert_eq!(four.iteration_ms, case.fast());
+    assert_eq!(four.stages[0].tp_link.as_ref().unwrap().gb_per_s, 80.0);
+    // One NIC for the two GPUs of a node, both in the group: one link, as when unknown.
+    case.cluster.node_links.nics_per_node = Some(1);
+    let shared = case.run(TimeModel::Pipette);
+    assert!(close(
+        (shared.stages[0].tp_comm_ms - latency) / (one.stages[0].tp_comm_ms - latency),
+        1.0
+    ));
+}
+
+#[test]
 fn data_parallel_ring_bottleneck_and_overlap() {
     // dp 4 over four one-GPU nodes; node 2 → node 3 degraded to 5 GB/s.
     let mut c = cluster(4, 1, 240.0, 20.0);
@@ -383,6 +411,26 @@ fn interleaving_shrinks_the_bubble_and_multiplies_the_hops() {
     assert_eq!(e.pipeline.hops[3].times, 1);
     assert_eq!(e.iteration_ms, case.fast());
     terms_add_up(&e);
+}
+
+#[test]
+fn unfused_attention_moves_the_scores_through_hbm() {
+    // tp 2, micro-batch 1: per GPU 8 of the 16 heads, 1024 × 1024 scores each.
+    let config = ParallelConfig::even(8, 2, 1, 1, 1);
+    let mut case = Case::new(cluster(1, 2, 200.0, 20.0), config, 4);
+    let fused = case.run(TimeModel::Pipette);
+    case.options.attention = AttentionKernel::Unfused;
+    let unfused = case.run(TimeModel::Pipette);
+    assert_eq!(unfused.iteration_ms, case.fast());
+    let (f, u) = (&fused.stages[0], &unfused.stages[0]);
+    let a100 = PerfTable::get(GpuKind::A100);
+    let scores = 8.0 * 1024.0 * 1024.0 * case.config.micro_batch as f64;
+    // 2 bytes per fp16/bf16 score: 9 bytes forward, 11 backward, per layer; the full score
+    // matrix's GEMMs on top (flash attention skips the masked half).
+    let hbm_ms = |bytes: f64| bytes / (a100.hbm_gb_per_s * 1e6);
+    assert!(u.forward_ms - f.forward_ms > 8.0 * hbm_ms(9.0 * scores));
+    assert!(u.backward_ms - f.backward_ms > 8.0 * hbm_ms(11.0 * scores));
+    assert_eq!(u.tp_comm_ms, f.tp_comm_ms);
 }
 
 #[test]

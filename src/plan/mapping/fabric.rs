@@ -54,6 +54,11 @@ impl Fabric for PairFabric<'_> {
     fn gpu_perf(&self, device: Device) -> crate::model::time::GpuPerf {
         self.inner.gpu_perf(device)
     }
+
+    #[inline]
+    fn nic_share(&self, node: usize, members: usize) -> f64 {
+        self.inner.nic_share(node, members)
+    }
 }
 
 /// A [`Fabric`] that can be asked to bring a link's figure into the cache ahead of use.
