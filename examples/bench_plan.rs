@@ -6,6 +6,11 @@
 //! its peak memory (the process's max RSS from getrusage: the cluster, the planner and
 //! everything it allocates) is its own.
 //!
+//! The last column is a digest of the whole plan (its JSON: configuration, mapping,
+//! estimate, the mapped top configurations, the statistics): two builds that print the same
+//! digest for a case made the same plan, figure for figure, which is how a speed-up shows
+//! that it changed nothing.
+//!
 //! Usage: `cargo run --release --example bench_plan [-- CASES...] [--repeat N] [--threads N]`
 //! where a case is its key: 16, 32, 64, 1024, 1024-mix, 8192, 16384.
 
@@ -142,6 +147,16 @@ fn usage() -> (f64, f64) {
     )
 }
 
+/// FNV-1a over the plan's JSON: a fingerprint of every figure in it (serde_json writes each
+/// f64 in its shortest exact form, so the digest moves with any bit of any estimate).
+fn digest(plan: &pipette::plan::Plan) -> String {
+    let json = serde_json::to_string(plan).expect("a plan serialises");
+    let hash = json.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
+
 /// Plans `case` `repeat` times on `threads` threads (0: all) and prints a row per run.
 fn run_case(case: &Case, repeat: usize, threads: usize) {
     let pool = rayon::ThreadPoolBuilder::new()
@@ -189,7 +204,7 @@ fn run_case(case: &Case, repeat: usize, threads: usize) {
             }
         );
         println!(
-            "{:>8}  {:<28} {:<11} {:>8.3} {:>8.3} {:>8.0} {:>9} {:>7} {:>12} {:>12.0}  {:<34} {:>10.1} {:>10.1}",
+            "{:>8}  {:<28} {:<11} {:>8.3} {:>8.3} {:>8.0} {:>9} {:>7} {:>12} {:>12.0}  {:<34} {:>10.1} {:>10.1}  {}",
             case.key,
             case.cluster,
             case.model,
@@ -203,6 +218,7 @@ fn run_case(case: &Case, repeat: usize, threads: usize) {
             shape,
             result.baseline_mapping_ms,
             result.estimate.iteration_ms,
+            digest(&result),
         );
     }
 }
@@ -258,7 +274,7 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!(
-        "{:>8}  {:<28} {:<11} {:>8} {:>8} {:>8} {:>9} {:>7} {:>12} {:>12}  {:<34} {:>10} {:>10}",
+        "{:>8}  {:<28} {:<11} {:>8} {:>8} {:>8} {:>9} {:>7} {:>12} {:>12}  {:<34} {:>10} {:>10}  plan digest",
         "case",
         "cluster",
         "model",

@@ -23,7 +23,7 @@
 //!
 //! [`refine_split`] then tries moving one layer between two stages under the full time
 //! model (pipeline sends, data-parallel reduce), keeping a move only when the modelled
-//! iteration time drops and the split stays ordered by speed ([`ordered_by_speed`]).
+//! iteration time drops and the split stays ordered by speed ([`SpeedOrder`]).
 //!
 //! Pure, deterministic (ties go to the earlier stage), O(layers × stages) slot evaluations.
 
@@ -97,42 +97,94 @@ pub struct BalancedSplit {
     pub capacity: Vec<u64>,
 }
 
-/// Whether no stage holds fewer layers than a strictly slower stage of the same class of
-/// memory while it could hold more: `speed_rank[s]` orders stages by speed (higher is
-/// faster), `memory_class[s]` groups stages of equal memory, and only stages without extra
-/// work (not the first or last) are compared, as the embedding and loss rightly take
-/// layers off their stages.
-pub fn ordered_by_speed(
-    split: &[u64],
-    capacity: &[u64],
-    speed_rank: &[u64],
-    memory_class: &[u64],
-) -> bool {
-    let n = split.len();
-    let middle = 1..n.saturating_sub(1);
-    middle.clone().all(|i| {
-        middle.clone().all(|j| {
-            !(speed_rank[i] > speed_rank[j]
-                && memory_class[i] == memory_class[j]
-                && split[i] < split[j]
-                && split[i] < capacity[i])
+/// Which splits keep the stages ordered by speed: no stage holds fewer layers than a
+/// strictly slower stage of the same class of memory while it could hold more.
+/// `speed_rank[s]` orders stages by speed (higher is faster), `memory_class[s]` groups
+/// stages of equal memory, and only stages without extra work (not the first or last) are
+/// compared, as the embedding and loss rightly take layers off their stages.
+///
+/// [`refine_split`] asks this of every one-layer move of every round, so besides the whole
+/// check ([`SpeedOrder::ordered`], O(stages²)) it answers for a move from the pairs the
+/// split before the move had out of order ([`SpeedOrder::ordered_after_move`], O(stages)):
+/// a move changes only the pairs of the two stages it touches.
+#[derive(Debug, Clone, Copy)]
+pub struct SpeedOrder<'a> {
+    pub capacity: &'a [u64],
+    pub speed_rank: &'a [u64],
+    pub memory_class: &'a [u64],
+}
+
+impl SpeedOrder<'_> {
+    /// Whether stage `i` holds fewer layers than the slower stage `j` of its memory class
+    /// while it could hold more (both in the middle of the pipeline).
+    #[inline]
+    fn out_of_order(&self, split: &[u64], i: usize, j: usize) -> bool {
+        self.speed_rank[i] > self.speed_rank[j]
+            && self.memory_class[i] == self.memory_class[j]
+            && split[i] < split[j]
+            && split[i] < self.capacity[i]
+    }
+
+    fn middle(split: &[u64]) -> std::ops::Range<usize> {
+        1..split.len().saturating_sub(1)
+    }
+
+    /// Whether `split` is ordered by speed (see the type's doc).
+    pub fn ordered(&self, split: &[u64]) -> bool {
+        let middle = Self::middle(split);
+        middle
+            .clone()
+            .all(|i| middle.clone().all(|j| !self.out_of_order(split, i, j)))
+    }
+
+    /// The pairs `(i, j)` of `split` that are out of order.
+    pub fn out_of_order_pairs(&self, split: &[u64]) -> Vec<(usize, usize)> {
+        let middle = Self::middle(split);
+        middle
+            .clone()
+            .flat_map(|i| middle.clone().map(move |j| (i, j)))
+            .filter(|&(i, j)| self.out_of_order(split, i, j))
+            .collect()
+    }
+
+    /// [`SpeedOrder::ordered`] of `moved`, a split that differs from one whose
+    /// out-of-order pairs were `before` only at stages `a` and `b`: the pairs that touch
+    /// neither stage are as they were (so none of `before` may be among them), and those
+    /// that touch one are checked anew.
+    pub fn ordered_after_move(
+        &self,
+        moved: &[u64],
+        a: usize,
+        b: usize,
+        before: &[(usize, usize)],
+    ) -> bool {
+        let touches = |(i, j): (usize, usize)| i == a || i == b || j == a || j == b;
+        if !before.iter().all(|&p| touches(p)) {
+            return false;
+        }
+        let middle = Self::middle(moved);
+        [a, b].into_iter().filter(|s| middle.contains(s)).all(|s| {
+            middle
+                .clone()
+                .all(|o| !self.out_of_order(moved, s, o) && !self.out_of_order(moved, o, s))
         })
-    })
+    }
 }
 
 /// Improves `split` by moving one layer at a time between two stages while `cost` (the
 /// full modelled iteration time; `None` when the split does not fit) drops, at most
-/// `rounds` moves, each the best single move; `keep(split)` vets a move before it is
-/// costed. Returns the split and its cost.
+/// `rounds` moves, each the best single move; a move is costed only when its split is
+/// ordered by speed (`order`). Returns the split and its cost.
 pub fn refine_split(
     mut split: Vec<u64>,
     mut current: f64,
     rounds: usize,
-    keep: impl Fn(&[u64]) -> bool,
-    cost: impl Fn(&[u64]) -> Option<f64>,
+    order: &SpeedOrder<'_>,
+    mut cost: impl FnMut(&[u64]) -> Option<f64>,
 ) -> (Vec<u64>, f64) {
     let n = split.len();
     for _ in 0..rounds {
+        let before = order.out_of_order_pairs(&split);
         let mut best: Option<(f64, usize, usize)> = None;
         for from in 0..n {
             if split[from] <= 1 {
@@ -141,7 +193,7 @@ pub fn refine_split(
             for to in (0..n).filter(|&to| to != from) {
                 split[from] -= 1;
                 split[to] += 1;
-                if keep(&split) {
+                if order.ordered_after_move(&split, from, to, &before) {
                     if let Some(c) = cost(&split) {
                         if c < current && best.is_none_or(|b| c < b.0) {
                             best = Some((c, from, to));
@@ -226,13 +278,14 @@ mod tests {
 
     #[test]
     fn refinement_keeps_only_moves_that_pay() {
-        let (split, cost) = refine_split(
-            vec![5, 5],
-            10.0,
-            4,
-            |_| true,
-            |s| Some((s[0] as f64 - 7.0).abs() + 8.0),
-        );
+        let unordered = SpeedOrder {
+            capacity: &[10, 10],
+            speed_rank: &[0, 0],
+            memory_class: &[0, 0],
+        };
+        let (split, cost) = refine_split(vec![5, 5], 10.0, 4, &unordered, |s| {
+            Some((s[0] as f64 - 7.0).abs() + 8.0)
+        });
         assert_eq!(split, [7, 3]);
         assert_eq!(cost, 8.0);
     }
@@ -259,6 +312,39 @@ mod tests {
     }
 
     proptest! {
+        /// The check of one move from the pairs out of order before it is the whole check.
+        #[test]
+        fn a_moves_order_check_is_the_whole_check(
+            stages in prop::collection::vec((1u64..=6, 0u64..=3, 0u64..=1, 1u64..=6), 1..=9),
+        ) {
+            let split: Vec<u64> = stages.iter().map(|s| s.0).collect();
+            let speed_rank: Vec<u64> = stages.iter().map(|s| s.1).collect();
+            let memory_class: Vec<u64> = stages.iter().map(|s| s.2).collect();
+            let capacity: Vec<u64> = stages.iter().map(|s| s.0 + s.3 - 1).collect();
+            let order = SpeedOrder {
+                capacity: &capacity,
+                speed_rank: &speed_rank,
+                memory_class: &memory_class,
+            };
+            let before = order.out_of_order_pairs(&split);
+            prop_assert_eq!(before.is_empty(), order.ordered(&split));
+            for from in 0..split.len() {
+                for to in 0..split.len() {
+                    if from == to || split[from] <= 1 {
+                        continue;
+                    }
+                    let mut moved = split.clone();
+                    moved[from] -= 1;
+                    moved[to] += 1;
+                    prop_assert_eq!(
+                        order.ordered_after_move(&moved, from, to, &before),
+                        order.ordered(&moved),
+                        "{:?} → {:?}", split, moved
+                    );
+                }
+            }
+        }
+
         #[test]
         fn splits_sum_fit_and_favour_faster_stages((p, layers) in pipeline()) {
             let pp = p.ms_per_layer.len();

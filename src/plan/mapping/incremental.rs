@@ -8,8 +8,10 @@ use crate::model::time::ConfigCosts;
 
 /// The minimum or maximum of some leaves inside [`PipetteObjective::cells`]: a tournament
 /// tree (node `i`, root 1, at `base + i`; leaf `j` at `base + size + j`) when there are
-/// many leaves, else just the leaves, scanned when the extremum is read (a few compares
-/// beat keeping a small tree up to date). Unused leaves hold the identity.
+/// many leaves, else just the leaves and the root (a few compares beat keeping a small tree
+/// up to date), which a changed leaf updates at once when it becomes the extremum and by a
+/// scan of the leaves only when it was the extremum and no longer is. Unused leaves hold
+/// the identity.
 #[derive(Debug, Clone, Copy)]
 struct Tree {
     base: usize,
@@ -67,6 +69,11 @@ impl Marks {
         }
     }
 
+    #[inline]
+    fn contains(&self, i: usize, generation: u32) -> bool {
+        self.stamp[i] == generation
+    }
+
     fn reset(&mut self) {
         self.stamp.fill(0);
         self.list.clear();
@@ -102,6 +109,11 @@ pub struct PipetteObjective<'a, F: Links + ?Sized> {
     hop_at: usize,
     /// Per replica: the wrap-around hop.
     wrap_at: usize,
+    /// Per replica: its slowest slot, and its hops summed in stage order (the two inputs
+    /// of its pipeline time that a move changes; each is recomputed only when one of its
+    /// terms changed, the maximum only when its old value shrank).
+    max_slot_at: usize,
+    hop_sum_at: usize,
     /// Per replica: its pipeline time (max).
     replicas: Tree,
     /// Per stage: its exposed gradient reduce and parameter gather (max).
@@ -125,6 +137,9 @@ pub struct PipetteObjective<'a, F: Links + ?Sized> {
     wraps: Marks,
     ring_links: Marks,
     dirty_replicas: Marks,
+    /// Replicas whose slowest slot or hop sum must be found again.
+    rescan_slots: Marks,
+    hop_sums: Marks,
     dirty_stages: Marks,
 }
 
@@ -142,6 +157,8 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         let slot_at = take(groups);
         let hop_at = take(groups);
         let wrap_at = take(dp);
+        let max_slot_at = take(dp);
+        let hop_sum_at = take(dp);
         let mut tree = |leaves: usize, min: bool| {
             let size = leaves.max(1).next_power_of_two();
             Tree {
@@ -179,6 +196,8 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
             slot_at,
             hop_at,
             wrap_at,
+            max_slot_at,
+            hop_sum_at,
             replicas,
             grads,
             gathers,
@@ -196,6 +215,8 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
             wraps: Marks::new(dp),
             ring_links: Marks::new(groups),
             dirty_replicas: Marks::new(dp),
+            rescan_slots: Marks::new(dp),
+            hop_sums: Marks::new(dp),
             dirty_stages: Marks::new(pp),
         }
     }
@@ -236,25 +257,39 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         true
     }
 
-    /// Sets a leaf and the tree nodes above it that change.
+    /// Sets a leaf and the tree nodes above it that change; true when the root changed.
     #[inline]
-    fn set_leaf(&mut self, tree: Tree, leaf: usize, value: f64) {
+    fn set_leaf(&mut self, tree: Tree, leaf: usize, value: f64) -> bool {
         let mut i = tree.size + leaf;
-        if !self.set(tree.base + i, value) || tree.flat {
-            return;
+        let old = self.cells[tree.base + i];
+        if !self.set(tree.base + i, value) {
+            return false;
+        }
+        if tree.flat {
+            let root = self.cells[tree.base + 1];
+            return if tree.combine(value, root).to_bits() == value.to_bits() {
+                self.set(tree.base + 1, value)
+            } else if old.to_bits() == root.to_bits() {
+                let scanned = self.scan(tree);
+                self.set(tree.base + 1, scanned)
+            } else {
+                false
+            };
         }
         while i > 1 {
             i >>= 1;
             let a = self.cells[tree.base + 2 * i];
             let b = self.cells[tree.base + 2 * i + 1];
             if !self.set(tree.base + i, tree.combine(a, b)) {
-                return;
+                return false;
             }
         }
+        true
     }
 
     fn build(&mut self, tree: Tree) {
         if tree.flat {
+            self.cells[tree.base + 1] = self.scan(tree);
             return;
         }
         for i in (1..tree.size).rev() {
@@ -264,15 +299,16 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         }
     }
 
+    /// The extremum of a flat tree's leaves.
+    fn scan(&self, tree: Tree) -> f64 {
+        self.cells[tree.leaves()]
+            .iter()
+            .fold(tree.identity(), |a, &b| tree.combine(a, b))
+    }
+
     #[inline]
     fn root(&self, tree: Tree) -> f64 {
-        if tree.flat {
-            self.cells[tree.leaves()]
-                .iter()
-                .fold(tree.identity(), |a, &b| tree.combine(a, b))
-        } else {
-            self.cells[tree.base + 1]
-        }
+        self.cells[tree.base + 1]
     }
 
     fn slot(&self, devices: &[Device], gid: usize) -> f64 {
@@ -315,25 +351,40 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         })
     }
 
-    fn replica_ms(&self, d: usize) -> f64 {
+    /// Replica `d`'s slowest slot.
+    fn max_slot(&self, d: usize) -> f64 {
+        let base = self.slot_at + d * self.pp;
         let mut max_slot = f64::NEG_INFINITY;
-        let mut hop_sum = 0.0;
-        let base = d * self.pp;
-        for s in 0..self.pp {
-            let slot = self.cells[self.slot_at + base + s];
+        for &slot in &self.cells[base..base + self.pp] {
             if slot > max_slot {
                 max_slot = slot;
             }
-            if s + 1 < self.pp {
-                hop_sum += self.cells[self.hop_at + base + s];
-            }
         }
+        max_slot
+    }
+
+    /// Replica `d`'s hops summed in stage order.
+    fn hop_sum(&self, d: usize) -> f64 {
+        let base = self.hop_at + d * self.pp;
+        let mut hop_sum = 0.0;
+        for &hop in &self.cells[base..base + self.pp - 1] {
+            hop_sum += hop;
+        }
+        hop_sum
+    }
+
+    /// Replica `d`'s pipeline time from its cached slowest slot, hop sum and wrap hop.
+    fn replica_ms(&self, d: usize) -> f64 {
         let wrap = if self.wrap {
             self.cells[self.wrap_at + d]
         } else {
             0.0
         };
-        self.costs.replica_ms_from(max_slot, hop_sum, wrap)
+        self.costs.replica_ms_from(
+            self.cells[self.max_slot_at + d],
+            self.cells[self.hop_sum_at + d],
+            wrap,
+        )
     }
 
     fn stage(&mut self, s: usize) {
@@ -365,6 +416,8 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
                 &mut self.wraps,
                 &mut self.ring_links,
                 &mut self.dirty_replicas,
+                &mut self.rescan_slots,
+                &mut self.hop_sums,
                 &mut self.dirty_stages,
             ] {
                 marks.reset();
@@ -410,6 +463,8 @@ impl<F: Links + ?Sized> Objective for PipetteObjective<'_, F> {
             }
         }
         for d in 0..dp {
+            self.cells[self.max_slot_at + d] = self.max_slot(d);
+            self.cells[self.hop_sum_at + d] = self.hop_sum(d);
             let leaf = self.replicas.base + self.replicas.size + d;
             self.cells[leaf] = self.replica_ms(d);
         }
@@ -492,6 +547,8 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
             &mut self.wraps.list,
             &mut self.ring_links.list,
             &mut self.dirty_replicas.list,
+            &mut self.rescan_slots.list,
+            &mut self.hop_sums.list,
             &mut self.dirty_stages.list,
         ] {
             list.clear();
@@ -511,8 +568,21 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
                 "a move split a tp group over nodes"
             );
             let slot = self.slot(devices, gid);
-            self.set(self.slot_at + self.replica_major(gid), slot);
-            self.dirty_replicas.insert(d, generation);
+            let at = self.slot_at + self.replica_major(gid);
+            let old = self.cells[at];
+            if self.set(at, slot) {
+                self.dirty_replicas.insert(d, generation);
+                // The slowest slot, unless a scan is due anyway: a new maximum is taken at
+                // once, a shrunk maximum needs a scan, any other change leaves it.
+                if !self.rescan_slots.contains(d, generation) {
+                    let max = self.cells[self.max_slot_at + d];
+                    if slot >= max {
+                        self.set(self.max_slot_at + d, slot);
+                    } else if old >= max {
+                        self.rescan_slots.insert(d, generation);
+                    }
+                }
+            }
             let tp = self.tp;
             let node = devices[gid * tp].node;
             // Whether the link between this group and group `other` may have changed.
@@ -529,19 +599,18 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
             if self.sync {
                 if !self.uniform_speed {
                     let speed = self.speed(devices, gid);
-                    self.set_leaf(self.speeds[s], d, speed);
-                    self.dirty_stages.insert(s, generation);
+                    if self.set_leaf(self.speeds[s], d, speed) {
+                        self.dirty_stages.insert(s, generation);
+                    }
                 }
                 let base = dp * s;
                 let next = base + if d + 1 == dp { 0 } else { d + 1 };
                 let prev = base + if d == 0 { dp - 1 } else { d - 1 };
                 if near(next) {
                     self.ring_links.insert(gid, generation);
-                    self.dirty_stages.insert(s, generation);
                 }
                 if near(prev) {
                     self.ring_links.insert(prev, generation);
-                    self.dirty_stages.insert(s, generation);
                 }
             }
         }
@@ -550,24 +619,40 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
         let hops = std::mem::take(&mut self.hops.list);
         for &gid in &hops {
             let hop = self.hop(devices, gid, gid + dp);
-            self.set(self.hop_at + self.replica_major(gid), hop);
+            if self.set(self.hop_at + self.replica_major(gid), hop) {
+                let d = self.replica_of[gid] as usize;
+                self.hop_sums.insert(d, generation);
+                self.dirty_replicas.insert(d, generation);
+            }
         }
         self.hops.list = hops;
         let wraps = std::mem::take(&mut self.wraps.list);
         for &d in &wraps {
             let hop = self.hop(devices, d + dp * (pp - 1), d);
-            self.set(self.wrap_at + d, hop);
+            if self.set(self.wrap_at + d, hop) {
+                self.dirty_replicas.insert(d, generation);
+            }
         }
         self.wraps.list = wraps;
         let links = std::mem::take(&mut self.ring_links.list);
         for &gid in &links {
             let link = self.ring_link(devices, gid);
             let (s, d) = (self.stage_of[gid] as usize, self.replica_of[gid] as usize);
-            self.set_leaf(self.rings[s], d, link);
+            if self.set_leaf(self.rings[s], d, link) {
+                self.dirty_stages.insert(s, generation);
+            }
         }
         self.ring_links.list = links;
         let replicas = std::mem::take(&mut self.dirty_replicas.list);
         for &d in &replicas {
+            if self.rescan_slots.contains(d, generation) {
+                let max = self.max_slot(d);
+                self.set(self.max_slot_at + d, max);
+            }
+            if self.hop_sums.contains(d, generation) {
+                let sum = self.hop_sum(d);
+                self.set(self.hop_sum_at + d, sum);
+            }
             let ms = self.replica_ms(d);
             self.set_leaf(self.replicas, d, ms);
         }

@@ -1,15 +1,17 @@
 //! Uneven layer splits on heterogeneous clusters: per-stage tables, balanced splits of
 //! every plain-1F1B shape and their refinement under the full time model.
 
+use std::cell::OnceCell;
+
 use rayon::prelude::*;
 
 use super::options::PlanOptions;
 use super::rank::{config_key, cost, stage_needs};
 use crate::config::{ModelSpec, Settings};
 use crate::model::parallel::{Device, ParallelConfig};
-use crate::model::time::{ClusterFabric, ConfigCosts, Fabric};
+use crate::model::time::{ClusterFabric, ConfigCosts, Fabric, StageSync, TimeModel};
 use crate::plan::hetero::Arrangement;
-use crate::plan::layers::{balance_layers, ordered_by_speed, refine_split, BalancedSplit};
+use crate::plan::layers::{balance_layers, refine_split, BalancedSplit, SpeedOrder};
 use crate::plan::space::layer_splits;
 
 /// A configuration's stages with every possible layer count, for balancing: per count
@@ -72,20 +74,131 @@ impl StageTables {
     pub(super) fn fits(&self, usable: &[u64], s: usize, l: u64) -> bool {
         l >= 1 && l <= self.most && self.needs[l as usize - 1][s] <= usable[s]
     }
+}
 
-    /// Stage `s`'s slot with `l` layers on `devices` of `fabric`: its slowest replica.
-    fn slot_ms(&self, fabric: &ClusterFabric, devices: &[Device], s: usize, l: u64) -> f64 {
-        if l < 1 || l > self.most || self.costs.is_empty() {
+/// The time model's figures of stage `s` with `l` layers on one placement.
+struct StagePieces {
+    /// Per replica `d`: the slot of its tp group of stage `s`.
+    slots: Vec<f64>,
+    /// The stage's exposed data-parallel synchronisation.
+    sync: StageSync,
+}
+
+/// The time model's value of every split of one [`StageTables`] shape on one placement,
+/// from pieces memoised by stage and layer count.
+///
+/// A stage's slot and data-parallel synchronisation depend only on its own layer count and
+/// position (the pipeline sends not at all), so every split a balancing and its refinement
+/// try is the same few hundred pieces added up anew: the pieces are [`ConfigCosts`]' own
+/// (`group_slot_ms`, `hop_ms`, `stage_sync`, `replica_ms_from`) taken from the tables'
+/// costs and combined in [`ConfigCosts::evaluate`]'s order, so a split's value is bit for
+/// bit what `ConfigCosts::new` of that split and `evaluate` give (a test checks it), without
+/// costing the configuration again or walking every rank.
+struct SplitCosts<'a> {
+    tables: &'a StageTables,
+    fabric: &'a ClusterFabric,
+    devices: &'a [Device],
+    /// Per replica: its pipeline hops summed in stage order, and its wrap-around hop.
+    hop_sums: Vec<f64>,
+    wraps: Vec<f64>,
+    /// Stage `s` with `l` layers at `s · most + l − 1`, filled when first asked for.
+    pieces: Vec<OnceCell<StagePieces>>,
+}
+
+impl<'a> SplitCosts<'a> {
+    /// `None` when the tables hold no costs.
+    fn new(
+        tables: &'a StageTables,
+        fabric: &'a ClusterFabric,
+        devices: &'a [Device],
+    ) -> Option<Self> {
+        let costs = tables.costs.first()?;
+        let (tp, dp, pp) = (costs.tp(), costs.dp(), costs.pp());
+        let group = |d: usize, s: usize| {
+            let at = tp * (d + dp * s);
+            &devices[at..at + tp]
+        };
+        let mut hop_sums = Vec::with_capacity(dp);
+        let mut wraps = Vec::with_capacity(dp);
+        for d in 0..dp {
+            let mut sum = 0.0;
+            for s in 0..pp.saturating_sub(1) {
+                sum += costs.hop_ms(fabric, group(d, s), group(d, s + 1));
+            }
+            hop_sums.push(sum);
+            wraps.push(if costs.has_wrap_hop() {
+                costs.hop_ms(fabric, group(d, pp - 1), group(d, 0))
+            } else {
+                0.0
+            });
+        }
+        Some(SplitCosts {
+            tables,
+            fabric,
+            devices,
+            hop_sums,
+            wraps,
+            pieces: (0..pp * tables.most as usize)
+                .map(|_| OnceCell::new())
+                .collect(),
+        })
+    }
+
+    /// Stage `s`'s pieces with `l` layers (`1 ≤ l ≤ most`).
+    fn pieces(&self, s: usize, l: u64) -> &StagePieces {
+        self.pieces[s * self.tables.most as usize + l as usize - 1].get_or_init(|| {
+            let costs = &self.tables.costs[l as usize - 1];
+            let tp = costs.tp();
+            let slots = (0..costs.dp())
+                .map(|d| {
+                    let at = tp * (d + costs.dp() * s);
+                    costs.group_slot_ms(self.fabric, &self.devices[at..at + tp], s)
+                })
+                .collect();
+            StagePieces {
+                slots,
+                sync: costs.stage_sync(self.fabric, self.devices, s),
+            }
+        })
+    }
+
+    /// Stage `s`'s slot with `l` layers: its slowest replica's (infinite beyond the
+    /// tables).
+    fn slot_ms(&self, s: usize, l: u64) -> f64 {
+        if l < 1 || l > self.tables.most {
             return f64::INFINITY;
         }
-        let costs = &self.costs[l as usize - 1];
-        let tp = costs.tp();
-        (0..costs.dp())
-            .map(|d| {
-                let at = tp * (d + costs.dp() * s);
-                costs.group_slot_ms(fabric, &devices[at..at + tp], s)
-            })
-            .fold(0.0, f64::max)
+        self.pieces(s, l).slots.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// The iteration time of `split` (every count within the tables), as
+    /// [`ConfigCosts::evaluate`] adds it up.
+    fn cost(&self, split: &[u64]) -> f64 {
+        let costs = &self.tables.costs[0];
+        let stages: Vec<&StagePieces> = split
+            .iter()
+            .enumerate()
+            .map(|(s, &l)| self.pieces(s, l))
+            .collect();
+        let mut pipeline = 0.0f64;
+        for d in 0..costs.dp() {
+            let mut slot = f64::NEG_INFINITY;
+            for stage in &stages {
+                if stage.slots[d] > slot {
+                    slot = stage.slots[d];
+                }
+            }
+            pipeline = pipeline.max(costs.replica_ms_from(slot, self.hop_sums[d], self.wraps[d]));
+        }
+        let mut grad = 0.0f64;
+        let mut gather = 0.0f64;
+        if costs.dp() > 1 {
+            for stage in &stages {
+                grad = grad.max(stage.sync.grad_reduce_ms);
+                gather = gather.max(stage.sync.param_gather_ms);
+            }
+        }
+        pipeline + grad + gather
     }
 }
 
@@ -136,10 +249,14 @@ pub(super) fn balanced_configs(
             let known = layer_splits(layers, base.pp, true);
             for (a, arrangement) in arrangements.iter().enumerate() {
                 let usable = stage_usables(arrangement, base);
+                let Some(split_costs) = SplitCosts::new(&tables, &arrangement.fabric, identity)
+                else {
+                    continue;
+                };
                 let split = balance_layers(
                     layers,
                     base.pp as usize,
-                    |s, l| tables.slot_ms(&arrangement.fabric, identity, s, l),
+                    |s, l| split_costs.slot_ms(s, l),
                     |s, l| tables.fits(&usable, s, l),
                 );
                 let Some(split) = split else {
@@ -147,7 +264,7 @@ pub(super) fn balanced_configs(
                 };
                 let split = refine_balanced(
                     settings,
-                    &tables,
+                    &split_costs,
                     split,
                     &usable,
                     arrangement,
@@ -168,13 +285,14 @@ pub(super) fn balanced_configs(
 /// time model (see [`crate::plan::layers::refine_split`]), kept ordered by stage speed.
 fn refine_balanced(
     settings: &Settings,
-    tables: &StageTables,
+    split_costs: &SplitCosts<'_>,
     split: BalancedSplit,
     usable: &[u64],
     arrangement: &Arrangement,
     identity: &[Device],
     options: &PlanOptions,
 ) -> Vec<u64> {
+    let tables = split_costs.tables;
     let config = &tables.base;
     let pp = config.pp as usize;
     let per_stage = (config.tp * config.dp) as usize;
@@ -199,6 +317,9 @@ fn refine_balanced(
         {
             return None;
         }
+        if options.time_model != TimeModel::PipetteCompat {
+            return Some(split_costs.cost(split));
+        }
         let candidate = with_split(config, split.to_vec());
         let costs = ConfigCosts::new(
             &settings.model,
@@ -220,12 +341,113 @@ fn refine_balanced(
     let Some(current) = cost_of(&split.layers) else {
         return split.layers;
     };
-    refine_split(
-        split.layers,
-        current,
-        pp,
-        |layers| ordered_by_speed(layers, &split.capacity, &speed_rank, usable),
-        cost_of,
-    )
-    .0
+    let order = SpeedOrder {
+        capacity: &split.capacity,
+        speed_rank: &speed_rank,
+        memory_class: usable,
+    };
+    refine_split(split.layers, current, pp, &order, cost_of).0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ClusterProfile;
+    use crate::config::{settings_from_megatron_args, Recompute, RecomputeMethod};
+    use crate::model::parallel::Placement;
+    use crate::plan::hetero::{class_orders, gpu_classes};
+
+    /// Every split one or two single-layer moves away from the even one, on every
+    /// arrangement of A100 and V100 nodes, for shapes with and without data parallelism,
+    /// tensor parallelism, sequence parallelism, recomputation and the distributed
+    /// optimizer: the pieces add up to exactly what the time model says of the split.
+    #[test]
+    fn a_split_costed_from_stage_pieces_is_what_the_time_model_says() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/clusters/a100-v100-mixed-4x8.json");
+        let cluster = ClusterProfile::load(&path).unwrap();
+        let settings =
+            settings_from_megatron_args(&["--fp16".to_string()], Some("gpt3-13b"), &[]).unwrap();
+        let options = PlanOptions::default();
+        let precision = settings.training.precision;
+        let fabric = ClusterFabric::new(&cluster, precision, &options.calibration).unwrap();
+        let classes = gpu_classes(&cluster, &fabric, options.headroom);
+        assert_eq!(classes.len(), 2, "a mixed cluster");
+        let identity = Placement::identity(32, 8).devices;
+        let layers = settings.model.num_layers;
+        let shape = |tp, pp, dp, mb| ParallelConfig::even(layers, tp, pp, dp, mb);
+        let bases = [
+            shape(1, 2, 16, 1),
+            shape(2, 4, 4, 2),
+            ParallelConfig {
+                sequence_parallel: true,
+                distributed_optimizer: true,
+                ..shape(4, 8, 1, 1)
+            },
+            ParallelConfig {
+                recompute: Recompute::Full {
+                    method: RecomputeMethod::Block,
+                    num_layers: 2,
+                },
+                distributed_optimizer: true,
+                ..shape(2, 4, 4, 1)
+            },
+            ParallelConfig {
+                recompute: Recompute::Selective,
+                sequence_parallel: true,
+                ..shape(8, 2, 2, 4)
+            },
+        ];
+        let mut checked = 0;
+        for order in class_orders(classes.len()) {
+            let arrangement = Arrangement::new(
+                &cluster,
+                &fabric,
+                &classes,
+                &order,
+                options.headroom,
+                precision,
+                &options.calibration,
+            )
+            .unwrap();
+            for base in &bases {
+                let tables = StageTables::new(&settings, base, &options, true).unwrap();
+                let pieces = SplitCosts::new(&tables, &arrangement.fabric, &identity).unwrap();
+                let pp = base.pp as usize;
+                let even = base.layers_per_stage.clone();
+                let mut splits = vec![even.clone()];
+                for (a, b, c, d) in (0..pp * pp * pp * pp)
+                    .map(|i| (i % pp, i / pp % pp, i / pp / pp % pp, i / pp / pp / pp))
+                {
+                    let mut split = even.clone();
+                    split[a] -= 1;
+                    split[b] += 1;
+                    split[c] -= 1;
+                    split[d] += 1;
+                    if split.iter().all(|&l| l >= 1) {
+                        splits.push(split);
+                    }
+                }
+                for split in splits {
+                    let config = with_split(base, split.clone());
+                    let costs = ConfigCosts::new(
+                        &settings.model,
+                        &settings.training,
+                        &config,
+                        &options.calibration,
+                        &options.time_options,
+                    )
+                    .unwrap();
+                    let whole = costs.evaluate(&arrangement.fabric, &identity);
+                    assert_eq!(
+                        pieces.cost(&split).to_bits(),
+                        whole.to_bits(),
+                        "{config:?} on order {order:?}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 1000, "{checked} splits");
+    }
 }
