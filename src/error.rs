@@ -50,9 +50,34 @@ pub enum Error {
     ClusterMismatch(String),
     #[error("internal error: {0} (this is a bug in pipette-run; please report it)")]
     Internal(String),
+    /// A stop signal arrived between two stages (see [`crate::exec::signals`]).
+    #[error("stopped by {} (nothing was left running)", crate::exec::signals::signal_name(*.0))]
+    Interrupted(i32),
 }
 
 impl Error {
+    /// The stop signal that ended the run, when one did: while profiling, in the trial, or
+    /// between two stages.
+    pub fn interrupted_by(&self) -> Option<i32> {
+        match self {
+            Error::Interrupted(signal) => Some(*signal),
+            Error::Profile(ProfileRunError::Exec(e)) | Error::Trial(TrialError::Exec(e)) => {
+                e.interrupted_by()
+            }
+            _ => None,
+        }
+    }
+
+    /// The process's exit code: [`Error::exit_code`]'s, or 128 + N after signal N.
+    pub fn process_exit_code(&self) -> i32 {
+        match self.interrupted_by() {
+            Some(signal) => crate::exit::signal(signal),
+            None => self.exit_code().code(),
+        }
+    }
+
+    /// The code of the error's kind ([`Error::process_exit_code`] is what the process
+    /// returns: a run a signal stopped exits with 128 + N, which no [`ExitCode`] names).
     pub fn exit_code(&self) -> ExitCode {
         match self {
             Error::Usage(_) => ExitCode::Usage,
@@ -103,7 +128,7 @@ impl Error {
                 PeerError::Incomplete { .. } => ExitCode::NodeList,
                 PeerError::NoLeader { .. } => ExitCode::Unreachable,
             },
-            Error::Internal(_) => ExitCode::Internal,
+            Error::Internal(_) | Error::Interrupted(_) => ExitCode::Internal,
         }
     }
 }

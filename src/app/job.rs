@@ -62,35 +62,109 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
 /// discover, profile the nodes (or read --cluster), plan, run the trial and re-plan with
 /// the fitted calibration (unless --no-trial or --calibration), render attempt 1 into the
 /// run directory, then hand over to [`supervise::supervise`]. Returns pipette-run's exit
-/// code: 0, the failing worker's, or 128 + a signal; errors before anything runs are the
-/// usual [`Error`]s.
+/// code: 0, the failing worker's, or 128 + a signal (also when one stops profiling or the
+/// trial, see [`ending_on_signal`]); errors before anything runs are the usual [`Error`]s.
 pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
-    let mut job = prepare_job(config)?;
-    let trial = if !config.trial.before_launch {
-        None
-    } else {
-        let (plan, report) = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS)?;
-        job.plan = plan;
-        if let launch::Planning::On(inputs) = &mut job.template.planning {
-            inputs.options.calibration = report.calibration.clone();
+    ending_on_signal(config, |stage| {
+        let mut job = prepare_job(config)?;
+        stage.run_dir = Some(job.template.run_dir.clone());
+        stop_requested()?;
+        stage.during = "the trial run";
+        let trial = if !config.trial.before_launch {
+            None
+        } else {
+            let (plan, report) = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS)?;
+            job.plan = plan;
+            if let launch::Planning::On(inputs) = &mut job.template.planning {
+                inputs.options.calibration = report.calibration.clone();
+            }
+            Some(report)
+        };
+        stage.during = "the launch's preparation";
+        let Job {
+            template,
+            profile,
+            plan,
+            ..
+        } = job;
+        let layout = launch::Layout::Planned {
+            plan: Box::new(plan),
+            profile: Box::new(profile),
+        };
+        let first = template.prepare(1, layout, None).map_err(launch_error)?;
+        if let Some(report) = &trial {
+            write_json(&template.run_dir.join("trial.json"), report, "--run-dir")?;
         }
-        Some(report)
+        supervise_job(config, &template, first, trial.as_ref())
+    })
+}
+
+/// What a launch was doing, for a stop signal's record.
+pub(super) struct Stage {
+    /// `profiling the nodes`, `the trial run`.
+    pub(super) during: &'static str,
+    /// The run directory, once known.
+    pub(super) run_dir: Option<std::path::PathBuf>,
+}
+
+/// Runs `launch` (which says in its [`Stage`] what it is doing); when a stop signal ends it
+/// before the supervisor takes over (profiling, planning, the trial: each stops what it ran
+/// and removes its staging), records the signal and the exit in the run directory's
+/// `events.jsonl` and `summary.txt` as the supervisor would, prints the summary, and
+/// returns 128 + the signal's number.
+pub(super) fn ending_on_signal(
+    config: &RunConfig,
+    launch: impl FnOnce(&mut Stage) -> Result<i32, Error>,
+) -> Result<i32, Error> {
+    let mut stage = Stage {
+        during: "profiling the nodes",
+        run_dir: None,
     };
-    let Job {
-        template,
-        profile,
-        plan,
-        ..
-    } = job;
-    let layout = launch::Layout::Planned {
-        plan: Box::new(plan),
-        profile: Box::new(profile),
+    let error = match launch(&mut stage) {
+        Ok(code) => return Ok(code),
+        Err(e) => e,
     };
-    let first = template.prepare(1, layout, None).map_err(launch_error)?;
-    if let Some(report) = &trial {
-        write_json(&template.run_dir.join("trial.json"), report, "--run-dir")?;
+    let Some(signal) = error.interrupted_by() else {
+        return Err(error);
+    };
+    let run_dir = match stage.run_dir {
+        Some(dir) => dir,
+        None => {
+            let workdir = std::env::current_dir()
+                .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
+            match &config.launch.run_dir {
+                Some(dir) => workdir.join(dir),
+                None => {
+                    let rdzv_id = rendezvous_id(config.launch.rdzv_id.as_deref(), None);
+                    render::default_run_dir(&workdir, &rdzv_id, unix_seconds())
+                }
+            }
+        }
+    };
+    let events = supervise::events::EventLog::create(&run_dir).map_err(|e| {
+        Error::Usage(format!(
+            "cannot write {}: {e} (choose another --run-dir)",
+            run_dir.join("events.jsonl").display()
+        ))
+    })?;
+    let count = supervise::signals::stop_received().map_or(1, |r| r.count);
+    let outcome = supervise::interrupted(&events, signal, count, stage.during);
+    eprintln!(
+        "pipette-run: {} received during {}: stopped it (nothing is left running); run directory {} (events.jsonl, summary.txt)",
+        supervise::signals::signal_name(signal),
+        stage.during,
+        run_dir.display()
+    );
+    finish_outcome(config, &run_dir, &outcome, None)
+}
+
+/// `Err(Error::Interrupted)` once a stop signal has arrived: checked between the stages
+/// that do not watch for one themselves.
+pub(super) fn stop_requested() -> Result<(), Error> {
+    match supervise::signals::stop_received() {
+        Some(r) => Err(Error::Interrupted(r.signal)),
+        None => Ok(()),
     }
-    supervise_job(config, &template, first, trial.as_ref())
 }
 
 /// Supervises `first` (and every relaunch) to the end, planned or not: the event log, the
@@ -118,7 +192,19 @@ pub(super) fn supervise_job(
         launch::Planning::Off { .. } => "launch scripts, world.json, logs/, events.jsonl",
     };
     eprintln!("pipette-run: run directory {} ({files})", run_dir.display());
+    stop_requested()?;
     let outcome = supervise::supervise(template, first, &config.supervise, &events);
+    finish_outcome(config, &run_dir, &outcome, trial)
+}
+
+/// The end of a job: the summary (on stderr and in the run directory) and, with `--json`,
+/// the result on stdout. Returns pipette-run's exit code.
+fn finish_outcome(
+    config: &RunConfig,
+    run_dir: &std::path::Path,
+    outcome: &supervise::Outcome,
+    trial: Option<&trial::TrialReport>,
+) -> Result<i32, Error> {
     let summary = outcome.summary();
     eprint!("{summary}");
     if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
@@ -127,7 +213,7 @@ pub(super) fn supervise_job(
     if config.output.json {
         let result = LaunchResult {
             run_dir: run_dir.display().to_string(),
-            outcome: &outcome,
+            outcome,
             trial,
         };
         println!("{}", to_json(&result)?);

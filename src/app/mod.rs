@@ -56,8 +56,10 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     }
 }
 
-/// The single driver's run (also the leader's, of one copy per node).
+/// The single driver's run (also the leader's, of one copy per node). The signal handlers
+/// are in place from here to the end (see [`crate::exec::signals`]).
 fn drive(config: &RunConfig) -> i32 {
+    let _signals = crate::exec::signals::SignalGuard::install();
     if let Some(why) = config.planning_off() {
         return match config.output.dry_run {
             true => finish("pipette-run", unplanned::run(config, &why)),
@@ -125,7 +127,7 @@ fn finish(program: &str, result: Result<(), Error>) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("{program}: error: {e}");
-            e.exit_code().code()
+            e.process_exit_code()
         }
     }
 }

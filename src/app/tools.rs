@@ -187,7 +187,11 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             Ok(())
         }
         PipetteCommand::Calibrate(args) => {
-            calibrate(&RunConfig::resolve(&args.run, env.clone()), &args.out)
+            {
+                // The trial stops in order on a stop signal, as pipette-run's does.
+                let _signals = crate::exec::signals::SignalGuard::install();
+                calibrate(&RunConfig::resolve(&args.run, env.clone()), &args.out)
+            }
         }
         PipetteCommand::Presets { output } => {
             let names = config::presets::names();

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::config::RunConfig;
 use super::inputs::{allocate, discover_nodes, script_section};
-use super::job::{job_template, launch_error, supervise_job};
+use super::job::{ending_on_signal, job_template, launch_error, supervise_job};
 use super::to_json;
 use crate::cluster::allocation::NprocPerNode;
 use crate::cluster::{Allocation, ClusterProfile, Slots};
@@ -108,20 +108,24 @@ pub(super) fn run(config: &RunConfig, why: &str) -> Result<(), Error> {
 /// Launches the world on the nodes found and supervises it to the end (relaunching on the
 /// survivors after a node failure); returns pipette-run's exit code, the job's.
 pub(super) fn launch_and_supervise(config: &RunConfig, why: &str) -> Result<i32, Error> {
-    let prepared = prepare(config, why)?;
-    for note in &prepared.notes {
-        eprintln!("pipette-run: {note}");
-    }
-    let template = job_template(config, planning_off(why), &prepared.allocation)?;
-    let first = template
-        .prepare(1, Layout::World(prepared.world), None)
-        .map_err(launch_error)?;
-    // Silence fails the job only when --startup-timeout says how long: torchrun never
-    // gives up on a quiet script, and a script that is not Megatron's prints no iteration
-    // lines by which progress could be told.
-    let mut config = config.clone();
-    config.supervise.startup_timeout = config.startup_timeout_given;
-    supervise_job(&config, &template, first, None)
+    ending_on_signal(config, |stage| {
+        stage.during = "the launch's preparation";
+        let prepared = prepare(config, why)?;
+        for note in &prepared.notes {
+            eprintln!("pipette-run: {note}");
+        }
+        let template = job_template(config, planning_off(why), &prepared.allocation)?;
+        stage.run_dir = Some(template.run_dir.clone());
+        let first = template
+            .prepare(1, Layout::World(prepared.world), None)
+            .map_err(launch_error)?;
+        // Silence fails the job only when --startup-timeout says how long: torchrun never
+        // gives up on a quiet script, and a script that is not Megatron's prints no iteration
+        // lines by which progress could be told.
+        let mut config = config.clone();
+        config.supervise.startup_timeout = config.startup_timeout_given;
+        supervise_job(&config, &template, first, None)
+    })
 }
 
 fn planning_off(why: &str) -> Planning {

@@ -42,6 +42,10 @@ pub enum ExecError {
         /// What it wrote before it was stopped.
         output: Box<Output>,
     },
+    /// pipette-run was told to stop (a stop signal, see [`super::signals`]); what ran was
+    /// stopped.
+    #[error("stopped by {} (nothing was left running)", super::signals::signal_name(*.signal))]
+    Interrupted { signal: i32 },
     /// Waiting for or signalling a process we started failed.
     #[error("lost track of {command} on {host}: {detail} (this is a bug in pipette-run; please report it)")]
     Lost {
@@ -58,9 +62,18 @@ impl ExecError {
         matches!(self, ExecError::Unreachable { .. })
     }
 
-    /// The host the error is about.
+    /// The stop signal that ended what ran, when one did.
+    pub fn interrupted_by(&self) -> Option<i32> {
+        match self {
+            ExecError::Interrupted { signal } => Some(*signal),
+            _ => None,
+        }
+    }
+
+    /// The host the error is about (none when pipette-run was stopped).
     pub fn host(&self) -> &str {
         match self {
+            ExecError::Interrupted { .. } => "",
             ExecError::BadHost { host, .. }
             | ExecError::BadCommand { host, .. }
             | ExecError::Start { host, .. }

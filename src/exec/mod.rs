@@ -22,6 +22,7 @@ pub mod agent;
 mod error;
 mod process;
 mod quote;
+pub mod signals;
 pub mod staged;
 pub mod transport;
 

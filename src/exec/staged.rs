@@ -9,8 +9,9 @@
 //!   happened, and only directories whose name carries the prefix.
 //! - [`free_port`] finds a port nobody listens on at a node (for torchrun's master).
 //! - [`run_on_every_node`] starts every node's command, calls back while they run, stops
-//!   every node as soon as one fails or the time limit passes (TERM, grace, KILL, all nodes
-//!   in parallel), and hands back every node's output.
+//!   every node as soon as one fails, the time limit passes or a stop signal arrives (TERM,
+//!   grace, KILL, all nodes in parallel; see [`super::signals`]), and hands back every
+//!   node's output. Act signals are the caller's to pass on, from `tick`.
 //!
 //! Knows nothing of torchrun or of what the staged file does.
 
@@ -18,8 +19,8 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use super::{
-    format_duration, run, run_with, spawn_with, ExecError, ExecOptions, NodeCommand, Output,
-    RunningCommand, Status, Transport,
+    format_duration, run, run_with, signals, spawn_with, ExecError, ExecOptions, NodeCommand,
+    Output, RunningCommand, Status, Transport,
 };
 
 /// One file to put on every node.
@@ -192,8 +193,9 @@ pub enum JobError {
 }
 
 /// Runs `commands` (host, command), one per node, until all succeed (their outputs, in
-/// order), one fails, or `timeout` passes. `tick` is called about every 50 ms while they
-/// run, and once more at the end.
+/// order), one fails, `timeout` passes, or a stop signal arrives
+/// ([`ExecError::Interrupted`]; nothing is started after one). `tick` is called about every
+/// 50 ms while they run, and once more at the end.
 pub fn run_on_every_node(
     transport: &Transport,
     commands: &[(String, NodeCommand)],
@@ -201,6 +203,12 @@ pub fn run_on_every_node(
     timeout: Duration,
     mut tick: impl FnMut(),
 ) -> Result<Vec<Output>, JobError> {
+    let interrupted = |signal: i32| JobError::Exec(ExecError::Interrupted { signal });
+    // Stopping the nodes takes at most the grace period: a second signal waits for it.
+    let _stopping = signals::Stopping::new();
+    if let Some(r) = signals::stop_received() {
+        return Err(interrupted(r.signal));
+    }
     let mut running: Vec<RunningCommand> = Vec::with_capacity(commands.len());
     for (host, command) in commands {
         match spawn_with(transport, host, command, options) {
@@ -214,6 +222,10 @@ pub fn run_on_every_node(
     let deadline = Instant::now() + timeout;
     loop {
         tick();
+        if let Some(r) = signals::stop_received() {
+            stop_all(&mut running);
+            return Err(interrupted(r.signal));
+        }
         let mut finished = 0;
         let mut failure = None;
         for (i, command) in running.iter_mut().enumerate() {

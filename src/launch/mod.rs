@@ -41,7 +41,9 @@ use crate::plan::{Plan, PlanError, PlanOptions};
 use crate::render::{self, LaunchSpec, RenderError, ScriptInvocation, Templates};
 
 pub use checkpoint::{read_checkpoint, CheckpointState};
-pub use teardown::{sweep, teardown, NodeStop, SWEEP_SCRIPT};
+pub use teardown::{
+    signal_workers, sweep, teardown, NodeStop, SIGNAL_WORKERS_SCRIPT, SWEEP_SCRIPT,
+};
 
 /// The variable that marks every process of one pipette-run invocation.
 pub const RUN_ID_VAR: &str = "PIPETTE_RUN_ID";

@@ -1,6 +1,8 @@
 //! Stopping a job: every node's torchrun torn down at once (TERM, the grace period, KILL,
 //! through the exec seam, which also tears remote commands down on the node), a second
-//! signal killing at once, and then a sweep for what a launcher left behind.
+//! signal killing at once, and then a sweep for what a launcher left behind; and passing an
+//! act signal (USR1, USR2) to the training script's workers while the job goes on
+//! ([`signal_workers`]).
 //!
 //! Why the sweep: torchrun starts each worker in a session of its own, so when torchrun
 //! itself is killed (or stopped, and then killed) its workers are outside the process group
@@ -216,29 +218,11 @@ pub fn sweep(
 /// The local sweep: a few rounds, so that a process started while the first round ran is
 /// caught by the next.
 fn sweep_here(run: &str, node: &str) -> usize {
-    let me = std::process::id();
     let mut killed = BTreeSet::new();
     for _round in 0..5 {
         let mut found = false;
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return 0;
-        };
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if pid == me || killed.contains(&pid) {
-                continue;
-            }
-            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-                continue;
-            };
-            let has = |want: &str| environ.split(|b| *b == 0).any(|v| v == want.as_bytes());
-            if has(run) && has(node) && kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok() {
+        for (pid, _) in processes_of(run, node) {
+            if !killed.contains(&pid) && kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
                 killed.insert(pid);
                 found = true;
             }
@@ -249,6 +233,102 @@ fn sweep_here(run: &str, node: &str) -> usize {
         std::thread::sleep(Duration::from_millis(20));
     }
     killed.len()
+}
+
+/// Every process on this machine (but this one) whose environment holds both `run` and
+/// `node` (`NAME=VALUE`), with its environment.
+fn processes_of(run: &str, node: &str) -> Vec<(i32, Vec<u8>)> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            (pid != me && environ_has(&environ, run) && environ_has(&environ, node))
+                .then_some((pid, environ))
+        })
+        .collect()
+}
+
+/// Whether a `/proc/PID/environ` holds exactly `want` (`NAME=VALUE`), or with `want` ending
+/// in `=`, the variable at all.
+fn environ_has(environ: &[u8], want: &str) -> bool {
+    environ
+        .split(|b| *b == 0)
+        .any(|v| match want.ends_with('=') {
+            true => v.starts_with(want.as_bytes()),
+            false => v == want.as_bytes(),
+        })
+}
+
+/// The variable torchrun sets for every worker it starts (and that torchrun itself, started
+/// by us, does not have): what tells a worker from its launcher and from what it starts
+/// in turn (data loader processes inherit it from their worker).
+const WORKER_VAR: &str = "TORCHELASTIC_RUN_ID=";
+
+/// The POSIX `sh` script that passes signal `$1` to the workers of run `$2` on node `$3`
+/// (`NAME=VALUE` words) on a remote node, and prints how many it told: the processes of
+/// the run with [`WORKER_VAR`] whose parent lacks it (see [`signal_workers`]).
+pub const SIGNAL_WORKERS_SCRIPT: &str = concat!(
+    "n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ \"$p\" = \"$$\" ] && continue; ",
+    "grep -qzxF -- \"$2\" \"$d/environ\" 2>/dev/null && grep -qzxF -- \"$3\" \"$d/environ\" 2>/dev/null ",
+    "&& grep -qz '^TORCHELASTIC_RUN_ID=' \"$d/environ\" 2>/dev/null || continue; ",
+    "q=$(sed -n 's/^PPid:[[:space:]]*//p' \"$d/status\" 2>/dev/null); ",
+    "grep -qz '^TORCHELASTIC_RUN_ID=' \"/proc/$q/environ\" 2>/dev/null && continue; ",
+    "kill -s \"$1\" \"$p\" 2>/dev/null && n=$((n + 1)); done; echo \"$n\""
+);
+
+/// Passes `signal` (an act signal: USR1, USR2) to the training script's processes of run
+/// `run_id` on `host`: every worker torchrun started there, and nothing else. Returns how
+/// many it told.
+///
+/// Why not through torchrun: torchrun does not pass USR1/USR2 on. Unhandled, either ends
+/// torchrun at once and orphans its workers; named in `--signals-to-handle`, torchrun
+/// treats it as a death signal and stops the workers with it. What a job wants from
+/// `--signal=USR1@120` is the script's own handler to run and the job to go on, so the
+/// signal goes to each worker process, as torchrun itself addresses its workers, but not
+/// to the worker's whole process group: data loader processes in that group would die of a
+/// signal they do not handle.
+pub fn signal_workers(
+    transport: &Transport,
+    host: &str,
+    run_id: &str,
+    signal: Signal,
+    timeout: Duration,
+) -> Result<usize, ExecError> {
+    let run = format!("{RUN_ID_VAR}={run_id}");
+    let node = format!("PIPETTE_HOST={host}");
+    if *transport == Transport::Local {
+        let parent_is_worker = |pid: i32| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let parent = status
+                .lines()
+                .find_map(|l| l.strip_prefix("PPid:"))
+                .and_then(|p| p.trim().parse::<i32>().ok());
+            parent.is_some_and(|p| {
+                std::fs::read(format!("/proc/{p}/environ"))
+                    .is_ok_and(|e| environ_has(&e, WORKER_VAR))
+            })
+        };
+        let told = processes_of(&run, &node)
+            .into_iter()
+            .filter(|(pid, environ)| environ_has(environ, WORKER_VAR) && !parent_is_worker(*pid))
+            .filter(|(pid, _)| kill(Pid::from_raw(*pid), signal).is_ok())
+            .count();
+        return Ok(told);
+    }
+    let command = NodeCommand::new("sh")
+        .arg("-c")
+        .arg(SIGNAL_WORKERS_SCRIPT)
+        .arg("pipette-signal")
+        .arg(signal.as_str().trim_start_matches("SIG"))
+        .arg(run)
+        .arg(node);
+    let output = exec::run(transport, host, &command, timeout)?;
+    Ok(output.stdout_text().trim().parse().unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ use super::events::{Event, EventLog, NodeRef, StopRecord};
 use super::health::{self, Health};
 use super::output::JobOutput;
 use super::reporter::{relaunch_text, replan_text, Reporter};
-use super::signals::SignalGuard;
-use super::watch::watch;
+use super::signals::{ActSignals, SignalGuard};
+use super::watch::{watch, WatchSignals};
 use super::{AttemptSummary, Outcome, SuperviseOptions};
 use crate::exec::format_duration;
 use crate::exit::ExitCode;
@@ -29,6 +29,10 @@ struct Driver<'a> {
     events: &'a EventLog,
     reporter: Reporter,
     signals: Option<SignalGuard>,
+    /// The teardown answers a second stop signal itself (it kills at once).
+    _stopping: super::signals::Stopping,
+    /// Act signals not yet passed on to the training script (see [`ActSignals`]).
+    acts: std::cell::RefCell<ActSignals>,
 }
 
 /// How an attempt handed over.
@@ -52,6 +56,8 @@ pub fn run(
         events,
         reporter: Reporter::new(options.echo, options.grace),
         signals: SignalGuard::install().ok(),
+        _stopping: super::signals::Stopping::new(),
+        acts: std::cell::RefCell::new(ActSignals::new()),
     };
     let mut outcome = Outcome {
         exit_code: 0,
@@ -146,14 +152,16 @@ impl Driver<'_> {
         });
         let mut job = launch::start(template, attempt, output.clone(), options.grace);
         let record = |event: Event| self.emit(event);
-        let (ending, detected_at) = watch(
-            &mut job,
-            &output,
-            self.signals.as_ref(),
-            options,
-            &record,
-            attempt.number,
-        );
+        let pass_on = |signal| self.pass_on(attempt.number, &hosts, signal);
+        let mut acts = self.acts.borrow_mut();
+        let signals = WatchSignals {
+            guard: self.signals.as_ref(),
+            acts: &mut acts,
+            pass_on: &pass_on,
+        };
+        let (ending, detected_at) =
+            watch(&mut job, &output, signals, options, &record, attempt.number);
+        drop(acts);
         let (unresponsive, unhealthy) =
             self.stop_and_check(attempt, &hosts, &mut job, &output, &ending);
 
@@ -218,6 +226,36 @@ impl Driver<'_> {
                 }
             }
         }
+    }
+
+    /// Passes act signal `signal` on to the training script's workers on every node, all
+    /// nodes at once (see [`launch::signal_workers`]), and records it.
+    fn pass_on(&self, attempt: u32, hosts: &[String], signal: nix::sys::signal::Signal) {
+        let template = self.template;
+        let timeout = self.options.health_timeout;
+        let workers: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = hosts
+                .iter()
+                .map(|host| {
+                    scope.spawn(move || {
+                        launch::signal_workers(
+                            &template.transport,
+                            host,
+                            &template.run_id,
+                            signal,
+                            timeout,
+                        )
+                        .unwrap_or(0)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        self.emit(Event::SignalPassed {
+            attempt,
+            signal: signal.to_string(),
+            workers,
+        });
     }
 
     /// Tears the attempt down (nothing of it may outlive it), sweeps its nodes and, after a

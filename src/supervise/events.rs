@@ -64,11 +64,19 @@ pub enum Event {
         silent: Duration,
         last_iteration: Option<u64>,
     },
-    /// SIGINT or SIGTERM arrived.
+    /// A stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) arrived.
     Signal {
-        /// `SIGINT`, `SIGTERM`.
+        /// `SIGINT`, `SIGTERM`, `SIGHUP`, `SIGQUIT`.
         signal: String,
         count: usize,
+    },
+    /// An act signal (SIGUSR1, SIGUSR2) arrived and was passed on to the training script's
+    /// workers on every node; the job goes on.
+    SignalPassed {
+        attempt: u32,
+        signal: String,
+        /// How many worker processes it reached, all nodes together.
+        workers: usize,
     },
     /// Every node of an attempt was stopped.
     Teardown {

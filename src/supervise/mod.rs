@@ -48,8 +48,10 @@
 //!
 //! # Signals
 //!
-//! SIGINT and SIGTERM end the job: every node is torn down (a second signal kills at once)
-//! and pipette-run exits with 128 + the signal's number. No re-plan follows.
+//! SIGINT, SIGTERM, SIGHUP and SIGQUIT end the job: every node is torn down (a second signal
+//! kills at once) and pipette-run exits with 128 + the signal's number. No re-plan follows.
+//! SIGUSR1 and SIGUSR2 are passed on to the training script's workers on every node
+//! ([`crate::launch::signal_workers`]) and the job goes on (see [`signals`]).
 //!
 //! # The parts
 //!
@@ -72,7 +74,7 @@ pub mod events;
 pub mod health;
 pub mod output;
 pub mod reporter;
-pub mod signals;
+pub use crate::exec::signals;
 mod watch;
 
 use std::time::Duration;
@@ -258,6 +260,35 @@ impl Outcome {
         ));
         text
     }
+}
+
+/// The end of a job that a stop signal ended before anything was launched (while the nodes
+/// were profiled, or in the trial run, which then left nothing behind): the signal and the
+/// exit are recorded in `events` as a launched job's are. `during`: what it stopped
+/// (`profiling`, `the trial run`).
+pub fn interrupted(events: &EventLog, signal: i32, count: usize, during: &str) -> Outcome {
+    let outcome = Outcome {
+        exit_code: crate::exit::signal(signal),
+        reason: format!(
+            "stopped by {} during {during}; nothing was launched or left running",
+            signals::signal_name(signal)
+        ),
+        attempts: Vec::new(),
+        replans: 0,
+        relaunch_after: Vec::new(),
+    };
+    events.write(&events::Event::Signal {
+        signal: signals::signal_name(signal),
+        count,
+    });
+    events.write(&events::Event::Exit {
+        code: outcome.exit_code,
+        reason: outcome.reason.clone(),
+        attempts: 0,
+        replans: 0,
+        relaunch_after: Vec::new(),
+    });
+    outcome
 }
 
 /// Runs `first` and supervises it (and every relaunch) to the end. `events` is the run's

@@ -82,6 +82,11 @@ impl Reporter {
                 "{signal} received: stopping every node (TERM, {} grace, then KILL; signal again to kill at once)",
                 format_duration(self.grace)
             )],
+            Event::SignalPassed {
+                signal, workers, ..
+            } => vec![format!(
+                "{signal} received: passed on to the training script ({workers} worker process(es)); the job goes on"
+            )],
             Event::Health { nodes } => nodes
                 .iter()
                 .filter(|h| !h.healthy)

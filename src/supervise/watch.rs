@@ -7,19 +7,28 @@ use std::time::{Duration, Instant};
 use super::decide::Ending;
 use super::events::Event;
 use super::output::{JobOutput, Phase};
-use super::signals::{signal_name, SignalGuard};
+use super::signals::{signal_name, ActSignals, SignalGuard};
 use super::{FailureReason, NodeFailure, SuperviseOptions};
 use crate::exec::{ExecError, RunningCommand, Status, TransportKind};
 use crate::exit::{self, ExitCode};
 use crate::launch::output_lines::torchrun_root_cause;
 use crate::launch::RunningJob;
 
+/// What the watch reads of the signals: the stop signals' guard, the act signals not yet
+/// passed on, and how to pass one on to the training script.
+pub struct WatchSignals<'a> {
+    pub guard: Option<&'a SignalGuard>,
+    pub acts: &'a mut ActSignals,
+    pub pass_on: &'a dyn Fn(nix::sys::signal::Signal),
+}
+
 /// Polls `job` until it ends; returns how, and when the end was seen. Every failure,
-/// stall, signal and the first iteration go to `record`.
+/// stall, stop signal and the first iteration go to `record`; act signals are passed on as
+/// they come.
 pub fn watch(
     job: &mut RunningJob,
     output: &JobOutput,
-    signals: Option<&SignalGuard>,
+    signals: WatchSignals<'_>,
     options: &SuperviseOptions,
     record: &dyn Fn(Event),
     attempt: u32,
@@ -60,7 +69,10 @@ pub fn watch(
     }
     let mut progress_reported = false;
     loop {
-        if let Some(r) = signals.and_then(SignalGuard::received) {
+        for signal in signals.acts.take() {
+            (signals.pass_on)(signal);
+        }
+        if let Some(r) = signals.guard.and_then(SignalGuard::received) {
             record(Event::Signal {
                 signal: signal_name(r.signal),
                 count: r.count,

@@ -10,7 +10,9 @@
 //!   job ([`crate::exec::staged`]), puts its directory first on `PYTHONPATH` so every
 //!   worker reports its peak memory at exit without any change to the script, runs
 //!   torchrun on every node, reads the result lines, Megatron's iteration and memory lines
-//!   ([`logs`]), and stops every node when one fails or the time limit passes.
+//!   ([`logs`]), and stops every node when one fails, the time limit passes or a stop
+//!   signal arrives (its staging is removed whatever ends it); USR1/USR2 reach the script
+//!   as in the job ([`launch::signal_workers`]).
 //! - [`calibrate`] (pure): fits the calibration to the trials ([`fit`]) and reports the
 //!   estimates before and after, and their errors.
 //!
@@ -28,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
+use crate::exec::signals::ActSignals;
 use crate::exec::staged::{self, JobError, StageError, StagedFile};
 use crate::exec::{format_duration, ExecError, ExecOptions, NodeCommand, Status, Stream};
 use crate::launch::output_lines::torchrun_root_cause;
@@ -337,12 +340,26 @@ pub fn run_trial(
     let total = request.iters.max(2);
     progress.start(Phase::Trial, total);
     let started = std::time::Instant::now();
+    // USR1/USR2 reach the script in the trial as in the job (see exec::signals).
+    let mut acts = ActSignals::new();
     let outcome = staged::run_on_every_node(
         &template.transport,
         &commands,
         &options,
         request.timeout,
         || {
+            for signal in acts.take() {
+                for host in &hosts {
+                    let timeout = request.command_timeout;
+                    let _ = launch::signal_workers(
+                        &template.transport,
+                        host,
+                        &template.run_id,
+                        signal,
+                        timeout,
+                    );
+                }
+            }
             for event in rx.try_iter() {
                 match event {
                     Event::Result(json) => results.push(json),
