@@ -34,6 +34,7 @@ pub use error::{format_duration, ExecError};
 pub use process::{RunningCommand, REMOTE_TEARDOWN_MARGIN};
 pub use quote::{
     host_problem, is_env_name, shell_join, shell_quote, single_quote, single_quote_join,
+    split_words,
 };
 pub use transport::{is_local_host, Invocation, SrunOptions, SshOptions, Transport, TransportKind};
 

@@ -74,6 +74,57 @@ fn is_plain(b: u8) -> bool {
         )
 }
 
+/// Splits `line` into words as a POSIX shell would, without running one: blanks separate
+/// words; `'...'` keeps everything literally; `"..."` too, except that `\` escapes `"`, `\`,
+/// `$` and `` ` `` there; a `\` outside quotes keeps the next character. Nothing is expanded
+/// (`$VAR`, `$(...)`, `*`, `~` stay as written): options such as `--srun-args` are words for
+/// a program, never shell text. An unclosed quote or a trailing `\` is an error.
+pub fn split_words(line: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => words.extend(word.take()),
+            '\'' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => w.push(c),
+                        None => return Err("a ' is not closed".to_string()),
+                    }
+                }
+            }
+            '"' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(c @ ('"' | '\\' | '$' | '`')) => w.push(c),
+                            Some(c) => {
+                                w.push('\\');
+                                w.push(c);
+                            }
+                            None => return Err("a \" is not closed".to_string()),
+                        },
+                        Some(c) => w.push(c),
+                        None => return Err("a \" is not closed".to_string()),
+                    }
+                }
+            }
+            '\\' => match chars.next() {
+                Some(c) => word.get_or_insert_with(String::new).push(c),
+                None => return Err("it ends with a \\".to_string()),
+            },
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    Ok(words)
+}
+
 /// Why a host name cannot be handed to ssh or srun, or `None` when it can.
 ///
 /// A name starting with `-` would be read as an option (`-oProxyCommand=...` runs a
@@ -101,6 +152,50 @@ pub fn is_env_name(name: &str) -> bool {
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn words_split_as_a_shell_splits_them_and_nothing_expands() {
+        let split = |l: &str| split_words(l).unwrap();
+        assert_eq!(
+            split(
+                "--container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-mounts=/data:/data"
+            ),
+            [
+                "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
+                "--container-mounts=/data:/data"
+            ]
+        );
+        assert_eq!(
+            split("  -o 'SetEnv=A=b c'\t-p\n22 "),
+            ["-o", "SetEnv=A=b c", "-p", "22"]
+        );
+        assert_eq!(
+            split(r#"a"b c"d 'x'"y" \$(id) "\"\$HOME\\" '' """#),
+            ["ab cd", "xy", "$(id)", "\"$HOME\\", "", ""]
+        );
+        assert_eq!(split(r#""a\b" a\ b"#), ["a\\b", "a b"]);
+        assert!(split("").is_empty());
+        assert_eq!(split_words("'open").unwrap_err(), "a ' is not closed");
+        assert_eq!(split_words("\"open").unwrap_err(), "a \" is not closed");
+        assert_eq!(split_words("end\\").unwrap_err(), "it ends with a \\");
+    }
+
+    #[test]
+    fn split_words_reads_back_what_shell_join_wrote() {
+        let words = [
+            "plain",
+            "a b",
+            "it's",
+            "$(id)",
+            "\"q\"",
+            "`x`",
+            "",
+            "tab\tnl\n",
+            "\\",
+        ];
+        assert_eq!(split_words(&shell_join(words)).unwrap(), words);
+        assert_eq!(split_words(&single_quote_join(words)).unwrap(), words);
+    }
 
     #[test]
     fn plain_words_stay_bare() {
