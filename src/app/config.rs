@@ -41,8 +41,11 @@ pub(super) struct RunConfig {
     pub(super) trial: TrialConfig,
     pub(super) launch: LaunchConfig,
     pub(super) supervise: supervise::SuperviseOptions,
-    /// The environment every node gets (see [`render::forwarded_env`]).
+    /// The environment every node gets: [`render::forwarded_env`]'s until
+    /// [`super::node_env::resolve_node_env`] adds the env files and `--env`.
     pub(super) node_env: BTreeMap<String, String>,
+    /// `--env` and `--env-file`.
+    pub(super) env_request: super::node_env::EnvRequest,
     /// `--startup-timeout` as given (`None` when not, or `0`): with planning off it is the
     /// only silence that fails a job, since a script that is not Megatron's prints no
     /// iteration lines and may be quiet for long, as it may under torchrun.
@@ -127,6 +130,10 @@ pub(super) struct NodeAccess {
     pub(super) ssh_config: Option<PathBuf>,
     /// The leader of one copy per node reaches every node through its copy.
     pub(super) agents: Option<Transport>,
+    /// `--ssh-args`, after `--ssh-config`'s `-F`.
+    pub(super) ssh_args: Vec<String>,
+    /// `--srun-args`.
+    pub(super) srun_args: Vec<String>,
 }
 
 impl RunConfig {
@@ -172,6 +179,8 @@ impl RunConfig {
                     launcher: s.launcher.clone(),
                     ssh_config: s.ssh_config.clone(),
                     agents: None,
+                    ssh_args: cli.nodes.ssh_args.clone().unwrap_or_default().0,
+                    srun_args: cli.nodes.srun_args.clone().unwrap_or_default().0,
                 },
             },
             supervise: supervise::SuperviseOptions {
@@ -191,6 +200,10 @@ impl RunConfig {
             },
             startup_timeout_given: s.startup_timeout.filter(|d| !d.is_zero()),
             node_env: forwarded_env(&env),
+            env_request: super::node_env::EnvRequest {
+                assignments: cli.nodes.env.clone(),
+                file: cli.nodes.env_file.clone(),
+            },
             discovery: DiscoveryInputs::new(&cli.discovery, env),
         }
     }
@@ -275,7 +288,8 @@ impl PlanningConfig {
 
 impl NodeAccess {
     /// How to reach these nodes, for profiling and for the launch alike: `--launcher` as
-    /// asked, else [`launch::choose_transport`]'s rule; ssh with `--ssh-config` when given.
+    /// asked, else [`launch::choose_transport`]'s rule; ssh with `--ssh-config` and
+    /// `--ssh-args` when given, srun with `--srun-args`.
     pub(super) fn transport(&self, hosts: &[String], source: &NodeSource) -> Transport {
         if let Some(agents) = &self.agents {
             return agents.clone();
@@ -284,7 +298,14 @@ impl NodeAccess {
         if let Some(config) = &self.ssh_config {
             ssh.extra_args = vec!["-F".to_string(), config.display().to_string()];
         }
-        launch::choose_transport(self.launcher.as_deref(), hosts, source, ssh)
+        ssh.extra_args.extend(self.ssh_args.iter().cloned());
+        match launch::choose_transport(self.launcher.as_deref(), hosts, source, ssh) {
+            Transport::Srun(mut srun) => {
+                srun.extra_args.extend(self.srun_args.iter().cloned());
+                Transport::Srun(srun)
+            }
+            other => other,
+        }
     }
 }
 

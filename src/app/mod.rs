@@ -8,6 +8,7 @@
 //!   supervise; `pipette calibrate` (the trial alone);
 //! - `unplanned`: `pipette-run` for a script it does not plan (planning off): discovery,
 //!   the world torchrun would run, launched and supervised as a planned job is;
+//! - `node_env`: the environment every node gets (forwarded defaults, env files, `--env`);
 //! - `inputs`: reading a run's inputs — nodes and their allocation, cluster profile (read
 //!   or measured), settings — into the dry-run report's sections;
 //! - `copies`: one pipette-run per node — the leader's run over the copies' nodes, or an
@@ -18,6 +19,7 @@ mod config;
 mod copies;
 mod inputs;
 mod job;
+mod node_env;
 mod tools;
 mod unplanned;
 
@@ -48,7 +50,10 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Ok(cli) => cli,
         Err(e) => return clap_exit(e),
     };
-    let config = RunConfig::resolve(&cli, current_environment());
+    let mut config = RunConfig::resolve(&cli, current_environment());
+    if let Err(e) = node_env::resolve_node_env(&mut config) {
+        return finish("pipette-run", Err(e));
+    }
     match copies::detect(&config, cli.torchrun.local_addr.as_deref()) {
         Err(e) => finish("pipette-run", Err(e)),
         Ok(Some(found)) => copies::run_copy(config, found, drive),

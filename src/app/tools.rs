@@ -190,7 +190,9 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             {
                 // The trial stops in order on a stop signal, as pipette-run's does.
                 let _signals = crate::exec::signals::SignalGuard::install();
-                calibrate(&RunConfig::resolve(&args.run, env.clone()), &args.out)
+                let mut config = RunConfig::resolve(&args.run, env.clone());
+                super::node_env::resolve_node_env(&mut config)?;
+                calibrate(&config, &args.out)
             }
         }
         PipetteCommand::Presets { output } => {

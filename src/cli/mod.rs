@@ -5,7 +5,7 @@ pub mod options;
 pub mod torchrun;
 
 pub use options::{
-    DiscoveryOptions, LaunchOptions, ModelOptions, OutputOptions, PlanningOptions,
+    DiscoveryOptions, LaunchOptions, ModelOptions, NodeOptions, OutputOptions, PlanningOptions,
     ProfilingOptions, SuperviseOptions, TrialOptions,
 };
 pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
@@ -61,6 +61,9 @@ pub struct RunCli {
 
     #[command(flatten)]
     pub supervise: SuperviseOptions,
+
+    #[command(flatten)]
+    pub nodes: NodeOptions,
 
     #[command(flatten)]
     pub trial: TrialOptions,

@@ -243,6 +243,63 @@ pub struct SuperviseOptions {
     pub health_timeout: std::time::Duration,
 }
 
+/// What reaches the nodes besides the command: environment variables, and the options of
+/// the transport (ssh, srun) that carries it.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Node environment and transport options")]
+pub struct NodeOptions {
+    /// A variable for every node's torchrun: NAME=VALUE, or NAME alone for this process's
+    /// value. Repeatable; wins over the env files and the forwarded defaults
+    #[arg(long = "env", value_name = "NAME[=VALUE]", value_parser = parse_env_assignment)]
+    pub env: Vec<(String, Option<String>)>,
+
+    /// A file of NAME=VALUE lines for every node (DeepSpeed's .deepspeed_env format; blank
+    /// lines and # comments skipped, values taken literally). Default: whichever of
+    /// ~/.deepspeed_env, ./.deepspeed_env, ~/.pipette_env, ./.pipette_env exist, later ones
+    /// winning
+    #[arg(long = "env-file", env = "PIPETTE_ENV_FILE", value_name = "FILE")]
+    pub env_file: Option<PathBuf>,
+
+    /// More ssh client options, as words (split as a shell would, never run through one),
+    /// placed before the host: "-o ProxyJump=login -p 2222"
+    #[arg(long = "ssh-args", env = "PIPETTE_SSH_ARGS", value_name = "ARGS", allow_hyphen_values = true, value_parser = parse_words)]
+    pub ssh_args: Option<Words>,
+
+    /// More srun options for every job step, as words (split as a shell would, never run
+    /// through one): "--container-image=nvcr.io#nvidia/pytorch:24.05-py3
+    /// --container-mounts=/data:/data"
+    #[arg(long = "srun-args", env = "PIPETTE_SRUN_ARGS", value_name = "ARGS", allow_hyphen_values = true, value_parser = parse_words)]
+    pub srun_args: Option<Words>,
+}
+
+/// `NAME=VALUE` or `NAME`, with a valid name.
+fn parse_env_assignment(text: &str) -> Result<(String, Option<String>), String> {
+    let (name, value) = match text.split_once('=') {
+        Some((name, value)) => (name, Some(value.to_string())),
+        None => (text, None),
+    };
+    if !crate::exec::is_env_name(name) {
+        return Err(format!(
+            "{name:?} is not an environment variable name (letters, digits and _, not starting with a digit)"
+        ));
+    }
+    if value.as_deref().is_some_and(|v| v.contains('\0')) {
+        return Err(format!("the value of {name} contains a NUL byte"));
+    }
+    Ok((name.to_string(), value))
+}
+
+/// An option's value split into words (`--ssh-args`, `--srun-args`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Words(pub Vec<String>);
+
+/// Words, split as a POSIX shell would split them (see [`crate::exec::split_words`]).
+fn parse_words(text: &str) -> Result<Words, String> {
+    crate::exec::split_words(text)
+        .map(Words)
+        .map_err(|e| format!("{text:?}: {e} (quote as a shell would)"))
+}
+
 /// `10`, `10s`, `1.5s`, `500ms`, `5min`, `2h` (a bare number is seconds).
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let text = text.trim();

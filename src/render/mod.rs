@@ -253,27 +253,57 @@ impl RenderError {
     }
 }
 
-/// The variables of `environment` that every node should see: NCCL's and the other
-/// communication libraries', PyTorch's distributed debugging, Transformer Engine's, and a
-/// few process-wide settings (ssh and srun do not carry the launching shell's environment).
+/// Variables forwarded to every node by their prefix: the communication libraries'
+/// (NCCL, gloo, UCX, libfabric), CUDA's, PyTorch's, Transformer Engine's, Hugging Face's,
+/// Weights & Biases', MLflow's.
+pub const FORWARDED_PREFIXES: &[&str] = &[
+    "NCCL_",
+    "GLOO_",
+    "UCX_",
+    "FI_",
+    "CUDA_",
+    "TORCH_",
+    "PYTORCH_",
+    "NVTE_",
+    "HF_",
+    "TRANSFORMERS_",
+    "WANDB_",
+    "MLFLOW_",
+];
+
+/// Variables forwarded to every node by name: the venv's or conda's (so the nodes run the
+/// same python and torchrun), the thread count and tokenizers' parallelism.
+pub const FORWARDED_NAMES: &[&str] = &[
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "CONDA_DEFAULT_ENV",
+    "PYTHONPATH",
+    "OMP_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+];
+
+/// Never forwarded though a prefix matches: each node's own (the mapping sets the devices;
+/// Slurm sets them per node).
+const NOT_FORWARDED: &[&str] = &["CUDA_VISIBLE_DEVICES"];
+
+/// The variables of `environment` that every node should see ([`FORWARDED_PREFIXES`],
+/// [`FORWARDED_NAMES`]; ssh and srun do not carry the launching shell's environment).
 pub fn forwarded_env<I, K, V>(environment: I) -> BTreeMap<String, String>
 where
     I: IntoIterator<Item = (K, V)>,
     K: Into<String>,
     V: Into<String>,
 {
-    const PREFIXES: &[&str] = &["NCCL_", "TORCH_NCCL_", "GLOO_", "UCX_", "FI_", "NVTE_"];
-    const NAMES: &[&str] = &[
-        "CUDA_DEVICE_MAX_CONNECTIONS",
-        "TORCH_DISTRIBUTED_DEBUG",
-        "TORCH_CPP_LOG_LEVEL",
-        "OMP_NUM_THREADS",
-        "PYTHONPATH",
-    ];
     environment
         .into_iter()
         .map(|(k, v)| (k.into(), v.into()))
-        .filter(|(k, _)| PREFIXES.iter().any(|p| k.starts_with(p)) || NAMES.contains(&k.as_str()))
+        .filter(|(k, _)| {
+            (FORWARDED_PREFIXES.iter().any(|p| k.starts_with(p))
+                || FORWARDED_NAMES.contains(&k.as_str()))
+                && !NOT_FORWARDED.contains(&k.as_str())
+        })
         .collect()
 }
 
@@ -1018,16 +1048,30 @@ mod tests {
     }
 
     #[test]
-    fn forwards_communication_variables_only() {
+    fn forwards_the_documented_variables_only() {
         let env = forwarded_env([
             ("NCCL_IB_HCA", "mlx5"),
             ("PATH", "/bin"),
             ("OMP_NUM_THREADS", "8"),
             ("SLURM_JOB_ID", "1"),
+            ("CUDA_VISIBLE_DEVICES", "0"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+            ("HF_HOME", "/h"),
+            ("WANDB_PROJECT", "p"),
+            ("VIRTUAL_ENV", "/v"),
+            ("HOME", "/root"),
         ]);
         assert_eq!(
             env.keys().collect::<Vec<_>>(),
-            ["NCCL_IB_HCA", "OMP_NUM_THREADS"]
+            [
+                "HF_HOME",
+                "NCCL_IB_HCA",
+                "OMP_NUM_THREADS",
+                "PATH",
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "VIRTUAL_ENV",
+                "WANDB_PROJECT"
+            ]
         );
     }
 }
