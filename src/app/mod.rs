@@ -61,10 +61,11 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     }
 }
 
-/// The single driver's run (also the leader's, of one copy per node). The signal handlers
-/// are in place from here to the end (see [`crate::exec::signals`]).
+/// The single driver's run (also the leader's, of one copy per node). A launch has the
+/// signal handlers in place from here to the end (see [`crate::exec::signals`]); a dry run
+/// runs nothing on the nodes, so a signal ends it at once, as it always did.
 fn drive(config: &RunConfig) -> i32 {
-    let _signals = crate::exec::signals::SignalGuard::install();
+    let _signals = (!config.output.dry_run).then(crate::exec::signals::SignalGuard::install);
     if let Some(why) = config.planning_off() {
         return match config.output.dry_run {
             true => finish("pipette-run", unplanned::run(config, &why)),

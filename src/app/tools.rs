@@ -140,6 +140,8 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             Ok(())
         }
         PipetteCommand::Profile(args) => {
+            // The probe stops in order on a stop signal, its staging removed (exit 128 + N).
+            let _signals = crate::exec::signals::SignalGuard::install();
             let found = discover_nodes(&DiscoveryInputs::new(&args.discovery, env.clone()))?;
             let spec = &found.spec;
             for w in &found.warnings {
@@ -188,9 +190,10 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
         }
         PipetteCommand::Calibrate(args) => {
             {
-                // The trial stops in order on a stop signal, as pipette-run's does.
-                let _signals = crate::exec::signals::SignalGuard::install();
                 let mut config = RunConfig::resolve(&args.run, env.clone());
+                // The trial stops in order on a stop signal, as pipette-run's does.
+                let _signals =
+                    (!config.output.dry_run).then(crate::exec::signals::SignalGuard::install);
                 super::node_env::resolve_node_env(&mut config)?;
                 calibrate(&config, &args.out)
             }
