@@ -253,21 +253,23 @@ fn processes_of(run: &str, node: &str) -> Vec<(i32, Vec<u8>)> {
         .collect()
 }
 
-/// Whether a `/proc/PID/environ` holds exactly `want` (`NAME=VALUE`), or with `want` ending
-/// in `=`, the variable at all.
+/// Whether a `/proc/PID/environ` holds exactly `want` (`NAME=VALUE`).
 fn environ_has(environ: &[u8], want: &str) -> bool {
-    environ
-        .split(|b| *b == 0)
-        .any(|v| match want.ends_with('=') {
-            true => v.starts_with(want.as_bytes()),
-            false => v == want.as_bytes(),
-        })
+    environ.split(|b| *b == 0).any(|v| v == want.as_bytes())
+}
+
+/// Whether a `/proc/PID/environ` sets the variable `name`, whatever its value.
+fn environ_sets(environ: &[u8], name: &str) -> bool {
+    environ.split(|b| *b == 0).any(|v| {
+        v.strip_prefix(name.as_bytes())
+            .is_some_and(|rest| rest.starts_with(b"="))
+    })
 }
 
 /// The variable torchrun sets for every worker it starts (and that torchrun itself, started
 /// by us, does not have): what tells a worker from its launcher and from what it starts
 /// in turn (data loader processes inherit it from their worker).
-const WORKER_VAR: &str = "TORCHELASTIC_RUN_ID=";
+const WORKER_VAR: &str = "TORCHELASTIC_RUN_ID";
 
 /// The POSIX `sh` script that passes signal `$1` to the workers of run `$2` on node `$3`
 /// (`NAME=VALUE` words) on a remote node, and prints how many it told: the processes of
@@ -310,12 +312,12 @@ pub fn signal_workers(
                 .and_then(|p| p.trim().parse::<i32>().ok());
             parent.is_some_and(|p| {
                 std::fs::read(format!("/proc/{p}/environ"))
-                    .is_ok_and(|e| environ_has(&e, WORKER_VAR))
+                    .is_ok_and(|e| environ_sets(&e, WORKER_VAR))
             })
         };
         let told = processes_of(&run, &node)
             .into_iter()
-            .filter(|(pid, environ)| environ_has(environ, WORKER_VAR) && !parent_is_worker(*pid))
+            .filter(|(pid, environ)| environ_sets(environ, WORKER_VAR) && !parent_is_worker(*pid))
             .filter(|(pid, _)| kill(Pid::from_raw(*pid), signal).is_ok())
             .count();
         return Ok(told);
@@ -511,6 +513,72 @@ mod tests {
                 && hangs.took < SRUN_CANCEL_WAIT + Duration::from_secs(2),
             "{stops:?}"
         );
+    }
+
+    /// A launcher (no `TORCHELASTIC_RUN_ID`), its worker (with it) and the worker's own child
+    /// (a data loader: it inherits it), each recording the USR1 it gets.
+    #[test]
+    fn act_signals_reach_the_workers_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        let run_id = format!("signal-test-{}", std::process::id());
+        let loop_on = |name: &str| {
+            format!("trap 'echo {name} >> {d}/got' USR1; echo $$ > {d}/{name}.pid; while :; do sleep 0.05; done")
+        };
+        let worker = format!("sh -c \"$1\" child & {}", loop_on("worker"));
+        let launcher = format!(
+            "TORCHELASTIC_RUN_ID=x sh -c \"$1\" worker \"$2\" & {}",
+            loop_on("launcher")
+        );
+        let command = NodeCommand::new("sh")
+            .args(["-c", &launcher, "launcher", &worker, &loop_on("child")])
+            .env(RUN_ID_VAR, &run_id)
+            .env("PIPETTE_HOST", "node-x");
+        let running = spawn(&Transport::Local, "node-x", &command).unwrap();
+        let end = Instant::now() + Duration::from_secs(20);
+        for name in ["launcher", "worker", "child"] {
+            let pid = dir.path().join(format!("{name}.pid"));
+            while !std::fs::read_to_string(&pid).is_ok_and(|t| t.ends_with('\n')) {
+                assert!(Instant::now() < end, "{name} never started");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let told = signal_workers(
+            &Transport::Local,
+            "node-x",
+            &run_id,
+            Signal::SIGUSR1,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(told, 1);
+        let got = dir.path().join("got");
+        while !got.exists() {
+            assert!(Instant::now() < end, "the worker never got USR1");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Another node's workers on the same machine are not told.
+        let other = signal_workers(
+            &Transport::Local,
+            "node-y",
+            &run_id,
+            Signal::SIGUSR1,
+            Duration::from_secs(5),
+        );
+        assert_eq!(other.unwrap(), 0);
+        // Only the worker was signalled (`told` counts every process it was sent to).
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), "worker\n");
+        let mut job = RunningJob {
+            nodes: vec![RunningNode {
+                host: "node-x".into(),
+                node_rank: 0,
+                command: Some(running),
+                status: None,
+                start_error: None,
+            }],
+        };
+        teardown(&mut job, Duration::from_secs(2), &|| false);
+        sweep(&Transport::Local, "node-x", &run_id, Duration::from_secs(5)).unwrap();
     }
 
     #[test]
