@@ -543,30 +543,25 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        let told = signal_workers(
-            &Transport::Local,
-            "node-x",
-            &run_id,
-            Signal::SIGUSR1,
-            Duration::from_secs(5),
-        )
-        .unwrap();
-        assert_eq!(told, 1);
+        let tell = |host: &str| {
+            signal_workers(
+                &Transport::Local,
+                host,
+                &run_id,
+                Signal::SIGUSR1,
+                Duration::from_secs(5),
+            )
+            .unwrap()
+        };
+        assert_eq!(tell("node-x"), 1);
         let got = dir.path().join("got");
         while !got.exists() {
             assert!(Instant::now() < end, "the worker never got USR1");
             std::thread::sleep(Duration::from_millis(10));
         }
         // Another node's workers on the same machine are not told.
-        let other = signal_workers(
-            &Transport::Local,
-            "node-y",
-            &run_id,
-            Signal::SIGUSR1,
-            Duration::from_secs(5),
-        );
-        assert_eq!(other.unwrap(), 0);
-        // Only the worker was signalled (`told` counts every process it was sent to).
+        assert_eq!(tell("node-y"), 0);
+        // Only the worker was signalled (`tell` counts every process it signalled).
         assert_eq!(std::fs::read_to_string(&got).unwrap(), "worker\n");
         let mut job = RunningJob {
             nodes: vec![RunningNode {
