@@ -99,7 +99,7 @@ pub(super) fn measure_nodes(
         spec.nodes.len()
     );
     let progress = ProgressBars::new(!config.output.json);
-    let run = measure::run_profile(spec, &options, &progress)?;
+    let run = measure::run_profile(&spec.for_profiling(), &options, &progress)?;
     for note in &run.notes {
         eprintln!("pipette-run: {note}");
     }
@@ -127,6 +127,7 @@ pub(super) fn allocation_error(e: AllocationError) -> Error {
         AllocationError::NodeCount { .. } | AllocationError::TooFewSlots { .. } => {
             Error::Usage(e.to_string())
         }
+        AllocationError::Filter(e) => Error::NodeList(e.into()),
     }
 }
 
@@ -136,6 +137,7 @@ pub(super) fn discover_nodes(inputs: &DiscoveryInputs) -> Result<Discovery, Erro
         return Ok(Discovery {
             spec: spec.clone(),
             warnings: Vec::new(),
+            deferred_filter: None,
         });
     }
     Ok(cluster::discover(

@@ -29,6 +29,7 @@ use clap::Parser;
 use crate::cli::{PipetteCli, RunCli};
 use crate::cluster::Environment;
 use crate::error::Error;
+use crate::render;
 
 use config::RunConfig;
 
@@ -44,9 +45,9 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     {
         return crate::exec::agent::relay_main();
     }
-    let cli = match RunCli::try_parse_from(args) {
+    let cli = match RunCli::try_parse_from(&args) {
         Ok(cli) => cli,
-        Err(e) => return clap_exit(e),
+        Err(e) => return clap_exit::<RunCli>("pipette-run", e, &args),
     };
     let config = RunConfig::resolve(&cli, current_environment());
     match copies::detect(&config, cli.torchrun.local_addr.as_deref()) {
@@ -58,6 +59,12 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
 
 /// The single driver's run (also the leader's, of one copy per node).
 fn drive(config: &RunConfig) -> i32 {
+    // An existing --run-dir is refused before anything runs (profiling, the trial).
+    if let Some(dir) = &config.launch.run_dir {
+        if let Err(e) = render::refuse_existing_run_dir(dir) {
+            return finish("pipette-run", Err(e.into()));
+        }
+    }
     if let Some(why) = config.planning_off() {
         return match config.output.dry_run {
             true => finish("pipette-run", unplanned::run(config, &why)),
@@ -78,9 +85,10 @@ fn drive(config: &RunConfig) -> i32 {
 
 /// Runs `pipette` with these arguments; returns the process exit code.
 pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
-    let cli = match PipetteCli::try_parse_from(args) {
+    let args: Vec<OsString> = args.into_iter().collect();
+    let cli = match PipetteCli::try_parse_from(&args) {
         Ok(cli) => cli,
-        Err(e) => return clap_exit(e),
+        Err(e) => return clap_exit::<PipetteCli>("pipette", e, &args),
     };
     finish(
         "pipette",
@@ -131,10 +139,46 @@ fn finish(program: &str, result: Result<(), Error>) -> i32 {
 }
 
 /// Prints clap's message (help, version, or a usage error) and returns its exit code:
-/// 0 for help and version, 2 for a malformed command line, as torchrun does.
-fn clap_exit(e: clap::Error) -> i32 {
+/// 0 for help and version, 2 for a malformed command line, as torchrun does. A bad value
+/// that came from an environment variable is told as the variable's.
+fn clap_exit<C: clap::CommandFactory>(program: &str, e: clap::Error, args: &[OsString]) -> i32 {
+    let lookup = |name: &std::ffi::OsStr| std::env::var_os(name);
+    if let Some(message) =
+        crate::cli::env_errors::blame_environment(&e, &C::command(), args, lookup)
+    {
+        eprintln!("{program}: error: {message}");
+        return crate::exit::ExitCode::Usage.code();
+    }
     let _ = e.print();
     e.exit_code()
+}
+
+/// Now on the local clock (UTC when the time zone cannot be read), for run directory names.
+fn local_time() -> render::LocalTime {
+    let now = unix_seconds() as nix::libc::time_t;
+    // SAFETY: localtime_r writes only into `tm`, which lives on this stack frame; a zeroed
+    // `tm` is a valid value of the plain C struct.
+    let mut tm: nix::libc::tm = unsafe { std::mem::zeroed() };
+    let ok = !unsafe { nix::libc::localtime_r(&now, &mut tm) }.is_null();
+    let field = |v: nix::libc::c_int| u32::try_from(v).unwrap_or(0);
+    match ok {
+        true => render::LocalTime {
+            year: tm.tm_year + 1900,
+            month: field(tm.tm_mon + 1),
+            day: field(tm.tm_mday),
+            hour: field(tm.tm_hour),
+            minute: field(tm.tm_min),
+            second: field(tm.tm_sec),
+        },
+        false => render::LocalTime {
+            year: 1970,
+            month: 1,
+            day: 1,
+            hour: 0,
+            minute: 0,
+            second: 0,
+        },
+    }
 }
 
 fn unix_seconds() -> u64 {

@@ -68,10 +68,14 @@ pub(super) fn run(config: &RunConfig, why: &str) -> Result<(), Error> {
     // A preview: no run id in the commands (see launch::JobTemplate::run_id).
     template.run_id.clear();
     let run_dir = template.run_dir.clone();
-    let spec = template
+    let written = template
         .render_world(&prepared.world, &run_dir)
-        .map_err(launch_error)?;
-    render::write_run_dir(&spec, &run_dir)?;
+        .map_err(launch_error)
+        .and_then(|spec| Ok(render::write_run_dir(&spec, &run_dir).map(|()| spec)?));
+    // The directory is this run's own (just claimed): nothing partial stays behind.
+    let spec = written.inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    })?;
     if config.output.json {
         let report = WorldDryRun {
             planning: "off",

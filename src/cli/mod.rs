@@ -1,8 +1,10 @@
 //! The command lines of `pipette-run` and `pipette`, and nothing else: parsing is kept
 //! apart from the stages, which receive plain values.
 
+pub mod env_errors;
 pub mod options;
 pub mod torchrun;
+pub mod values;
 
 pub use options::{
     DiscoveryOptions, LaunchOptions, ModelOptions, OutputOptions, PlanningOptions,
@@ -169,19 +171,19 @@ pub struct EstimateArgs {
     #[arg(long, env = "PIPETTE_CLUSTER", value_name = "FILE")]
     pub cluster: Option<PathBuf>,
     /// Tensor-parallel size (default: the Megatron arguments', else 1)
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", allow_negative_numbers = true, value_parser = values::positive::<u64>)]
     pub tp: Option<u64>,
     /// Pipeline-parallel size (default: the Megatron arguments', else 1)
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = values::positive::<u64>)]
     pub pp: Option<u64>,
     /// Data-parallel size (default: the cluster's GPUs / (tp × pp), or 1 without a cluster)
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = values::positive::<u64>)]
     pub dp: Option<u64>,
     /// Micro-batch size (default: the Megatron arguments', else 1)
-    #[arg(long, value_name = "B")]
+    #[arg(long, value_name = "B", allow_negative_numbers = true, value_parser = values::positive::<u64>)]
     pub mbs: Option<u64>,
     /// Virtual stages per pipeline rank (interleaved schedule)
-    #[arg(long, value_name = "V")]
+    #[arg(long, value_name = "V", allow_negative_numbers = true, value_parser = values::positive::<u64>)]
     pub vpp: Option<u64>,
     /// Activation recomputation: none, selective, or full (uniform, one layer per group)
     #[arg(long, value_name = "MODE", value_parser = parse_recompute)]
@@ -233,7 +235,12 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub output: OutputOptions,
     /// GPUs per node to plan for (default: every GPU of the profile)
-    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N")]
+    #[arg(
+        long = "nproc-per-node",
+        alias = "nproc_per_node",
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
     pub nproc_per_node: Option<NprocPerNode>,
     /// Megatron arguments, as they would follow SCRIPT
     #[arg(last = true, value_name = "MEGATRON ARGS")]
@@ -246,7 +253,7 @@ pub struct ProfileArgs {
     #[command(flatten)]
     pub discovery: DiscoveryOptions,
     /// GPUs to measure per node (without GPUs: CPU processes standing in for them)
-    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N")]
+    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N", allow_negative_numbers = true, value_parser = nproc_count)]
     pub nproc_per_node: Option<u32>,
     /// How to reach the nodes: local, ssh or srun (default: local when every node is
     /// this machine, srun inside Slurm, else ssh)
@@ -262,6 +269,17 @@ pub struct ProfileArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub output: OutputOptions,
+}
+
+/// `pipette profile --nproc-per-node`: a count, capped as pipette-run's is.
+fn nproc_count(text: &str) -> Result<u32, String> {
+    match text.parse::<NprocPerNode>()? {
+        NprocPerNode::Count(n) => Ok(n),
+        _ => Err(format!(
+            "{text:?} is not a worker count here (give a number from 1 to {})",
+            crate::cluster::MAX_SLOTS
+        )),
+    }
 }
 
 fn parse_recompute(text: &str) -> Result<Recompute, String> {

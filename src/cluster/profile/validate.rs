@@ -271,7 +271,8 @@ fn is_iso_date(text: &str) -> bool {
     (1..=days).contains(&day)
 }
 
-/// Host names must be non-empty, free of blanks and control characters, and unique.
+/// Host names must pass [`crate::cluster::host_name_problem`] (non-empty, at most 253 bytes,
+/// free of blanks and control characters) and be unique.
 pub(crate) fn check_hosts(
     origin: &str,
     hosts: &[String],
@@ -279,12 +280,12 @@ pub(crate) fn check_hosts(
 ) -> Result<(), ProfileError> {
     let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for (i, host) in hosts.iter().enumerate() {
-        if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        if let Some(problem) = crate::cluster::host_name_problem(host) {
             return Err(invalid(
                 origin,
                 &path_of(i),
                 format!(
-                    "is {}, not a host name (write the name the launcher reaches the node by, without blanks)",
+                    "is {}, not a host name: it {problem} (write the name the launcher reaches the node by, without blanks)",
                     quote(host)
                 ),
             ));
