@@ -40,6 +40,9 @@ pub(super) struct Run {
 /// launched.
 pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Error> {
     let found = discover_nodes(&config.discovery)?;
+    if measure {
+        check_local_torchrun(config, &found.spec)?;
+    }
     // Read the settings first: a mistake there is cheaper to report than after profiling.
     let settings = read_settings(&config.settings, &config.script.args)?;
     let profile = match &config.discovery.cluster_file {
@@ -75,6 +78,47 @@ pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Er
         runner_up: None,
         template: None,
     })
+}
+
+/// When the nodes are run on this machine (the local launcher), torchrun must be there:
+/// an executable `--torchrun` path, or a name found on `PATH`. Checked before anything
+/// runs, so a missing torchrun is not found only when profiling or the trial fails.
+pub(super) fn check_local_torchrun(
+    config: &RunConfig,
+    spec: &cluster::ClusterSpec,
+) -> Result<(), Error> {
+    let transport = config.launch.access.transport(&spec.hosts(), &spec.source);
+    if !matches!(transport, crate::exec::Transport::Local) {
+        return Ok(());
+    }
+    let torchrun = &config.launch.torchrun;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if find_executable(torchrun, &path).is_some() {
+        return Ok(());
+    }
+    let where_ = match torchrun.contains('/') {
+        true => format!("{torchrun:?} is not an executable file"),
+        false => format!("{torchrun:?} is not on PATH"),
+    };
+    Err(Error::NoTorchrun(format!(
+        "torchrun not found: {where_}, and the nodes run on this machine (activate the \
+         environment that has PyTorch, or give --torchrun PATH)"
+    )))
+}
+
+/// `program` as the shell would run it: a path when it holds a `/`, else the first
+/// executable file of that name in `path` (a `PATH` value).
+fn find_executable(program: &str, path: &std::ffi::OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        return runnable(Path::new(program)).then(|| PathBuf::from(program));
+    }
+    std::env::split_paths(path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| runnable(candidate))
 }
 
 /// Profiles the discovered nodes (or reuses the cached profile of the same nodes); returns

@@ -24,9 +24,6 @@ mod unplanned;
 use std::ffi::OsString;
 use std::path::Path;
 
-use clap::Parser;
-
-use crate::cli::{PipetteCli, RunCli};
 use crate::cluster::Environment;
 use crate::error::Error;
 use crate::render;
@@ -45,9 +42,9 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     {
         return crate::exec::agent::relay_main();
     }
-    let cli = match RunCli::try_parse_from(&args) {
+    let cli = match crate::cli::parse_run(&args) {
         Ok(cli) => cli,
-        Err(e) => return clap_exit::<RunCli>("pipette-run", e, &args),
+        Err(e) => return clap_exit("pipette-run", e, &crate::cli::run_command(), &args),
     };
     let config = RunConfig::resolve(&cli, current_environment());
     match copies::detect(&config, cli.torchrun.local_addr.as_deref()) {
@@ -86,9 +83,9 @@ fn drive(config: &RunConfig) -> i32 {
 /// Runs `pipette` with these arguments; returns the process exit code.
 pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     let args: Vec<OsString> = args.into_iter().collect();
-    let cli = match PipetteCli::try_parse_from(&args) {
+    let cli = match crate::cli::parse_pipette(&args) {
         Ok(cli) => cli,
-        Err(e) => return clap_exit::<PipetteCli>("pipette", e, &args),
+        Err(e) => return clap_exit("pipette", e, &crate::cli::pipette_command(), &args),
     };
     finish(
         "pipette",
@@ -141,11 +138,9 @@ fn finish(program: &str, result: Result<(), Error>) -> i32 {
 /// Prints clap's message (help, version, or a usage error) and returns its exit code:
 /// 0 for help and version, 2 for a malformed command line, as torchrun does. A bad value
 /// that came from an environment variable is told as the variable's.
-fn clap_exit<C: clap::CommandFactory>(program: &str, e: clap::Error, args: &[OsString]) -> i32 {
+fn clap_exit(program: &str, e: clap::Error, command: &clap::Command, args: &[OsString]) -> i32 {
     let lookup = |name: &std::ffi::OsStr| std::env::var_os(name);
-    if let Some(message) =
-        crate::cli::env_errors::blame_environment(&e, &C::command(), args, lookup)
-    {
+    if let Some(message) = crate::cli::env_errors::blame_environment(&e, command, args, lookup) {
         eprintln!("{program}: error: {message}");
         return crate::exit::ExitCode::Usage.code();
     }

@@ -138,6 +138,9 @@ fn planning_off(why: &str) -> Planning {
 /// decides the world and checks the DeepSpeed config on it.
 fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
     let found = discover_nodes(&config.discovery)?;
+    if !config.output.dry_run {
+        super::inputs::check_local_torchrun(config, &found.spec)?;
+    }
     let profile = match &config.discovery.cluster_file {
         Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
         None => None,

@@ -14,13 +14,89 @@ pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::{Recompute, RecomputeMethod};
 use crate::model::time::TimeModel;
 
 /// Exit codes, shown at the end of every `--help` (from [`crate::exit`]).
 pub const EXIT_CODES_HELP: &str = crate::exit::HELP;
+
+/// What `-h` says in place of torchrun's thirty options.
+pub const TORCHRUN_OPTIONS_NOTE: &str = "torchrun's own options (--nnodes, --nproc-per-node, --rdzv-*, --max-restarts, -m, --no-python, ... with their PET_* variables) are accepted too, with torchrun's meaning: --help lists them all.";
+
+/// `pipette-run`'s command line as it is parsed: `-h` shows pipette-run's own options
+/// and says where torchrun's are, `--help` shows everything.
+pub fn run_command() -> clap::Command {
+    short_help_without_torchrun(RunCli::command())
+}
+
+/// `pipette`'s command line as it is parsed (`pipette calibrate -h` as `pipette-run -h`).
+pub fn pipette_command() -> clap::Command {
+    PipetteCli::command().mut_subcommand("calibrate", short_help_without_torchrun)
+}
+
+/// Parses `pipette-run`'s arguments with [`run_command`].
+pub fn parse_run(args: &[std::ffi::OsString]) -> Result<RunCli, clap::Error> {
+    let matches = run_command().try_get_matches_from(args)?;
+    RunCli::from_arg_matches(&matches)
+}
+
+/// Parses `pipette`'s arguments with [`pipette_command`].
+pub fn parse_pipette(args: &[std::ffi::OsString]) -> Result<PipetteCli, clap::Error> {
+    let matches = pipette_command().try_get_matches_from(args)?;
+    PipetteCli::from_arg_matches(&matches)
+}
+
+/// The options under torchrun's heading hidden from `-h`, and a note saying where they are.
+fn short_help_without_torchrun(command: clap::Command) -> clap::Command {
+    command
+        .mut_args(|arg| match is_torchrun_option(&arg) {
+            true => arg.hide_short_help(true),
+            false => arg,
+        })
+        .after_help(format!("{TORCHRUN_OPTIONS_NOTE}\n\n{EXIT_CODES_HELP}"))
+        .after_long_help(EXIT_CODES_HELP)
+}
+
+/// Whether `arg` is one of torchrun's options (they carry torchrun's help heading).
+pub fn is_torchrun_option(arg: &clap::Arg) -> bool {
+    arg.get_help_heading()
+        .is_some_and(|h| h.starts_with("torchrun options"))
+}
+
+/// Which program a completion script or manual page is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Program {
+    #[value(name = "pipette-run")]
+    PipetteRun,
+    Pipette,
+}
+
+impl Program {
+    fn command(self) -> clap::Command {
+        match self {
+            Program::PipetteRun => run_command(),
+            Program::Pipette => pipette_command(),
+        }
+    }
+}
+
+/// `program`'s completion script for `shell`.
+pub fn completions(shell: clap_complete::Shell, program: Program) -> Vec<u8> {
+    let mut command = program.command();
+    let name = command.get_name().to_string();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut command, name, &mut out);
+    out
+}
+
+/// `program`'s manual page (roff), with its subcommands' options for `pipette`.
+pub fn man_page(program: Program) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    clap_mangen::Man::new(program.command()).render(&mut out)?;
+    Ok(out)
+}
 
 /// Replace `torchrun` with `pipette-run` in a job script: it discovers the allocated
 /// nodes, measures them, plans tensor/pipeline/data parallelism, micro-batch and the
@@ -161,6 +237,24 @@ pub enum PipetteCommand {
     Presets {
         #[command(flatten)]
         output: OutputOptions,
+    },
+    /// Print a shell completion script: `pipette completions bash >
+    /// ~/.local/share/bash-completion/completions/pipette-run` (and `--program pipette`
+    /// for this tool)
+    Completions {
+        /// The shell
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+        /// The program to complete
+        #[arg(long, value_name = "PROGRAM", default_value = "pipette-run")]
+        program: Program,
+    },
+    /// Print the manual page (roff): `pipette man | man -l -`, or
+    /// `pipette man > ~/.local/share/man/man1/pipette-run.1`
+    Man {
+        /// The program whose page is printed
+        #[arg(long, value_name = "PROGRAM", default_value = "pipette-run")]
+        program: Program,
     },
 }
 
@@ -373,8 +467,7 @@ mod tests {
     }
 
     fn is_torchrun(arg: &clap::Arg) -> bool {
-        arg.get_help_heading()
-            .is_some_and(|h| h.starts_with("torchrun options"))
+        is_torchrun_option(arg)
     }
 
     #[test]
@@ -416,5 +509,55 @@ mod tests {
     fn cli_definition_is_consistent() {
         RunCli::command().debug_assert();
         PipetteCli::command().debug_assert();
+        run_command().debug_assert();
+        pipette_command().debug_assert();
+    }
+
+    fn rendered(command: clap::Command, flag: &str) -> String {
+        match command.try_get_matches_from(["pipette-run", flag]) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{flag} prints help"),
+        }
+    }
+
+    /// `-h` was 244 lines, most of them torchrun's thirty options.
+    #[test]
+    fn short_help_shows_pipette_options_and_says_where_torchrun_s_are() {
+        let short = rendered(run_command(), "-h");
+        let long = rendered(run_command(), "--help");
+        assert!(
+            short.contains("--dry-run") && short.contains("--cluster"),
+            "{short}"
+        );
+        assert!(!short.contains("--rdzv-backend"), "{short}");
+        assert!(short.contains("--help lists them all"), "{short}");
+        assert!(short.contains("Exit codes:"), "{short}");
+        assert!(long.contains("--rdzv-backend") && long.contains("--dry-run"));
+        assert!(!long.contains("--help lists them all"));
+        assert!(short.lines().count() * 2 < long.lines().count());
+    }
+
+    #[test]
+    fn completions_and_manual_pages_cover_both_programs() {
+        use clap_complete::Shell;
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let script = String::from_utf8(completions(shell, Program::PipetteRun)).unwrap();
+            assert!(script.contains("pipette-run"), "{shell}");
+            assert!(
+                script.contains("dry-run") && script.contains("nproc-per-node"),
+                "{shell}"
+            );
+            let script = String::from_utf8(completions(shell, Program::Pipette)).unwrap();
+            assert!(
+                script.contains("calibrate") && script.contains("completions"),
+                "{shell}"
+            );
+        }
+        let page = String::from_utf8(man_page(Program::PipetteRun).unwrap()).unwrap();
+        assert!(page.starts_with(".ie"), "{}", &page[..40]);
+        assert!(page.contains(".TH pipette-run"), "{page}");
+        assert!(page.contains("dry\\-run"), "{page}");
+        let page = String::from_utf8(man_page(Program::Pipette).unwrap()).unwrap();
+        assert!(page.contains(".TH pipette") && page.contains("calibrate"));
     }
 }

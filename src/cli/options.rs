@@ -150,7 +150,8 @@ pub struct TrialOptions {
 #[command(next_help_heading = "Launch options")]
 pub struct LaunchOptions {
     /// Directory for this launch's scripts, plan and summary (default:
-    /// ./pipette-runs/<time>-<job id>); must not exist yet
+    /// ./pipette-runs/<local date-time>-<job id or pid>); must not exist yet (a dry run
+    /// writes one too: launch with another, or remove it)
     #[arg(long = "run-dir", value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
 
