@@ -110,7 +110,7 @@ pub const ROWS: &[Row] = &[
     row(
         ExitCode::NoTorchrun,
         "71",
-        "torchrun was not found on this machine (local launcher: not on PATH, or --torchrun names no executable); nothing was run",
+        "torchrun not found (local launcher: not on PATH, or --torchrun is no executable); nothing ran",
     ),
     row(
         ExitCode::TrialFailed,

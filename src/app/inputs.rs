@@ -40,11 +40,11 @@ pub(super) struct Run {
 /// launched.
 pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Error> {
     let found = discover_nodes(&config.discovery)?;
+    // Read the settings first: a mistake there is cheaper to report than after profiling.
+    let settings = read_settings(&config.settings, &config.script.args)?;
     if measure {
         check_local_torchrun(config, &found.spec)?;
     }
-    // Read the settings first: a mistake there is cheaper to report than after profiling.
-    let settings = read_settings(&config.settings, &config.script.args)?;
     let profile = match &config.discovery.cluster_file {
         Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
         None if measure => Some(measure_nodes(config, &found.spec)?),

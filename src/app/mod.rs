@@ -42,7 +42,14 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     {
         return crate::exec::agent::relay_main();
     }
-    let cli = match crate::cli::parse_run(&args) {
+    let site = match site_config(&crate::cli::site_config_matches(&args)) {
+        Ok(site) => site,
+        Err(message) => {
+            eprintln!("pipette-run: error: {message}");
+            return crate::exit::ExitCode::Usage.code();
+        }
+    };
+    let cli = match crate::cli::parse_run(&args, site.as_ref()) {
         Ok(cli) => cli,
         Err(e) => return clap_exit("pipette-run", e, &crate::cli::run_command(), &args),
     };
@@ -52,6 +59,28 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Ok(Some(found)) => copies::run_copy(config, found, drive),
         Ok(None) => drive(&config),
     }
+}
+
+/// The site configuration (see [`crate::cli::site`]): `--config`/`PIPETTE_CONFIG` as
+/// `matches` holds them, else the default path when a file is there. A file that cannot be
+/// read or parsed is an error naming it.
+fn site_config(matches: &clap::ArgMatches) -> Result<Option<crate::cli::site::SiteConfig>, String> {
+    let env = |name: &str| std::env::var(name).ok();
+    match crate::cli::site::config_path(matches, env, Path::is_file) {
+        Some(path) => site_config_at(&path),
+        None => Ok(None),
+    }
+}
+
+/// The site configuration in `path`.
+fn site_config_at(path: &Path) -> Result<Option<crate::cli::site::SiteConfig>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read the site configuration {}: {e} (fix --config or PIPETTE_CONFIG)",
+            path.display()
+        )
+    })?;
+    crate::cli::site::parse_site_config(&text, path, &crate::cli::run_command()).map(Some)
 }
 
 /// The single driver's run (also the leader's, of one copy per node).

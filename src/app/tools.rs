@@ -41,6 +41,23 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
         PipetteCommand::Completions { shell, program } => {
             write_stdout(&crate::cli::completions(*shell, *program))
         }
+        PipetteCommand::Config {
+            action: crate::cli::ConfigAction::Show { config },
+        } => {
+            let matches = crate::cli::run_command()
+                .ignore_errors(true)
+                .try_get_matches_from(["pipette-run"])
+                .unwrap_or_default();
+            let site = match config {
+                Some(path) => super::site_config_at(path),
+                None => super::site_config(&matches),
+            }
+            .map_err(Error::Usage)?;
+            let shown = crate::cli::site::show(crate::cli::run_command(), site.as_ref())
+                .map_err(Error::Usage)?;
+            print!("{shown}");
+            Ok(())
+        }
         PipetteCommand::Man { program } => {
             let page = crate::cli::man_page(*program)
                 .map_err(|e| Error::Internal(format!("rendering the manual page: {e}")))?;

@@ -138,9 +138,8 @@ fn planning_off(why: &str) -> Planning {
 /// decides the world and checks the DeepSpeed config on it.
 fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
     let found = discover_nodes(&config.discovery)?;
-    if !config.output.dry_run {
-        super::inputs::check_local_torchrun(config, &found.spec)?;
-    }
+    // Checked once the inputs are: their mistakes are the ones to report first.
+    let spec = found.spec.clone();
     let profile = match &config.discovery.cluster_file {
         Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
         None => None,
@@ -168,6 +167,9 @@ fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
             }
         },
     };
+    if !config.output.dry_run {
+        super::inputs::check_local_torchrun(config, &spec)?;
+    }
     Ok(Prepared {
         allocation,
         world,

@@ -3,6 +3,7 @@
 
 pub mod env_errors;
 pub mod options;
+pub mod site;
 pub mod torchrun;
 pub mod values;
 
@@ -36,10 +37,29 @@ pub fn pipette_command() -> clap::Command {
     PipetteCli::command().mut_subcommand("calibrate", short_help_without_torchrun)
 }
 
-/// Parses `pipette-run`'s arguments with [`run_command`].
-pub fn parse_run(args: &[std::ffi::OsString]) -> Result<RunCli, clap::Error> {
-    let matches = run_command().try_get_matches_from(args)?;
+/// Parses `pipette-run`'s arguments with [`run_command`], a site configuration's values
+/// as the defaults of its options.
+pub fn parse_run(
+    args: &[std::ffi::OsString],
+    site: Option<&site::SiteConfig>,
+) -> Result<RunCli, clap::Error> {
+    let command = match site {
+        Some(site) => site::apply(run_command(), site),
+        None => run_command(),
+    };
+    let matches = command.try_get_matches_from(args)?;
     RunCli::from_arg_matches(&matches)
+}
+
+/// `--config`/`PIPETTE_CONFIG` as far as `args` can be read (a malformed command line is
+/// reported by the full parse, with the site configuration applied).
+pub fn site_config_matches(args: &[std::ffi::OsString]) -> clap::ArgMatches {
+    run_command()
+        .ignore_errors(true)
+        .disable_help_flag(true)
+        .disable_version_flag(true)
+        .try_get_matches_from(args)
+        .unwrap_or_default()
 }
 
 /// Parses `pipette`'s arguments with [`pipette_command`].
@@ -146,6 +166,18 @@ pub struct RunCli {
     #[command(flatten)]
     pub torchrun: TorchrunOptions,
 
+    /// A site configuration file: TOML, `option = value` with pipette-run's long option
+    /// names (cluster = "/shared/c.json", launcher = "srun"), the defaults of those options
+    /// below the command line and the environment (default:
+    /// $XDG_CONFIG_HOME/pipette/config.toml; `pipette config show` shows what it sets)
+    #[arg(
+        long,
+        env = "PIPETTE_CONFIG",
+        value_name = "FILE",
+        help_heading = "Pipette options"
+    )]
+    pub config: Option<PathBuf>,
+
     /// The training script (or module with -m, or program with --no-python), followed
     /// by its own arguments. Nothing after SCRIPT is read as a pipette-run option
     #[arg(
@@ -249,12 +281,30 @@ pub enum PipetteCommand {
         #[arg(long, value_name = "PROGRAM", default_value = "pipette-run")]
         program: Program,
     },
+    /// Show the site configuration: each pipette-run option that has a value without the
+    /// command line, and where it comes from (file, environment variable, built-in)
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
     /// Print the manual page (roff): `pipette man | man -l -`, or
     /// `pipette man > ~/.local/share/man/man1/pipette-run.1`
     Man {
         /// The program whose page is printed
         #[arg(long, value_name = "PROGRAM", default_value = "pipette-run")]
         program: Program,
+    },
+}
+
+/// `pipette config`'s actions.
+#[derive(Debug, Clone, Subcommand)]
+pub enum ConfigAction {
+    /// Every pipette-run option with a value, and where it comes from: the site
+    /// configuration file, an environment variable, or the built-in default
+    Show {
+        /// The site configuration file (default: $XDG_CONFIG_HOME/pipette/config.toml)
+        #[arg(long, env = "PIPETTE_CONFIG", value_name = "FILE")]
+        config: Option<PathBuf>,
     },
 }
 
