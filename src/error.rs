@@ -48,6 +48,9 @@ pub enum Error {
     /// The cluster file and the allocation disagree.
     #[error("{0}")]
     ClusterMismatch(String),
+    /// torchrun cannot be found where the nodes run locally (see [`ExitCode::NoTorchrun`]).
+    #[error("{0}")]
+    NoTorchrun(String),
     #[error("internal error: {0} (this is a bug in pipette-run; please report it)")]
     Internal(String),
     /// A stop signal arrived between two stages (see [`crate::exec::signals`]).
@@ -128,6 +131,7 @@ impl Error {
                 PeerError::Incomplete { .. } => ExitCode::NodeList,
                 PeerError::NoLeader { .. } => ExitCode::Unreachable,
             },
+            Error::NoTorchrun(_) => ExitCode::NoTorchrun,
             Error::Internal(_) | Error::Interrupted(_) => ExitCode::Internal,
         }
     }

@@ -28,6 +28,9 @@ pub enum ExitCode {
     NothingFits = 69,
     /// A bug in pipette-run: please report it.
     Internal = 70,
+    /// torchrun is not on this machine's PATH (or --torchrun names no executable file)
+    /// when the nodes are run locally: found before anything runs.
+    NoTorchrun = 71,
     /// The training script failed, or did not finish in time, in the trial run; nothing
     /// was launched.
     TrialFailed = 72,
@@ -103,6 +106,11 @@ pub const ROWS: &[Row] = &[
         ExitCode::Internal,
         "70",
         "internal error (a bug: please report it)",
+    ),
+    row(
+        ExitCode::NoTorchrun,
+        "71",
+        "torchrun not found (local launcher: not on PATH, or --torchrun is no executable); nothing ran",
     ),
     row(
         ExitCode::TrialFailed,
@@ -189,7 +197,7 @@ const HELP_BYTES: [u8; HELP_LEN] = {
 mod tests {
     use super::*;
 
-    const ALL: [ExitCode; 11] = [
+    const ALL: [ExitCode; 12] = [
         ExitCode::Success,
         ExitCode::Usage,
         ExitCode::ModelArgs,
@@ -198,6 +206,7 @@ mod tests {
         ExitCode::Unreachable,
         ExitCode::NothingFits,
         ExitCode::Internal,
+        ExitCode::NoTorchrun,
         ExitCode::TrialFailed,
         ExitCode::Stalled,
         ExitCode::CannotStart,
@@ -227,7 +236,7 @@ mod tests {
             "  66     the node list is malformed (Slurm/PBS variables, --hostfile, --hosts, --include/--exclude)"
         );
         assert_eq!(
-            lines[13],
+            lines[14],
             "  other  the exit code of the first training worker that failed"
         );
         assert!(!HELP.ends_with('\n'));

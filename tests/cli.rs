@@ -25,23 +25,11 @@ fn example(path: &str) -> PathBuf {
 
 /// Runs a dry run with `--json` and returns the report.
 fn dry_run_json(cmd: &mut Command) -> Value {
-    let out = cmd.output().expect("pipette-run runs");
-    assert!(
-        out.status.success(),
-        "pipette-run failed ({:?}): {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+    common::json_report(&cmd.output().expect("pipette-run runs"))
 }
 
 fn hosts(report: &Value) -> Vec<String> {
-    report["nodes"]["hosts"]
-        .as_array()
-        .expect("hosts array")
-        .iter()
-        .map(|h| h["host"].as_str().expect("host name").to_string())
-        .collect()
+    common::report_hosts(report)
 }
 
 fn workers(report: &Value) -> Vec<u64> {
@@ -530,9 +518,10 @@ fn human_dry_run_without_a_profile_says_how_to_get_one() {
 
 #[test]
 fn without_a_cluster_file_launching_profiles_the_nodes_first() {
-    // No torchrun there: the profile's probe cannot start, and nothing is launched.
+    // A torchrun that fails at once: the profile's probe cannot run, and nothing is
+    // launched. (A missing one is refused before profiling: tests/defects.rs.)
     pipette_run()
-        .args(["--torchrun", "/nonexistent/torchrun"])
+        .args(["--torchrun", "/bin/false"])
         .args(["train.py"])
         .args(TINY_MODEL)
         .assert()

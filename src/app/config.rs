@@ -237,6 +237,7 @@ impl DiscoveryInputs {
                 hosts: options.hosts.clone(),
                 include: options.include.clone(),
                 exclude: options.exclude.clone(),
+                cluster_file: options.cluster.is_some(),
             },
             cluster_file: options.cluster.clone(),
             environment,

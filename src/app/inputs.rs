@@ -42,6 +42,9 @@ pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Er
     let found = discover_nodes(&config.discovery)?;
     // Read the settings first: a mistake there is cheaper to report than after profiling.
     let settings = read_settings(&config.settings, &config.script.args)?;
+    if measure {
+        check_local_torchrun(config, &found.spec)?;
+    }
     let profile = match &config.discovery.cluster_file {
         Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
         None if measure => Some(measure_nodes(config, &found.spec)?),
@@ -77,6 +80,47 @@ pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Er
     })
 }
 
+/// When the nodes are run on this machine (the local launcher), torchrun must be there:
+/// an executable `--torchrun` path, or a name found on `PATH`. Checked before anything
+/// runs, so a missing torchrun is not found only when profiling or the trial fails.
+pub(super) fn check_local_torchrun(
+    config: &RunConfig,
+    spec: &cluster::ClusterSpec,
+) -> Result<(), Error> {
+    let transport = config.launch.access.transport(&spec.hosts(), &spec.source);
+    if !matches!(transport, crate::exec::Transport::Local) {
+        return Ok(());
+    }
+    let torchrun = &config.launch.torchrun;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if find_executable(torchrun, &path).is_some() {
+        return Ok(());
+    }
+    let where_ = match torchrun.contains('/') {
+        true => format!("{torchrun:?} is not an executable file"),
+        false => format!("{torchrun:?} is not on PATH"),
+    };
+    Err(Error::NoTorchrun(format!(
+        "torchrun not found: {where_}, and the nodes run on this machine (activate the \
+         environment that has PyTorch, or give --torchrun PATH)"
+    )))
+}
+
+/// `program` as the shell would run it: a path when it holds a `/`, else the first
+/// executable file of that name in `path` (a `PATH` value).
+fn find_executable(program: &str, path: &std::ffi::OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        return runnable(Path::new(program)).then(|| PathBuf::from(program));
+    }
+    std::env::split_paths(path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| runnable(candidate))
+}
+
 /// Profiles the discovered nodes (or reuses the cached profile of the same nodes); returns
 /// the cache file's path (or a description) and the profile.
 pub(super) fn measure_nodes(
@@ -99,7 +143,7 @@ pub(super) fn measure_nodes(
         spec.nodes.len()
     );
     let progress = ProgressBars::new(!config.output.json);
-    let run = measure::run_profile(spec, &options, &progress)?;
+    let run = measure::run_profile(&spec.for_profiling(), &options, &progress)?;
     for note in &run.notes {
         eprintln!("pipette-run: {note}");
     }
@@ -127,6 +171,7 @@ pub(super) fn allocation_error(e: AllocationError) -> Error {
         AllocationError::NodeCount { .. } | AllocationError::TooFewSlots { .. } => {
             Error::Usage(e.to_string())
         }
+        AllocationError::Filter(e) => Error::NodeList(e.into()),
     }
 }
 
@@ -136,6 +181,7 @@ pub(super) fn discover_nodes(inputs: &DiscoveryInputs) -> Result<Discovery, Erro
         return Ok(Discovery {
             spec: spec.clone(),
             warnings: Vec::new(),
+            deferred_filter: None,
         });
     }
     Ok(cluster::discover(

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::config::RunConfig;
 use super::inputs::{gather_inputs, Run, NO_PROFILE_YET};
-use super::{indent_lines, to_json, unix_seconds, write_json};
+use super::{indent_lines, local_time, to_json, unix_seconds, write_json};
 use crate::cluster::{Allocation, ClusterProfile};
 use crate::config::Settings;
 use crate::error::Error;
@@ -133,10 +133,13 @@ pub(super) fn ending_on_signal(
             let workdir = std::env::current_dir()
                 .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
             match &config.launch.run_dir {
-                Some(dir) => workdir.join(dir),
+                Some(dir) => render::claim_run_dir(&workdir.join(dir), false)?,
                 None => {
-                    let rdzv_id = rendezvous_id(config.launch.rdzv_id.as_deref(), None);
-                    render::default_run_dir(&workdir, &rdzv_id, unix_seconds())
+                    let id = std::process::id().to_string();
+                    render::claim_run_dir(
+                        &render::default_run_dir(&workdir, &id, local_time()),
+                        true,
+                    )?
                 }
             }
         }
@@ -279,9 +282,16 @@ pub(super) fn job_template(
     let workdir = std::env::current_dir()
         .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
     let rdzv_id = rendezvous_id(launch.rdzv_id.as_deref(), allocation.job_id.as_deref());
+    // Claimed (made, atomically) here, so no other launch can write into it.
     let run_dir = match &launch.run_dir {
-        Some(dir) => workdir.join(dir),
-        None => render::default_run_dir(&workdir, &rdzv_id, unix_seconds()),
+        Some(dir) => render::claim_run_dir(&workdir.join(dir), false)?,
+        None => {
+            let id = match &allocation.job_id {
+                Some(job) => job.clone(),
+                None => std::process::id().to_string(),
+            };
+            render::claim_run_dir(&render::default_run_dir(&workdir, &id, local_time()), true)?
+        }
     };
     let templates = match &launch.templates {
         Some(dir) => render::Templates::from_dir(dir)?,
@@ -484,10 +494,14 @@ pub(super) fn plan_and_render(config: &RunConfig, run: &mut Run) -> Result<(), E
     let mut template = job_template(config, planning_on(&run.settings, options), &run.allocation)?;
     template.run_id.clear();
     let run_dir = template.run_dir.clone();
-    let launch = template
+    let written = template
         .render(&plan, None, &run_dir)
-        .map_err(launch_error)?;
-    render::write_run_dir(&launch, &run_dir)?;
+        .map_err(launch_error)
+        .and_then(|launch| Ok(render::write_run_dir(&launch, &run_dir).map(|()| launch)?));
+    // The directory is this run's own (just claimed): nothing partial stays behind.
+    let launch = written.inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    })?;
     run.report.run_dir = Some(run_dir.display().to_string());
     run.report.launch = Some(launch);
     run.report.plan = Some(

@@ -26,11 +26,9 @@ mod unplanned;
 use std::ffi::OsString;
 use std::path::Path;
 
-use clap::Parser;
-
-use crate::cli::{PipetteCli, RunCli};
 use crate::cluster::Environment;
 use crate::error::Error;
+use crate::render;
 
 use config::RunConfig;
 
@@ -46,9 +44,16 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     {
         return crate::exec::agent::relay_main();
     }
-    let cli = match RunCli::try_parse_from(args) {
+    let site = match site_config(&crate::cli::site_config_matches(&args)) {
+        Ok(site) => site,
+        Err(message) => {
+            eprintln!("pipette-run: error: {message}");
+            return crate::exit::ExitCode::Usage.code();
+        }
+    };
+    let cli = match crate::cli::parse_run(&args, site.as_ref()) {
         Ok(cli) => cli,
-        Err(e) => return clap_exit(e),
+        Err(e) => return clap_exit("pipette-run", e, &crate::cli::run_command(), &args),
     };
     let mut config = RunConfig::resolve(&cli, current_environment());
     if let Err(e) = node_env::resolve_node_env(&mut config) {
@@ -61,11 +66,39 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     }
 }
 
+/// The site configuration (see [`crate::cli::site`]): `--config`/`PIPETTE_CONFIG` as
+/// `matches` holds them, else the default path when a file is there. A file that cannot be
+/// read or parsed is an error naming it.
+fn site_config(matches: &clap::ArgMatches) -> Result<Option<crate::cli::site::SiteConfig>, String> {
+    let env = |name: &str| std::env::var(name).ok();
+    match crate::cli::site::config_path(matches, env, Path::is_file) {
+        Some(path) => site_config_at(&path),
+        None => Ok(None),
+    }
+}
+
+/// The site configuration in `path`.
+fn site_config_at(path: &Path) -> Result<Option<crate::cli::site::SiteConfig>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read the site configuration {}: {e} (fix --config or PIPETTE_CONFIG)",
+            path.display()
+        )
+    })?;
+    crate::cli::site::parse_site_config(&text, path, &crate::cli::run_command()).map(Some)
+}
+
 /// The single driver's run (also the leader's, of one copy per node). A launch has the
 /// signal handlers in place from here to the end (see [`crate::exec::signals`]); a dry run
 /// runs nothing on the nodes, so a signal ends it at once, as it always did.
 fn drive(config: &RunConfig) -> i32 {
     let _signals = (!config.output.dry_run).then(crate::exec::signals::SignalGuard::install);
+    // An existing --run-dir is refused before anything runs (profiling, the trial).
+    if let Some(dir) = &config.launch.run_dir {
+        if let Err(e) = render::refuse_existing_run_dir(dir) {
+            return finish("pipette-run", Err(e.into()));
+        }
+    }
     if let Some(why) = config.planning_off() {
         return match config.output.dry_run {
             true => finish("pipette-run", unplanned::run(config, &why)),
@@ -86,9 +119,10 @@ fn drive(config: &RunConfig) -> i32 {
 
 /// Runs `pipette` with these arguments; returns the process exit code.
 pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
-    let cli = match PipetteCli::try_parse_from(args) {
+    let args: Vec<OsString> = args.into_iter().collect();
+    let cli = match crate::cli::parse_pipette(&args) {
         Ok(cli) => cli,
-        Err(e) => return clap_exit(e),
+        Err(e) => return clap_exit("pipette", e, &crate::cli::pipette_command(), &args),
     };
     finish(
         "pipette",
@@ -139,10 +173,44 @@ fn finish(program: &str, result: Result<(), Error>) -> i32 {
 }
 
 /// Prints clap's message (help, version, or a usage error) and returns its exit code:
-/// 0 for help and version, 2 for a malformed command line, as torchrun does.
-fn clap_exit(e: clap::Error) -> i32 {
+/// 0 for help and version, 2 for a malformed command line, as torchrun does. A bad value
+/// that came from an environment variable is told as the variable's.
+fn clap_exit(program: &str, e: clap::Error, command: &clap::Command, args: &[OsString]) -> i32 {
+    let lookup = |name: &std::ffi::OsStr| std::env::var_os(name);
+    if let Some(message) = crate::cli::env_errors::blame_environment(&e, command, args, lookup) {
+        eprintln!("{program}: error: {message}");
+        return crate::exit::ExitCode::Usage.code();
+    }
     let _ = e.print();
     e.exit_code()
+}
+
+/// Now on the local clock (UTC when the time zone cannot be read), for run directory names.
+fn local_time() -> render::LocalTime {
+    let now = unix_seconds() as nix::libc::time_t;
+    // SAFETY: localtime_r writes only into `tm`, which lives on this stack frame; a zeroed
+    // `tm` is a valid value of the plain C struct.
+    let mut tm: nix::libc::tm = unsafe { std::mem::zeroed() };
+    let ok = !unsafe { nix::libc::localtime_r(&now, &mut tm) }.is_null();
+    let field = |v: nix::libc::c_int| u32::try_from(v).unwrap_or(0);
+    match ok {
+        true => render::LocalTime {
+            year: tm.tm_year + 1900,
+            month: field(tm.tm_mon + 1),
+            day: field(tm.tm_mday),
+            hour: field(tm.tm_hour),
+            minute: field(tm.tm_min),
+            second: field(tm.tm_sec),
+        },
+        false => render::LocalTime {
+            year: 1970,
+            month: 1,
+            day: 1,
+            hour: 0,
+            minute: 0,
+            second: 0,
+        },
+    }
 }
 
 fn unix_seconds() -> u64 {

@@ -23,8 +23,46 @@ use crate::report::dry_run::ModelSection;
 use crate::report::estimate::{EstimateReport, ModelTime, ParamsSection};
 use crate::report::plan::plan_to_human;
 
+/// Writes generated text (a completion script, a manual page) to stdout as it is.
+fn write_stdout(bytes: &[u8]) -> Result<(), Error> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (`pipette man | head`) is the reader's choice, not an error.
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Error::Usage(format!("cannot write to stdout: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
 pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(), Error> {
     match command {
+        PipetteCommand::Completions { shell, program } => {
+            write_stdout(&crate::cli::completions(*shell, *program))
+        }
+        PipetteCommand::Config {
+            action: crate::cli::ConfigAction::Show { config },
+        } => {
+            let matches = crate::cli::run_command()
+                .ignore_errors(true)
+                .try_get_matches_from(["pipette-run"])
+                .unwrap_or_default();
+            let site = match config {
+                Some(path) => super::site_config_at(path),
+                None => super::site_config(&matches),
+            }
+            .map_err(Error::Usage)?;
+            let shown = crate::cli::site::show(crate::cli::run_command(), site.as_ref())
+                .map_err(Error::Usage)?;
+            print!("{shown}");
+            Ok(())
+        }
+        PipetteCommand::Man { program } => {
+            let page = crate::cli::man_page(*program)
+                .map_err(|e| Error::Internal(format!("rendering the manual page: {e}")))?;
+            write_stdout(&page)
+        }
         PipetteCommand::Discover { discovery, output } => {
             let found = discover_nodes(&DiscoveryInputs::new(discovery, env.clone()))?;
             let spec = &found.spec;

@@ -68,10 +68,14 @@ pub(super) fn run(config: &RunConfig, why: &str) -> Result<(), Error> {
     // A preview: no run id in the commands (see launch::JobTemplate::run_id).
     template.run_id.clear();
     let run_dir = template.run_dir.clone();
-    let spec = template
+    let written = template
         .render_world(&prepared.world, &run_dir)
-        .map_err(launch_error)?;
-    render::write_run_dir(&spec, &run_dir)?;
+        .map_err(launch_error)
+        .and_then(|spec| Ok(render::write_run_dir(&spec, &run_dir).map(|()| spec)?));
+    // The directory is this run's own (just claimed): nothing partial stays behind.
+    let spec = written.inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    })?;
     if config.output.json {
         let report = WorldDryRun {
             planning: "off",
@@ -138,6 +142,8 @@ fn planning_off(why: &str) -> Planning {
 /// decides the world and checks the DeepSpeed config on it.
 fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
     let found = discover_nodes(&config.discovery)?;
+    // Checked once the inputs are: their mistakes are the ones to report first.
+    let spec = found.spec.clone();
     let profile = match &config.discovery.cluster_file {
         Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
         None => None,
@@ -165,6 +171,9 @@ fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
             }
         },
     };
+    if !config.output.dry_run {
+        super::inputs::check_local_torchrun(config, &spec)?;
+    }
     Ok(Prepared {
         allocation,
         world,

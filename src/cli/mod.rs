@@ -1,8 +1,11 @@
 //! The command lines of `pipette-run` and `pipette`, and nothing else: parsing is kept
 //! apart from the stages, which receive plain values.
 
+pub mod env_errors;
 pub mod options;
+pub mod site;
 pub mod torchrun;
+pub mod values;
 
 pub use options::{
     DiscoveryOptions, LaunchOptions, ModelOptions, NodeOptions, OutputOptions, PlanningOptions,
@@ -12,13 +15,108 @@ pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::{Recompute, RecomputeMethod};
 use crate::model::time::TimeModel;
 
 /// Exit codes, shown at the end of every `--help` (from [`crate::exit`]).
 pub const EXIT_CODES_HELP: &str = crate::exit::HELP;
+
+/// What `-h` says in place of torchrun's thirty options.
+pub const TORCHRUN_OPTIONS_NOTE: &str = "torchrun's own options (--nnodes, --nproc-per-node, --rdzv-*, --max-restarts, -m, --no-python, ... with their PET_* variables) are accepted too, with torchrun's meaning: --help lists them all.";
+
+/// `pipette-run`'s command line as it is parsed: `-h` shows pipette-run's own options
+/// and says where torchrun's are, `--help` shows everything.
+pub fn run_command() -> clap::Command {
+    short_help_without_torchrun(RunCli::command())
+}
+
+/// `pipette`'s command line as it is parsed (`pipette calibrate -h` as `pipette-run -h`).
+pub fn pipette_command() -> clap::Command {
+    PipetteCli::command().mut_subcommand("calibrate", short_help_without_torchrun)
+}
+
+/// Parses `pipette-run`'s arguments with [`run_command`], a site configuration's values
+/// as the defaults of its options.
+pub fn parse_run(
+    args: &[std::ffi::OsString],
+    site: Option<&site::SiteConfig>,
+) -> Result<RunCli, clap::Error> {
+    let command = match site {
+        Some(site) => site::apply(run_command(), site),
+        None => run_command(),
+    };
+    let matches = command.try_get_matches_from(args)?;
+    RunCli::from_arg_matches(&matches)
+}
+
+/// `--config`/`PIPETTE_CONFIG` as far as `args` can be read (a malformed command line is
+/// reported by the full parse, with the site configuration applied).
+pub fn site_config_matches(args: &[std::ffi::OsString]) -> clap::ArgMatches {
+    run_command()
+        .ignore_errors(true)
+        .disable_help_flag(true)
+        .disable_version_flag(true)
+        .try_get_matches_from(args)
+        .unwrap_or_default()
+}
+
+/// Parses `pipette`'s arguments with [`pipette_command`].
+pub fn parse_pipette(args: &[std::ffi::OsString]) -> Result<PipetteCli, clap::Error> {
+    let matches = pipette_command().try_get_matches_from(args)?;
+    PipetteCli::from_arg_matches(&matches)
+}
+
+/// The options under torchrun's heading hidden from `-h`, and a note saying where they are.
+fn short_help_without_torchrun(command: clap::Command) -> clap::Command {
+    command
+        .mut_args(|arg| match is_torchrun_option(&arg) {
+            true => arg.hide_short_help(true),
+            false => arg,
+        })
+        .after_help(format!("{TORCHRUN_OPTIONS_NOTE}\n\n{EXIT_CODES_HELP}"))
+        .after_long_help(EXIT_CODES_HELP)
+}
+
+/// Whether `arg` is one of torchrun's options (they carry torchrun's help heading).
+pub fn is_torchrun_option(arg: &clap::Arg) -> bool {
+    arg.get_help_heading()
+        .is_some_and(|h| h.starts_with("torchrun options"))
+}
+
+/// Which program a completion script or manual page is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Program {
+    #[value(name = "pipette-run")]
+    PipetteRun,
+    Pipette,
+}
+
+impl Program {
+    fn command(self) -> clap::Command {
+        match self {
+            Program::PipetteRun => run_command(),
+            Program::Pipette => pipette_command(),
+        }
+    }
+}
+
+/// `program`'s completion script for `shell`.
+pub fn completions(shell: clap_complete::Shell, program: Program) -> Vec<u8> {
+    let mut command = program.command();
+    let name = command.get_name().to_string();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut command, name, &mut out);
+    out
+}
+
+/// `program`'s manual page (roff), with its subcommands' options for `pipette`.
+pub fn man_page(program: Program) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    clap_mangen::Man::new(program.command()).render(&mut out)?;
+    Ok(out)
+}
 
 /// Replace `torchrun` with `pipette-run` in a job script: it discovers the allocated
 /// nodes, measures them, plans tensor/pipeline/data parallelism, micro-batch and the
@@ -70,6 +168,18 @@ pub struct RunCli {
 
     #[command(flatten)]
     pub torchrun: TorchrunOptions,
+
+    /// A site configuration file: TOML, `option = value` with pipette-run's long option
+    /// names (cluster = "/shared/c.json", launcher = "srun"), the defaults of those options
+    /// below the command line and the environment (default:
+    /// $XDG_CONFIG_HOME/pipette/config.toml; `pipette config show` shows what it sets)
+    #[arg(
+        long,
+        env = "PIPETTE_CONFIG",
+        value_name = "FILE",
+        help_heading = "Pipette options"
+    )]
+    pub config: Option<PathBuf>,
 
     /// The training script (or module with -m, or program with --no-python), followed
     /// by its own arguments. Nothing after SCRIPT is read as a pipette-run option
@@ -163,6 +273,42 @@ pub enum PipetteCommand {
         #[command(flatten)]
         output: OutputOptions,
     },
+    /// Print a shell completion script: `pipette completions bash >
+    /// ~/.local/share/bash-completion/completions/pipette-run` (and `--program pipette`
+    /// for this tool)
+    Completions {
+        /// The shell
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+        /// The program to complete
+        #[arg(long, value_name = "PROGRAM", default_value = "pipette-run")]
+        program: Program,
+    },
+    /// Show the site configuration: each pipette-run option that has a value without the
+    /// command line, and where it comes from (file, environment variable, built-in)
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+    /// Print the manual page (roff): `pipette man | man -l -`, or
+    /// `pipette man > ~/.local/share/man/man1/pipette-run.1`
+    Man {
+        /// The program whose page is printed
+        #[arg(long, value_name = "PROGRAM", default_value = "pipette-run")]
+        program: Program,
+    },
+}
+
+/// `pipette config`'s actions.
+#[derive(Debug, Clone, Subcommand)]
+pub enum ConfigAction {
+    /// Every pipette-run option with a value, and where it comes from: the site
+    /// configuration file, an environment variable, or the built-in default
+    Show {
+        /// The site configuration file (default: $XDG_CONFIG_HOME/pipette/config.toml)
+        #[arg(long, env = "PIPETTE_CONFIG", value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
 }
 
 /// `pipette estimate`'s options.
@@ -172,19 +318,19 @@ pub struct EstimateArgs {
     #[arg(long, env = "PIPETTE_CLUSTER", value_name = "FILE")]
     pub cluster: Option<PathBuf>,
     /// Tensor-parallel size (default: the Megatron arguments', else 1)
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", allow_negative_numbers = true, value_parser = values::positive::<u64>)]
     pub tp: Option<u64>,
     /// Pipeline-parallel size (default: the Megatron arguments', else 1)
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = values::positive::<u64>)]
     pub pp: Option<u64>,
     /// Data-parallel size (default: the cluster's GPUs / (tp × pp), or 1 without a cluster)
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = values::positive::<u64>)]
     pub dp: Option<u64>,
     /// Micro-batch size (default: the Megatron arguments', else 1)
-    #[arg(long, value_name = "B")]
+    #[arg(long, value_name = "B", allow_negative_numbers = true, value_parser = values::positive::<u64>)]
     pub mbs: Option<u64>,
     /// Virtual stages per pipeline rank (interleaved schedule)
-    #[arg(long, value_name = "V")]
+    #[arg(long, value_name = "V", allow_negative_numbers = true, value_parser = values::positive::<u64>)]
     pub vpp: Option<u64>,
     /// Activation recomputation: none, selective, or full (uniform, one layer per group)
     #[arg(long, value_name = "MODE", value_parser = parse_recompute)]
@@ -236,7 +382,12 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub output: OutputOptions,
     /// GPUs per node to plan for (default: every GPU of the profile)
-    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N")]
+    #[arg(
+        long = "nproc-per-node",
+        alias = "nproc_per_node",
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
     pub nproc_per_node: Option<NprocPerNode>,
     /// Megatron arguments, as they would follow SCRIPT
     #[arg(last = true, value_name = "MEGATRON ARGS")]
@@ -249,7 +400,7 @@ pub struct ProfileArgs {
     #[command(flatten)]
     pub discovery: DiscoveryOptions,
     /// GPUs to measure per node (without GPUs: CPU processes standing in for them)
-    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N")]
+    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N", allow_negative_numbers = true, value_parser = nproc_count)]
     pub nproc_per_node: Option<u32>,
     /// How to reach the nodes: local, ssh or srun (default: local when every node is
     /// this machine, srun inside Slurm, else ssh)
@@ -265,6 +416,17 @@ pub struct ProfileArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub output: OutputOptions,
+}
+
+/// `pipette profile --nproc-per-node`: a count, capped as pipette-run's is.
+fn nproc_count(text: &str) -> Result<u32, String> {
+    match text.parse::<NprocPerNode>()? {
+        NprocPerNode::Count(n) => Ok(n),
+        _ => Err(format!(
+            "{text:?} is not a worker count here (give a number from 1 to {})",
+            crate::cluster::MAX_SLOTS
+        )),
+    }
 }
 
 fn parse_recompute(text: &str) -> Result<Recompute, String> {
@@ -358,8 +520,7 @@ mod tests {
     }
 
     fn is_torchrun(arg: &clap::Arg) -> bool {
-        arg.get_help_heading()
-            .is_some_and(|h| h.starts_with("torchrun options"))
+        is_torchrun_option(arg)
     }
 
     #[test]
@@ -401,5 +562,55 @@ mod tests {
     fn cli_definition_is_consistent() {
         RunCli::command().debug_assert();
         PipetteCli::command().debug_assert();
+        run_command().debug_assert();
+        pipette_command().debug_assert();
+    }
+
+    fn rendered(command: clap::Command, flag: &str) -> String {
+        match command.try_get_matches_from(["pipette-run", flag]) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{flag} prints help"),
+        }
+    }
+
+    /// `-h` was 244 lines, most of them torchrun's thirty options.
+    #[test]
+    fn short_help_shows_pipette_options_and_says_where_torchrun_s_are() {
+        let short = rendered(run_command(), "-h");
+        let long = rendered(run_command(), "--help");
+        assert!(
+            short.contains("--dry-run") && short.contains("--cluster"),
+            "{short}"
+        );
+        assert!(!short.contains("--rdzv-backend"), "{short}");
+        assert!(short.contains("--help lists them all"), "{short}");
+        assert!(short.contains("Exit codes:"), "{short}");
+        assert!(long.contains("--rdzv-backend") && long.contains("--dry-run"));
+        assert!(!long.contains("--help lists them all"));
+        assert!(short.lines().count() * 2 < long.lines().count());
+    }
+
+    #[test]
+    fn completions_and_manual_pages_cover_both_programs() {
+        use clap_complete::Shell;
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let script = String::from_utf8(completions(shell, Program::PipetteRun)).unwrap();
+            assert!(script.contains("pipette-run"), "{shell}");
+            assert!(
+                script.contains("dry-run") && script.contains("nproc-per-node"),
+                "{shell}"
+            );
+            let script = String::from_utf8(completions(shell, Program::Pipette)).unwrap();
+            assert!(
+                script.contains("calibrate") && script.contains("completions"),
+                "{shell}"
+            );
+        }
+        let page = String::from_utf8(man_page(Program::PipetteRun).unwrap()).unwrap();
+        assert!(page.starts_with(".ie"), "{}", &page[..40]);
+        assert!(page.contains(".TH pipette-run"), "{page}");
+        assert!(page.contains("dry\\-run"), "{page}");
+        let page = String::from_utf8(man_page(Program::Pipette).unwrap()).unwrap();
+        assert!(page.contains(".TH pipette") && page.contains("calibrate"));
     }
 }

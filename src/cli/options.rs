@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::values::{at_least, positive, whole, whole_usize};
 use crate::plan::{MappingMode, MemoryHeadroom};
 
 /// How results are shown.
@@ -22,7 +23,7 @@ pub struct OutputOptions {
     pub json: bool,
 
     /// Seed of every randomised search, so the same inputs give the same plan
-    #[arg(long, env = "PIPETTE_SEED", default_value_t = 0)]
+    #[arg(long, env = "PIPETTE_SEED", default_value_t = 0, allow_negative_numbers = true, value_parser = whole::<u64>)]
     pub seed: u64,
 }
 
@@ -93,16 +94,16 @@ pub struct PlanningOptions {
 
     /// Annealing evaluations per mapped configuration (default: 400 per GPU, between
     /// 20,000 and 1,000,000)
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole::<u64>)]
     pub budget: Option<u64>,
 
     /// How many of the best-ranked configurations get a mapping search
-    #[arg(long = "top-k", value_name = "K", default_value_t = crate::plan::search::DEFAULT_TOP_K)]
+    #[arg(long = "top-k", value_name = "K", default_value_t = crate::plan::search::DEFAULT_TOP_K, allow_negative_numbers = true, value_parser = whole_usize)]
     pub top_k: usize,
 
     /// GPU memory to keep free beyond the estimate: a fraction (0.05, the default) or
     /// GiB (4GiB)
-    #[arg(long = "memory-headroom", value_name = "AMOUNT", value_parser = parse_headroom)]
+    #[arg(long = "memory-headroom", value_name = "AMOUNT", allow_negative_numbers = true, value_parser = parse_headroom)]
     pub memory_headroom: Option<MemoryHeadroom>,
 
     /// Calibration of the memory and time estimators, as `pipette calibrate --out FILE`
@@ -124,11 +125,11 @@ pub struct TrialOptions {
 
     /// Iterations of the trial run; the first is warm-up, the time is the median of the
     /// others
-    #[arg(long = "trial-iters", value_name = "N", default_value_t = crate::trial::DEFAULT_ITERS, value_parser = clap::value_parser!(u64).range(2..))]
+    #[arg(long = "trial-iters", value_name = "N", default_value_t = crate::trial::DEFAULT_ITERS, allow_negative_numbers = true, value_parser = at_least::<2>)]
     pub trial_iters: u64,
 
     /// Stop the trial run (on every node) and report it after this long
-    #[arg(long = "trial-timeout", value_name = "DURATION", default_value = "15min", value_parser = parse_duration)]
+    #[arg(long = "trial-timeout", value_name = "DURATION", default_value = "15min", allow_hyphen_values = true, value_parser = parse_duration)]
     pub trial_timeout: std::time::Duration,
 
     /// Micro-batch sizes to run the trial at, comma-separated (default: the plan's). With
@@ -137,7 +138,9 @@ pub struct TrialOptions {
     #[arg(
         long = "trial-micro-batches",
         value_name = "LIST",
-        value_delimiter = ','
+        value_delimiter = ',',
+        allow_negative_numbers = true,
+        value_parser = positive::<u64>
     )]
     pub trial_micro_batches: Option<Vec<u64>>,
 }
@@ -147,7 +150,8 @@ pub struct TrialOptions {
 #[command(next_help_heading = "Launch options")]
 pub struct LaunchOptions {
     /// Directory for this launch's scripts, plan and summary (default:
-    /// ./pipette-runs/<time>-<job id>); must not exist yet
+    /// ./pipette-runs/<local date-time>-<job id or pid>); must not exist yet (a dry run
+    /// writes one too: launch with another, or remove it)
     #[arg(long = "run-dir", value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
 
@@ -181,7 +185,7 @@ fn parse_headroom(text: &str) -> Result<MemoryHeadroom, String> {
     match text.parse::<f64>() {
         Ok(f) if (0.0..1.0).contains(&f) => Ok(MemoryHeadroom::Fraction(f)),
         _ => Err(format!(
-            "{text:?} is not a headroom (a fraction below 1 such as 0.05, or GiB such as 4GiB)"
+            "{text:?} is not a headroom (a fraction from 0 up to, not including, 1 such as 0.05, or GiB such as 4GiB)"
         )),
     }
 }
@@ -212,19 +216,19 @@ pub struct SuperviseOptions {
     /// Between TERM and KILL when the nodes are stopped (after a failure, or on Ctrl-C /
     /// SIGTERM; a second Ctrl-C kills at once). After a stall, a node whose torchrun does not
     /// stop within it is treated as hung and left out of a re-plan
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", allow_hyphen_values = true, value_parser = parse_duration)]
     pub grace: std::time::Duration,
 
     /// A job that makes no progress this long is a failure: no Megatron iteration (or
     /// checkpoint or evaluation) line once iterations have begun. `0` never gives up. Make
     /// it longer than --log-interval iterations take
-    #[arg(long = "stall-timeout", env = "PIPETTE_STALL_TIMEOUT", value_name = "DURATION", default_value = "30min", value_parser = parse_duration)]
+    #[arg(long = "stall-timeout", env = "PIPETTE_STALL_TIMEOUT", value_name = "DURATION", default_value = "30min", allow_hyphen_values = true, value_parser = parse_duration)]
     pub stall_timeout: std::time::Duration,
 
     /// Before the first iteration line (and after the last), no output at all from any
     /// node this long is a failure (default: --stall-timeout; `0` never gives up). With
     /// planning off (a script that is not Megatron's), only when given
-    #[arg(long = "startup-timeout", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long = "startup-timeout", value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_duration)]
     pub startup_timeout: Option<std::time::Duration>,
 
     /// How many times a failed job is re-planned on the surviving nodes and resumed from
@@ -234,12 +238,14 @@ pub struct SuperviseOptions {
         long = "max-replans",
         env = "PIPETTE_MAX_REPLANS",
         value_name = "N",
-        default_value_t = 3
+        default_value_t = 3,
+        allow_negative_numbers = true,
+        value_parser = whole::<u32>
     )]
     pub max_replans: u32,
 
     /// How long a node has to answer its health check after a failure
-    #[arg(long = "health-timeout", value_name = "DURATION", default_value = "20s", value_parser = parse_duration)]
+    #[arg(long = "health-timeout", value_name = "DURATION", default_value = "20s", allow_hyphen_values = true, value_parser = parse_duration)]
     pub health_timeout: std::time::Duration,
 }
 
@@ -300,30 +306,10 @@ fn parse_words(text: &str) -> Result<Words, String> {
         .map_err(|e| format!("{text:?}: {e} (quote as a shell would)"))
 }
 
-/// `10`, `10s`, `1.5s`, `500ms`, `5min`, `2h` (a bare number is seconds).
+/// `10`, `10s`, `1.5s`, `500ms`, `5min`, `2h` (a bare number is seconds); see
+/// [`super::values::duration`].
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let scale = match unit.trim() {
-        "" | "s" | "sec" => 1.0,
-        "ms" => 0.001,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        _ => {
-            return Err(format!(
-                "{text:?} is not a duration (e.g. 30s, 500ms, 10min)"
-            ))
-        }
-    };
-    match number.parse::<f64>() {
-        Ok(n) if n.is_finite() && n >= 0.0 => Ok(std::time::Duration::from_secs_f64(n * scale)),
-        _ => Err(format!(
-            "{text:?} is not a duration (e.g. 30s, 500ms, 10min)"
-        )),
-    }
+    super::values::duration(text)
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@
 
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args};
+
+use super::values::whole;
 use serde::{Deserialize, Serialize};
 
 pub use crate::cluster::allocation::{NodeRange, NprocPerNode};
@@ -19,7 +21,12 @@ pub struct TorchrunOptions {
     /// Number of nodes, or the range of nodes in form <minimum_nodes>:<maximum_nodes>.
     /// pipette-run plans on the nodes it discovers; a fixed count here must match them
     /// (torchrun's default: 1)
-    #[arg(long, env = "PET_NNODES", value_name = "N|MIN:MAX")]
+    #[arg(
+        long,
+        env = "PET_NNODES",
+        value_name = "N|MIN:MAX",
+        allow_negative_numbers = true
+    )]
     pub nnodes: Option<NodeRange>,
 
     /// Number of workers per node; supported values: [auto, cpu, gpu, xpu, int].
@@ -29,7 +36,8 @@ pub struct TorchrunOptions {
         long = "nproc-per-node",
         alias = "nproc_per_node",
         env = "PET_NPROC_PER_NODE",
-        value_name = "N|gpu|cpu|xpu|auto"
+        value_name = "N|gpu|cpu|xpu|auto",
+        allow_negative_numbers = true
     )]
     pub nproc_per_node: Option<NprocPerNode>,
 
@@ -78,13 +86,15 @@ pub struct TorchrunOptions {
         long = "max-restarts",
         alias = "max_restarts",
         env = "PET_MAX_RESTARTS",
-        default_value_t = 0
+        default_value_t = 0,
+        allow_negative_numbers = true,
+        value_parser = whole::<u32>
     )]
     pub max_restarts: u32,
 
     /// Interval, in seconds, to monitor the state of workers
     #[arg(long = "monitor-interval", alias = "monitor_interval", env = "PET_MONITOR_INTERVAL",
-          default_value_t = 0.1, value_parser = non_negative_seconds)]
+          default_value_t = 0.1, allow_negative_numbers = true, value_parser = non_negative_seconds)]
     pub monitor_interval: f64,
 
     /// Multiprocessing start method to use when creating workers
@@ -147,7 +157,9 @@ pub struct TorchrunOptions {
         long = "node-rank",
         alias = "node_rank",
         env = "PET_NODE_RANK",
-        default_value_t = 0
+        default_value_t = 0,
+        allow_negative_numbers = true,
+        value_parser = whole::<u32>
     )]
     pub node_rank: u32,
 
@@ -166,7 +178,9 @@ pub struct TorchrunOptions {
         long = "master-port",
         alias = "master_port",
         env = "PET_MASTER_PORT",
-        default_value_t = 29500
+        default_value_t = 29500,
+        allow_negative_numbers = true,
+        value_parser = whole::<u16>
     )]
     pub master_port: u16,
 
@@ -190,7 +204,7 @@ pub struct TorchrunOptions {
 
     /// Seconds to wait for workers to exit after a termination signal before killing them
     #[arg(long = "shutdown-timeout", alias = "shutdown_timeout", env = "PET_SHUTDOWN_TIMEOUT",
-          value_parser = non_negative_seconds)]
+          allow_negative_numbers = true, value_parser = non_negative_seconds)]
     pub shutdown_timeout: Option<f64>,
 
     /// Give each worker LOCAL_RANK=0 and its own device in CUDA_VISIBLE_DEVICES
@@ -288,7 +302,9 @@ impl TorchrunOptions {
 fn non_negative_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("{s:?} is not a number of seconds (e.g. 0.5)")),
+        _ => Err(format!(
+            "{s:?} is not a number of seconds of 0 or more (e.g. 0.5)"
+        )),
     }
 }
 

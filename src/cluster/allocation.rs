@@ -72,6 +72,9 @@ pub enum AllocationError {
     /// `--nproc-per-node` asks for more workers than a node has GPU slots.
     #[error("--nproc-per-node {asked} but node {host} has only {have} GPU slots (lower --nproc-per-node, or leave it out to use every GPU found)")]
     TooFewSlots { asked: u32, host: String, have: u32 },
+    /// `--include`/`--exclude` applied to the cluster file's nodes.
+    #[error(transparent)]
+    Filter(super::hostfile::FilterError),
 }
 
 /// Decides the hosts and how many workers each runs: discovery's nodes (or the cluster
@@ -83,10 +86,14 @@ pub fn allocate(
     profile: Option<(&Path, &ClusterProfile)>,
     request: AllocationRequest,
 ) -> Result<Allocation, AllocationError> {
-    let Discovery { mut spec, warnings } = discovery;
+    let Discovery {
+        mut spec,
+        mut warnings,
+        deferred_filter,
+    } = discovery;
     if let Some((path, profile)) = profile {
         if spec.source == NodeSource::Local {
-            spec.nodes = profile
+            let nodes = profile
                 .nodes
                 .iter()
                 .map(|n| Node {
@@ -96,6 +103,11 @@ pub fn allocate(
                         .map_or(Slots::Unknown, |g| Slots::Count(g.len() as u32)),
                 })
                 .collect();
+            // --include/--exclude filter the file's nodes, not this machine.
+            spec.nodes = match &deferred_filter {
+                Some(filter) => filter.apply(nodes).map_err(AllocationError::Filter)?,
+                None => nodes,
+            };
             spec.source = NodeSource::ClusterFile {
                 path: path.display().to_string(),
             };
@@ -110,6 +122,11 @@ pub fn allocate(
             });
         }
     }
+    if let (Some(filter), NodeSource::Local) = (&deferred_filter, &spec.source) {
+        spec.nodes = filter
+            .apply(std::mem::take(&mut spec.nodes))
+            .map_err(AllocationError::Filter)?;
+    }
     if let Some(range) = request.nnodes {
         if !range.contains(spec.nodes.len()) {
             return Err(AllocationError::NodeCount {
@@ -121,9 +138,14 @@ pub fn allocate(
     let profiled =
         |host: &str| profile.and_then(|(_, p)| p.node_index(host).and_then(|i| p.nodes[i].gpus()));
     let mut hosts = Vec::with_capacity(spec.nodes.len());
+    let pbs = matches!(spec.source, NodeSource::Pbs { .. });
     for node in spec.nodes {
         let gpus = profiled(&node.host);
-        let known = node.slots.count().or(gpus.map(|g| g.len() as u32));
+        let gpu_count = gpus.map(|g| g.len() as u32);
+        let known = match (pbs, node.slots.count()) {
+            (true, Some(slots)) => pbs_slots(&node.host, slots, gpu_count, request, &mut warnings),
+            _ => node.slots.count().or(gpu_count),
+        };
         let workers = match request.nproc_per_node {
             Some(NprocPerNode::Count(n)) => {
                 if let Some(have) = known.filter(|have| n > *have) {
@@ -205,6 +227,47 @@ impl HostAllocation {
     }
 }
 
+/// A PBS host's GPU count: its node-file lines are GPUs only when they agree with the
+/// GPUs the profile found there or with `--nproc-per-node`. Otherwise they count CPU
+/// cores (or one line per node), and the GPUs found decide, with a warning that says so.
+fn pbs_slots(
+    host: &str,
+    slots: u32,
+    gpus: Option<u32>,
+    request: AllocationRequest,
+    warnings: &mut Vec<String>,
+) -> Option<u32> {
+    let asked = match request.nproc_per_node {
+        Some(NprocPerNode::Count(n)) => Some(n),
+        _ => None,
+    };
+    if gpus == Some(slots) || asked == Some(slots) {
+        return Some(slots);
+    }
+    match gpus {
+        Some(found) => {
+            warnings.push(format!(
+                "PBS_NODEFILE lists {host} {slots} time{} but the profile finds {found} GPU{} there: \
+                 using the {found} GPUs (PBS lines count CPU slots unless the job asks for one per GPU)",
+                plural(slots),
+                plural(found)
+            ));
+            Some(found)
+        }
+        // Nothing measured yet: the user's count decides, else the file's.
+        None if asked.is_some() => None,
+        None => Some(slots),
+    }
+}
+
+fn plural(n: u32) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
 /// `--nnodes N` or `--nnodes MIN:MAX`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRange {
@@ -233,6 +296,12 @@ impl FromStr for NodeRange {
             }
             Some((a, b)) => (parse(a)?, parse(b)?),
         };
+        if max as usize > super::MAX_NODES {
+            return Err(format!(
+                "{s:?} is more than {} nodes, more than any cluster has (give the job's node count)",
+                super::MAX_NODES
+            ));
+        }
         if min == 0 || min > max {
             return Err(format!(
                 "{s:?} is not a valid node range (need 0 < MIN <= MAX, e.g. 2:4)"
@@ -271,8 +340,17 @@ impl FromStr for NprocPerNode {
             "cpu" => Ok(NprocPerNode::Cpu),
             "xpu" => Ok(NprocPerNode::Xpu),
             "auto" => Ok(NprocPerNode::Auto),
-            _ => match s.parse::<u32>() {
-                Ok(n) if n > 0 => Ok(NprocPerNode::Count(n)),
+            _ => match s.parse::<u64>() {
+                Ok(n) if n > u64::from(super::MAX_SLOTS) => Err(format!(
+                    "{n} workers per node is more than {}, more than any node has GPUs \
+                     (give the node's GPU count, or gpu to use every GPU found)",
+                    super::MAX_SLOTS
+                )),
+                Ok(n) if n > 0 => Ok(NprocPerNode::Count(n as u32)),
+                _ if s.starts_with('-') => Err(format!(
+                    "{s:?} is negative (use a worker count from 1 to {}, or gpu, cpu, xpu or auto)",
+                    super::MAX_SLOTS
+                )),
                 _ => Err(format!(
                     "{s:?} is not a worker count (use a positive integer, gpu, cpu, xpu or auto)"
                 )),
@@ -340,6 +418,7 @@ mod tests {
                 job_id: Some("42".into()),
             },
             warnings: vec!["a warning".into()],
+            deferred_filter: None,
         }
     }
 
@@ -519,5 +598,91 @@ mod tests {
             err.to_string(),
             "--nnodes 3 but 2 nodes were found (a,b) (pipette-run uses the nodes it discovers: drop --nnodes, or fix the node list)"
         );
+    }
+
+    /// `--include`/`--exclude` filtered this machine instead of the cluster file's
+    /// nodes; `--include a100-n00:99` then blamed the cluster file (exit 67).
+    #[test]
+    fn defect_06_filters_apply_to_the_cluster_file_s_nodes() {
+        let p = profile(&["n0", "n1", "n2"], 4);
+        let with = |include: Option<&str>, exclude: Option<&str>| {
+            let mut d = found(NodeSource::Local, &[("here", Slots::Unknown)]);
+            d.deferred_filter = Some(crate::cluster::discover::FilterRequest {
+                include: include.map(String::from),
+                exclude: exclude.map(String::from),
+            });
+            allocate(
+                d,
+                Some((Path::new("c.json"), &p)),
+                AllocationRequest::default(),
+            )
+        };
+        let a = with(Some("n2@n0:1,3"), None).unwrap();
+        assert_eq!(a.host_names(), ["n0", "n2"]);
+        assert_eq!(a.hosts[0].devices, Some(vec![1, 3]));
+        assert_eq!(a.world_size(), Some(6));
+        assert_eq!(with(None, Some("n1")).unwrap().host_names(), ["n0", "n2"]);
+        let e = with(Some("n0:99"), None).unwrap_err();
+        assert!(matches!(e, AllocationError::Filter(_)), "{e:?}");
+        assert!(e.to_string().contains("has no slot 99"), "{e}");
+        // Without a cluster file the filter is this machine's.
+        let mut d = found(NodeSource::Local, &[("here", Slots::Unknown)]);
+        d.deferred_filter = Some(crate::cluster::discover::FilterRequest {
+            include: Some("n0".into()),
+            exclude: None,
+        });
+        assert!(allocate(d, None, AllocationRequest::default()).is_err());
+    }
+
+    /// `--nproc-per-node 99999` asked torchrun for 99,999 local processes; `--nnodes`
+    /// took any count.
+    #[test]
+    fn defect_14_worker_and_node_counts_are_capped() {
+        assert_eq!("1024".parse(), Ok(NprocPerNode::Count(1024)));
+        let e = "99999".parse::<NprocPerNode>().unwrap_err();
+        assert!(e.contains("more than 1024"), "{e}");
+        let e = "-1".parse::<NprocPerNode>().unwrap_err();
+        assert!(e.contains("negative"), "{e}");
+        assert!("1000000".parse::<NodeRange>().is_ok());
+        let e = "1000001".parse::<NodeRange>().unwrap_err();
+        assert!(e.contains("more than 1000000 nodes"), "{e}");
+    }
+
+    /// PBS node-file lines are GPUs only when they agree with what the profile or
+    /// --nproc-per-node says; else the GPUs found are used, with a warning.
+    #[test]
+    fn pbs_slots_are_gpus_only_when_they_agree() {
+        let pbs = || NodeSource::Pbs {
+            path: "nodes".into(),
+        };
+        let p = profile(&["a", "b"], 8);
+        let c = Path::new("c.json");
+        // One line per node: the 8 GPUs found, and a warning for each host.
+        let d = found(pbs(), &[("a", Slots::Count(1)), ("b", Slots::Count(1))]);
+        let a = allocate(d, Some((c, &p)), AllocationRequest::default()).unwrap();
+        assert_eq!(workers(&a), [Some(8), Some(8)]);
+        let warned: Vec<_> = a
+            .warnings
+            .iter()
+            .filter(|w| w.contains("PBS_NODEFILE"))
+            .collect();
+        assert_eq!(warned.len(), 2, "{:?}", a.warnings);
+        assert!(warned[0].contains("using the 8 GPUs"), "{}", warned[0]);
+        // Agreeing with the profile: as listed, no warning.
+        let d = found(pbs(), &[("a", Slots::Count(8)), ("b", Slots::Count(8))]);
+        let a = allocate(d, Some((c, &p)), AllocationRequest::default()).unwrap();
+        assert_eq!(workers(&a), [Some(8), Some(8)]);
+        assert!(!a.warnings.iter().any(|w| w.contains("PBS_NODEFILE")));
+        // --nproc-per-node beyond the lines but within the GPUs is not refused.
+        let d = found(pbs(), &[("a", Slots::Count(1)), ("b", Slots::Count(1))]);
+        let a = allocate(d, Some((c, &p)), nproc(NprocPerNode::Count(4))).unwrap();
+        assert_eq!(workers(&a), [Some(4), Some(4)]);
+        // Without a profile, --nproc-per-node decides over the lines.
+        let d = found(pbs(), &[("a", Slots::Count(2))]);
+        let a = allocate(d, None, nproc(NprocPerNode::Count(8))).unwrap();
+        assert_eq!(workers(&a), [Some(8)]);
+        // A hostfile's slots stay binding.
+        let d = found(NodeSource::Hosts, &[("a", Slots::Count(2))]);
+        assert!(allocate(d, None, nproc(NprocPerNode::Count(8))).is_err());
     }
 }

@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use super::hostfile::{self, FilterError, HostfileError};
 use super::hostlist::{self, HostlistError};
-use super::{ClusterSpec, Node, NodeSource, Slots};
+use super::{host_name_problem, shown_host, ClusterSpec, Node, NodeSource, Slots};
+use super::{MAX_NODES, MAX_SLOTS};
 
 /// A snapshot of the environment variables discovery reads, so tests can pass their own.
 pub type Environment = BTreeMap<String, String>;
@@ -38,6 +39,24 @@ pub struct DiscoveryRequest {
     pub hosts: Option<String>,
     pub include: Option<String>,
     pub exclude: Option<String>,
+    /// `--cluster` was given: when no allocation is found its nodes are the nodes, so
+    /// `--include`/`--exclude` wait for them ([`Discovery::deferred_filter`]) instead of
+    /// filtering this machine.
+    pub cluster_file: bool,
+}
+
+/// `--include`/`--exclude` as written, to apply once the nodes are known.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilterRequest {
+    pub include: Option<String>,
+    pub exclude: Option<String>,
+}
+
+impl FilterRequest {
+    /// The filter applied to `nodes`.
+    pub fn apply(&self, nodes: Vec<Node>) -> Result<Vec<Node>, FilterError> {
+        hostfile::filter_nodes(nodes, self.include.as_deref(), self.exclude.as_deref())
+    }
 }
 
 /// What [`discover`] found: the nodes, and warnings for the user (e.g. an explicit
@@ -47,6 +66,10 @@ pub struct DiscoveryRequest {
 pub struct Discovery {
     pub spec: ClusterSpec,
     pub warnings: Vec<String>,
+    /// The filter still to apply: set when no allocation was found and a cluster file
+    /// names the nodes ([`super::allocate`] applies it to the file's nodes).
+    #[serde(skip)]
+    pub deferred_filter: Option<FilterRequest>,
 }
 
 /// Why the node list could not be found.
@@ -108,6 +131,22 @@ pub enum DiscoveryError {
     NoLocalHost,
     #[error(transparent)]
     Filter(#[from] FilterError),
+    #[error(
+        "SLURM_JOB_ID={job} is set but SLURM_JOB_NODELIST and SLURM_NODELIST are empty, so the \
+         job's nodes are unknown (run inside the allocation's batch script or srun step, or \
+         unset SLURM_JOB_ID to name the nodes with --hosts or --hostfile)"
+    )]
+    SlurmWithoutNodes { job: String },
+    #[error(
+        "{origin}: host \"{host}\" {problem} (write the name the launcher reaches the node by)"
+    )]
+    UnusableHostName {
+        origin: String,
+        host: String,
+        problem: String,
+    },
+    #[error("{origin} lists more than {limit} hosts, more than any cluster has (check the list)")]
+    TooManyNodes { origin: String, limit: usize },
     /// A Slurm step with more tasks than nodes (see [`super::copies`]).
     #[error(
         "this Slurm step runs {tasks} tasks on {nodes} node{plural}, but pipette-run runs once \
@@ -135,6 +174,18 @@ pub fn discover(
         .iter()
         .find_map(|&name| variable(env, name).map(|value| (name, value)));
     let pbs = variable(env, "PBS_NODEFILE");
+    if slurm.is_none() {
+        // Inside a Slurm job the node list is always set; without it this machine is not
+        // the job's whole allocation, and running there alone would be a silent mistake.
+        let job = variable(env, "SLURM_JOB_ID").or_else(|| variable(env, "SLURM_JOBID"));
+        if let (Some(job), None) = (job, pbs) {
+            if request.hostfile.is_none() && request.hosts.is_none() {
+                return Err(DiscoveryError::SlurmWithoutNodes {
+                    job: job.to_string(),
+                });
+            }
+        }
+    }
 
     let (nodes, source, job_id) = if let Some((list_variable, list)) = slurm {
         warn_ignored(&mut warnings, request, list_variable, true);
@@ -179,11 +230,15 @@ pub fn discover(
         (vec![node], NodeSource::Local, None)
     };
 
-    let nodes = hostfile::filter_nodes(
-        nodes,
-        request.include.as_deref(),
-        request.exclude.as_deref(),
-    )?;
+    let filter = FilterRequest {
+        include: request.include.clone(),
+        exclude: request.exclude.clone(),
+    };
+    let deferred = source == NodeSource::Local && request.cluster_file;
+    let (nodes, deferred_filter) = match deferred {
+        true => (nodes, Some(filter)),
+        false => (filter.apply(nodes)?, None),
+    };
     Ok(Discovery {
         spec: ClusterSpec {
             nodes,
@@ -191,6 +246,7 @@ pub fn discover(
             job_id: job_id.map(str::to_string),
         },
         warnings,
+        deferred_filter,
     })
 }
 
@@ -232,7 +288,7 @@ fn warn_ignored(
 fn listed_nodes(origin: &str, list: &str, slots: Slots) -> Result<Vec<Node>, DiscoveryError> {
     let hosts = hostlist::expand(list).map_err(|problem| DiscoveryError::Hostlist {
         origin: origin.to_string(),
-        list: list.to_string(),
+        list: shown_host(list),
         problem,
     })?;
     reject_duplicates(&hosts, origin)?;
@@ -248,6 +304,7 @@ fn listed_nodes(origin: &str, list: &str, slots: Slots) -> Result<Vec<Node>, Dis
 fn reject_duplicates(hosts: &[String], origin: &str) -> Result<(), DiscoveryError> {
     let mut seen = HashMap::with_capacity(hosts.len());
     for host in hosts {
+        check_host_name(origin, host)?;
         if seen.insert(host.as_str(), ()).is_some() {
             return Err(DiscoveryError::DuplicateHost {
                 host: host.clone(),
@@ -256,6 +313,17 @@ fn reject_duplicates(hosts: &[String], origin: &str) -> Result<(), DiscoveryErro
         }
     }
     Ok(())
+}
+
+fn check_host_name(origin: &str, host: &str) -> Result<(), DiscoveryError> {
+    match host_name_problem(host) {
+        None => Ok(()),
+        Some(problem) => Err(DiscoveryError::UnusableHostName {
+            origin: origin.to_string(),
+            host: shown_host(host),
+            problem,
+        }),
+    }
 }
 
 fn slurm_nodes(
@@ -350,6 +418,7 @@ fn pbs_nodes(path: PathBuf) -> Result<Vec<Node>, DiscoveryError> {
     };
     let mut nodes: Vec<Node> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
+    let origin = || format!("PBS node file {} (named by PBS_NODEFILE)", path.display());
     for (number, line) in text.lines().enumerate() {
         let host = line.trim();
         if host.is_empty() {
@@ -359,14 +428,22 @@ fn pbs_nodes(path: PathBuf) -> Result<Vec<Node>, DiscoveryError> {
             return Err(DiscoveryError::BadNodefileLine {
                 path,
                 line: number + 1,
-                text: host.to_string(),
+                text: shown_host(host),
             });
         }
+        check_host_name(&format!("{} line {}", origin(), number + 1), host)?;
         match index.get(host) {
             Some(&at) => {
+                // Past MAX_SLOTS lines a host's count is only ever compared with its GPUs.
                 if let Slots::Count(n) = &mut nodes[at].slots {
-                    *n = n.saturating_add(1);
+                    *n = n.saturating_add(1).min(MAX_SLOTS + 1);
                 }
+            }
+            None if nodes.len() == MAX_NODES => {
+                return Err(DiscoveryError::TooManyNodes {
+                    origin: origin(),
+                    limit: MAX_NODES,
+                })
             }
             None => {
                 index.insert(host.to_string(), nodes.len());
@@ -378,9 +455,7 @@ fn pbs_nodes(path: PathBuf) -> Result<Vec<Node>, DiscoveryError> {
         }
     }
     if nodes.is_empty() {
-        return Err(DiscoveryError::NoNodes {
-            origin: format!("PBS node file {} (named by PBS_NODEFILE)", path.display()),
-        });
+        return Err(DiscoveryError::NoNodes { origin: origin() });
     }
     Ok(nodes)
 }
@@ -839,5 +914,72 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    /// `SLURM_JOB_ID` with an empty `SLURM_JOB_NODELIST` fell back to this machine.
+    #[test]
+    fn defect_13_a_slurm_job_without_a_node_list_is_an_error() {
+        let vars = env(&[("SLURM_JOB_ID", "981"), ("SLURM_JOB_NODELIST", "")]);
+        let e = run(&DiscoveryRequest::default(), &vars).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(e, DiscoveryError::SlurmWithoutNodes { .. }),
+            "{text}"
+        );
+        assert!(
+            text.starts_with("SLURM_JOB_ID=981 is set but SLURM_JOB_NODELIST"),
+            "{text}"
+        );
+        assert!(text.contains("unset SLURM_JOB_ID"), "{text}");
+        // Naming the nodes explicitly is what the message suggests, and works.
+        let request = DiscoveryRequest {
+            hosts: Some("a,b".into()),
+            ..Default::default()
+        };
+        assert_eq!(hosts(&run(&request, &vars).unwrap()), ["a", "b"]);
+    }
+
+    /// Names given through --hosts or Slurm are held to the hostfile's rules: no control
+    /// characters, at most 253 bytes, and the message never shows them raw.
+    #[test]
+    fn defect_09_listed_names_are_checked_and_shown_escaped() {
+        let request = DiscoveryRequest {
+            hosts: Some(format!("{}[10-11]", "q".repeat(252))),
+            ..Default::default()
+        };
+        let e = run(&request, &env(&[])).unwrap_err().to_string();
+        assert!(e.contains("254 bytes long"), "{e}");
+        let vars = env(&[("SLURM_JOB_NODELIST", "a,b\u{1b}[2J")]);
+        let e = run(&DiscoveryRequest::default(), &vars)
+            .unwrap_err()
+            .to_string();
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+        assert!(e.contains("SLURM_JOB_NODELIST"), "{e}");
+    }
+
+    /// With --cluster and no allocation the filter waits for the file's nodes.
+    #[test]
+    fn defect_06_filters_wait_for_the_cluster_file_s_nodes() {
+        let request = DiscoveryRequest {
+            include: Some("a100-n00".into()),
+            cluster_file: true,
+            ..Default::default()
+        };
+        let found = run(&request, &env(&[])).unwrap();
+        assert_eq!(hosts(&found), ["here"]);
+        assert_eq!(
+            found.deferred_filter.unwrap().include.as_deref(),
+            Some("a100-n00")
+        );
+        // An allocation's nodes are filtered at once, cluster file or not.
+        let request = DiscoveryRequest {
+            hosts: Some("a,b".into()),
+            include: Some("b".into()),
+            cluster_file: true,
+            ..Default::default()
+        };
+        let found = run(&request, &env(&[])).unwrap();
+        assert_eq!(hosts(&found), ["b"]);
+        assert_eq!(found.deferred_filter, None);
     }
 }

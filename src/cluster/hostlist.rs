@@ -47,6 +47,24 @@ pub enum HostlistError {
         column: usize,
     },
     #[error(
+        "range \"{range}\" at column {column} in \"{host}\" starts with a negative number \
+         (host numbers start at 0: write numbers or ranges LOW-HIGH, e.g. [0-3])"
+    )]
+    Negative {
+        host: String,
+        range: String,
+        column: usize,
+    },
+    #[error(
+        "\"{host}\" at column {column} would give host names longer than {limit} bytes, \
+         more than a DNS name may have (check the list)"
+    )]
+    NameTooLong {
+        host: String,
+        column: usize,
+        limit: usize,
+    },
+    #[error(
         "range \"{range}\" at column {column} in \"{host}\" is not numeric \
          (write numbers or ranges LOW-HIGH separated by commas, e.g. [1-4,7])"
     )]
@@ -114,7 +132,7 @@ pub fn expand(list: &str) -> Result<Vec<String>, HostlistError> {
         total = total.saturating_add(entry.count());
         if total > MAX_HOSTS {
             return Err(HostlistError::TooManyHosts {
-                host: text.to_string(),
+                host: super::shown_host(text),
                 column: column_of(list, start),
                 limit: MAX_HOSTS,
             });
@@ -141,7 +159,7 @@ pub fn expand_ranges(ranges: &str) -> Result<Vec<u64>, HostlistError> {
         .fold(0usize, |sum, item| sum.saturating_add(item.len()));
     if count > MAX_HOSTS {
         return Err(HostlistError::TooManyHosts {
-            host: ranges.to_string(),
+            host: super::shown_host(ranges),
             column: 1,
             limit: MAX_HOSTS,
         });
@@ -256,7 +274,7 @@ fn split_entries(list: &str) -> Result<Vec<(usize, &str)>, HostlistError> {
     }
     if let Some(open) = depth_open {
         return Err(HostlistError::UnclosedBracket {
-            host: list[start..].trim().to_string(),
+            host: super::shown_host(list[start..].trim()),
             column: column_of(list, open),
         });
     }
@@ -286,7 +304,7 @@ fn push_entry<'a>(
 /// The entry that starts at `start` up to the next comma after `at` (for messages).
 fn entry_around(list: &str, start: usize, at: usize) -> String {
     let end = list[at..].find(',').map_or(list.len(), |i| at + i);
-    list[start..end].trim().to_string()
+    super::shown_host(list[start..end].trim())
 }
 
 /// Parses one entry (brackets already known to pair up and not nest).
@@ -299,7 +317,7 @@ fn parse_entry(list: &str, start: usize, text: &str) -> Result<Entry, HostlistEr
             ']' => inside = false,
             c if !inside && (c.is_whitespace() || c.is_control()) => {
                 return Err(HostlistError::InvalidCharacter {
-                    host: text.to_string(),
+                    host: super::shown_host(text),
                     character: c,
                     column: column_of(list, start + at),
                 })
@@ -315,7 +333,7 @@ fn parse_entry(list: &str, start: usize, text: &str) -> Result<Entry, HostlistEr
         literal.push_str(&rest[..open]);
         let close = rest[open..].find(']').map(|i| open + i).ok_or_else(|| {
             HostlistError::UnclosedBracket {
-                host: text.to_string(),
+                host: super::shown_host(text),
                 column: column_of(list, offset + open),
             }
         })?;
@@ -336,6 +354,21 @@ fn parse_entry(list: &str, start: usize, text: &str) -> Result<Entry, HostlistEr
     if !literal.is_empty() {
         segments.push(Segment::Literal(literal));
     }
+    // Checked before any name is built: a 50 MB entry must not be copied per host.
+    let fixed: usize = segments
+        .iter()
+        .map(|s| match s {
+            Segment::Literal(text) => text.len(),
+            Segment::Group(_) => 1,
+        })
+        .sum();
+    if fixed > super::MAX_HOST_NAME {
+        return Err(HostlistError::NameTooLong {
+            host: super::shown_host(text),
+            column: column_of(list, start),
+            limit: super::MAX_HOST_NAME,
+        });
+    }
     Ok(Entry { segments })
 }
 
@@ -351,11 +384,19 @@ fn parse_group(
     for item in inside.split(',') {
         let column = column_of(list, offset);
         offset += item.len() + 1;
-        let error_fields = || (host.to_string(), item.to_string(), column);
+        let error_fields = || (super::shown_host(host), super::shown_host(item), column);
         let (low, high) = match item.split_once('-') {
             Some((low, high)) => (low, Some(high)),
             None => (item, None),
         };
+        if low.is_empty() && high.is_some_and(|h| h.starts_with(|c: char| c.is_ascii_digit())) {
+            let (host, range, column) = error_fields();
+            return Err(HostlistError::Negative {
+                host,
+                range,
+                column,
+            });
+        }
         if low.is_empty() || high.is_some_and(str::is_empty) {
             let (host, range, column) = error_fields();
             return Err(HostlistError::EmptyRange {
@@ -490,7 +531,7 @@ mod tests {
         ));
         assert!(matches!(
             expand("gpu[-3]"),
-            Err(HostlistError::EmptyRange { .. })
+            Err(HostlistError::Negative { .. })
         ));
         assert!(matches!(
             expand("gpu[3-]"),
@@ -584,6 +625,34 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    /// `gpu[-1-3]` was "empty range": the range is negative.
+    #[test]
+    fn defect_12_a_negative_range_is_named_as_negative() {
+        let e = expand("gpu[-1-3]").unwrap_err().to_string();
+        assert!(e.contains("negative"), "{e}");
+        assert!(!e.contains("empty"), "{e}");
+    }
+
+    /// A 50 MB host name took minutes to show; names past a DNS name's 253 bytes are
+    /// refused before any is built, and the message shows only their start.
+    #[test]
+    fn defect_04_a_huge_host_name_is_refused_at_once() {
+        let huge = format!("h{}", "x".repeat(50 << 20));
+        let e = expand(&huge).unwrap_err().to_string();
+        assert!(e.contains("253 bytes"), "{}", &e[..200.min(e.len())]);
+        assert!(
+            e.len() < 400,
+            "the message shows a short part: {} bytes",
+            e.len()
+        );
+        let ranged = format!("{}[1-1000000]", "y".repeat(300));
+        assert!(matches!(
+            expand(&ranged),
+            Err(HostlistError::NameTooLong { .. })
+        ));
+        assert_eq!(expand(&"z".repeat(253)).unwrap().len(), 1);
     }
 
     #[test]

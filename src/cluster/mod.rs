@@ -20,6 +20,53 @@ pub use profile::{ClusterProfile, ProfileError};
 
 use serde::{Deserialize, Serialize};
 
+/// The longest host name accepted, in bytes: a DNS name has at most 253 characters
+/// (RFC 1035 §2.3.4, less the final dot), so anything longer is not a name a launcher can
+/// reach. Capping it also keeps every message and table that shows a name short.
+pub const MAX_HOST_NAME: usize = 253;
+
+/// The most nodes any node list may hold (the hostlist expansion cap): no cluster has this
+/// many, so a longer list is a mistake (a typo in a range, a file of something else).
+pub const MAX_NODES: usize = hostlist::MAX_HOSTS;
+
+/// The most GPU slots one node may claim (hostfile `slots=`, PBS lines per host,
+/// `--nproc-per-node`): no machine has that many accelerators, so more is a mistake.
+pub const MAX_SLOTS: u32 = 1024;
+
+/// Why `host` is not a host name, or `None` when it is one: empty, longer than
+/// [`MAX_HOST_NAME`], or holding a blank or a control character (which would reach a
+/// terminal raw: an escape sequence in a node list must never be printed as it is). The
+/// one rule for every node list; the cluster profile reader applies it too.
+pub fn host_name_problem(host: &str) -> Option<String> {
+    if host.is_empty() {
+        Some("is empty".to_string())
+    } else if host.len() > MAX_HOST_NAME {
+        Some(format!(
+            "is {} bytes long, more than the {MAX_HOST_NAME} a DNS name may have",
+            host.len()
+        ))
+    } else if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Some("holds a blank or a control character".to_string())
+    } else {
+        None
+    }
+}
+
+/// `host` as a message may show it: control characters escaped, and at most 64
+/// characters (a name that is refused may be of any length).
+pub fn shown_host(host: &str) -> String {
+    const SHOWN: usize = 64;
+    let mut out: String = host
+        .chars()
+        .take(SHOWN)
+        .flat_map(char::escape_default)
+        .collect();
+    if host.chars().nth(SHOWN).is_some() {
+        out.push_str("...");
+    }
+    out
+}
+
 /// The allocated nodes, in the order the allocation (or the user) listed them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterSpec {
@@ -35,6 +82,19 @@ impl ClusterSpec {
     /// The hosts, in order.
     pub fn hosts(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.host.clone()).collect()
+    }
+
+    /// The nodes as profiling should see them: a PBS node file's line counts are CPU
+    /// cores as often as GPUs (one line per node is common), so they do not limit which
+    /// GPUs are measured; [`allocate`] compares them with the GPUs found.
+    pub fn for_profiling(&self) -> ClusterSpec {
+        let mut spec = self.clone();
+        if matches!(spec.source, NodeSource::Pbs { .. }) {
+            for node in &mut spec.nodes {
+                node.slots = Slots::Unknown;
+            }
+        }
+        spec
     }
 }
 

@@ -54,20 +54,24 @@ pub fn candidates(
     let model = &settings.model;
     let pinned = &settings.constraints;
     let global_batch = settings.training.global_batch_size;
-    let world = nodes * gpus_per_node;
     let mut out = Vec::new();
+    // Discovery caps both factors far below an overflow; a product that overflows anyway
+    // has no configuration rather than a wrapped one.
+    let Some(world) = nodes.checked_mul(gpus_per_node) else {
+        return out;
+    };
     if world == 0 || model.num_layers == 0 {
         return out;
     }
-    for tp in divisors(gpus_per_node) {
+    for tp in divisors(gpus_per_node, u64::MAX) {
         if model.num_attention_heads % tp != 0
             || model.num_query_groups % tp != 0
             || pinned.tensor_parallel.is_some_and(|p| p != tp)
         {
             continue;
         }
-        for pp in divisors(world / tp) {
-            if pp > model.num_layers || pinned.pipeline_parallel.is_some_and(|p| p != pp) {
+        for pp in divisors(world / tp, model.num_layers) {
+            if pinned.pipeline_parallel.is_some_and(|p| p != pp) {
                 continue;
             }
             let dp = world / (tp * pp);
@@ -76,10 +80,8 @@ pub fn candidates(
             }
             for layers in layer_splits(model.num_layers, pp, options.uneven_layers) {
                 let even = layers.iter().all(|l| *l == layers[0]);
-                for micro_batch in divisors(global_batch / dp) {
-                    if micro_batch > options.max_micro_batch
-                        || pinned.micro_batch_size.is_some_and(|p| p != micro_batch)
-                    {
+                for micro_batch in divisors(global_batch / dp, options.max_micro_batch) {
+                    if pinned.micro_batch_size.is_some_and(|p| p != micro_batch) {
                         continue;
                     }
                     let microbatches = global_batch / (micro_batch * dp);
@@ -118,15 +120,19 @@ pub fn candidates(
     out
 }
 
-/// The divisors of `n`, ascending.
-fn divisors(n: u64) -> Vec<u64> {
+/// The divisors of `n` up to `at_most`, ascending.
+///
+/// Trial division stops at `at_most` when that comes before √n, so a huge `n` (a global
+/// batch of 2^64 − 1) costs no more than its small divisors: the micro-batch and the
+/// pipeline size are bounded long before. `d <= n / d` is `d * d <= n` without overflow.
+fn divisors(n: u64, at_most: u64) -> Vec<u64> {
     let mut small = Vec::new();
     let mut large = Vec::new();
-    let mut d = 1;
-    while d * d <= n {
+    let mut d: u64 = 1;
+    while d <= n / d && d <= at_most {
         if n % d == 0 {
             small.push(d);
-            if d * d != n {
+            if d != n / d && n / d <= at_most {
                 large.push(n / d);
             }
         }
@@ -233,9 +239,32 @@ mod tests {
 
     #[test]
     fn divisors_are_ascending() {
-        assert_eq!(divisors(12), [1, 2, 3, 4, 6, 12]);
-        assert_eq!(divisors(16), [1, 2, 4, 8, 16]);
-        assert_eq!(divisors(1), [1]);
+        assert_eq!(divisors(12, u64::MAX), [1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(16, u64::MAX), [1, 2, 4, 8, 16]);
+        assert_eq!(divisors(1, u64::MAX), [1]);
+        assert_eq!(divisors(12, 4), [1, 2, 3, 4]);
+        assert_eq!(divisors(36, 12), [1, 2, 3, 4, 6, 9, 12]);
+    }
+
+    /// `d * d` wrapped past 2^64 and the loop never ended; √n trial division of 10^18
+    /// took 15 s. Bounded by what is asked for, both are instant.
+    #[test]
+    fn defect_02_huge_global_batch_neither_hangs_nor_overflows() {
+        assert_eq!(divisors(u64::MAX, 16), [1, 3, 5, 15]);
+        assert_eq!(
+            divisors(1_000_000_000_000_000_000, 16),
+            [1, 2, 4, 5, 8, 10, 16]
+        );
+        // The largest square below 2^64: d reaches 2^32 - 1 and d * d would overflow next.
+        let n = (u32::MAX as u64) * (u32::MAX as u64);
+        assert_eq!(divisors(n, 4), [1, 3]);
+        // The Megatron reader refuses such a batch; the space must still cope with one.
+        let mut s = settings(&["--global-batch-size", "64"], "llama2-7b");
+        s.training.global_batch_size = u64::MAX;
+        let all = candidates(&s, 2, 8, &SpaceOptions::default());
+        assert!(all
+            .iter()
+            .all(|c| c.dp == 1 && [1, 3, 5, 15].contains(&c.micro_batch)));
     }
 
     #[test]

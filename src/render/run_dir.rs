@@ -7,12 +7,93 @@ use std::path::{Path, PathBuf};
 
 use super::{LaunchSpec, RenderError};
 
-/// The default run directory: `WORKDIR/pipette-runs/<unix seconds>-<rendezvous id>`, one
-/// per launch (characters other than letters, digits, `.`, `-`, `_` in the id become `_`).
-pub fn default_run_dir(workdir: &Path, rdzv_id: &str, unix_seconds: u64) -> PathBuf {
-    workdir
-        .join("pipette-runs")
-        .join(format!("{unix_seconds}-{}", file_name_safe(rdzv_id)))
+/// A moment on the local clock, as a default run directory is named for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalTime {
+    pub year: i32,
+    pub month: u32,
+    pub day: u32,
+    pub hour: u32,
+    pub minute: u32,
+    pub second: u32,
+}
+
+/// The default run directory: `WORKDIR/pipette-runs/<local date-time>-<id>`, e.g.
+/// `pipette-runs/2026-11-24T10-31-05-981` (`id`: the scheduler's job id, else this
+/// process's id; characters other than letters, digits, `.`, `-`, `_` become `_`). Names
+/// sort by time and say when and which job; [`claim_run_dir`] numbers a second launch in
+/// the same second.
+pub fn default_run_dir(workdir: &Path, id: &str, time: LocalTime) -> PathBuf {
+    let LocalTime {
+        year,
+        month,
+        day,
+        hour,
+        minute,
+        second,
+    } = time;
+    workdir.join("pipette-runs").join(format!(
+        "{year:04}-{month:02}-{day:02}T{hour:02}-{minute:02}-{second:02}-{}",
+        file_name_safe(id)
+    ))
+}
+
+/// How many numbered alternatives (`DIR-2`, `DIR-3`, ...) [`claim_run_dir`] tries for a
+/// default directory before giving up: more launches of one job in one second than this
+/// is not a clash but a loop.
+const NUMBERED_TRIES: u32 = 1000;
+
+/// Refuses a `--run-dir` that already exists, before anything runs: each launch writes
+/// into a directory of its own, and a dry run's directory holds its files.
+pub fn refuse_existing_run_dir(dir: &Path) -> Result<(), RenderError> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        _ => Err(RenderError::RunDir {
+            path: dir.display().to_string(),
+            message: "it already exists (each launch, and each dry run, writes a new \
+                      directory): remove it, or choose another --run-dir"
+                .to_string(),
+        }),
+    }
+}
+
+/// Makes `dir` (and its parents) for this launch alone and returns it. An existing `dir`
+/// is refused, unless `numbered` (a default directory, whose name only says when): then
+/// the first free `dir-2`, `dir-3`, ... is taken. `mkdir` is atomic, so two launches that
+/// race for one name never share it.
+pub fn claim_run_dir(dir: &Path, numbered: bool) -> Result<PathBuf, RenderError> {
+    let fail = |path: &Path, message: String| RenderError::RunDir {
+        path: path.display().to_string(),
+        message,
+    };
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| fail(parent, e.to_string()))?;
+    }
+    let tries = if numbered { NUMBERED_TRIES } else { 1 };
+    for n in 1..=tries {
+        let candidate = match n {
+            1 => dir.to_path_buf(),
+            n => {
+                let mut name = dir.as_os_str().to_os_string();
+                name.push(format!("-{n}"));
+                PathBuf::from(name)
+            }
+        };
+        match std::fs::create_dir(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(fail(&candidate, e.to_string())),
+        }
+    }
+    match numbered {
+        false => Err(refuse_existing_run_dir(dir).err().unwrap_or_else(|| {
+            fail(dir, "it appeared while being created: choose another --run-dir".to_string())
+        })),
+        true => Err(fail(
+            dir,
+            format!("it and {} numbered alternatives exist (clear out pipette-runs/, or give --run-dir)", NUMBERED_TRIES - 1),
+        )),
+    }
 }
 
 /// `text` as part of a file name: its first 64 characters, letters, digits, `.`, `-` and
@@ -127,9 +208,53 @@ mod tests {
         assert!(write_run_dir(&bad, &run).is_err());
     }
 
+    const NOON: LocalTime = LocalTime {
+        year: 2026,
+        month: 11,
+        day: 24,
+        hour: 10,
+        minute: 3,
+        second: 5,
+    };
+
     #[test]
     fn default_run_dirs_are_per_launch() {
-        let d = default_run_dir(Path::new("/w"), "job/7 x", 1700000000);
-        assert_eq!(d, Path::new("/w/pipette-runs/1700000000-job_7_x"));
+        let d = default_run_dir(Path::new("/w"), "job/7 x", NOON);
+        assert_eq!(d, Path::new("/w/pipette-runs/2026-11-24T10-03-05-job_7_x"));
+    }
+
+    /// Two launches in one second got one default directory, and the second failed
+    /// with "choose another --run-dir", a flag it was never given.
+    #[test]
+    fn defect_07_default_run_dirs_never_collide() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = default_run_dir(dir.path(), "981", NOON);
+        let first = claim_run_dir(&name, true).unwrap();
+        let second = claim_run_dir(&name, true).unwrap();
+        let third = claim_run_dir(&name, true).unwrap();
+        assert_eq!(first, name);
+        assert_eq!(second.file_name().unwrap(), "2026-11-24T10-03-05-981-2");
+        assert!(third.to_string_lossy().ends_with("-981-3"));
+        assert!(first.is_dir() && second.is_dir() && third.is_dir());
+    }
+
+    /// `--run-dir` accepted an existing directory and wrote into it until a file clashed.
+    #[test]
+    fn defect_08_an_existing_run_dir_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let given = dir.path().join("run");
+        assert!(refuse_existing_run_dir(&given).is_ok());
+        std::fs::create_dir(&given).unwrap();
+        std::fs::write(given.join("mine.txt"), "x").unwrap();
+        let refused = refuse_existing_run_dir(&given).unwrap_err().to_string();
+        assert!(refused.contains("already exists"), "{refused}");
+        assert!(refused.contains("choose another --run-dir"), "{refused}");
+        let claimed = claim_run_dir(&given, false).unwrap_err().to_string();
+        assert_eq!(claimed, refused);
+        let left: Vec<_> = std::fs::read_dir(&given).unwrap().collect();
+        assert_eq!(left.len(), 1);
+        // A fresh one is made with its parents.
+        let fresh = dir.path().join("a/b/run");
+        assert_eq!(claim_run_dir(&fresh, false).unwrap(), fresh);
     }
 }

@@ -10,6 +10,27 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The JSON report a successful `--dry-run --json` printed; a failure shows its stderr.
+pub fn json_report(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "pipette-run failed ({:?}): {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+/// The hosts of a dry-run report, in order.
+pub fn report_hosts(report: &serde_json::Value) -> Vec<String> {
+    report["nodes"]["hosts"]
+        .as_array()
+        .expect("hosts array")
+        .iter()
+        .map(|h| h["host"].as_str().expect("host name").to_string())
+        .collect()
+}
+
 /// The venv's python: `PIPETTE_MEGATRON_PYTHON`, else what `scripts/setup-megatron-venv`
 /// prints (it creates the venv on first use).
 pub fn venv_python() -> PathBuf {
@@ -82,6 +103,8 @@ pub fn cpu_job_command(bin: &str) -> Command {
         "PIPETTE_LAUNCHER",
         "PIPETTE_CALIBRATION",
         "PIPETTE_NO_TRIAL",
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
     ] {
         command.env_remove(var);
     }

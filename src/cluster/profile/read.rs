@@ -25,7 +25,7 @@ impl ClusterProfile {
     /// `origin` names the text in error messages (usually the file name).
     pub fn from_json_str(text: &str, origin: &str) -> Result<Self, ProfileError> {
         let origin = clean_origin(origin);
-        let value: Value = serde_json::from_str(text).map_err(|e| syntax_error(&origin, &e))?;
+        let value = parse_json(text.as_bytes(), &origin)?;
         Self::from_value(&value, &origin)
     }
 
@@ -46,7 +46,7 @@ impl ClusterProfile {
             origin: origin.clone(),
             io,
         })?;
-        let value: Value = serde_json::from_slice(&bytes).map_err(|e| syntax_error(&origin, &e))?;
+        let value = parse_json(&bytes, &origin)?;
         Self::from_value(&value, &origin)
     }
 
@@ -388,6 +388,80 @@ fn table_place(names: &[&str], bandwidth_hint: &'static str) -> Place {
     }
 }
 
+/// Parses a profile file's JSON: a UTF-8 byte-order mark at the start is skipped (editors
+/// on Windows write one), and a key repeated in one object is an error at its line and
+/// column (serde_json keeps the last silently, so a file edited by hand could carry a
+/// value nobody sees).
+fn parse_json(bytes: &[u8], origin: &str) -> Result<Value, ProfileError> {
+    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+    serde_json::from_slice::<StrictValue>(bytes)
+        .map(|v| v.0)
+        .map_err(|e| syntax_error(origin, &e))
+}
+
+/// A JSON value read with every object's keys checked to be distinct.
+struct StrictValue(Value);
+
+const DUPLICATE_KEY: &str = "duplicate key";
+
+impl<'de> Deserialize<'de> for StrictValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrictVisitor).map(StrictValue)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(StrictValue(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "{DUPLICATE_KEY} {}",
+                    quote(&key)
+                )));
+            }
+            let StrictValue(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
 fn syntax_error(origin: &str, error: &serde_json::Error) -> ProfileError {
     let text = error.to_string();
     // serde_json ends its messages with " at line L column C"; we put those first.
@@ -397,6 +471,8 @@ fn syntax_error(origin: &str, error: &serde_json::Error) -> ProfileError {
     };
     let hint = if error.classify() == serde_json::error::Category::Eof {
         "the file is empty or cut short"
+    } else if message.starts_with(DUPLICATE_KEY) {
+        "an object names each key once: keep the value meant and delete the other"
     } else {
         "fix the JSON at that line and column"
     };
@@ -423,5 +499,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("empty or cut short"), "{err}");
+    }
+
+    #[test]
+    fn defect_12_duplicate_json_keys_are_an_error_not_last_wins() {
+        let text = "{\n  \"gpus\": [\"a\", \"b\"],\n  \"gpus\": [\"c\", \"d\"],\n  \"bandwidth\": [[0, 1], [1, 0]]\n}";
+        let err = ClusterProfile::from_json_str(text, "d.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("d.json:3:"), "{err}");
+        assert!(err.contains("duplicate key \"gpus\""), "{err}");
+        assert!(err.contains("keep the value meant"), "{err}");
+        // Repeated keys in different objects are fine.
+        let ok = "{\"gpus\": [\"a\", \"b\"], \"bandwidth\": [[0, 1], [1, 0]]}";
+        assert!(ClusterProfile::from_json_str(ok, "ok.json").is_ok());
+    }
+
+    #[test]
+    fn defect_12_a_utf8_byte_order_mark_is_accepted() {
+        let text = "\u{feff}{\"gpus\": [\"a\", \"b\"], \"bandwidth\": [[0, 1], [1, 0]]}";
+        let profile = ClusterProfile::from_json_str(text, "bom.json").unwrap();
+        assert_eq!(profile.nodes.len(), 2);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bom.json");
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(ClusterProfile::load(&path).unwrap().nodes.len(), 2);
     }
 }

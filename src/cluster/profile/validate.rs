@@ -271,7 +271,8 @@ fn is_iso_date(text: &str) -> bool {
     (1..=days).contains(&day)
 }
 
-/// Host names must be non-empty, free of blanks and control characters, and unique.
+/// Host names must pass [`crate::cluster::host_name_problem`] (non-empty, at most 253 bytes,
+/// free of blanks and control characters) and be unique.
 pub(crate) fn check_hosts(
     origin: &str,
     hosts: &[String],
@@ -279,12 +280,12 @@ pub(crate) fn check_hosts(
 ) -> Result<(), ProfileError> {
     let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for (i, host) in hosts.iter().enumerate() {
-        if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        if let Some(problem) = crate::cluster::host_name_problem(host) {
             return Err(invalid(
                 origin,
                 &path_of(i),
                 format!(
-                    "is {}, not a host name (write the name the launcher reaches the node by, without blanks)",
+                    "is {}, not a host name: it {problem} (write the name the launcher reaches the node by, without blanks)",
                     quote(host)
                 ),
             ));
@@ -425,9 +426,18 @@ pub(crate) fn bandwidth_cells<C>(
                 cells.push(0.0);
                 continue;
             }
-            let at = format!("{path}[{i}][{j}]");
-            let value = read(&at, cell)?;
-            check_bandwidth(origin, &at, value, unit, check, &labels[i], &labels[j])?;
+            let checked = |at: &str| {
+                let value = read(at, cell)?;
+                check_bandwidth(origin, at, value, unit, check, &labels[i], &labels[j])?;
+                Ok::<f64, ProfileError>(value)
+            };
+            // A cell's path is written only for a message (the check is pure, so the
+            // second call fails as the first did): formatting n² paths was most of the
+            // time a 2,000-node profile took to read.
+            let value = match checked("") {
+                Ok(value) => value,
+                Err(_) => checked(&format!("{path}[{i}][{j}]"))?,
+            };
             cells.push(value);
         }
     }

@@ -262,6 +262,10 @@ fn virtual_pipeline(raw: &RawArgs, num_layers: u64, pp: u64) -> Result<Option<u6
     }
 }
 
+/// The largest global batch (sequences per step) accepted: larger is a typing mistake, and
+/// would only make the planner's search long.
+const MAX_GLOBAL_BATCH: u64 = 1 << 24;
+
 pub(super) fn training_settings(
     raw: &RawArgs,
     model: &ModelSpec,
@@ -279,6 +283,11 @@ pub(super) fn training_settings(
             })
         }
     };
+    if global_batch_size > MAX_GLOBAL_BATCH {
+        return Err(contradiction(format!(
+            "--global-batch-size {global_batch_size} is over {MAX_GLOBAL_BATCH} (2^24) sequences, a cap no cluster's step reaches: give the global batch in sequences (e.g. 1024)"
+        )));
+    }
     if global_batch_size % micro_batch_size != 0 {
         return Err(contradiction(format!(
             "--global-batch-size {global_batch_size} is not divisible by --micro-batch-size {micro_batch_size} (the global batch is a whole number of micro-batches: change one of them)"

@@ -1,0 +1,467 @@
+//! Regression tests for the defects a bad-input probe found (issue 15), through the real
+//! binaries: each named after its defect, each checking the exit code, that the message is
+//! one line naming what is wrong, and that nothing ran. Unit-level tests of the same
+//! defects sit beside the code (`defect_NN_*` in src/).
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+mod common;
+
+use common::TINY_MODEL;
+
+/// `pipette-run` with an empty environment, run in `dir` (default run directories go
+/// there).
+fn pipette_run(dir: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("pipette-run").expect("binary built");
+    cmd.env_clear().current_dir(dir);
+    cmd
+}
+
+fn pipette() -> Command {
+    let mut cmd = Command::cargo_bin("pipette").expect("binary built");
+    cmd.env_clear();
+    cmd
+}
+
+fn cluster_file() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/clusters/a100-2x8.json")
+}
+
+/// Runs `cmd`, checks the exit code and that stderr is one line holding every one of
+/// `needles` and no control character; returns stderr.
+fn fails(cmd: &mut Command, code: i32, needles: &[&str]) -> String {
+    let out = cmd.output().expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "{needle:?} not in: {stderr}");
+    }
+    // One line, and for a malformed command line clap's pointer to --help.
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty() && *l != "For more information, try '--help'.")
+        .collect();
+    assert_eq!(lines.len(), 1, "one line: {stderr}");
+    assert!(
+        !stderr.lines().any(|l| l.chars().any(char::is_control)),
+        "{stderr:?}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+fn dry_run_json(cmd: &mut Command) -> Value {
+    common::json_report(&cmd.output().expect("runs"))
+}
+
+fn hosts(report: &Value) -> Vec<String> {
+    common::report_hosts(report)
+}
+
+/// A dry run of the tiny model in `dir` with `args` before SCRIPT.
+fn dry_run(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = pipette_run(dir);
+    cmd.args(args)
+        .args(["--dry-run", "train.py"])
+        .args(TINY_MODEL);
+    cmd
+}
+
+/// A dry run in `dir` on a hostfile holding `text`.
+fn hostfile_dry_run(dir: &Path, text: &str) -> Command {
+    let hostfile = dir.join("hostfile");
+    std::fs::write(&hostfile, text).unwrap();
+    dry_run(dir, &["--hostfile", hostfile.to_str().unwrap()])
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn defect_01_huge_duration_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    for option in [
+        "--trial-timeout",
+        "--grace",
+        "--stall-timeout",
+        "--startup-timeout",
+        "--health-timeout",
+    ] {
+        fails(
+            &mut dry_run(dir.path(), &[option, "18446744073709551616"]),
+            2,
+            &[option, "too long to be a duration"],
+        );
+    }
+    fails(
+        dry_run(dir.path(), &[]).env("PIPETTE_STALL_TIMEOUT", "99999999999999999999h"),
+        2,
+        &["PIPETTE_STALL_TIMEOUT", "too long"],
+    );
+}
+
+#[test]
+fn defect_02_huge_global_batch_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    fails(
+        pipette_run(dir.path())
+            .arg("--cluster")
+            .arg(cluster_file())
+            .args(["--dry-run", "train.py"])
+            .args(TINY_MODEL)
+            .args(["--global-batch-size", "18446744073709551615"]),
+        65,
+        &["--global-batch-size 18446744073709551615", "2^24"],
+    );
+}
+
+/// 100k hostfile lines took 7.6 s and 1M more than 120 s (the duplicate check compared
+/// every host with every earlier one). Not timed: 200,000 lines must come out right, and
+/// the quadratic check would take minutes at this size.
+#[test]
+fn defect_03_a_200k_line_hostfile_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let hostfile = dir.path().join("hostfile");
+    let text: String = (0..200_000).map(|i| format!("n{i} slots=8\n")).collect();
+    std::fs::write(&hostfile, text).unwrap();
+    let out = pipette()
+        .args(["discover", "--hostfile"])
+        .arg(&hostfile)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 200_000);
+    assert_eq!(stdout.lines().last(), Some("n199999 slots=8"));
+}
+
+/// One 50 MB host name took more than 120 s (it was built into the dry run's table).
+#[test]
+fn defect_04_a_50_mb_host_name_is_refused_with_a_short_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = fails(
+        &mut hostfile_dry_run(dir.path(), &format!("{} slots=8\n", "h".repeat(50 << 20))),
+        66,
+        &["line 1", "253 a DNS name may have"],
+    );
+    assert!(stderr.len() < 600, "{} bytes", stderr.len());
+}
+
+#[test]
+fn defect_06_include_and_exclude_filter_the_cluster_file_s_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |filter: [&str; 2]| {
+        dry_run_json(
+            pipette_run(dir.path())
+                .arg("--cluster")
+                .arg(cluster_file())
+                .args(filter)
+                .args(["--dry-run", "--json", "train.py"])
+                .args(TINY_MODEL),
+        )
+    };
+    assert_eq!(hosts(&run(["--include", "a100-n01"])), ["a100-n01"]);
+    assert_eq!(hosts(&run(["--exclude", "a100-n00"])), ["a100-n01"]);
+    let report = run(["--include", "a100-n00:0,1"]);
+    assert_eq!(hosts(&report), ["a100-n00"]);
+    assert_eq!(report["nodes"]["world_size"], 2);
+}
+
+/// `--include a100-n00:99` exited 67, blaming the cluster file.
+#[test]
+fn defect_12_an_unknown_slot_is_a_node_list_error() {
+    let dir = tempfile::tempdir().unwrap();
+    fails(
+        pipette_run(dir.path())
+            .arg("--cluster")
+            .arg(cluster_file())
+            .args(["--include", "a100-n00:99", "--dry-run", "train.py"])
+            .args(TINY_MODEL),
+        66,
+        &["--include", "no slot 99"],
+    );
+}
+
+/// Two launches in the same second got the same default directory; the second failed
+/// with "choose another --run-dir", a flag it was never given.
+#[test]
+fn defect_07_default_run_directories_never_collide() {
+    let dir = tempfile::tempdir().unwrap();
+    let dry_run = || {
+        dry_run_json(
+            pipette_run(dir.path())
+                .arg("--cluster")
+                .arg(cluster_file())
+                .env("SLURM_JOB_ID", "981")
+                .env("SLURM_JOB_NODELIST", "a100-n[00-01]")
+                .args(["--dry-run", "--json", "train.py"])
+                .args(TINY_MODEL),
+        )["run_dir"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let first = dry_run();
+    let second = dry_run();
+    assert_ne!(first, second);
+    let made = entries(&dir.path().join("pipette-runs"));
+    assert_eq!(made.len(), 2, "{made:?}");
+    // <local date-time>-<job id>, e.g. 2026-11-24T10-31-05-981.
+    let name = Path::new(&first).file_name().unwrap().to_str().unwrap();
+    let shape = regex_lite(name);
+    assert!(shape, "{name}");
+}
+
+/// `YYYY-MM-DDTHH-MM-SS-981`, optionally numbered.
+fn regex_lite(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let digits = |range: std::ops::Range<usize>| bytes[range].iter().all(u8::is_ascii_digit);
+    bytes.len() >= 23
+        && digits(0..4)
+        && bytes[4] == b'-'
+        && digits(5..7)
+        && bytes[7] == b'-'
+        && digits(8..10)
+        && bytes[10] == b'T'
+        && digits(11..13)
+        && digits(14..16)
+        && digits(17..19)
+        && name[19..].starts_with("-981")
+}
+
+/// `--run-dir` took an existing directory and wrote into it until a file clashed; a dry
+/// run's directory then made the real run fail with "File exists".
+#[test]
+fn defect_08_an_existing_run_dir_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let with_run_dir = |dry: bool| {
+        let mut cmd = pipette_run(dir.path());
+        cmd.arg("--cluster")
+            .arg(cluster_file())
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .args(["--no-trial", "--torchrun", "/nonexistent/torchrun"]);
+        if dry {
+            cmd.arg("--dry-run");
+        }
+        cmd.arg("train.py").args(TINY_MODEL);
+        cmd
+    };
+    with_run_dir(true).assert().success();
+    let written = entries(&run_dir);
+    assert!(written.contains(&"plan.json".to_string()), "{written:?}");
+    // The launch after the dry run: refused at once, the dry run's files untouched.
+    fails(
+        &mut with_run_dir(false),
+        2,
+        &["already exists", "remove it, or choose another --run-dir"],
+    );
+    assert_eq!(entries(&run_dir), written);
+    fails(&mut with_run_dir(true), 2, &["already exists"]);
+    assert_eq!(entries(&run_dir), written);
+}
+
+#[test]
+fn defect_09_control_characters_in_a_hostfile_are_refused_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    fails(
+        &mut hostfile_dry_run(
+            dir.path(),
+            "good slots=8\nevil\u{1b}]2;owned\u{7} slots=8\n",
+        ),
+        66,
+        &["line 2", "control character"],
+    );
+    fails(
+        &mut hostfile_dry_run(dir.path(), "localhost:2\n"),
+        66,
+        &["\"localhost slots=2\""],
+    );
+}
+
+#[test]
+fn defect_10_negative_numbers_get_their_valid_range() {
+    let dir = tempfile::tempdir().unwrap();
+    for (option, value, range) in [
+        ("--seed", "-1", "from 0 to 18446744073709551615"),
+        ("--max-replans", "-1", "from 0 to 4294967295"),
+        ("--memory-headroom", "-0.1", "a fraction from 0"),
+        ("--budget", "-5", "from 0 to"),
+        ("--master-port", "-1", "from 0 to 65535"),
+        ("--nproc-per-node", "-2", "from 1 to 1024"),
+    ] {
+        let stderr = fails(
+            &mut dry_run(dir.path(), &[option, value]),
+            2,
+            &[option, range],
+        );
+        assert!(!stderr.contains("-- -1"), "{stderr}");
+    }
+}
+
+#[test]
+fn defect_11_environment_errors_name_the_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = fails(
+        dry_run(dir.path(), &[]).env("PET_NNODES", "abc"),
+        2,
+        &["PET_NNODES=\"abc\"", "fix or unset PET_NNODES"],
+    );
+    assert!(!stderr.contains("for '--nnodes"), "{stderr}");
+    fails(
+        dry_run(dir.path(), &[]).env("PIPETTE_CLUSTER", ""),
+        2,
+        &["PIPETTE_CLUSTER", "set but empty"],
+    );
+    // Typed on the command line, the flag is named as before.
+    fails(
+        pipette_run(dir.path())
+            .env("PET_NNODES", "abc")
+            .args(["--nnodes", "x", "--dry-run", "train.py"])
+            .args(TINY_MODEL),
+        2,
+        &["--nnodes"],
+    );
+}
+
+#[test]
+fn defect_12_a_cluster_file_with_a_byte_order_mark_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = vec![0xef, 0xbb, 0xbf];
+    text.extend(std::fs::read(cluster_file()).unwrap());
+    let path = dir.path().join("bom.json");
+    std::fs::write(&path, text).unwrap();
+    pipette().arg("cluster").arg(&path).assert().success();
+}
+
+#[test]
+fn defect_13_slurm_job_id_without_a_node_list_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    fails(
+        dry_run(dir.path(), &[])
+            .env("SLURM_JOB_ID", "4242")
+            .env("SLURM_JOB_NODELIST", ""),
+        66,
+        &[
+            "SLURM_JOB_ID=4242",
+            "SLURM_JOB_NODELIST",
+            "unset SLURM_JOB_ID",
+        ],
+    );
+}
+
+#[test]
+fn defect_14_impossible_sizes_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    fails(
+        &mut dry_run(dir.path(), &["--nproc-per-node", "99999"]),
+        2,
+        &["--nproc-per-node", "more than 1024"],
+    );
+    fails(
+        &mut hostfile_dry_run(dir.path(), "a slots=1000000\n"),
+        66,
+        &["slots=1000000", "1024"],
+    );
+}
+
+/// A missing torchrun surfaced after profiling as exit 68, "could not be reached".
+#[test]
+fn a_missing_torchrun_is_its_own_exit_code_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    fails(
+        pipette_run(dir.path())
+            .env("PATH", "/nonexistent")
+            .args(["--nproc-per-node", "1", "train.py"])
+            .args(TINY_MODEL),
+        71,
+        &[
+            "torchrun not found",
+            "\"torchrun\" is not on PATH",
+            "--torchrun",
+        ],
+    );
+    fails(
+        pipette_run(dir.path())
+            .args(["--torchrun", "/nonexistent/torchrun", "train.py"])
+            .args(TINY_MODEL),
+        71,
+        &["\"/nonexistent/torchrun\" is not an executable file"],
+    );
+    // Nothing ran: no profile, no run directory.
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+/// PBS node files with one line per node read as one GPU per node, 7 of 8 idle.
+#[test]
+fn pbs_slots_that_disagree_with_the_profile_give_way_to_its_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodefile = dir.path().join("nodes");
+    std::fs::write(&nodefile, "a100-n00\na100-n01\n").unwrap();
+    let report = dry_run_json(
+        pipette_run(dir.path())
+            .env("PBS_NODEFILE", &nodefile)
+            .arg("--cluster")
+            .arg(cluster_file())
+            .args(["--dry-run", "--json", "train.py"])
+            .args(TINY_MODEL),
+    );
+    assert_eq!(report["nodes"]["world_size"], 16);
+    let warnings = report["nodes"]["warnings"].to_string();
+    assert!(warnings.contains("using the 8 GPUs"), "{warnings}");
+}
+
+#[test]
+fn short_help_leaves_torchrun_options_to_long_help() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = pipette_run(dir.path()).arg("-h").output().unwrap();
+    let long = pipette_run(dir.path()).arg("--help").output().unwrap();
+    assert!(short.status.success() && long.status.success());
+    let (short, long) = (
+        String::from_utf8(short.stdout).unwrap(),
+        String::from_utf8(long.stdout).unwrap(),
+    );
+    assert!(!short.contains("--rdzv-endpoint"), "{short}");
+    assert!(short.contains("--help lists them all"), "{short}");
+    assert!(long.contains("--rdzv-endpoint"));
+    // torchrun's thirty options were most of -h's 244 lines.
+    let (short_lines, long_lines) = (short.lines().count(), long.lines().count());
+    assert!(
+        short_lines * 2 < long_lines,
+        "{short_lines} of {long_lines}"
+    );
+}
+
+#[test]
+fn completions_and_man_page_are_printed() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = pipette().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("pipette-run"));
+        let out = pipette()
+            .args(["completions", shell, "--program", "pipette"])
+            .output()
+            .unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains("calibrate"));
+    }
+    pipette().args(["completions", "tcsh"]).assert().code(2);
+    let out = pipette().arg("man").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(".TH pipette-run"));
+}
