@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 /// One GiB, for readable defaults.
 const GIB: u64 = 1 << 30;
 
+/// See [`Calibration::host_layer_pass_ms`].
+pub const HOST_LAYER_PASS_MS: f64 = 0.86;
+
 /// Correction factors shared by the memory and time models.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -58,6 +61,12 @@ pub struct Calibration {
     /// Time (Pipette model): scale on the tables' collective latencies (tensor-parallel
     /// collectives and pipeline messages). Default 1.0.
     pub collective_latency_scale: f64,
+    /// Time (Pipette model): the host's time to issue one layer's forward pass for one
+    /// micro-batch (Python, framework dispatch and kernel launches), ms; a backward pass
+    /// takes twice that. A GPU cannot run faster than its kernels are issued, so a stage's
+    /// micro-batch slot takes at least its layers' host time: what bounds tiny micro-batches
+    /// of small models. Default HOST_LAYER_PASS_MS.
+    pub host_layer_pass_ms: f64,
 }
 
 impl Default for Calibration {
@@ -74,6 +83,7 @@ impl Default for Calibration {
             gemm_scale: 1.0,
             kernel_cost_scale: 1.0,
             collective_latency_scale: 1.0,
+            host_layer_pass_ms: HOST_LAYER_PASS_MS,
         }
     }
 }

@@ -134,6 +134,7 @@ impl EstimateReport {
                         t.data_parallel_exposed_ms,
                     ),
                     ("parameter all-gather (exposed)", t.param_gather_exposed_ms),
+                    ("optimizer step", t.optimizer_ms),
                     ("hidden by overlap", t.overlap_credited_ms),
                 ] {
                     out.push_str(&format!("  {name:<42}{ms:>10.1} ms\n"));

@@ -220,13 +220,14 @@ fn split(c: &ParallelConfig) -> String {
 }
 
 /// The time terms in the order they add up to the iteration.
-fn terms(t: &TimeEstimate) -> [(&'static str, f64); 5] {
+fn terms(t: &TimeEstimate) -> [(&'static str, f64); 6] {
     [
         ("steady state (m × slowest stage)", t.steady_ms),
         ("pipeline fill and drain", t.bubble_ms),
         ("pipeline sends on the critical path", t.pipeline_p2p_ms),
         ("data-parallel reduce (exposed)", t.data_parallel_exposed_ms),
         ("parameter all-gather (exposed)", t.param_gather_exposed_ms),
+        ("optimizer step", t.optimizer_ms),
     ]
 }
 
