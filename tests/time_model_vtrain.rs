@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use pipette::cluster::ClusterProfile;
-use pipette::model::time::TimeModel;
+use pipette::model::time::{TimeModel, STATED_ERROR};
 use pipette::model::validation::{
     fit_calibration, parse_runs, predict, prepare, rms_log_error, score, PreparedRun,
     RunAssumptions, Score,
@@ -98,6 +98,19 @@ fn shipped_model_predicts_the_multi_node_runs_within_todays_bounds() {
         s.median_abs_error
     );
     assert!(s.max_abs_error <= 0.55, "max |error| {}", s.max_abs_error);
+}
+
+#[test]
+fn the_stated_error_is_what_the_validation_measures() {
+    // The estimate states `STATED_ERROR` wherever it is shown: it must stay the median
+    // |error| of the multi-node runs (update the constant when the model changes).
+    let s = shipped_score(multi());
+    assert!(
+        (s.median_abs_error - STATED_ERROR).abs() <= 0.005,
+        "the validation's median |error| is {:.4}, the stated error {STATED_ERROR}: update pipette::model::time::STATED_ERROR",
+        s.median_abs_error
+    );
+    assert_eq!(TimeModel::Pipette.stated_error(), Some(STATED_ERROR));
 }
 
 #[test]
