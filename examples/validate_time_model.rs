@@ -128,6 +128,7 @@ struct ModeReport {
     /// The one-node runs under the same calibration (what the fit saw, in `fit` mode).
     single: Score,
     multi_runs: Vec<Prediction>,
+    single_runs: Vec<Prediction>,
 }
 
 #[derive(Serialize)]
@@ -182,7 +183,7 @@ fn print_sweeps(s: &Score) {
 
 fn print_runs(predictions: &[Prediction]) {
     println!(
-        "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>11} {:>11} {:>9}   {:>8} {:>8} {:>8} {:>8}",
+        "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>11} {:>11} {:>9}   {:>8} {:>8} {:>8} {:>8} {:>8}",
         "line",
         "model",
         "GPUs",
@@ -196,13 +197,14 @@ fn print_runs(predictions: &[Prediction]) {
         "compute",
         "tp comm",
         "p2p",
-        "dp sync"
+        "dp sync",
+        "optim"
     );
     for p in predictions {
         let r = &p.run;
         let t = &p.terms;
         println!(
-            "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>9.1}ms {:>9.1}ms {:>9}   {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
+            "  {:>4} {:<6} {:>5} {:>3} {:>3} {:>4} {:>3} {:>9.1}ms {:>9.1}ms {:>9}   {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0}",
             r.line,
             r.model_label(),
             r.gpus,
@@ -216,7 +218,8 @@ fn print_runs(predictions: &[Prediction]) {
             t.compute_ms,
             t.tp_comm_ms,
             t.pipeline_p2p_ms,
-            t.data_parallel_ms
+            t.data_parallel_ms,
+            t.optimizer_ms
         );
     }
 }
@@ -261,7 +264,8 @@ fn run(o: &Options) -> Result<(), String> {
             .as_ref()
             .map_or_else(|| o.calibration.clone(), |f| f.calibration.clone());
         let multi_predictions = predict(&multi, &cluster, &calibration, o.time_model)?;
-        let single_score = score(&predict(&single, &cluster, &calibration, o.time_model)?);
+        let single_predictions = predict(&single, &cluster, &calibration, o.time_model)?;
+        let single_score = score(&single_predictions);
         let multi_score = score(&multi_predictions);
         println!();
         match &fit {
@@ -290,6 +294,7 @@ fn run(o: &Options) -> Result<(), String> {
             multi: multi_score,
             single: single_score,
             multi_runs: multi_predictions,
+            single_runs: single_predictions,
         });
     }
     let report = Report {

@@ -9,7 +9,7 @@ use pipette::cluster::profile::{GpuInventory, GpuSpec, PeakTflops, Provenance, S
 use pipette::cluster::ClusterProfile;
 use pipette::config::{settings_from_megatron_args, Recompute, Settings};
 use pipette::model::time::TimeModel;
-use pipette::plan::{plan, MappingMode, Plan, PlanError, PlanOptions};
+use pipette::plan::{plan, simpler, MappingMode, Plan, PlanError, PlanOptions};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -120,8 +120,11 @@ fn plan_json_has_the_contract_keys() {
     assert!(json["estimate"]["peak_memory_bytes"].as_u64().unwrap() > 0);
     assert!(json["baseline_mapping_ms"].as_f64().is_some());
 
-    // The numbers agree with each other.
-    let best = &result.top[0];
+    assert!(json["ties"]["count"].as_u64().unwrap() >= 1);
+
+    // The numbers agree with each other: the plan runs the chosen tie (the simplest
+    // within the model's stated error of the fastest).
+    let best = &result.top[result.ties.chosen];
     assert_eq!(best.config, result.config);
     assert!((result.estimate.iteration_ms - best.mapped_ms).abs() <= 1e-9 * best.mapped_ms);
     assert!(best.mapped_ms <= result.baseline_mapping_ms);
@@ -140,12 +143,20 @@ fn plan_json_has_the_contract_keys() {
         result.stats.mapping_evaluations,
         result.top.iter().map(|t| t.evaluations).sum::<u64>()
     );
-    // The degraded links are worth avoiding: the mapping beats torchrun's order.
+    // The degraded links are worth avoiding: the search finds a mapping faster than
+    // torchrun's order, which the plan runs when it gains the threshold.
     assert!(
-        result.estimate.iteration_ms < result.baseline_mapping_ms,
+        best.searched_ms < result.baseline_mapping_ms,
         "{} vs {}",
-        result.estimate.iteration_ms,
+        best.searched_ms,
         result.baseline_mapping_ms
+    );
+    let gain = 1.0 - best.searched_ms / result.baseline_mapping_ms;
+    let runs_mapped = result.estimate.iteration_ms < result.baseline_mapping_ms;
+    assert_eq!(
+        runs_mapped,
+        gain >= result.search.mapping_threshold,
+        "{best:?}"
     );
 }
 
@@ -352,10 +363,8 @@ fn the_compat_model_and_the_exhaustive_mode_plan_too() {
         let result = plan(&settings, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(result.estimate.time.model, time_model);
         assert!(result.estimate.iteration_ms <= result.baseline_mapping_ms * (1.0 + 1e-12));
-        assert!(
-            (result.estimate.iteration_ms - result.top[0].mapped_ms).abs()
-                <= 1e-9 * result.top[0].mapped_ms
-        );
+        let chosen = &result.top[result.ties.chosen];
+        assert!((result.estimate.iteration_ms - chosen.mapped_ms).abs() <= 1e-9 * chosen.mapped_ms);
         if mapping == MappingMode::Exhaustive || time_model == TimeModel::PipetteCompat {
             // Uniform default GPUs: only the 4! node orders matter.
             assert!(
@@ -365,4 +374,107 @@ fn the_compat_model_and_the_exhaustive_mode_plan_too() {
             );
         }
     }
+}
+
+#[test]
+fn ties_within_the_stated_error_go_to_the_simplest_configuration() {
+    let cluster = example("a100-2x8.json");
+    let settings = preset("gpt3-13b", &["--global-batch-size", "64"]);
+    let options = PlanOptions {
+        top_k: 8,
+        ..quick()
+    };
+    let result = plan(&settings, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
+    let ties = result.ties;
+    let window = TimeModel::Pipette.stated_error().unwrap();
+    assert_eq!(ties.window, window);
+    let fastest = result.top[0].mapped_ms;
+    // Every tie lies within the stated error of the fastest, and the next one does not.
+    for (i, r) in result.top.iter().enumerate() {
+        assert_eq!(
+            i < ties.count,
+            r.mapped_ms <= fastest * (1.0 + window),
+            "#{} at {} ms against {fastest} ms",
+            i + 1,
+            r.mapped_ms
+        );
+    }
+    // This case has ties (else it tests nothing), and the plan runs the simplest of them.
+    assert!(ties.count >= 2, "{:?}", result.top);
+    let chosen = &result.top[ties.chosen];
+    assert_eq!(result.config, chosen.config);
+    for r in &result.top[..ties.count] {
+        assert_ne!(
+            simpler(&r.config, &chosen.config),
+            std::cmp::Ordering::Less,
+            "{:?} is simpler than the chosen {:?}",
+            r.config,
+            chosen.config
+        );
+    }
+    assert_eq!(result.estimate.iteration_ms, chosen.mapped_ms);
+    // The compatibility model states no error: no ties, the fastest runs.
+    let compat = PlanOptions {
+        time_model: TimeModel::PipetteCompat,
+        ..options
+    };
+    let result = plan(&settings, &cluster, &compat).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((result.ties.count, result.ties.chosen), (1, 0));
+    assert_eq!(result.config, result.top[0].config);
+}
+
+#[test]
+fn simpler_means_fewer_stages_then_smaller_tp_then_larger_micro_batches() {
+    use pipette::model::parallel::ParallelConfig;
+    use std::cmp::Ordering::{Equal, Less};
+    let c = |tp, pp, mb| ParallelConfig::even(24, tp, pp, 16 / (tp * pp), mb);
+    assert_eq!(simpler(&c(8, 1, 1), &c(1, 2, 4)), Less);
+    assert_eq!(simpler(&c(1, 2, 1), &c(2, 2, 4)), Less);
+    assert_eq!(simpler(&c(2, 2, 4), &c(2, 2, 1)), Less);
+    let mut interleaved = c(2, 2, 4);
+    interleaved.vpp = Some(2);
+    assert_eq!(simpler(&c(2, 2, 4), &interleaved), Less);
+    let mut selective = c(2, 2, 4);
+    selective.recompute = Recompute::Selective;
+    assert_eq!(simpler(&c(2, 2, 4), &selective), Less);
+    assert_eq!(simpler(&c(2, 2, 4), &c(2, 2, 4)), Equal);
+}
+
+#[test]
+fn the_mapping_keeps_torchruns_order_unless_it_gains_the_threshold() {
+    // A degraded cluster, where a mapping pays: with no threshold the search's best
+    // mapping runs; with a threshold above its gain torchrun's order stays.
+    let cluster = example("a100-4x8-degraded.json");
+    let settings = preset("gpt3-1.3b", &["--global-batch-size", "128"]);
+    let free = PlanOptions {
+        mapping_threshold: 0.0,
+        ..quick()
+    };
+    let mapped = plan(&settings, &cluster, &free).unwrap_or_else(|e| panic!("{e}"));
+    let chosen = &mapped.top[mapped.ties.chosen];
+    assert_eq!(chosen.mapped_ms, chosen.searched_ms);
+    let gain = 1.0 - chosen.searched_ms / chosen.iteration_ms;
+    assert!(gain > 0.0, "the search found nothing better: {chosen:?}");
+
+    let strict = PlanOptions {
+        mapping_threshold: gain + 0.001,
+        ..quick()
+    };
+    let kept = plan(&settings, &cluster, &strict).unwrap_or_else(|e| panic!("{e}"));
+    for r in &kept.top {
+        // Every configuration whose search gained less than the threshold keeps the order.
+        if r.searched_ms > r.iteration_ms * (1.0 - strict.mapping_threshold) {
+            assert_eq!(r.mapped_ms, r.iteration_ms, "{r:?}");
+        }
+    }
+    if kept.config == chosen.config {
+        let identity = pipette::plan::MappingState::identity(4, 8);
+        assert_eq!(kept.mapping.state, identity);
+        assert_eq!(kept.estimate.iteration_ms, kept.baseline_mapping_ms);
+    }
+    assert_eq!(kept.search.mapping_threshold, gain + 0.001);
+    assert_eq!(
+        PlanOptions::default().mapping_threshold,
+        pipette::plan::DEFAULT_MAPPING_THRESHOLD
+    );
 }

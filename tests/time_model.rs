@@ -94,7 +94,8 @@ fn check_terms(e: &TimeEstimate) {
         + e.bubble_ms
         + e.pipeline_p2p_ms
         + e.data_parallel_exposed_ms
-        + e.param_gather_exposed_ms;
+        + e.param_gather_exposed_ms
+        + e.optimizer_ms;
     assert!(e.iteration_ms.is_finite() && e.iteration_ms > 0.0, "{e:?}");
     assert!(close(sum, e.iteration_ms), "{sum} vs {}", e.iteration_ms);
 }

@@ -262,6 +262,7 @@ impl PlanningConfig {
             mapping: planning.mapping,
             budget: planning.budget,
             top_k: planning.top_k.max(1),
+            mapping_threshold: planning.mapping_threshold / 100.0,
             ..PlanOptions::default()
         };
         if let Some(headroom) = planning.memory_headroom {

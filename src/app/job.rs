@@ -514,15 +514,20 @@ pub(super) fn plan_and_render(config: &RunConfig, run: &mut Run) -> Result<(), E
     Ok(())
 }
 
-/// The second-best configuration on its own best mapping, so the report can say what
-/// makes the winner win.
+/// The best configuration other than the one that runs, on its own best mapping, so the
+/// report can say what makes the winner win.
 pub(super) fn runner_up(
     plan: &Plan,
     settings: &Settings,
     profile: &ClusterProfile,
     options: &PlanOptions,
 ) -> Option<(ParallelConfig, TimeEstimate)> {
-    let second = plan.top.get(1)?;
+    let second = plan
+        .top
+        .iter()
+        .enumerate()
+        .find(|(i, _)| *i != plan.ties.chosen)?
+        .1;
     let request = TimeRequest {
         model: &settings.model,
         training: &settings.training,

@@ -101,6 +101,11 @@ pub struct PlanningOptions {
     #[arg(long = "top-k", value_name = "K", default_value_t = crate::plan::search::DEFAULT_TOP_K, allow_negative_numbers = true, value_parser = whole_usize)]
     pub top_k: usize,
 
+    /// Keep torchrun's node and GPU order unless the rank mapping makes the iteration at
+    /// least this many percent faster (default 1; 0 takes any gain)
+    #[arg(long = "mapping-threshold", value_name = "PERCENT", default_value_t = 100.0 * crate::plan::search::DEFAULT_MAPPING_THRESHOLD, value_parser = parse_percent)]
+    pub mapping_threshold: f64,
+
     /// GPU memory to keep free beyond the estimate: a fraction (0.05, the default) or
     /// GiB (4GiB)
     #[arg(long = "memory-headroom", value_name = "AMOUNT", allow_negative_numbers = true, value_parser = parse_headroom)]
@@ -312,10 +317,35 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     super::values::duration(text)
 }
 
+/// A percentage in [0, 100).
+fn parse_percent(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .trim_end_matches('%')
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number (give a percentage, e.g. 1)"))?;
+    if (0.0..100.0).contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!("{text} % is out of range (give 0 up to 100)"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, parse_percent};
     use std::time::Duration;
+
+    #[test]
+    fn mapping_thresholds_are_percentages() {
+        assert_eq!(parse_percent("1"), Ok(1.0));
+        assert_eq!(parse_percent("0.5%"), Ok(0.5));
+        assert_eq!(parse_percent("0"), Ok(0.0));
+        assert!(parse_percent("100").is_err());
+        assert!(parse_percent("-1").is_err());
+        assert!(parse_percent("one").unwrap_err().contains("percentage"));
+    }
 
     #[test]
     fn durations_take_the_usual_units() {

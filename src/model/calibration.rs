@@ -12,6 +12,14 @@ use serde::{Deserialize, Serialize};
 /// One GiB, for readable defaults.
 const GIB: u64 = 1 << 30;
 
+/// See [`Calibration::host_layer_pass_ms`]: 0.86 ms, the figure `scripts/validate-time-model`
+/// fits on vTrain's 1,440 one-node A100 runs (`../shared/data/vtrain/ground_truth_single.csv`,
+/// Megatron-DeepSpeed in fp16 with full recomputation; 0.8624 on 2026-11-24), whose small
+/// models take about 3.5 ms per layer and micro-batch (forward, recomputation, backward) at
+/// any micro-batch size and tp. A newer Megatron with fused kernels issues a layer faster;
+/// the floor matters only where a slot's GPU work is smaller.
+pub const HOST_LAYER_PASS_MS: f64 = 0.86;
+
 /// Correction factors shared by the memory and time models.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -58,6 +66,12 @@ pub struct Calibration {
     /// Time (Pipette model): scale on the tables' collective latencies (tensor-parallel
     /// collectives and pipeline messages). Default 1.0.
     pub collective_latency_scale: f64,
+    /// Time (Pipette model): the host's time to issue one layer's forward pass for one
+    /// micro-batch (Python, framework dispatch and kernel launches), ms; a backward pass
+    /// takes twice that. A GPU cannot run faster than its kernels are issued, so a stage's
+    /// micro-batch slot takes at least its layers' host time: what bounds tiny micro-batches
+    /// of small models. Default HOST_LAYER_PASS_MS.
+    pub host_layer_pass_ms: f64,
 }
 
 impl Default for Calibration {
@@ -74,6 +88,7 @@ impl Default for Calibration {
             gemm_scale: 1.0,
             kernel_cost_scale: 1.0,
             collective_latency_scale: 1.0,
+            host_layer_pass_ms: HOST_LAYER_PASS_MS,
         }
     }
 }

@@ -19,7 +19,8 @@ pub mod space;
 
 pub use mapping::{MappingSearch, MappingState, SearchMethod};
 pub use search::{
-    default_budget, plan, EvenSplit, HeterogeneousPlan, MappingMode, MemoryHeadroom, Plan,
+    default_budget, plan, simpler, EvenSplit, HeterogeneousPlan, MappingMode, MemoryHeadroom, Plan,
     PlanError, PlanEstimate, PlanOptions, PlanStats, RankMapping, RankedConfig, SearchSettings,
-    StagePlan, COMPAT_BUDGET, DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_TOP_K,
+    StagePlan, Ties, COMPAT_BUDGET, DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_MAPPING_THRESHOLD,
+    DEFAULT_TOP_K,
 };

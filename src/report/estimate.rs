@@ -122,9 +122,16 @@ impl EstimateReport {
             None => out.push_str("\nIteration time: give --cluster FILE to estimate it\n"),
             Some(t) => {
                 out.push_str(&format!(
-                    "\nIteration time ({}): {:.1} ms, {} micro-batches\n",
-                    t.model, t.iteration_ms, t.microbatches
+                    "\nIteration time ({}): {}, {} micro-batches\n",
+                    t.model,
+                    with_stated_error(t.iteration_ms, t.model),
+                    t.microbatches
                 ));
+                if t.model.stated_error().is_some() {
+                    out.push_str(
+                        "  ± the model's median error on 109 measured multi-node A100 runs\n",
+                    );
+                }
                 for (name, ms) in [
                     ("steady state (m × slowest stage)", t.steady_ms),
                     ("pipeline fill and drain", t.bubble_ms),
@@ -134,6 +141,7 @@ impl EstimateReport {
                         t.data_parallel_exposed_ms,
                     ),
                     ("parameter all-gather (exposed)", t.param_gather_exposed_ms),
+                    ("optimizer step", t.optimizer_ms),
                     ("hidden by overlap", t.overlap_credited_ms),
                 ] {
                     out.push_str(&format!("  {name:<42}{ms:>10.1} ms\n"));
@@ -155,4 +163,13 @@ impl EstimateReport {
 
 fn gib(bytes: u64) -> String {
     format!("{:.2}", bytes as f64 / GIB)
+}
+
+/// `412.0 ms ± 4.3 %`: an estimate with its model's stated error
+/// ([`TimeModel::stated_error`]); just `412.0 ms` for a model without one.
+pub fn with_stated_error(ms: f64, model: TimeModel) -> String {
+    match model.stated_error() {
+        Some(error) => format!("{ms:.1} ms ± {:.1} %", 100.0 * error),
+        None => format!("{ms:.1} ms"),
+    }
 }

@@ -8,6 +8,8 @@ use crate::model::ParallelConfig;
 use crate::plan::mapping::SearchMethod;
 use crate::plan::{HeterogeneousPlan, Plan};
 
+use super::estimate::with_stated_error;
+
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// The plan as text. `runner_up` is the second-best configuration's estimate on the same
@@ -20,30 +22,47 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
     out.push_str(&format!("  layers per stage {}\n", split(c)));
     match &plan.heterogeneous {
         None => out.push_str(&format!(
-            "  iteration {:.1} ms (estimated, {} micro-batches), peak memory {:.1} GiB of {:.1} GiB usable\n",
-            e.iteration_ms,
+            "  iteration {} (estimated, {} micro-batches), peak memory {:.1} GiB of {:.1} GiB usable\n",
+            with_stated_error(e.iteration_ms, e.time.model),
             e.time.microbatches,
             e.peak_memory_bytes as f64 / GIB,
             e.usable_memory_bytes as f64 / GIB
         )),
         // Each stage has its own GPUs' memory: the stage table says how each fits.
         Some(_) => out.push_str(&format!(
-            "  iteration {:.1} ms (estimated, {} micro-batches), every stage within its own GPUs' memory (below)\n",
-            e.iteration_ms, e.time.microbatches,
+            "  iteration {} (estimated, {} micro-batches), every stage within its own GPUs' memory (below)\n",
+            with_stated_error(e.iteration_ms, e.time.model), e.time.microbatches,
         )),
     }
-    let gain = if plan.baseline_mapping_ms > 0.0 {
-        (plan.baseline_mapping_ms - e.iteration_ms) / plan.baseline_mapping_ms * 100.0
-    } else {
-        0.0
+    let gain_of = |ms: f64| {
+        if plan.baseline_mapping_ms > 0.0 {
+            (plan.baseline_mapping_ms - ms) / plan.baseline_mapping_ms * 100.0
+        } else {
+            0.0
+        }
     };
-    out.push_str(&format!(
-        "  mapping by {} ({} evaluations): {:.1} ms on torchrun's default order, {:.1} ms mapped ({gain:.1} % faster)\n",
-        method(&plan.mapping.method),
-        plan.mapping.evaluations,
-        plan.baseline_mapping_ms,
-        e.iteration_ms
-    ));
+    let chosen = plan.top.get(plan.ties.chosen);
+    let searched = chosen.map_or(e.iteration_ms, |r| r.searched_ms);
+    if searched < plan.baseline_mapping_ms && e.iteration_ms >= plan.baseline_mapping_ms {
+        // Hysteresis: the search found a faster order, by less than the threshold.
+        out.push_str(&format!(
+            "  mapping by {} ({} evaluations): torchrun's default order kept, {:.1} ms\n  (the best mapping found, {searched:.1} ms, gains {:.2} %, under the {} % --mapping-threshold)\n",
+            method(&plan.mapping.method),
+            plan.mapping.evaluations,
+            plan.baseline_mapping_ms,
+            gain_of(searched),
+            100.0 * plan.search.mapping_threshold,
+        ));
+    } else {
+        out.push_str(&format!(
+            "  mapping by {} ({} evaluations): {:.1} ms on torchrun's default order, {:.1} ms mapped ({:.1} % faster)\n",
+            method(&plan.mapping.method),
+            plan.mapping.evaluations,
+            plan.baseline_mapping_ms,
+            e.iteration_ms,
+            gain_of(e.iteration_ms),
+        ));
+    }
 
     if let Some(h) = &plan.heterogeneous {
         out.push_str(&stages(h, e.iteration_ms));
@@ -112,8 +131,14 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
     table.set_header(header);
     for (i, r) in plan.top.iter().enumerate() {
         let c = &r.config;
+        // The configuration that runs, when a tie made it another than the fastest.
+        let marker = if i == plan.ties.chosen && i > 0 {
+            "*"
+        } else {
+            ""
+        };
         let mut row = vec![
-            (i + 1).to_string(),
+            format!("{}{marker}", i + 1),
             c.tp.to_string(),
             c.pp.to_string(),
             c.dp.to_string(),
@@ -137,6 +162,7 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
         }
     }
     push_table(&mut out, &table);
+    out.push_str(&ties(plan));
     out.push_str(&format!(
         "  {} configurations Megatron accepts, {} fit in memory, {} mapped; {} time-model evaluations\n",
         plan.stats.candidates, plan.stats.fitting, plan.stats.mapped, plan.stats.evaluations
@@ -219,14 +245,34 @@ fn split(c: &ParallelConfig) -> String {
         .join(",")
 }
 
+/// The ties, said out loud: which configurations the model cannot tell from the fastest,
+/// and which of them runs. Empty without ties.
+fn ties(plan: &Plan) -> String {
+    let t = plan.ties;
+    if t.count < 2 {
+        return String::new();
+    }
+    let which = if t.chosen == 0 {
+        "#1, the fastest, is also the simplest".to_string()
+    } else {
+        format!("#{} runs", t.chosen + 1)
+    };
+    format!(
+        "  #1-#{} are ties: within the model's stated error (± {:.1} %) of the fastest; the\n  simplest wins (fewest pipeline stages, then virtual stages, smallest tp, largest\n  micro-batch): {which}\n",
+        t.count,
+        100.0 * t.window,
+    )
+}
+
 /// The time terms in the order they add up to the iteration.
-fn terms(t: &TimeEstimate) -> [(&'static str, f64); 5] {
+fn terms(t: &TimeEstimate) -> [(&'static str, f64); 6] {
     [
         ("steady state (m × slowest stage)", t.steady_ms),
         ("pipeline fill and drain", t.bubble_ms),
         ("pipeline sends on the critical path", t.pipeline_p2p_ms),
         ("data-parallel reduce (exposed)", t.data_parallel_exposed_ms),
         ("parameter all-gather (exposed)", t.param_gather_exposed_ms),
+        ("optimizer step", t.optimizer_ms),
     ]
 }
 

@@ -299,6 +299,7 @@ pub(super) fn pipette_compat(
         pipeline_p2p_ms: p2p_ms,
         data_parallel_exposed_ms: dp_ms,
         param_gather_exposed_ms: 0.0,
+        optimizer_ms: 0.0,
         overlap_credited_ms: 0.0,
         microbatches: m,
         critical_stage: slot_at.1,
@@ -379,6 +380,7 @@ pub(super) fn amp(
             tp_comm_hidden_ms: 0.0,
             tp_link: None,
             gpu: None,
+            host_ms: 0.0,
             slot_ms: len,
         });
     }
@@ -474,6 +476,7 @@ pub(super) fn amp(
         pipeline_p2p_ms: sum_c,
         data_parallel_exposed_ms: dp_ms,
         param_gather_exposed_ms: 0.0,
+        optimizer_ms: 0.0,
         overlap_credited_ms: 0.0,
         microbatches: b_count,
         critical_stage,

@@ -46,17 +46,20 @@ pub struct ConfigCosts {
     /// B GB/s it takes volume / B milliseconds.
     pub(super) tp_fwd_mb: Vec<f64>,
     pub(super) tp_bwd_mb: Vec<f64>,
-    /// Latency of the tp collectives per micro-batch, ms (forward, backward).
-    pub(super) tp_fwd_lat_ms: Vec<f64>,
-    pub(super) tp_bwd_lat_ms: Vec<f64>,
+    /// Latency of stage `s`'s tp collectives per micro-batch (forward and backward) on
+    /// GPU kind `k` at `k · pp + s`, ms.
+    pub(super) tp_latency_ms: Vec<f64>,
     /// Share of tp collective time left exposed.
     pub(super) tp_exposed: f64,
     /// Per-operation compute of stage `s` on GPU kind `k` at `k · pp + s`.
     pub(super) ops: Vec<StageOps>,
     /// `ops[i].slot()`, for the evaluation's inner loop.
     pub(super) slot_ops: Vec<OpCost>,
-    /// Latency of one pipeline message, ms.
-    pub(super) p2p_latency_ms: f64,
+    /// The host's time to issue stage `s`'s forward and backward passes of one
+    /// micro-batch, ms: the least a slot can take on any GPU.
+    pub(super) host_ms: Vec<f64>,
+    /// Latency of one pipeline message per GPU kind, ms.
+    pub(super) p2p_latency_ms: [f64; GpuKind::ALL.len()],
     pub(super) p2p_bytes: f64,
     pub(super) p2p_mb: f64,
     pub(super) grad_bytes: Vec<f64>,
@@ -68,6 +71,10 @@ pub struct ConfigCosts {
     pub(super) grad_overlap: f64,
     /// Share of a forward pass credited against the parameter gather.
     pub(super) gather_overlap: f64,
+    /// Bytes the optimizer step moves through HBM on one GPU of stage `s` ([`optimizer_bytes`]).
+    pub(super) optimizer_bytes: Vec<f64>,
+    /// The optimizer step of stage `s` on GPU kind `k` at `k · pp + s`, ms.
+    pub(super) optimizer_ms: Vec<f64>,
     pub(super) distributed_optimizer: bool,
     pub(super) precision: Precision,
     /// Fixed notes on how the inputs were read.
@@ -126,13 +133,11 @@ impl ConfigCosts {
             recompute_gflop: Vec::with_capacity(pp),
             tp_fwd_mb: Vec::with_capacity(pp),
             tp_bwd_mb: Vec::with_capacity(pp),
-            tp_fwd_lat_ms: Vec::with_capacity(pp),
-            tp_bwd_lat_ms: Vec::with_capacity(pp),
+            tp_latency_ms: Vec::with_capacity(pp * GpuKind::ALL.len()),
             ops: Vec::with_capacity(pp * GpuKind::ALL.len()),
             slot_ops: Vec::with_capacity(pp * GpuKind::ALL.len()),
-            p2p_latency_ms: PerfTable::get(GpuKind::A100).collective_latency_us.p2p
-                * calibration.collective_latency_scale
-                / 1e3,
+            host_ms: Vec::with_capacity(pp),
+            p2p_latency_ms: [0.0; GpuKind::ALL.len()],
             tp_exposed: if options.tp_comm_overlap {
                 1.0 - calibration.tp_comm_overlap
             } else {
@@ -154,24 +159,15 @@ impl ConfigCosts {
                 0.0
             },
             distributed_optimizer: config.distributed_optimizer,
+            optimizer_bytes: Vec::with_capacity(pp),
+            optimizer_ms: Vec::with_capacity(pp * GpuKind::ALL.len()),
             precision,
             notes: Vec::new(),
         };
         costs.p2p_mb = costs.p2p_bytes / 1e6;
 
-        // Collective latencies: the table's figure for a group of 8, scaled by the ring's
-        // steps (t − 1 of 7), and by the calibration.
-        let latency = PerfTable::get(GpuKind::A100).collective_latency_us;
-        let steps = (t - 1.0) / 7.0 * calibration.collective_latency_scale / 1e3;
-        let (ar_ms, ag_ms, rs_ms) = (
-            latency.all_reduce * steps,
-            latency.all_gather * steps,
-            latency.reduce_scatter * steps,
-        );
-        // A pair of SP collectives (all-gather + reduce-scatter) replaces an all-reduce.
-        let pair_ms = if sp { ag_ms + rs_ms } else { ar_ms };
-        let single_ms = if sp { (ag_ms + rs_ms) / 2.0 } else { ar_ms };
-
+        // Per stage: (all-reduce pairs, single collectives) of the tp latencies.
+        let mut tp_pairs: Vec<(f64, f64)> = Vec::with_capacity(pp);
         for s in 0..pp {
             let first = s == 0;
             let last = s + 1 == pp;
@@ -181,6 +177,11 @@ impl ConfigCosts {
                 .bwd_gflop
                 .push((flops.backward + flops.recompute) / t / 1e9);
             costs.recompute_gflop.push(flops.recompute / t / 1e9);
+            // Forward, backward (twice the forward's kernels) and the recomputed forwards.
+            costs.host_ms.push(
+                (3 * config.layers_per_stage[s] + flops.recomputed_layers) as f64
+                    * calibration.host_layer_pass_ms,
+            );
 
             // Tensor-parallel collectives in units of (t − 1)/t · message: per layer 4 each
             // way (2 all-reduces, or 2 all-gathers + 2 reduce-scatters with SP); the
@@ -214,22 +215,19 @@ impl ConfigCosts {
             };
             costs.tp_fwd_mb.push(tp_fwd);
             costs.tp_bwd_mb.push(tp_bwd);
-            // Latencies: two all-reduces (or AG + RS pairs) per layer each way, the
-            // recomputed layers' forward ones again, and one for the embedding (forward)
-            // and the output layer (backward).
-            let edge = |on: bool| if on { single_ms } else { 0.0 };
-            costs.tp_fwd_lat_ms.push(if tp > 1 {
-                2.0 * layers * pair_ms + edge(first) + edge(last && sp)
+            // Latencies, per GPU kind: two all-reduces (or AG + RS pairs) per layer each
+            // way, the recomputed layers' forward ones again, and one for the embedding
+            // (forward) and the output layer (backward).
+            if tp > 1 {
+                let pairs = 4.0 * layers + 2.0 * flops.recomputed_layers as f64;
+                // The embedding's (forward; with SP backward too) and the output layer's
+                // (backward; with SP forward too).
+                let edges = f64::from(u8::from(first)) + f64::from(u8::from(last));
+                let singles = edges * if sp { 2.0 } else { 1.0 };
+                tp_pairs.push((pairs, singles));
             } else {
-                0.0
-            });
-            costs.tp_bwd_lat_ms.push(if tp > 1 {
-                2.0 * (layers + flops.recomputed_layers as f64) * pair_ms
-                    + edge(last)
-                    + edge(first && sp)
-            } else {
-                0.0
-            });
+                tp_pairs.push((0.0, 0.0));
+            }
 
             let stage_params = params.stage(config.layers_per_stage[s], first, last) as f64 / t;
             let grad_bytes = stage_params * grad_element;
@@ -244,8 +242,41 @@ impl ConfigCosts {
             };
             costs.dp_reduce_mb.push(reduce / 1e6);
             costs.dp_gather_mb.push(gather / 1e6);
+            costs.optimizer_bytes.push(optimizer_bytes(
+                stage_params,
+                precision,
+                grad_element,
+                if config.distributed_optimizer { d } else { 1.0 },
+            ));
+        }
+        for kind in GpuKind::ALL {
+            let hbm_gb_per_s = PerfTable::get(kind).hbm_gb_per_s;
+            for s in 0..pp {
+                costs
+                    .optimizer_ms
+                    .push(costs.optimizer_bytes[s] / (hbm_gb_per_s * 1e6));
+            }
         }
 
+        // Collective latencies by GPU kind and tp group size, scaled by the calibration.
+        for kind in GpuKind::ALL {
+            let latency = PerfTable::get(kind).collective_latency(tp);
+            let us = calibration.collective_latency_scale / 1e3;
+            let (ar, ag, rs) = (
+                latency.all_reduce * us,
+                latency.all_gather * us,
+                latency.reduce_scatter * us,
+            );
+            // A pair of SP collectives (all-gather + reduce-scatter) replaces an all-reduce.
+            let pair = if sp { ag + rs } else { ar };
+            let single = if sp { (ag + rs) / 2.0 } else { ar };
+            costs.tp_latency_ms.extend(
+                tp_pairs
+                    .iter()
+                    .map(|&(pairs, singles)| pairs * pair + singles * single),
+            );
+            costs.p2p_latency_ms[kind.index()] = latency.p2p * us;
+        }
         costs.price_ops(model, config, calibration, act_bytes, options.attention);
         if precision == Precision::Fp32 {
             costs.notes.push(
@@ -340,6 +371,30 @@ impl ConfigCosts {
     pub fn has_wrap_hop(&self) -> bool {
         self.vpp > 1 && self.pp > 1
     }
+}
+
+/// Bytes one GPU moves through HBM in the optimizer step for `params` parameters (its
+/// share of the stage's tp slice), Megatron's mixed-precision Adam: the fused Adam update
+/// reads the fp32 main parameter, its gradient and both moments and writes the parameter
+/// and the moments back (7 × 4 bytes); the gradient norm for clipping reads the gradients
+/// (4); fp16 unscales the gradients and checks them for overflow (read and write, 8);
+/// mixed precision copies the updated main parameters into the model's (4 + 2). With the
+/// distributed optimizer all of that runs on the GPU's 1/dp shard (`shards`); every GPU
+/// still zeroes its whole gradient buffer for the next iteration (`grad_element` bytes a
+/// parameter). The multi-tensor kernels that do it are few and long, so their launch
+/// costs are left out.
+pub(super) fn optimizer_bytes(
+    params: f64,
+    precision: Precision,
+    grad_element: f64,
+    shards: f64,
+) -> f64 {
+    let per_param = match precision {
+        Precision::Fp16 => 28.0 + 4.0 + 8.0 + 6.0,
+        Precision::Bf16 => 28.0 + 4.0 + 6.0,
+        Precision::Fp32 => 28.0 + 4.0,
+    };
+    params * per_param / shards + params * grad_element
 }
 
 /// The configuration can be costed: sizes positive, layers split over the stages, at least

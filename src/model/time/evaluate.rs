@@ -6,6 +6,7 @@
 use crate::model::parallel::Device;
 
 use super::costs::ConfigCosts;
+use super::perf::GpuKind;
 use super::Fabric;
 
 /// The data-parallel synchronisation of one stage, exposed part only.
@@ -23,6 +24,14 @@ pub(super) struct StageRings {
     pub(super) replica: usize,
     /// The stage's slowest GPU, ms per GFLOP.
     pub(super) ms_per_gflop: f64,
+}
+
+/// The GPU kinds among `devices`, one bit per [`GpuKind::index`].
+#[inline]
+pub fn placement_kinds<F: Fabric + ?Sized>(fabric: &F, devices: &[Device]) -> u8 {
+    devices
+        .iter()
+        .fold(0u8, |mask, &d| mask | 1 << fabric.gpu_perf(d).kind.index())
 }
 
 /// `a · b`, but 0 when `a` is 0 (so that an infinite time times no work is no time).
@@ -72,11 +81,14 @@ pub(super) fn hop<F: Fabric + ?Sized>(
     from: &[Device],
     to: &[Device],
     mb: f64,
-    latency_ms: f64,
+    latency_ms: &[f64],
 ) -> (f64, usize) {
     let mut worst = (f64::NEG_INFINITY, 0);
     for (k, (&a, &b)) in from.iter().zip(to).enumerate() {
-        let ms = mb / fabric.gb_per_s(a, b) + mb / fabric.gb_per_s(b, a) + 2.0 * latency_ms;
+        // A message's latency: the slower end's kind.
+        let latency = latency_ms[fabric.gpu_perf(a).kind.index()]
+            .max(latency_ms[fabric.gpu_perf(b).kind.index()]);
+        let ms = mb / fabric.gb_per_s(a, b) + mb / fabric.gb_per_s(b, a) + 2.0 * latency;
         if ms > worst.0 {
             worst = (ms, k);
         }
@@ -103,7 +115,33 @@ impl ConfigCosts {
                 gather = gather.max(sync.param_gather_ms);
             }
         }
-        pipeline + grad + gather
+        pipeline + grad + gather + self.optimizer_step_ms(fabric, devices)
+    }
+
+    /// The optimizer step after the data-parallel synchronisation: the slowest stage's,
+    /// every stage costed on the placement's slowest-memory GPU kind. Taking the kind from
+    /// the whole placement, not the stage's own GPUs, keeps the term the same for every
+    /// permutation of the placed GPUs, so the mapping adds it as a constant; it errs long
+    /// only on a mix of GPU kinds, by a term of a few percent.
+    #[inline]
+    pub fn optimizer_step_ms<F: Fabric + ?Sized>(&self, fabric: &F, devices: &[Device]) -> f64 {
+        let kinds = placement_kinds(fabric, devices);
+        (0..self.pp)
+            .map(|s| self.stage_optimizer_ms(kinds, s))
+            .fold(0.0, f64::max)
+    }
+
+    /// Stage `s`'s optimizer step on the slowest-memory kind in `kinds` (a mask from
+    /// [`placement_kinds`]).
+    #[inline]
+    pub fn stage_optimizer_ms(&self, kinds: u8, s: usize) -> f64 {
+        let mut ms = 0.0f64;
+        for k in 0..GpuKind::ALL.len() {
+            if kinds & (1 << k) != 0 {
+                ms = ms.max(self.optimizer_ms[k * self.pp + s]);
+            }
+        }
+        ms
     }
 
     /// The pipeline time of data-parallel replica `d` (steady + bubble + p2p), reading only
@@ -159,7 +197,7 @@ impl ConfigCosts {
     /// slowest tp rank's pair governing.
     #[inline]
     pub fn hop_ms<F: Fabric + ?Sized>(&self, fabric: &F, from: &[Device], to: &[Device]) -> f64 {
-        hop(fabric, from, to, self.p2p_mb, self.p2p_latency_ms).0
+        hop(fabric, from, to, self.p2p_mb, &self.p2p_latency_ms).0
     }
 
     /// A replica's pipeline time from its slowest slot, the sum of its hops in stage order
@@ -234,7 +272,9 @@ impl ConfigCosts {
         let mut worst = (f64::NEG_INFINITY, 0);
         for (i, &d) in group.iter().enumerate() {
             let perf = fabric.gpu_perf(d);
-            let ms = self.slot_ops[perf.kind.index() * self.pp + s].ms(perf.ms_per_peak_gflop);
+            let ms = self.slot_ops[perf.kind.index() * self.pp + s]
+                .ms(perf.ms_per_peak_gflop)
+                .max(self.host_ms[s]);
             if ms > worst.0 {
                 worst = (ms, i);
             }
@@ -247,9 +287,12 @@ impl ConfigCosts {
     pub(super) fn tp_ms<F: Fabric + ?Sized>(&self, fabric: &F, group: &[Device], s: usize) -> f64 {
         if self.tp > 1 {
             let (bw, _) = ring_bottleneck(fabric, group);
-            (self.tp_fwd_mb[s] + self.tp_bwd_mb[s]) / bw
-                + self.tp_fwd_lat_ms[s]
-                + self.tp_bwd_lat_ms[s]
+            // A collective waits for its slowest member: the group's largest latency.
+            let latency = group
+                .iter()
+                .map(|&d| self.tp_latency_ms[fabric.gpu_perf(d).kind.index() * self.pp + s])
+                .fold(0.0, f64::max);
+            (self.tp_fwd_mb[s] + self.tp_bwd_mb[s]) / bw + latency
         } else {
             0.0
         }
@@ -280,7 +323,7 @@ impl ConfigCosts {
                     group,
                     self.group(devices, d, s + 1),
                     self.p2p_mb,
-                    self.p2p_latency_ms,
+                    &self.p2p_latency_ms,
                 )
                 .0;
             }
@@ -291,7 +334,7 @@ impl ConfigCosts {
                 self.group(devices, d, self.pp - 1),
                 self.group(devices, d, 0),
                 self.p2p_mb,
-                self.p2p_latency_ms,
+                &self.p2p_latency_ms,
             )
             .0;
             pass = self.pass_from(pass, wrap);

@@ -5,7 +5,9 @@
 //! [`Calibration`](crate::model::Calibration)'s job, as scales on these figures).
 //!
 //! - **A100**: SimuMax's 183 measured bf16 GEMM efficiencies (A100 PCIe, by shape and layout),
-//!   its HBM figure and per-kernel cost, and its collective latencies (Apache-2.0).
+//!   its HBM figure and per-kernel cost, and its collective latencies (Apache-2.0); the
+//!   all-reduce latency by group size (2–8 GPUs) from vTrain's NCCL measurements on A100
+//!   SXM nodes (MIT).
 //! - **H100**: 72 measured bf16 GEMM throughputs from XLA's matmul interpolator table
 //!   (sm_90, Apache-2.0), as efficiencies of the 989.4 TFLOPS datasheet peak; HBM 3.35 TB/s
 //!   (datasheet); kernel and collective costs carried over from the A100 file.
@@ -103,6 +105,9 @@ struct PerfFile {
     hbm_efficiency: f64,
     memory_kernel_us: f64,
     collective_latency_us: CollectiveLatency,
+    /// Measured all-reduce latency by group size: (GPUs, µs), ascending.
+    #[serde(default)]
+    all_reduce_latency_us_by_group: Vec<(usize, f64)>,
     points: Vec<Point>,
 }
 
@@ -118,6 +123,9 @@ pub struct PerfTable {
     pub memory_kernel_us: f64,
     /// Latency of a collective over 8 GPUs, µs.
     pub collective_latency_us: CollectiveLatency,
+    /// Measured all-reduce latency by group size (GPUs, µs), ascending; empty when the
+    /// file has none.
+    all_reduce_by_group: Vec<(usize, f64)>,
     /// The best efficiency in the table (a measured best-shape throughput maps to it).
     pub best_efficiency: f64,
     /// Measured points: log₂ m, log₂ n, log₂ k, layout, efficiency.
@@ -200,10 +208,47 @@ impl PerfTable {
             hbm_gb_per_s: hbm * file.hbm_efficiency,
             memory_kernel_us: file.memory_kernel_us,
             collective_latency_us: file.collective_latency_us,
+            all_reduce_by_group: file.all_reduce_latency_us_by_group.clone(),
             best_efficiency: points.iter().map(|p| p.2).fold(0.0, f64::max),
             points,
             range,
             borrowed,
+        }
+    }
+
+    /// The latencies of collectives over a group of `n` GPUs, µs (0 for one GPU). The
+    /// all-reduce's is the measured figure for that group size; beyond the largest measured
+    /// group (a ring across nodes) it grows with the ring's steps, `(n − 1)/(N − 1)` of the
+    /// largest one's; a file without the table scales its 8-GPU figure the same way. The
+    /// all-gather and reduce-scatter keep their ratio to the all-reduce at 8 GPUs;
+    /// point-to-point is the file's.
+    pub fn collective_latency(&self, n: usize) -> CollectiveLatency {
+        let l = self.collective_latency_us;
+        if n < 2 {
+            return CollectiveLatency {
+                all_reduce: 0.0,
+                all_gather: 0.0,
+                reduce_scatter: 0.0,
+                p2p: l.p2p,
+            };
+        }
+        let steps = |from: (usize, f64)| from.1 * (n - 1) as f64 / (from.0 - 1) as f64;
+        let all_reduce = match self.all_reduce_by_group.iter().find(|e| e.0 == n) {
+            Some(e) => e.1,
+            None => match self.all_reduce_by_group.last() {
+                Some(&largest) if n > largest.0 => steps(largest),
+                // Between measured sizes: the next larger one's figure, scaled down.
+                _ => match self.all_reduce_by_group.iter().find(|e| e.0 > n) {
+                    Some(&above) => steps(above),
+                    None => steps((8, l.all_reduce)),
+                },
+            },
+        };
+        CollectiveLatency {
+            all_reduce,
+            all_gather: all_reduce * l.all_gather / l.all_reduce,
+            reduce_scatter: all_reduce * l.reduce_scatter / l.all_reduce,
+            p2p: l.p2p,
         }
     }
 
@@ -307,6 +352,21 @@ mod tests {
         let e = h100.gemm_efficiency(4096.0, 4096.0, 4096.0, Layout::Wgrad);
         assert_eq!(e.value, 0.7917);
         assert!(PerfTable::get(GpuKind::V100).borrowed);
+    }
+
+    #[test]
+    fn collective_latency_by_group_size() {
+        let a100 = PerfTable::get(GpuKind::A100);
+        // vTrain's measured 2- and 8-GPU all-reduces (data/perf/a100.json).
+        assert_eq!(a100.collective_latency(2).all_reduce, 40.0);
+        assert_eq!(a100.collective_latency(8).all_reduce, 83.3);
+        assert_eq!(a100.collective_latency(1).all_reduce, 0.0);
+        // A ring of 16 has 15 steps to the 8-ring's 7.
+        let sixteen = a100.collective_latency(16);
+        assert!((sixteen.all_reduce - 83.3 * 15.0 / 7.0).abs() < 1e-9);
+        let eight = a100.collective_latency_us;
+        let ratio = eight.reduce_scatter / eight.all_reduce;
+        assert!((sixteen.reduce_scatter / sixteen.all_reduce - ratio).abs() < 1e-12);
         assert_eq!(PerfTable::get(GpuKind::V100).peak_tflops, 125.0);
     }
 }

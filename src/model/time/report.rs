@@ -40,8 +40,11 @@ impl ConfigCosts {
         let pipeline_comm = self.pipeline_report(fabric, cluster, devices, replica, pass);
         let data_parallel = self.data_parallel_report(fabric, cluster, devices);
 
-        let iteration_ms =
-            pipeline + data_parallel.reduce_exposed_ms + data_parallel.param_gather_exposed_ms;
+        let optimizer_ms = self.optimizer_step_ms(fabric, devices);
+        let iteration_ms = pipeline
+            + data_parallel.reduce_exposed_ms
+            + data_parallel.param_gather_exposed_ms
+            + optimizer_ms;
         let mut notes = self.notes.clone();
         let mut borrowed: Vec<GpuKind> = Vec::new();
         for d in devices {
@@ -69,6 +72,7 @@ impl ConfigCosts {
             pipeline_p2p_ms,
             data_parallel_exposed_ms: data_parallel.reduce_exposed_ms,
             param_gather_exposed_ms: data_parallel.param_gather_exposed_ms,
+            optimizer_ms,
             overlap_credited_ms: data_parallel.reduce_overlap_ms
                 + data_parallel.param_gather_overlap_ms,
             microbatches: self.microbatches,
@@ -113,6 +117,7 @@ impl ConfigCosts {
             tp_comm_hidden_ms: tp_total - tp_comm_ms,
             tp_link,
             gpu: Some(gpu_ref(cluster, fabric, group[slowest])),
+            host_ms: self.host_ms[s],
             slot_ms: compute + tp_comm_ms,
         }
     }
@@ -129,7 +134,7 @@ impl ConfigCosts {
         let mut add = |from_stage: usize, to_stage: usize, times: u64| {
             let from = self.group(devices, replica, from_stage);
             let to = self.group(devices, replica, to_stage);
-            let (ms, k) = hop(fabric, from, to, self.p2p_mb, self.p2p_latency_ms);
+            let (ms, k) = hop(fabric, from, to, self.p2p_mb, &self.p2p_latency_ms);
             hops.push(HopTime {
                 from_stage,
                 to_stage,

@@ -97,7 +97,12 @@ impl Case {
             placement: Placement::identity(config.world_size() as usize, per_node),
             config,
             cluster,
-            calibration: Calibration::default(),
+            // No host floor: these cases check the GPU's side of a slot term by term
+            // (`host_floor_bounds_tiny_slots` checks the floor).
+            calibration: Calibration {
+                host_layer_pass_ms: 0.0,
+                ..Calibration::default()
+            },
             options: TimeOptions::default(),
         }
     }
@@ -142,7 +147,8 @@ fn terms_add_up(e: &TimeEstimate) {
         + e.bubble_ms
         + e.pipeline_p2p_ms
         + e.data_parallel_exposed_ms
-        + e.param_gather_exposed_ms;
+        + e.param_gather_exposed_ms
+        + e.optimizer_ms;
     assert!(close(sum, e.iteration_ms), "{sum} vs {}", e.iteration_ms);
 }
 
@@ -152,14 +158,21 @@ fn a100_ms(flops: f64) -> f64 {
     flops / (312.0 * 0.45) / 1e9
 }
 
-/// The shipped A100 table's latency of one collective over `t` GPUs, ms: the 8-GPU figure
-/// (SimuMax, data/perf/a100.json) times the ring's (t − 1)/7 steps.
-fn latency_ms(us_for_8: f64, t: f64) -> f64 {
-    us_for_8 * (t - 1.0) / 7.0 / 1e3
+/// The shipped A100 table's latency of one collective over `t` GPUs, ms: vTrain's measured
+/// all-reduce latency for that group size (data/perf/a100.json: 40.0 µs for 2 GPUs, 49.5
+/// for 4), the all-gather and reduce-scatter in SimuMax's ratio to the all-reduce at 8
+/// GPUs (4.83 and 15.64 to 8.98 µs).
+fn latency_ms(share_of_all_reduce: f64, t: f64) -> f64 {
+    let all_reduce = match t as u32 {
+        2 => 40.0,
+        4 => 49.5,
+        other => panic!("no latency for {other} GPUs in this test"),
+    };
+    all_reduce * share_of_all_reduce / 1e3
 }
-const ALL_REDUCE_US: f64 = 8.98;
-const ALL_GATHER_US: f64 = 4.83;
-const REDUCE_SCATTER_US: f64 = 15.64;
+const ALL_REDUCE: f64 = 1.0;
+const ALL_GATHER: f64 = 4.83 / 8.98;
+const REDUCE_SCATTER: f64 = 15.64 / 8.98;
 const P2P_MS: f64 = 0.010;
 
 #[test]
@@ -173,7 +186,11 @@ fn one_gpu_is_compute_only() {
     let flops = stage_flops(&case.model, &case.config, 0, AttentionMask::Causal);
     assert_eq!(e.microbatches, 8);
     let stage = &e.stages[0];
-    assert!(close(e.iteration_ms, 8.0 * stage.slot_ms));
+    assert!(close(e.iteration_ms, 8.0 * stage.slot_ms + e.optimizer_ms));
+    // The optimizer step: bf16 Adam moves 38 bytes a parameter and zeroes its fp32
+    // gradient (4), at the A100 table's 1600 GB/s × 0.91.
+    let params = ParameterBreakdown::new(&case.model, 1).stage(8, true, true) as f64;
+    assert!(close(e.optimizer_ms, params * 42.0 / (1600.0 * 0.91 * 1e6)));
     assert!(close(stage.slot_ms, stage.forward_ms + stage.backward_ms));
     assert_eq!(e.bubble_ms, 0.0);
     assert_eq!(e.pipeline_p2p_ms, 0.0);
@@ -240,7 +257,7 @@ fn tensor_parallel_ring_takes_the_slowest_link() {
     let units = (4.0 * 8.0 + 2.0) * 2.0;
     // Latency: 2 all-reduces per layer each way, one for the embedding and one for the
     // output layer.
-    let expected = units * 0.75 * message / 50e9 * 1e3 + 34.0 * latency_ms(ALL_REDUCE_US, 4.0);
+    let expected = units * 0.75 * message / 50e9 * 1e3 + 34.0 * latency_ms(ALL_REDUCE, 4.0);
     assert!(close(stage.tp_comm_ms, expected), "{}", stage.tp_comm_ms);
     assert_eq!(stage.tp_comm_hidden_ms, 0.0);
 
@@ -266,8 +283,8 @@ fn sequence_parallelism_keeps_tp_volume_and_shrinks_pipeline_messages() {
     // The same volume; the latency of 17 all-gather + reduce-scatter pairs replaces that
     // of 17 all-reduces per stage (4 layers: 8 each way, and the embedding or the logits).
     let pairs = 17.0
-        * (latency_ms(ALL_GATHER_US, 2.0) + latency_ms(REDUCE_SCATTER_US, 2.0)
-            - latency_ms(ALL_REDUCE_US, 2.0));
+        * (latency_ms(ALL_GATHER, 2.0) + latency_ms(REDUCE_SCATTER, 2.0)
+            - latency_ms(ALL_REDUCE, 2.0));
     for (a, b) in plain.stages.iter().zip(&sp.stages) {
         assert!(close(b.tp_comm_ms - a.tp_comm_ms, pairs));
     }
@@ -293,7 +310,7 @@ fn tp_inside_a_node_beats_tp_across_nodes() {
     assert!(across.pipeline.hops[0].activation.intra_node);
     // The volume takes 10 × as long at 20 GB/s as at 200; the latency (17 all-reduces on
     // the first stage) stays.
-    let latency = 17.0 * latency_ms(ALL_REDUCE_US, 2.0);
+    let latency = 17.0 * latency_ms(ALL_REDUCE, 2.0);
     assert!(close(
         (across.stages[0].tp_comm_ms - latency) / (inside.stages[0].tp_comm_ms - latency),
         10.0
@@ -310,7 +327,7 @@ fn tp_ring_across_nodes_spreads_over_the_nics() {
     let one = case.run(TimeModel::Pipette);
     case.cluster.node_links.nics_per_node = Some(4);
     let four = case.run(TimeModel::Pipette);
-    let latency = 34.0 * latency_ms(ALL_REDUCE_US, 4.0);
+    let latency = 34.0 * latency_ms(ALL_REDUCE, 4.0);
     assert!(close(
         (one.stages[0].tp_comm_ms - latency) / (four.stages[0].tp_comm_ms - latency),
         4.0
@@ -376,6 +393,10 @@ fn distributed_optimizer_reduce_scatters_then_gathers() {
     assert!(close(dp.reduce_ms, 0.5 * params * 4.0 / 20e9 * 1e3));
     assert!(close(dp.param_gather_ms, 0.5 * params * 2.0 / 20e9 * 1e3));
     assert!(close(e.param_gather_exposed_ms, dp.param_gather_ms));
+    // The optimizer step runs on each GPU's half of the state (38 bytes a parameter for
+    // bf16 Adam), but every GPU zeroes its whole fp32 gradient buffer (4).
+    let hbm = 1600.0 * 0.91 * 1e6;
+    assert!(close(e.optimizer_ms, params * (38.0 / 2.0 + 4.0) / hbm));
     terms_add_up(&e);
 
     case.options.overlap_param_gather = true;
@@ -764,4 +785,38 @@ fn stages_of_different_speed_and_layers_are_costed_each_and_the_slowest_governs(
         assert_eq!(e.iteration_ms, case.fast());
         terms_add_up(&e);
     }
+}
+
+#[test]
+fn host_floor_bounds_tiny_slots() {
+    // 8 layers, no recomputation: a slot issues 8 forward and 8 backward passes (a backward
+    // counting two), 24 layer passes at 10 ms: far more than the GPU needs.
+    let mut case = Case::new(
+        cluster(1, 1, 240.0, 23.5),
+        ParallelConfig::even(8, 1, 1, 1, 1),
+        4,
+    );
+    case.calibration.host_layer_pass_ms = 10.0;
+    let e = case.run(TimeModel::Pipette);
+    let stage = &e.stages[0];
+    assert!(close(stage.host_ms, 240.0));
+    assert!(stage.forward_ms + stage.backward_ms < stage.host_ms);
+    assert!(close(stage.slot_ms, 240.0));
+    assert!(close(e.iteration_ms, 4.0 * 240.0 + e.optimizer_ms));
+    assert_eq!(e.iteration_ms, case.fast());
+    terms_add_up(&e);
+    // A GPU busier than the host is not held back.
+    case.calibration.host_layer_pass_ms = 1e-6;
+    let e = case.run(TimeModel::Pipette);
+    let stage = &e.stages[0];
+    assert!(close(stage.slot_ms, stage.forward_ms + stage.backward_ms));
+    // A negative floor is refused.
+    case.calibration.host_layer_pass_ms = -1.0;
+    assert!(matches!(
+        estimate(&case.request(), TimeModel::Pipette),
+        Err(TimeError::Calibration {
+            field: "host_layer_pass_ms",
+            ..
+        })
+    ));
 }

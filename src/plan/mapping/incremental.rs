@@ -129,6 +129,9 @@ pub struct PipetteObjective<'a, F: Links + ?Sized> {
     stage_of: Vec<u32>,
     replica_of: Vec<u32>,
     group_of: Vec<u32>,
+    /// The optimizer step: the same for every permutation of the placed GPUs
+    /// ([`ConfigCosts::optimizer_step_ms`]), so fixed at `reset`.
+    optimizer: f64,
     value: f64,
     saved: f64,
     generation: u32,
@@ -207,6 +210,7 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
             stage_of: (0..groups).map(|gid| (gid / dp) as u32).collect(),
             replica_of: (0..groups).map(|gid| (gid % dp) as u32).collect(),
             group_of: (0..groups * tp).map(|rank| (rank / tp) as u32).collect(),
+            optimizer: 0.0,
             value: f64::NAN,
             saved: f64::NAN,
             generation: 0,
@@ -405,7 +409,7 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         } else {
             (0.0, 0.0)
         };
-        pipeline + grad + gather
+        pipeline + grad + gather + self.optimizer
     }
 
     fn next_generation(&mut self) -> u32 {
@@ -484,6 +488,7 @@ impl<F: Links + ?Sized> Objective for PipetteObjective<'_, F> {
             self.build(self.grads);
             self.build(self.gathers);
         }
+        self.optimizer = self.costs.optimizer_step_ms(self.fabric, devices);
         self.journal.clear();
         self.value = self.total();
         self.saved = self.value;

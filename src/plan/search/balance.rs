@@ -9,7 +9,9 @@ use super::options::PlanOptions;
 use super::rank::{config_key, cost, stage_needs};
 use crate::config::{ModelSpec, Settings};
 use crate::model::parallel::{Device, ParallelConfig};
-use crate::model::time::{ClusterFabric, ConfigCosts, Fabric, StageSync, TimeModel};
+use crate::model::time::{
+    placement_kinds, ClusterFabric, ConfigCosts, Fabric, StageSync, TimeModel,
+};
 use crate::plan::hetero::Arrangement;
 use crate::plan::layers::{balance_layers, refine_split, BalancedSplit, SpeedOrder};
 use crate::plan::space::layer_splits;
@@ -82,6 +84,8 @@ struct StagePieces {
     slots: Vec<f64>,
     /// The stage's exposed data-parallel synchronisation.
     sync: StageSync,
+    /// Its optimizer step on the placement's slowest-memory GPU kind.
+    optimizer_ms: f64,
 }
 
 /// The time model's value of every split of one [`StageTables`] shape on one placement,
@@ -98,6 +102,8 @@ struct SplitCosts<'a> {
     tables: &'a StageTables,
     fabric: &'a ClusterFabric,
     devices: &'a [Device],
+    /// The GPU kinds placed ([`placement_kinds`]).
+    kinds: u8,
     /// Per replica: its pipeline hops summed in stage order, and its wrap-around hop.
     hop_sums: Vec<f64>,
     wraps: Vec<f64>,
@@ -136,6 +142,7 @@ impl<'a> SplitCosts<'a> {
             tables,
             fabric,
             devices,
+            kinds: placement_kinds(fabric, devices),
             hop_sums,
             wraps,
             pieces: (0..pp * tables.most as usize)
@@ -158,6 +165,7 @@ impl<'a> SplitCosts<'a> {
             StagePieces {
                 slots,
                 sync: costs.stage_sync(self.fabric, self.devices, s),
+                optimizer_ms: costs.stage_optimizer_ms(self.kinds, s),
             }
         })
     }
@@ -198,7 +206,11 @@ impl<'a> SplitCosts<'a> {
                 gather = gather.max(stage.sync.param_gather_ms);
             }
         }
-        pipeline + grad + gather
+        let optimizer = stages
+            .iter()
+            .map(|stage| stage.optimizer_ms)
+            .fold(0.0, f64::max);
+        pipeline + grad + gather + optimizer
     }
 }
 

@@ -20,8 +20,11 @@
 //!    arrangement, so the order is the same on every machine).
 //! 4. **Map** the best `top_k` (in parallel, each with a seed derived from the plan's seed
 //!    and its rank, so the thread count changes nothing) with [`super::mapping`], node
-//!    swaps confined to a GPU class on mixed clusters, and keep the lowest mapped cost
-//!    (ties: the better-ranked configuration).
+//!    swaps confined to a GPU class on mixed clusters; a mapping that gains less than
+//!    `mapping_threshold` (1 %) over the default order is dropped for the default order.
+//! 5. **Choose**: every mapped configuration within the time model's stated error of the
+//!    fastest is a tie ([`Ties`]), and the simplest of them runs ([`simpler`]: fewer
+//!    pipeline stages, then fewer virtual stages, smaller tp, larger micro-batch).
 //!
 //! On a homogeneous cluster there is one arrangement (the profile's order, every swap
 //! allowed) and the plan is what it was before heterogeneous planning, bit for bit.
@@ -57,14 +60,14 @@ pub use error::PlanError;
 use error::{no_candidates, nothing_fits, nothing_fits_per_stage, Candidates};
 pub use options::{
     default_budget, MappingMode, MemoryHeadroom, PlanOptions, COMPAT_BUDGET,
-    DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_TOP_K,
+    DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_MAPPING_THRESHOLD, DEFAULT_TOP_K,
 };
-pub use rank::derive_seed;
 use rank::{by_cost, cost, stage_needs};
+pub use rank::{derive_seed, simpler};
 use report::{even_split, rank_mapping, stage_plans};
 pub use report::{
     EvenSplit, HeterogeneousPlan, Plan, PlanEstimate, PlanStats, RankMapping, RankedConfig,
-    SearchSettings, StagePlan,
+    SearchSettings, StagePlan, Ties,
 };
 
 /// Plans `settings` on `cluster` (see the module doc).
@@ -220,7 +223,7 @@ pub fn plan(
     let mapped: Vec<Result<_, MappingError>> = ranked
         .par_iter()
         .enumerate()
-        .map(|(k, (p, _, costs))| {
+        .map(|(k, (p, identity_ms, costs))| {
             let (c, a) = pairs[*p];
             let arrangement = &arrangements[a];
             let seed = derive_seed(options.seed, k);
@@ -248,11 +251,20 @@ pub fn plan(
                 }
                 _ => map_config(costs, &pair_fabrics[a], &arrangement.space, &search),
             }?;
+            // Hysteresis: a mapping that gains less than the threshold over the
+            // arrangement's default order (torchrun's on a homogeneous cluster) is not worth
+            // a permuted launch; keep the default order and its cost.
+            let searched_ms = result.cost_ms;
+            if searched_ms > identity_ms * (1.0 - options.mapping_threshold) {
+                result.state =
+                    MappingState::identity(arrangement.space.nodes(), result.state.gpus_per_node());
+                result.cost_ms = *identity_ms;
+            }
             // Back to the profile's node positions.
             for n in &mut result.state.node_order {
                 *n = arrangement.order[*n];
             }
-            Ok(result)
+            Ok((result, searched_ms))
         })
         .collect();
     let mapped = mapped.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -260,7 +272,7 @@ pub fn plan(
     let mut top: Vec<(RankedConfig, MappingState, u64, usize)> = ranked
         .iter()
         .zip(mapped)
-        .map(|((p, identity_ms, _), result)| {
+        .map(|((p, identity_ms, _), (result, searched_ms))| {
             let (c, a) = pairs[*p];
             (
                 RankedConfig {
@@ -268,6 +280,7 @@ pub fn plan(
                     peak_memory_bytes: peaks[c],
                     iteration_ms: *identity_ms,
                     mapped_ms: result.cost_ms,
+                    searched_ms,
                     method: result.method,
                     evaluations: result.evaluations,
                     placement: result.state.placement(),
@@ -281,7 +294,24 @@ pub fn plan(
     let mapping_evaluations: u64 = top.iter().map(|t| t.2).sum();
     // Stable: equal costs keep the ranking's order.
     top.sort_by(|a, b| a.0.mapped_ms.total_cmp(&b.0.mapped_ms));
-    let (best, state, _, arrangement) = top[0].clone();
+    // Ties: every mapped configuration within the model's stated error of the fastest;
+    // the simplest of them runs (the faster on equal shapes).
+    let window = options.time_model.stated_error().unwrap_or(0.0);
+    let fastest = top[0].0.mapped_ms;
+    let count = top
+        .iter()
+        .take_while(|t| t.0.mapped_ms <= fastest * (1.0 + window))
+        .count()
+        .max(1);
+    let chosen = (0..count)
+        .min_by(|&a, &b| simpler(&top[a].0.config, &top[b].0.config).then(a.cmp(&b)))
+        .unwrap_or(0);
+    let ties = Ties {
+        window,
+        count,
+        chosen,
+    };
+    let (best, state, _, arrangement) = top[chosen].clone();
 
     let placement = state.placement();
     let request = TimeRequest {
@@ -335,6 +365,7 @@ pub fn plan(
             evaluations: ranking_evaluations + mapping_evaluations,
         },
         top: top.into_iter().map(|t| t.0).collect(),
+        ties,
         search: SearchSettings {
             time_model: options.time_model,
             mapping: options.mapping,
@@ -343,6 +374,7 @@ pub fn plan(
             seed: options.seed,
             top_k: options.top_k.max(1),
             headroom: options.headroom,
+            mapping_threshold: options.mapping_threshold,
         },
         heterogeneous,
     })

@@ -42,6 +42,32 @@ pub(super) fn by_cost(a: (f64, &ParallelConfig), b: (f64, &ParallelConfig)) -> O
         .then_with(|| config_key(a.1).cmp(&config_key(b.1)))
 }
 
+/// Which of two configurations is simpler, for choosing among those the time model cannot
+/// tell apart: fewer pipeline stages, then fewer virtual stages, then a smaller tp, then a
+/// larger micro-batch, then less recomputation. Each step away from the simplest is where
+/// the model is least sure and errs fast: on vTrain's measured runs its worst misses are
+/// deep pipelines at small tp (39.1B, tp 2 pp 8–16: 30–40 % too fast), tiny micro-batches
+/// at large tp (3.6B, micro-batch 2 at tp 4–8: 27–33 % too fast) and the many small kernels
+/// and collectives of both; a shallower pipeline is also quicker to reshard and to restart.
+/// Equal shapes compare equal (the caller then keeps the faster).
+pub fn simpler(a: &ParallelConfig, b: &ParallelConfig) -> Ordering {
+    let recompute = |c: &ParallelConfig| match c.recompute {
+        Recompute::None => 0,
+        Recompute::Selective => 1,
+        Recompute::Full { .. } => 2,
+    };
+    let key = |c: &ParallelConfig| {
+        (
+            c.pp,
+            c.vpp.unwrap_or(1),
+            c.tp,
+            std::cmp::Reverse(c.micro_batch),
+            recompute(c),
+        )
+    };
+    key(a).cmp(&key(b))
+}
+
 /// A seed per mapped configuration, from the plan's seed and the configuration's rank
 /// (SplitMix64's finaliser, so neighbouring ranks get unrelated streams).
 pub fn derive_seed(seed: u64, index: usize) -> u64 {

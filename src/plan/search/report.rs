@@ -27,8 +27,10 @@ pub struct Plan {
     pub baseline_mapping_ms: f64,
     /// `devices[rank]`, positions in the cluster profile.
     pub placement: Placement,
-    /// The mapped configurations, best first.
+    /// The mapped configurations, fastest first.
     pub top: Vec<RankedConfig>,
+    /// Which of `top` are ties with the fastest, and which of them the plan runs.
+    pub ties: Ties,
     pub search: SearchSettings,
     pub stats: PlanStats,
     /// On a cluster that mixes kinds of GPU: each stage's GPUs, layers, memory and time,
@@ -111,8 +113,11 @@ pub struct RankedConfig {
     pub peak_memory_bytes: u64,
     /// On torchrun's default placement.
     pub iteration_ms: f64,
-    /// On the best mapping found.
+    /// On the mapping the plan runs: the best found when it beats torchrun's order by the
+    /// mapping threshold, else torchrun's order (`iteration_ms`).
     pub mapped_ms: f64,
+    /// On the best mapping the search found.
+    pub searched_ms: f64,
     #[serde(flatten)]
     pub method: SearchMethod,
     pub evaluations: u64,
@@ -131,6 +136,21 @@ pub struct SearchSettings {
     pub seed: u64,
     pub top_k: usize,
     pub headroom: MemoryHeadroom,
+    /// See [`super::PlanOptions::mapping_threshold`].
+    pub mapping_threshold: f64,
+}
+
+/// The mapped configurations the model cannot tell apart from the fastest.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Ties {
+    /// The model's stated error the ties are judged by (0 for a model without one).
+    pub window: f64,
+    /// How many of [`Plan::top`], from the first, lie within `window` of the fastest
+    /// (at least 1: the fastest itself).
+    pub count: usize,
+    /// The one the plan runs, a position in [`Plan::top`]: the simplest of the ties
+    /// ([`super::simpler`]).
+    pub chosen: usize,
 }
 
 /// How much the planner looked at.
