@@ -114,7 +114,7 @@ impl Error {
                 _ => ExitCode::Unreachable,
             },
             Error::Trial(e) => match e {
-                TrialError::ScriptFailed { .. }
+                TrialError::ScriptFailed(_)
                 | TrialError::TimedOut { .. }
                 | TrialError::NoResults { .. } => ExitCode::TrialFailed,
                 TrialError::Launch(crate::launch::LaunchError::Render(e)) if !e.is_bug() => {
@@ -122,6 +122,8 @@ impl Error {
                 }
                 TrialError::Launch(_) => ExitCode::Internal,
                 TrialError::Exec(_) | TrialError::Stage { .. } => ExitCode::Unreachable,
+                // An unwritable run directory, as for its other files.
+                TrialError::Logs { .. } => ExitCode::Usage,
             },
             Error::Peers(e) => match e {
                 PeerError::Listen { .. } | PeerError::Resolve { .. } | PeerError::Serve { .. } => {

@@ -186,3 +186,89 @@ fn dry_run_on_mixed_gpus_as_a_user_reads_it() {
     );
     insta::assert_snapshot!(shown);
 }
+
+#[test]
+fn dry_run_on_128_nodes_fits_a_screenful_of_lines() {
+    // 1,024 GPUs: the hosts as hostlist runs, the mapping's first rows, node 0's command
+    // wrapped and the others' in the run directory's scripts; tables within 80 columns.
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let mut cmd = Command::cargo_bin("pipette-run").unwrap();
+    cmd.env_clear().current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd.arg("--run-dir").arg(&run).args([
+        "--dry-run",
+        "--cluster",
+        "examples/clusters/h100-128x8.json",
+        "--model",
+        "llama2-70b",
+        "pretrain_gpt.py",
+        "--bf16",
+        "--global-batch-size",
+        "1024",
+    ]);
+    let shown = stdout(&mut cmd);
+    let lines: Vec<&str> = shown.lines().collect();
+    assert!(lines.len() <= 120, "{} lines:\n{shown}", lines.len());
+    let mut in_command = false;
+    for line in &lines {
+        let columns = line.chars().count();
+        assert!(columns <= 100, "a line of {columns} columns:\n{line}");
+        // Outside the wrapped commands (whose words stay whole) everything fits 80.
+        if !in_command {
+            assert!(columns <= 80, "a line of {columns} columns:\n{line}");
+        }
+        in_command = line.ends_with(" \\");
+    }
+    assert!(shown.contains("h100-n[000-127] (128)"), "{shown}");
+    assert!(shown.contains("'--node-rank=0'"), "{shown}");
+    assert!(
+        !shown.contains("'--node-rank=1'"),
+        "only node 0's command:\n{shown}"
+    );
+    let scripts = std::fs::read_dir(&run)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("launch-")
+        })
+        .count();
+    assert_eq!(scripts, 128, "every node's command is in the run directory");
+    for picture in ["rank-map", "timeline", "links", "memory"] {
+        assert!(
+            run.join(format!("{picture}.svg")).is_file(),
+            "{picture}.svg"
+        );
+    }
+}
+
+#[test]
+fn plan_shows_each_picture_as_text_within_80_columns() {
+    for picture in ["rank-map", "timeline", "links", "memory"] {
+        let shown = stdout(pipette().args([
+            "plan",
+            "--cluster",
+            "examples/clusters/a100-4x8-degraded.json",
+            "--model",
+            "gpt3-1.3b",
+            "--pin",
+            "pp",
+            "--show",
+            picture,
+            "--",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--global-batch-size",
+            "64",
+            "--bf16",
+        ]));
+        assert!(shown.lines().count() >= 4, "{picture}:\n{shown}");
+        assert!(
+            shown.lines().all(|l| l.chars().count() <= 80),
+            "{picture}:\n{shown}"
+        );
+        assert!(!shown.contains("Top configurations"), "{picture}:\n{shown}");
+    }
+}

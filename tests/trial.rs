@@ -8,7 +8,10 @@
 //!   independently, within 10 % (the default calibration is far off: it assumes 1.5 GiB
 //!   of CUDA context and NCCL buffers that a CPU process does not have);
 //! - a script that fails in the trial gives exit code 72, names the rank, launches
-//!   nothing and leaves no process; a script that hangs hits `--trial-timeout`.
+//!   nothing and leaves no process; a script that raises shows its exception and
+//!   traceback in the error, its logs are kept per node in the run directory, and a
+//!   "CUDA out of memory" printed in passing does not make another error an OOM; a
+//!   script that hangs hits `--trial-timeout`.
 //!
 //! Needs the venv of `scripts/setup-megatron-venv` (PyTorch with torchrun);
 //! `PIPETTE_MEGATRON_PYTHON` picks another python. Fails, never skips, without it.
@@ -186,6 +189,91 @@ fn a_script_failing_in_the_trial_is_reported_and_nothing_is_launched() {
     );
     assert!(!run_dir.join("events.jsonl").exists(), "nothing launched");
     assert_no_process_left(&marker);
+}
+
+/// A script that prints `said` on every rank and then, on rank 1 only, raises `error`
+/// (Python source); rank 0 ends well.
+fn failing_script(dir: &Path, said: &str, error: &str) -> String {
+    let path = dir.join("fails.py");
+    std::fs::write(
+        &path,
+        format!(
+            "import os\nprint({said:?}, flush=True)\nif os.environ.get('RANK') == '1':\n    raise {error}\n"
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+/// Runs pipette-run on `script` (two nodes, the tiny model's arguments); returns its exit
+/// code and standard error.
+fn run_failing(dir: &Path, script: &str, run_dir: &Path) -> (Option<i32>, String) {
+    let output = command(env!("CARGO_BIN_EXE_pipette-run"), None, dir)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .arg(script)
+        .args(TINY_MODEL)
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_script_raising_in_the_trial_shows_its_error_and_keeps_the_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = failing_script(
+        dir.path(),
+        "loading the data set",
+        "ValueError('warm-up of 10 iterations is longer than the run')",
+    );
+    let run_dir = dir.path().join("run");
+    let (code, stderr) = run_failing(dir.path(), &script, &run_dir);
+    assert_eq!(code, Some(72), "{stderr}");
+    // The failing rank, its exception and where its traceback was raised.
+    assert!(stderr.contains("(rank 1)"), "{stderr}");
+    assert!(
+        stderr.contains("ValueError: warm-up of 10 iterations is longer than the run"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("fails.py\", line 4"), "{stderr}");
+    assert!(!stderr.contains("out of memory"), "{stderr}");
+    // Every node's output, kept in the run directory, named in the error.
+    let logs = run_dir.join("trial-logs/1");
+    assert!(
+        stderr.contains(&logs.display().to_string()),
+        "the error names {}:\n{stderr}",
+        logs.display()
+    );
+    let read = |name: &str| std::fs::read_to_string(logs.join(name)).unwrap_or_default();
+    let (a, b) = (read("node-0-node-a.log"), read("node-1-node-b.log"));
+    assert!(a.contains("loading the data set"), "node-a's log:\n{a}");
+    assert!(b.contains("loading the data set"), "node-b's log:\n{b}");
+    assert!(
+        b.contains("ValueError: warm-up of 10 iterations"),
+        "node-b's log:\n{b}"
+    );
+    assert!(!run_dir.join("events.jsonl").exists(), "nothing launched");
+}
+
+#[test]
+fn out_of_memory_said_in_passing_is_not_taken_for_the_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = failing_script(
+        dir.path(),
+        "note: last week's run hit CUDA out of memory at micro-batch 64; retrying smaller",
+        "KeyError('tokenizer_type')",
+    );
+    let run_dir = dir.path().join("run");
+    let (code, stderr) = run_failing(dir.path(), &script, &run_dir);
+    // The script's own error ends the run: not an OOM, so no re-plan and no "nothing fits".
+    assert_eq!(code, Some(72), "{stderr}");
+    assert!(stderr.contains("KeyError: 'tokenizer_type'"), "{stderr}");
+    assert!(!stderr.contains("ran out of memory"), "{stderr}");
+    assert!(!stderr.contains(", out of memory"), "{stderr}");
+    assert!(!stderr.contains("re-planning"), "{stderr}");
 }
 
 #[test]

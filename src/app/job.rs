@@ -17,7 +17,10 @@ use crate::model::{ParallelConfig, Placement};
 use crate::plan::{self, Plan, PlanOptions};
 use crate::render;
 use crate::replan::trials::{next_step, Position, Rounds, Seen, Step, MAX_TRIAL_ROUNDS};
+use crate::report::dry_run::{commands_to_human, ShownCommand};
+use crate::report::pictures;
 use crate::report::plan::plan_to_human;
+use crate::report::{wrap, WIDTH};
 use crate::supervise;
 use crate::trial;
 
@@ -41,18 +44,30 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
         }
         if let Some(launch) = &run.report.launch {
             println!("\nCommands, one per node, exactly as they would run:");
-            for line in launch.command_lines() {
-                println!("  {line}");
-            }
+            let lines = launch.command_lines();
+            let shown: Vec<ShownCommand<'_>> = launch
+                .nodes
+                .iter()
+                .zip(&lines)
+                .map(|(node, line)| ShownCommand {
+                    host: &node.host,
+                    line,
+                    script: std::path::Path::new(&node.script_path)
+                        .file_name()
+                        .and_then(|f| f.to_str()),
+                })
+                .collect();
+            print!("{}", commands_to_human(&shown));
         }
         if let Some(dir) = &run.report.run_dir {
             println!("\nRun directory: {dir}");
         }
         let trial_runs = config.trial.before_launch;
         if let (Some(plan), Some(template), true) = (&run.plan, &run.template, trial_runs) {
-            let (_, lines, notes) = trial::trial_commands(template, plan, config.trial.iters, &[])
-                .map_err(launch_error)?;
-            print_trial_commands(&lines, &notes);
+            let (commands, lines, notes) =
+                trial::trial_commands(template, plan, config.trial.iters, &[])
+                    .map_err(launch_error)?;
+            print_trial_commands(&commands, &lines, &notes);
         }
     }
     Ok(())
@@ -92,6 +107,9 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             profile: Box::new(profile),
         };
         let first = template.prepare(1, layout, None).map_err(launch_error)?;
+        if let launch::Layout::Planned { plan, profile } = &first.layout {
+            write_pictures(&first.dir, plan, profile)?;
+        }
         if let Some(report) = &trial {
             write_json(&template.run_dir.join("trial.json"), report, "--run-dir")?;
         }
@@ -444,10 +462,10 @@ pub(super) fn trial_and_replan(
 pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(), Error> {
     let job = prepare_job(config)?;
     if config.output.dry_run {
-        let (_, lines, notes) =
+        let (commands, lines, notes) =
             trial::trial_commands(&job.template, &job.plan, config.trial.iters, &[])
                 .map_err(launch_error)?;
-        print_trial_commands(&lines, &notes);
+        print_trial_commands(&commands, &lines, &notes);
         return Ok(());
     }
     // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
@@ -462,13 +480,24 @@ pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(),
     Ok(())
 }
 
-pub(super) fn print_trial_commands(lines: &[String], notes: &[String]) {
+pub(super) fn print_trial_commands(
+    commands: &[(String, exec::NodeCommand)],
+    lines: &[String],
+    notes: &[String],
+) {
     println!("\nTrial run, one command per node (unless --no-trial or --calibration):");
-    for line in lines {
-        println!("  {line}");
-    }
+    let shown: Vec<ShownCommand<'_>> = commands
+        .iter()
+        .zip(lines)
+        .map(|((host, _), line)| ShownCommand {
+            host,
+            line,
+            script: None,
+        })
+        .collect();
+    print!("{}", commands_to_human(&shown));
     for note in notes {
-        println!("  note: {note}");
+        print!("{}", wrap(&format!("  note: {note}\n"), WIDTH));
     }
 }
 
@@ -497,7 +526,11 @@ pub(super) fn plan_and_render(config: &RunConfig, run: &mut Run) -> Result<(), E
     let written = template
         .render(&plan, None, &run_dir)
         .map_err(launch_error)
-        .and_then(|launch| Ok(render::write_run_dir(&launch, &run_dir).map(|()| launch)?));
+        .and_then(|launch| {
+            render::write_run_dir(&launch, &run_dir)?;
+            write_pictures(&run_dir, &plan, profile)?;
+            Ok(launch)
+        });
     // The directory is this run's own (just claimed): nothing partial stays behind.
     let launch = written.inspect_err(|_| {
         let _ = std::fs::remove_dir_all(&run_dir);
@@ -511,6 +544,25 @@ pub(super) fn plan_and_render(config: &RunConfig, run: &mut Run) -> Result<(), E
     run.report.status = PLANNED_NOT_LAUNCHED.to_string();
     run.plan = Some(plan);
     run.template = Some(template);
+    Ok(())
+}
+
+/// The plan's pictures ([`pictures::Picture`]) as SVG files beside its other files in the
+/// run directory.
+fn write_pictures(
+    dir: &std::path::Path,
+    plan: &Plan,
+    profile: &ClusterProfile,
+) -> Result<(), Error> {
+    for (name, svg) in pictures::svg_files(plan, profile) {
+        let path = dir.join(name);
+        std::fs::write(&path, svg).map_err(|e| {
+            Error::Usage(format!(
+                "cannot write {}: {e} (choose another --run-dir)",
+                path.display()
+            ))
+        })?;
+    }
     Ok(())
 }
 

@@ -21,6 +21,7 @@ use crate::model::{params, Calibration, ParallelConfig, Placement};
 use crate::plan;
 use crate::report::dry_run::ModelSection;
 use crate::report::estimate::{EstimateReport, ModelTime, ParamsSection};
+use crate::report::pictures::Picture;
 use crate::report::plan::plan_to_human;
 
 /// Writes generated text (a completion script, a manual page) to stdout as it is.
@@ -166,7 +167,9 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             let options =
                 PlanningConfig::new(&args.planning, args.output.seed).plan_options(&settings)?;
             let plan = plan::plan(&settings, &profile, &options)?;
-            if args.output.json {
+            if let Some(picture) = args.show.as_deref().and_then(Picture::from_name) {
+                print!("{}", picture.text(&plan, &profile));
+            } else if args.output.json {
                 println!("{}", to_json(&plan)?);
             } else {
                 let runner_up = runner_up(&plan, &settings, &profile, &options);

@@ -389,6 +389,11 @@ pub struct PlanArgs {
         allow_negative_numbers = true
     )]
     pub nproc_per_node: Option<NprocPerNode>,
+    /// Show a picture of the plan instead of its report, as text: the rank map over the
+    /// nodes, the pipeline timeline of one iteration, the node-link heat map, or memory per
+    /// stage (a launch's run directory holds them as SVG files)
+    #[arg(long, value_name = "PICTURE", value_parser = ["rank-map", "timeline", "links", "memory"], conflicts_with = "json")]
+    pub show: Option<String>,
     /// Megatron arguments, as they would follow SCRIPT
     #[arg(last = true, value_name = "MEGATRON ARGS")]
     pub megatron_args: Vec<String>,

@@ -845,8 +845,8 @@ fn check_words(what: &str, words: &[String]) -> Result<(), RenderError> {
 }
 
 /// A host name as part of a file name (see [`run_dir::file_name_safe`]); `host` when
-/// nothing of it is left.
-fn file_name_part(host: &str) -> String {
+/// nothing of it is left. The launch scripts' names use it, and the trial's logs.
+pub fn file_name_part(host: &str) -> String {
     match run_dir::file_name_safe(host) {
         part if part.is_empty() => "host".to_string(),
         part => part,

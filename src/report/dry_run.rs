@@ -85,6 +85,9 @@ pub struct ModelSection {
     pub padded_vocab_size: u64,
 }
 
+/// More hosts than this are shown as hostlist runs rather than one row each.
+const MAX_HOST_ROWS: usize = 16;
+
 impl NodesSection {
     /// The nodes as people read them: where they came from, one row per host, the world
     /// size, discovery's warnings.
@@ -107,20 +110,46 @@ impl NodesSection {
         out.push_str(&format!("Nodes: {} from {source}{job}\n", n.hosts.len()));
         let mut table = Table::new();
         table.load_preset(NOTHING);
-        table.set_header(vec!["host", "workers", "devices", "gpu"]);
-        for h in &n.hosts {
-            table.add_row(vec![
-                h.host.clone(),
+        let row = |h: &HostAllocation| {
+            [
                 h.workers.map_or("?".to_string(), |w| w.to_string()),
                 h.devices
                     .as_deref()
                     .map_or("any".to_string(), device_ranges),
                 h.gpu.clone().unwrap_or_else(|| "-".to_string()),
-            ]);
+            ]
+        };
+        if n.hosts.len() <= MAX_HOST_ROWS {
+            table.set_header(vec!["host", "workers", "devices", "gpu"]);
+            for h in &n.hosts {
+                let [workers, devices, gpu] = row(h);
+                table.add_row(vec![h.host.clone(), workers, devices, gpu]);
+            }
+        } else {
+            // Many nodes: one row per run of hosts alike, in hostlist form.
+            table.set_header(vec!["hosts", "workers", "devices", "gpu"]);
+            let mut runs: Vec<(Vec<String>, [String; 3])> = Vec::new();
+            for h in &n.hosts {
+                let cells = row(h);
+                match runs.last_mut() {
+                    Some((hosts, last)) if *last == cells => hosts.push(h.host.clone()),
+                    _ => runs.push((vec![h.host.clone()], cells)),
+                }
+            }
+            for (hosts, [workers, devices, gpu]) in runs {
+                let list = super::compress_hosts(&hosts);
+                let list = if hosts.len() > 1 {
+                    format!("{list} ({})", hosts.len())
+                } else {
+                    list
+                };
+                table.add_row(vec![list, workers, devices, gpu]);
+            }
         }
         if let Some(col) = table.column_mut(1) {
             col.set_cell_alignment(CellAlignment::Right);
         }
+        super::plan::fit_table(&mut table);
         // The preset pads cells with one space; one more indents the table under its title.
         for line in table.lines() {
             out.push(' ');
@@ -150,7 +179,7 @@ impl DryRunReport {
         out.push('\n');
         out.push_str(&self.status);
         out.push('\n');
-        out
+        super::wrap(&out, super::WIDTH)
     }
 
     fn write_nodes(&self, out: &mut String) {
@@ -325,4 +354,145 @@ fn pinned_list(c: &Constraints) -> Vec<String> {
         out.push(format!("dist-opt={d}"));
     }
     out
+}
+
+/// One node's command as a dry run shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct ShownCommand<'a> {
+    pub host: &'a str,
+    /// The whole command as one shell line.
+    pub line: &'a str,
+    /// The launch script's file name in the run directory, when it has one.
+    pub script: Option<&'a str>,
+}
+
+/// Node 0's command wrapped to [`super::WIDTH`] columns (a shell line continued with `\`,
+/// still runnable when pasted), then where every other node's command is: its launch
+/// script in the run directory, one line per node up to [`MAX_COMMAND_ROWS`] of them,
+/// else one line for all.
+pub fn commands_to_human(nodes: &[ShownCommand<'_>]) -> String {
+    let Some(first) = nodes.first() else {
+        return String::new();
+    };
+    let mut out = format!("  # node rank 0 ({})\n", first.host);
+    out.push_str(&wrap_shell(first.line, super::WIDTH, "  ", "      "));
+    let rest = &nodes[1..];
+    let same = "the same command with its own --node-rank and CUDA_VISIBLE_DEVICES";
+    if rest.len() <= MAX_COMMAND_ROWS {
+        for (i, n) in rest.iter().enumerate() {
+            let where_ = n
+                .script
+                .map_or(same.to_string(), |s| format!("{s} in the run directory"));
+            out.push_str(&super::wrap(
+                &format!("  # node rank {} ({}): {where_}\n", i + 1, n.host),
+                super::WIDTH,
+            ));
+        }
+    } else {
+        let scripts = match (
+            rest.first().and_then(|n| n.script),
+            rest.last().and_then(|n| n.script),
+        ) {
+            (Some(a), Some(b)) => format!(" ({a} to {b} in the run directory)"),
+            _ => String::new(),
+        };
+        out.push_str(&super::wrap(
+            &format!(
+                "  # node ranks 1-{} run the same command, each with its own --node-rank and CUDA_VISIBLE_DEVICES{scripts}\n",
+                rest.len(),
+            ),
+            super::WIDTH,
+        ));
+    }
+    out
+}
+
+/// Other nodes listed one per line up to this many.
+pub const MAX_COMMAND_ROWS: usize = 7;
+
+/// The words of a shell line as we quote them (`'...'` with `'\''` inside, bare words):
+/// split at spaces outside quotes, each word kept as written.
+fn shell_words(line: &str) -> Vec<&str> {
+    let mut words = Vec::new();
+    let mut start = None;
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, c) in line.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match c {
+            '\\' if !quoted => escaped = true,
+            '\'' => quoted = !quoted,
+            ' ' if !quoted => {
+                if let Some(s) = start.take() {
+                    words.push(&line[s..i]);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        if start.is_none() {
+            start = Some(i);
+        }
+    }
+    if let Some(s) = start {
+        words.push(&line[s..]);
+    }
+    words
+}
+
+/// A shell line broken between words into lines of `width` columns at most (a word longer
+/// than the room stays whole), each but the last ending in ` \`.
+fn wrap_shell(line: &str, width: usize, first: &str, next: &str) -> String {
+    // Room for the ` \` after each line but the last.
+    let mut out = super::fill(shell_words(line), width, first, next, 2).join(" \\\n");
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_lines_wrap_between_words_and_stay_runnable() {
+        let line = "cd '/w d' && A='x y' torchrun '--nnodes=2' 'it'\\''s' b\\ c";
+        assert_eq!(
+            shell_words(line),
+            [
+                "cd",
+                "'/w d'",
+                "&&",
+                "A='x y'",
+                "torchrun",
+                "'--nnodes=2'",
+                "'it'\\''s'",
+                "b\\ c"
+            ]
+        );
+        let wrapped = wrap_shell(line, 24, "  ", "    ");
+        assert_eq!(
+            wrapped,
+            "  cd '/w d' && A='x y' \\\n    torchrun \\\n    '--nnodes=2' \\\n    'it'\\''s' b\\ c\n"
+        );
+        assert!(wrapped.lines().all(|l| l.len() <= 24));
+    }
+
+    #[test]
+    fn other_nodes_are_named_not_repeated() {
+        let cmd = |i: usize| ShownCommand {
+            host: if i == 0 { "n0" } else { "nX" },
+            line: "torchrun x",
+            script: Some("launch.sh"),
+        };
+        let few: Vec<_> = (0..3).map(cmd).collect();
+        let shown = commands_to_human(&few);
+        assert_eq!(shown.lines().count(), 4, "{shown}");
+        let many: Vec<_> = (0..100).map(cmd).collect();
+        let shown = commands_to_human(&many);
+        assert!(shown.lines().count() <= 5, "{shown}");
+        assert!(shown.contains("node ranks 1-99"), "{shown}");
+    }
 }

@@ -3,9 +3,13 @@
 
 pub mod dry_run;
 pub mod estimate;
+pub mod pictures;
 pub mod plan;
 
 pub use dry_run::DryRunReport;
+
+/// The terminal width our text is laid out for.
+pub const WIDTH: usize = 80;
 
 /// `6738415616` → `6,738,415,616`: parameter counts are read by people.
 pub fn thousands(n: u64) -> String {
@@ -53,9 +57,134 @@ pub fn device_ranges(devices: &[u32]) -> String {
     parts.join(",")
 }
 
+/// Hosts in Slurm's hostlist form, runs of one prefix and numbered suffix of one width
+/// bracketed, in the order given: `n01 n02 n03 n07 m1` → `n[01-03,07],m1`.
+pub fn compress_hosts(hosts: &[String]) -> String {
+    // (prefix, width, numbers) per run of hosts that differ only in their number.
+    let mut runs: Vec<(&str, usize, Vec<u64>)> = Vec::new();
+    for host in hosts {
+        let digits = host.len() - host.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (prefix, number) = host.split_at(host.len() - digits);
+        let parsed = if digits > 0 && digits <= 18 {
+            number.parse::<u64>().ok()
+        } else {
+            None
+        };
+        match (parsed, runs.last_mut()) {
+            (Some(n), Some((p, w, numbers))) if *p == prefix && *w == digits => numbers.push(n),
+            (Some(n), _) => runs.push((prefix, digits, vec![n])),
+            (None, _) => runs.push((host.as_str(), 0, Vec::new())),
+        }
+    }
+    let parts: Vec<String> = runs
+        .into_iter()
+        .map(|(prefix, width, numbers)| {
+            if numbers.is_empty() {
+                return prefix.to_string();
+            }
+            let pad = |n: u64| format!("{n:0width$}");
+            if numbers.len() == 1 {
+                return format!("{prefix}{}", pad(numbers[0]));
+            }
+            let mut ranges: Vec<String> = Vec::new();
+            let mut i = 0;
+            while i < numbers.len() {
+                let mut j = i;
+                while j + 1 < numbers.len() && numbers[j + 1] == numbers[j] + 1 {
+                    j += 1;
+                }
+                ranges.push(if i == j {
+                    pad(numbers[i])
+                } else {
+                    format!("{}-{}", pad(numbers[i]), pad(numbers[j]))
+                });
+                i = j + 1;
+            }
+            format!("{prefix}[{}]", ranges.join(","))
+        })
+        .collect();
+    parts.join(",")
+}
+
+/// `text` with every line longer than `width` columns broken at spaces, the continuation
+/// indented four columns deeper than the line (a word longer than the room stays whole).
+pub fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (body, end) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        if body.chars().count() <= width {
+            out.push_str(line);
+            continue;
+        }
+        let indent = body.len() - body.trim_start_matches(' ').len();
+        let first = " ".repeat(indent);
+        let next = " ".repeat((indent + 4).min(width / 2));
+        let words = body.trim_start_matches(' ').split(' ');
+        out.push_str(&fill(words, width, &first, &next, 0).join("\n"));
+        out.push_str(end);
+    }
+    out
+}
+
+/// `words` laid into lines of `width` columns at most, `reserve` of them kept free at the
+/// end of every line but the last; the first line starts with `first`, the others with
+/// `next`. A word longer than the room gets a line of its own.
+pub(crate) fn fill<'a>(
+    words: impl IntoIterator<Item = &'a str>,
+    width: usize,
+    first: &str,
+    next: &str,
+    reserve: usize,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut current = first.to_string();
+    let mut fresh = true;
+    for word in words {
+        if !fresh && current.chars().count() + 1 + word.chars().count() + reserve > width {
+            lines.push(std::mem::replace(&mut current, next.to_string()));
+            fresh = true;
+        }
+        if !fresh {
+            current.push(' ');
+        }
+        current.push_str(word);
+        fresh = false;
+    }
+    lines.push(current);
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hosts_compress_as_slurm_writes_them() {
+        let h = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            compress_hosts(&h(&["n01", "n02", "n03", "n07", "m1", "login"])),
+            "n[01-03,07],m1,login"
+        );
+        assert_eq!(compress_hosts(&h(&["a9", "a10"])), "a9,a10");
+        assert_eq!(compress_hosts(&h(&["x"])), "x");
+        assert_eq!(compress_hosts(&[]), "");
+    }
+
+    #[test]
+    fn long_lines_wrap_under_their_indent() {
+        let text = "  one two three four five\nshort\n";
+        assert_eq!(
+            wrap(text, 12),
+            "  one two\n      three\n      four\n      five\nshort\n"
+        );
+        assert_eq!(
+            wrap("unbreakable-word-here x", 5),
+            "unbreakable-word-here\n  x"
+        );
+    }
 
     #[test]
     fn thousands_groups_digits() {

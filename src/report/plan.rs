@@ -1,6 +1,6 @@
 //! How a plan reads to people: the winner, why it wins, the runners-up, the mapping.
 
-use comfy_table::{presets::NOTHING, CellAlignment, Table};
+use comfy_table::{presets::NOTHING, CellAlignment, ContentArrangement, Table};
 
 use crate::config::Recompute;
 use crate::model::time::TimeEstimate;
@@ -77,7 +77,7 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
             .as_ref()
             .map(|o| format!("   runner-up {:>10.1} ms", o[i].1))
             .unwrap_or_default();
-        out.push_str(&format!("  {name:<40}{ms:>10.1} ms{versus}\n"));
+        out.push_str(&format!("  {name:<36}{ms:>10.1} ms{versus}\n"));
     }
     if let Some((config, r)) = runner_up {
         // The terms that differ most, either way: what the runner-up loses and gains.
@@ -119,9 +119,10 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
         "recompute",
         "sp",
         "dist-opt",
-        "peak GiB",
-        "default ms",
-        "mapped ms",
+        // Two-line headers keep the table within 80 columns.
+        "peak\nGiB",
+        "default\nms",
+        "mapped\nms",
     ];
     // On mixed GPUs configurations differ in their split too.
     let mixed = plan.heterogeneous.is_some();
@@ -172,7 +173,15 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
     let mut table = Table::new();
     table.load_preset(NOTHING);
     table.set_header(vec!["node rank", "host", "CUDA_VISIBLE_DEVICES"]);
-    for (rank, host) in plan.mapping.node_order.iter().enumerate() {
+    let nodes = plan.mapping.node_order.len();
+    // Many nodes: the first few rows, the rest summed up (every row is in plan.json and
+    // the launch scripts).
+    let shown = if nodes > MAX_MAPPING_ROWS {
+        MAPPING_ROWS_SHOWN
+    } else {
+        nodes
+    };
+    for (rank, host) in plan.mapping.node_order.iter().enumerate().take(shown) {
         let devices = plan
             .mapping
             .cuda_visible_devices
@@ -185,8 +194,24 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
         col.set_cell_alignment(CellAlignment::Right);
     }
     push_table(&mut out, &table);
-    out
+    if shown < nodes {
+        let reordered = plan
+            .mapping
+            .cuda_visible_devices
+            .values()
+            .filter(|d| d.windows(2).any(|w| w[0] > w[1]))
+            .count();
+        out.push_str(&format!(
+            "  ... node ranks {shown}-{} in plan.json and the launch scripts; {reordered} of {nodes} hosts see their GPUs reordered\n",
+            nodes - 1
+        ));
+    }
+    super::wrap(&out, super::WIDTH)
 }
+
+/// More nodes than this: the mapping table shows [`MAPPING_ROWS_SHOWN`] rows.
+const MAX_MAPPING_ROWS: usize = 16;
+const MAPPING_ROWS_SHOWN: usize = 8;
 
 /// The stages of a plan on mixed GPUs, and how the split compares with an even one.
 fn stages(h: &HeterogeneousPlan, iteration_ms: f64) -> String {
@@ -324,10 +349,34 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
+/// Appends `table` indented by one column, its cells wrapped so that it fits
+/// [`super::WIDTH`] columns.
 fn push_table(out: &mut String, table: &Table) {
+    let mut table = table.clone();
+    fit_table(&mut table);
     for line in table.lines() {
         out.push(' ');
         out.push_str(line.trim_end());
         out.push('\n');
     }
+}
+
+/// Lays `table` out to fit [`super::WIDTH`] columns once indented by one: its cells wrap
+/// (headers first) where the columns would not fit side by side.
+pub(super) fn fit_table(table: &mut Table) {
+    let room = super::WIDTH - 1;
+    // Two spaces between columns while they fit, else one; then wrap what still does not.
+    let natural: usize = table
+        .column_max_content_widths()
+        .iter()
+        .map(|w| usize::from(*w) + 2)
+        .sum();
+    if natural > room {
+        for column in table.column_iter_mut() {
+            column.set_padding((1, 0));
+        }
+    }
+    table
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_width(room as u16);
 }

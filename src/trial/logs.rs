@@ -100,19 +100,72 @@ pub fn iteration_ms(lines: &[IterationLine]) -> Option<f64> {
     })
 }
 
-/// Whether a failed worker's output says it ran out of memory: PyTorch's CUDA allocator
-/// (`torch.OutOfMemoryError: CUDA out of memory`), Python's `MemoryError`, or a CPU
-/// allocation that failed (`DefaultCPUAllocator: can't allocate memory`).
-pub fn ran_out_of_memory(output: &str) -> bool {
-    [
-        "CUDA out of memory",
-        "OutOfMemoryError",
-        "MemoryError",
-        "can't allocate memory",
-    ]
-    .iter()
-    .any(|s| output.contains(s))
+/// Whether the failing rank's error — its traceback's last line, `Type: message` — is
+/// running out of memory: PyTorch's CUDA allocator (`torch.OutOfMemoryError: CUDA out of
+/// memory`), Python's `MemoryError`, or a CPU allocation that failed
+/// (`DefaultCPUAllocator: can't allocate memory`). Only that line is judged: a script
+/// may print "CUDA out of memory" anywhere (a log line, a retry it survived) and then
+/// fail of something else.
+pub fn ran_out_of_memory(error: &str) -> bool {
+    let error = error.trim();
+    let kind = error.split(':').next().unwrap_or_default().trim();
+    kind.ends_with("OutOfMemoryError")
+        || kind.ends_with("MemoryError") && !kind.contains(' ')
+        || error.contains("CUDA out of memory")
+        || error.contains("can't allocate memory")
 }
+
+/// The failing rank's Python traceback as torchrun's failure report shows it: the
+/// `traceback :` field of its "Root Cause (first observed failure)" block, which holds the
+/// worker's error file (`TORCHELASTIC_ERROR_FILE`: written by torch's `@record`, or by the
+/// trial's hook). `None` when the report has no traceback (no error file: torchrun then
+/// points to its documentation instead, or the worker died of a signal).
+pub fn root_cause_traceback(output: &str) -> Option<Vec<String>> {
+    let start = output.rfind("Root Cause (first observed failure)")?;
+    let mut lines = output[start..].lines();
+    let first = lines.find_map(|l| {
+        l.trim_start()
+            .strip_prefix("traceback")
+            .and_then(|r| r.trim_start().strip_prefix(':'))
+    })?;
+    let first = first.trim();
+    if !first.starts_with("Traceback") {
+        return None;
+    }
+    let mut traceback = vec![first.to_string()];
+    // torchrun indents the traceback's other lines by two; its border ends the block.
+    for line in lines {
+        if line.starts_with("====") || line.starts_with("----") {
+            break;
+        }
+        traceback.push(line.strip_prefix("  ").unwrap_or(line).to_string());
+    }
+    while traceback.last().is_some_and(|l| l.trim().is_empty()) {
+        traceback.pop();
+    }
+    Some(traceback)
+}
+
+/// The last line of `output` that reads as a Python exception (`ValueError: ...`,
+/// `torch.OutOfMemoryError: ...`, `KeyboardInterrupt`) before torchrun's own report: the
+/// failing worker's error when torchrun's report carries no traceback.
+pub fn last_exception_line(output: &str) -> Option<String> {
+    let end = output
+        .find("torch.distributed.elastic.multiprocessing.errors.ChildFailedError")
+        .unwrap_or(output.len());
+    output[..end]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| EXCEPTION.is_match(l))
+        .map(str::to_string)
+}
+
+/// `ValueError: text`, `torch.OutOfMemoryError: text`, `MemoryError`, `KeyboardInterrupt`.
+static EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?::\s.*)?$")
+        .expect("a valid regex")
+});
 
 #[cfg(test)]
 mod tests {
@@ -199,5 +252,72 @@ mod tests {
         assert!(ran_out_of_memory("MemoryError"));
         assert!(ran_out_of_memory("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes."));
         assert!(!ran_out_of_memory("RuntimeError: Connection refused"));
+        // Only the error itself counts, not what the message talks about elsewhere.
+        assert!(!ran_out_of_memory("ValueError: bad warm-up"));
+        assert!(!ran_out_of_memory(
+            "AssertionError: expected no MemoryError here"
+        ));
+    }
+
+    // torchrun 2.x's failure report for a worker whose error file was written (format
+    // strings in torch/distributed/elastic/multiprocessing/errors/__init__.py).
+    const REPORT: &str = "\
+[rank1]: log: CUDA out of memory once, retried with a smaller bucket
+Traceback (most recent call last):
+  File \"/w/train.py\", line 9, in <module>
+ValueError: warm-up longer than the run
+E1124 11:00:00.000000 1 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1)
+Traceback (most recent call last):
+  File \"/venv/bin/torchrun\", line 8, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-24_11:00:00
+  host      : node-b
+  rank      : 1 (local_rank: 0)
+  exitcode  : 1 (pid: 42)
+  error_file: /tmp/torchelastic_x/none_y/attempt_0/0/error.json
+  traceback : Traceback (most recent call last):
+    File \"/w/train.py\", line 9, in <module>
+      raise ValueError(\"warm-up longer than the run\")
+  ValueError: warm-up longer than the run
+  
+============================================================
+";
+
+    #[test]
+    fn the_failing_ranks_traceback_is_read_from_torchruns_report() {
+        let tb = root_cause_traceback(REPORT).unwrap();
+        assert_eq!(tb.first().unwrap(), "Traceback (most recent call last):");
+        assert_eq!(
+            tb.last().unwrap(),
+            "ValueError: warm-up longer than the run"
+        );
+        assert_eq!(tb.len(), 4, "{tb:?}");
+        assert!(!ran_out_of_memory(tb.last().unwrap()));
+        // Without an error file torchrun points to its documentation: no traceback.
+        let bare = REPORT.replace(
+            &REPORT[REPORT.find("  traceback :").unwrap()..REPORT.rfind("====").unwrap()],
+            "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n",
+        );
+        assert_eq!(root_cause_traceback(&bare), None);
+        // Then the last exception line before torchrun's report stands in.
+        assert_eq!(
+            last_exception_line(&bare).as_deref(),
+            Some("ValueError: warm-up longer than the run")
+        );
+        let oom = REPORT.replace(
+            "  ValueError: warm-up longer than the run\n  \n",
+            "  torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+        );
+        assert!(ran_out_of_memory(
+            root_cause_traceback(&oom).unwrap().last().unwrap()
+        ));
     }
 }

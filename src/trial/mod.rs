@@ -56,6 +56,8 @@ pub const DEFAULT_ITERS: u64 = 5;
 const STAGING_PREFIX: &str = "pipette-trial";
 /// Lines of a failed node's output kept for the report.
 const TAIL_LINES: usize = 20;
+/// Lines of the failing rank's traceback kept for the report.
+const TRACEBACK_LINES: usize = 16;
 
 /// Megatron options the trial decides, each with a value. Left out, for a trial that is
 /// quick and has no side effects: `--save`/`--save-interval` (no checkpoint of a
@@ -187,18 +189,10 @@ pub enum TrialError {
     Stage { host: String, detail: String },
     #[error("the trial run cannot be rendered: {0}")]
     Launch(#[from] LaunchError),
-    #[error("the training script failed in the trial run on {host}{} with exit code {code}{}; nothing was launched (fix the script or its arguments; the trial ran: {command})\n{}", .rank.map(|r| format!(" (rank {r})")).unwrap_or_default(), if *.out_of_memory { ", out of memory" } else { "" }, indent(.tail))]
-    ScriptFailed {
-        host: String,
-        node_rank: usize,
-        /// The global rank torchrun named as the first failure, when it said.
-        rank: Option<u64>,
-        code: i32,
-        out_of_memory: bool,
-        /// The last lines of that node's output.
-        tail: String,
-        command: String,
-    },
+    #[error(transparent)]
+    ScriptFailed(Box<ScriptFailure>),
+    #[error("cannot write the trial's logs to {path}: {detail} (choose another --run-dir)")]
+    Logs { path: String, detail: String },
     #[error("the trial run did not finish within {} (stopped it on every node; allow more time with --trial-timeout, or lower --trial-iters; the trial ran: {command})\n{}", format_duration(*.limit), indent(.tail))]
     TimedOut {
         limit: Duration,
@@ -209,16 +203,30 @@ pub enum TrialError {
     NoResults { expected: usize, missing: usize },
 }
 
+/// A training script that failed in the trial: where, how, and its own last words.
+#[derive(Debug, thiserror::Error)]
+#[error("the training script failed in the trial run on {host}{} with exit code {code}{}{}; nothing was launched (fix the script or its arguments; every node's output is in {logs}; the trial ran: {command})\n{}", .rank.map(|r| format!(" (rank {r})")).unwrap_or_default(), if *.out_of_memory { ", out of memory" } else { "" }, .error.as_ref().map(|e| format!(": {e}")).unwrap_or_default(), indent(.tail))]
+pub struct ScriptFailure {
+    pub host: String,
+    pub node_rank: usize,
+    /// The global rank torchrun named as the first failure, when it said.
+    pub rank: Option<u64>,
+    pub code: i32,
+    /// The failing rank's error (its traceback's last line), when it was read.
+    pub error: Option<String>,
+    /// That error is running out of memory ([`logs::ran_out_of_memory`]).
+    pub out_of_memory: bool,
+    /// The last lines of the failing rank's traceback, else of that node's output.
+    pub tail: String,
+    /// The directory of the trial's logs, one file per node.
+    pub logs: String,
+    pub command: String,
+}
+
 impl TrialError {
     /// The trial ran out of memory: the configuration does not fit.
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(
-            self,
-            TrialError::ScriptFailed {
-                out_of_memory: true,
-                ..
-            }
-        )
+        matches!(self, TrialError::ScriptFailed(f) if f.out_of_memory)
     }
 }
 
@@ -316,8 +324,11 @@ pub fn run_trial(
     let (commands, lines, notes) = trial_commands(&job, request.plan, request.iters, &dirs)?;
     let shown = lines.join(" ; ");
 
+    let logs = NodeLogs::create(&template.run_dir, &hosts)?;
     let (tx, rx) = mpsc::channel::<Event>();
-    let sink = Arc::new(move |_host: &str, stream: Stream, line: &[u8]| {
+    let log_sink = logs.clone();
+    let sink = Arc::new(move |host: &str, stream: Stream, line: &[u8]| {
+        log_sink.write(host, line);
         let text = String::from_utf8_lossy(line);
         if let Some(json) = text.strip_prefix(RESULT_MARK) {
             let _ = tx.send(Event::Result(json.to_owned()));
@@ -402,15 +413,28 @@ pub fn run_trial(
                     Status::Signaled(s) => 128 + s,
                     Status::Exited(c) => c,
                 });
-            return Err(TrialError::ScriptFailed {
+            // The failing rank's own error: its traceback in torchrun's report (the
+            // hook wrote its error file), else the last exception the node printed.
+            let traceback = logs::root_cause_traceback(&text);
+            let error = traceback
+                .as_ref()
+                .and_then(|t| t.last().cloned())
+                .or_else(|| logs::last_exception_line(&text));
+            let tail = match &traceback {
+                Some(t) => t[t.len().saturating_sub(TRACEBACK_LINES)..].join("\n"),
+                None => tail_of(&outputs, node),
+            };
+            return Err(TrialError::ScriptFailed(Box::new(ScriptFailure {
                 host,
                 node_rank: node,
                 rank: cause.and_then(|(r, _)| r),
                 code,
-                out_of_memory: logs::ran_out_of_memory(&text),
-                tail: tail_of(&outputs, node),
+                out_of_memory: error.as_deref().is_some_and(logs::ran_out_of_memory),
+                error,
+                tail,
+                logs: logs.dir.display().to_string(),
                 command: shown,
-            });
+            })));
         }
         Err(JobError::TimedOut { limit, outputs }) => {
             return Err(TrialError::TimedOut {
@@ -445,6 +469,60 @@ pub fn run_trial(
         wall_s: started.elapsed().as_secs_f64(),
         notes,
     })
+}
+
+/// The trial's output kept per node under the run directory (`trial-logs/N/` for the
+/// run's N-th trial), one file per node as its lines arrive, both streams together as a
+/// terminal shows them: `node-<node rank>-<host>.log`.
+#[derive(Clone)]
+struct NodeLogs {
+    dir: std::path::PathBuf,
+    files: Arc<std::collections::HashMap<String, std::sync::Mutex<std::fs::File>>>,
+}
+
+impl NodeLogs {
+    fn create(run_dir: &std::path::Path, hosts: &[String]) -> Result<NodeLogs, TrialError> {
+        let fail = |path: &std::path::Path, e: std::io::Error| TrialError::Logs {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        };
+        let root = run_dir.join("trial-logs");
+        std::fs::create_dir_all(&root).map_err(|e| fail(&root, e))?;
+        // The first number not taken: each trial of a run keeps its own logs.
+        let mut n = 1;
+        let dir = loop {
+            let dir = root.join(n.to_string());
+            match std::fs::create_dir(&dir) {
+                Ok(()) => break dir,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 10_000 => n += 1,
+                Err(e) => return Err(fail(&dir, e)),
+            }
+        };
+        let mut files = std::collections::HashMap::new();
+        for (rank, host) in hosts.iter().enumerate() {
+            if files.contains_key(host) {
+                continue; // one file per host name: its lines cannot be told apart
+            }
+            let safe = crate::render::file_name_part(host);
+            let path = dir.join(format!("node-{rank}-{safe}.log"));
+            let file = std::fs::File::create(&path).map_err(|e| fail(&path, e))?;
+            files.insert(host.clone(), std::sync::Mutex::new(file));
+        }
+        Ok(NodeLogs {
+            dir,
+            files: Arc::new(files),
+        })
+    }
+
+    /// Appends `line` to `host`'s file; a failed write loses the line, never the trial.
+    fn write(&self, host: &str, line: &[u8]) {
+        use std::io::Write;
+        if let Some(file) = self.files.get(host) {
+            if let Ok(mut f) = file.lock() {
+                let _ = f.write_all(line).and_then(|()| f.write_all(b"\n"));
+            }
+        }
+    }
 }
 
 fn stage_error(e: StageError) -> TrialError {

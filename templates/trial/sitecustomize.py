@@ -15,6 +15,11 @@ torchrun sends when it stops its workers), one line on standard output:
   imports torch itself (it looks in `sys.modules` at exit), so it costs nothing else;
 - only the worker itself reports: processes it starts (data-loader workers) inherit a
   marker and stay quiet;
+- when the worker dies of an exception its script did not catch, and torchrun gave it an
+  error file (`TORCHELASTIC_ERROR_FILE`, which torchrun sets for every worker) that the
+  script's own `@record` did not write, it writes the file as torch's `@record` does
+  (`{"message": {"message": "Type: text", "extraInfo": {"py_callstack": ..., "timestamp":
+  ...}}}`), so torchrun's failure report carries the failing rank's traceback;
 - it never raises into the user's script;
 - it then imports any other `sitecustomize` later on `sys.path` (Debian ships one), as if
   this one were not there.
@@ -83,6 +88,36 @@ def _on_sigterm(signum, frame):
     os.kill(os.getpid(), signum)
 
 
+def _record_exception(kind, value, tb):
+    """Writes the worker's error file as torch.distributed.elastic's @record would."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path) or kind is None or issubclass(kind, SystemExit):
+        return
+    import json
+    import time
+    import traceback
+
+    data = {
+        "message": {
+            "message": f"{kind.__name__}: {value}",
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(kind, value, tb)),
+                "timestamp": str(int(time.time())),
+            },
+        }
+    }
+    with open(path, "w") as fp:
+        json.dump(data, fp)
+
+
+def _excepthook(kind, value, tb, _previous=sys.excepthook):
+    try:
+        _record_exception(kind, value, tb)
+    except Exception:
+        pass
+    _previous(kind, value, tb)
+
+
 def _install():
     if "LOCAL_RANK" not in os.environ:
         return  # torchrun itself, or a Python the run starts outside torchrun
@@ -93,6 +128,7 @@ def _install():
     import signal
 
     atexit.register(_report)
+    sys.excepthook = _excepthook
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, _on_sigterm)
 

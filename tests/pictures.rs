@@ -1,0 +1,310 @@
+//! The plan's pictures for every shipped example cluster: each SVG parsed and counted (a
+//! cell per GPU of the world, a block per micro-batch per stage and pass, a cell per node
+//! pair, a bar per stage), every text form within 80 columns, and the SVGs opened in a real
+//! headless Chromium whose screenshots must not be blank.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use pipette::cluster::profile::GpuInventory;
+use pipette::cluster::ClusterProfile;
+use pipette::config::{settings_from_megatron_args, Settings};
+use pipette::plan::{plan, Plan, PlanOptions};
+use pipette::report::pictures::{svg_files, Picture};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every example cluster, by file name.
+fn examples() -> Vec<(String, ClusterProfile)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("examples/clusters"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 8, "the example clusters are missing");
+    files
+        .into_iter()
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (
+                name,
+                ClusterProfile::load(&p).unwrap_or_else(|e| panic!("{e}")),
+            )
+        })
+        .collect()
+}
+
+/// GPT-3 1.3B pinned to tp 2 × pp 4 (so every picture has stages, tp groups and cuts),
+/// with the interleaved schedule's 2 chunks or without; fp16 where a GPU lacks bf16.
+fn settings(cluster: &ClusterProfile, interleaved: bool) -> Settings {
+    let bf16 = cluster.nodes.iter().all(|n| match &n.gpus {
+        GpuInventory::Known { gpus, .. } => gpus.iter().all(|g| g.peak_tflops.bf16.is_some()),
+        GpuInventory::Unknown => true,
+    });
+    let gpus: usize = cluster
+        .nodes
+        .iter()
+        .map(|n| match &n.gpus {
+            GpuInventory::Known { gpus, .. } => gpus.len(),
+            GpuInventory::Unknown => 0,
+        })
+        .sum();
+    let global_batch = (gpus / 8 * 32).max(64).to_string();
+    let args: Vec<String> = [
+        if bf16 { "--bf16" } else { "--fp16" },
+        "--global-batch-size",
+        &global_batch,
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut s = settings_from_megatron_args(&args, Some("gpt3-1.3b"), &[]).unwrap();
+    s.constraints.tensor_parallel = Some(2);
+    s.constraints.pipeline_parallel = Some(4);
+    s.constraints.virtual_pipeline = interleaved.then_some(2);
+    s
+}
+
+fn quick_plan(cluster: &ClusterProfile, interleaved: bool) -> Plan {
+    let mut options = PlanOptions {
+        budget: Some(2_000),
+        top_k: 1,
+        ..PlanOptions::default()
+    };
+    if !interleaved {
+        options.space.max_virtual_stages = 1;
+    }
+    plan(&settings(cluster, interleaved), cluster, &options).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A minimal XML reading of an SVG: every element's name and attributes, checking that
+/// tags nest and close and that attribute values are quoted.
+fn elements(svg: &str) -> Vec<(String, BTreeMap<String, String>)> {
+    let tag = regex::Regex::new(r#"<(/?)([A-Za-z?][\w:-]*)((?:\s+[\w:-]+="[^"<]*")*)\s*(/?)\??>"#)
+        .unwrap();
+    let attr = regex::Regex::new(r#"([\w:-]+)="([^"]*)""#).unwrap();
+    let mut open: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    let mut last = 0;
+    for c in tag.captures_iter(svg) {
+        let whole = c.get(0).unwrap();
+        // Between tags only text: no stray `<` or unescaped `&`.
+        let between = &svg[last..whole.start()];
+        assert!(!between.contains('<'), "a malformed tag near {between:?}");
+        for (i, _) in between.match_indices('&') {
+            let rest = &between[i..];
+            assert!(
+                ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"]
+                    .iter()
+                    .any(|e| rest.starts_with(e)),
+                "an unescaped & in {between:?}"
+            );
+        }
+        last = whole.end();
+        let name = c[2].to_string();
+        if name == "?xml" {
+            continue;
+        }
+        if &c[1] == "/" {
+            assert_eq!(
+                open.pop().as_deref(),
+                Some(name.as_str()),
+                "mismatched </{name}>"
+            );
+            continue;
+        }
+        let attrs = attr
+            .captures_iter(&c[3])
+            .map(|a| (a[1].to_string(), a[2].to_string()))
+            .collect();
+        if c[4].is_empty() {
+            open.push(name.clone());
+        }
+        out.push((name, attrs));
+    }
+    assert!(open.is_empty(), "unclosed elements: {open:?}");
+    assert!(svg[last..].trim().is_empty(), "text after the root element");
+    assert_eq!(out.first().map(|e| e.0.as_str()), Some("svg"));
+    out
+}
+
+fn count(elements: &[(String, BTreeMap<String, String>)], class: &str) -> usize {
+    elements
+        .iter()
+        .filter(|(_, a)| a.get("class").map(String::as_str) == Some(class))
+        .count()
+}
+
+fn nodes_used(plan: &Plan) -> usize {
+    let mut nodes: Vec<usize> = plan.placement.devices.iter().map(|d| d.node).collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes.len()
+}
+
+#[test]
+fn every_picture_of_every_example_cluster_shows_what_it_should() {
+    for (name, cluster) in examples() {
+        for interleaved in [false, true] {
+            let plan = quick_plan(&cluster, interleaved);
+            let c = &plan.config;
+            let at = format!(
+                "{name} (interleaved: {interleaved}, tp {} pp {} dp {})",
+                c.tp, c.pp, c.dp
+            );
+            assert_eq!(c.vpp.is_some(), interleaved, "{at}");
+            let files: BTreeMap<String, String> = svg_files(&plan, &cluster).into_iter().collect();
+            let world = c.world_size() as usize;
+
+            let map = elements(&files["rank-map.svg"]);
+            assert_eq!(
+                count(&map, "gpu"),
+                world,
+                "{at}: a cell per GPU of the world"
+            );
+            assert_eq!(
+                count(&map, "tp-group"),
+                world / 2,
+                "{at}: every tp group outlined"
+            );
+            assert_eq!(count(&map, "legend-stage"), 4, "{at}");
+
+            let time = elements(&files["timeline.svg"]);
+            let m = plan.estimate.time.microbatches as usize;
+            let chunks = c.vpp.unwrap_or(1) as usize;
+            assert!(m >= 1, "{at}");
+            for pass in ["fwd", "bwd"] {
+                assert_eq!(
+                    count(&time, pass),
+                    4 * m * chunks,
+                    "{at}: a {pass} block per micro-batch per stage (and chunk)"
+                );
+            }
+            assert_eq!(count(&time, "lane"), 4, "{at}");
+
+            let links = elements(&files["links.svg"]);
+            let n = nodes_used(&plan);
+            assert_eq!(
+                count(&links, "link"),
+                n * (n - 1),
+                "{at}: a cell per node pair"
+            );
+            assert_eq!(
+                count(&links, "cut"),
+                2 * 3,
+                "{at}: every pipeline cut drawn both ways"
+            );
+
+            let memory = elements(&files["memory.svg"]);
+            assert_eq!(count(&memory, "stage-bar"), 4, "{at}: a bar per stage");
+            for term in ["weights", "activations", "overhead"] {
+                assert_eq!(count(&memory, term), 4, "{at}: {term} on every stage");
+            }
+
+            for picture in Picture::ALL {
+                let text = picture.text(&plan, &cluster);
+                assert!(text.lines().count() >= 2, "{at}: {picture:?}\n{text}");
+                for line in text.lines() {
+                    assert!(
+                        line.chars().count() <= 80,
+                        "{at}: {picture:?} line over 80 columns:\n{line}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn host_names_are_escaped_in_every_picture() {
+    let text = std::fs::read_to_string(root().join("examples/clusters/a100-2x8.json")).unwrap();
+    let hostile = text.replace("a100-n00", "n<0>&'\\\"");
+    let cluster = ClusterProfile::from_json_str(&hostile, "hostile.json").unwrap();
+    let plan = quick_plan(&cluster, false);
+    for (file, svg) in svg_files(&plan, &cluster) {
+        elements(&svg);
+        if file == "rank-map.svg" || file == "links.svg" {
+            assert!(
+                svg.contains("n&lt;0&gt;&amp;&apos;&quot;"),
+                "{file} shows the host escaped"
+            );
+        }
+    }
+}
+
+/// The python that reads the screenshots: the test venv's, else the system's.
+fn python() -> String {
+    std::env::var("PIPETTE_MEGATRON_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+#[test]
+fn the_pictures_open_in_headless_chromium() {
+    let chromium = Path::new("/usr/bin/chromium");
+    assert!(
+        chromium.exists(),
+        "{} is missing: scripts/install-test-deps installs Debian's chromium (apt-get install -y chromium)",
+        chromium.display()
+    );
+    let (_, cluster) = examples()
+        .into_iter()
+        .find(|(n, _)| n == "a100-4x8-degraded.json")
+        .unwrap();
+    let plan = quick_plan(&cluster, true);
+    let dir = tempfile::tempdir().unwrap();
+    for (file, svg) in svg_files(&plan, &cluster) {
+        let path = dir.path().join(&file);
+        std::fs::write(&path, svg).unwrap();
+        let shot = dir.path().join(format!("{file}.png"));
+        let profile = tempfile::tempdir().unwrap();
+        let out = Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--window-size=1200,800",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(format!("--screenshot={}", shot.display()))
+            .arg(&path)
+            .output()
+            .expect("chromium runs");
+        assert!(
+            out.status.success() && shot.exists(),
+            "chromium could not render {file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let read = Command::new(python())
+            .arg(root().join("tests/helpers/png_colours.py"))
+            .arg(&shot)
+            .output()
+            .expect("python runs");
+        assert!(
+            read.status.success(),
+            "{}",
+            String::from_utf8_lossy(&read.stderr)
+        );
+        let words: Vec<f64> = String::from_utf8_lossy(&read.stdout)
+            .split_whitespace()
+            .map(|w| w.parse().unwrap())
+            .collect();
+        let (colours, drawn) = (words[2], words[3]);
+        assert!(
+            colours > 8.0 && drawn > 0.005,
+            "{file}: the screenshot is (nearly) blank: {colours} colours, {:.1} % not white",
+            drawn * 100.0
+        );
+    }
+}
