@@ -14,11 +14,21 @@ ignored (it marks the job's processes).
 
 import argparse
 import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+
+def say(line):
+    """Prints `line` in one write: the workers of a node share torchrun's stdout, and
+    print() writes a line's text and its newline separately when Python runs unbuffered
+    (PYTHONUNBUFFERED=1, as under most launchers), so two ranks' lines can interleave into
+    one ("... host node-addp: rank 1 ..."). One write of a short line to a pipe is atomic."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main():
@@ -32,11 +42,10 @@ def main():
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(
+    say(
         f"ddp: rank {rank} world {world} local_rank {os.environ['LOCAL_RANK']} "
         f"local_world {os.environ['LOCAL_WORLD_SIZE']} node_rank {os.environ['GROUP_RANK']} "
-        f"host {os.environ.get('PIPETTE_HOST', '-')}",
-        flush=True,
+        f"host {os.environ.get('PIPETTE_HOST', '-')}"
     )
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
@@ -53,10 +62,10 @@ def main():
         total = model.module.weight.detach().sum().clone()
         dist.all_reduce(total)
         if rank == 0:
-            print(f"ddp: step {step} world {world} loss {loss.item():.4f}", flush=True)
+            say(f"ddp: step {step} world {world} loss {loss.item():.4f}")
         time.sleep(args.step_seconds)
     dist.destroy_process_group()
-    print(f"ddp: rank {rank} done", flush=True)
+    say(f"ddp: rank {rank} done")
 
 
 if __name__ == "__main__":
