@@ -7,7 +7,8 @@ DistributedDataParallel, a few steps of SGD whose gradients DDP all-reduces.
 
 Every rank prints one line with what torchrun gave it (rank, world size, local rank,
 node rank), so a test can compare pipette-run's launch with torchrun's rule. Options
-for tests: --fail-rank R raises an exception on rank R after the first step;
+for tests: --fail-rank R raises an exception on rank R after the first step (the
+other ranks then wait to be stopped);
 --step-seconds S makes each step last S seconds (a long-running job); --tag WORD is
 ignored (it marks the job's processes).
 """
@@ -31,6 +32,18 @@ def say(line):
     sys.stdout.flush()
 
 
+def wait_to_be_stopped(rank, error):
+    """With --fail-rank, the other ranks wait to be stopped when they lose their peer, as
+    NCCL ranks do (they block until a watchdog or the launcher ends them) instead of
+    failing at once as gloo's do. Then the failing rank is the only one that ends by itself,
+    which a test can count on: torchrun's root cause is the failure with the smallest
+    time stamp in whole seconds, the lowest rank among equals, so a peer that failed in
+    the same second could take its place."""
+    say(f"ddp: rank {rank} lost a peer ({str(error).splitlines()[0][:80]}); waiting to be stopped")
+    while True:
+        time.sleep(60)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
@@ -52,15 +65,20 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(args.steps):
         x = torch.full((2, 4), float(rank + 1))
-        loss = model(x).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if rank == args.fail_rank:
-            raise RuntimeError(f"rank {rank} fails on purpose after step {step}")
-        # Every rank holds the same weights after DDP's all-reduce: their sum says so.
-        total = model.module.weight.detach().sum().clone()
-        dist.all_reduce(total)
+        try:
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if rank == args.fail_rank:
+                raise RuntimeError(f"rank {rank} fails on purpose after step {step}")
+            # Every rank holds the same weights after DDP's all-reduce: their sum says so.
+            total = model.module.weight.detach().sum().clone()
+            dist.all_reduce(total)
+        except RuntimeError as e:
+            if args.fail_rank < 0 or rank == args.fail_rank:
+                raise
+            wait_to_be_stopped(rank, e)
         if rank == 0:
             say(f"ddp: step {step} world {world} loss {loss.item():.4f}")
         time.sleep(args.step_seconds)
