@@ -372,6 +372,16 @@ pub(super) fn trial_and_replan(
     let command_timeout = Duration::from_secs(60);
     let hosts: Vec<String> = job.profile.nodes.iter().map(|n| n.host.clone()).collect();
     let staging = trial::TrialStaging::new(&job.template, &hosts, command_timeout)?;
+    // Every trial's request but its plan.
+    let base = trial::TrialRequest {
+        template: &job.template,
+        plan: &job.plan,
+        iters: config.trial.iters,
+        stop_when_stable: false,
+        timeout: config.trial.timeout,
+        command_timeout,
+        python: "python3",
+    };
     let (mut at, mut seen) = (Position::default(), Seen::Start);
     loop {
         let (step, next) = next_step(&policy, at, seen, plan.config.micro_batch);
@@ -392,13 +402,8 @@ pub(super) fn trial_and_replan(
                     tried.config.tp, tried.config.pp, tried.config.dp, mbs, config.trial.iters
                 );
                 let request = trial::TrialRequest {
-                    template: &job.template,
                     plan: &tried,
-                    iters: config.trial.iters,
-                    stop_when_stable: false,
-                    timeout: config.trial.timeout,
-                    command_timeout,
-                    python: "python3",
+                    ..base.clone()
                 };
                 match trial::run_trial(&request, &staging, &progress) {
                     Ok(m) => {
@@ -466,16 +471,15 @@ pub(super) fn trial_and_replan(
         return Ok((plan, report));
     }
     let run = choice::CandidateTrials {
-        template: &job.template,
+        trial: trial::TrialRequest {
+            plan: &plan,
+            ..base
+        },
         staging: &staging,
         settings,
         cluster: &job.profile,
         calibration: &options.calibration,
         time_options: options.time_options,
-        iters: config.trial.iters,
-        timeout: config.trial.timeout,
-        command_timeout,
-        python: "python3",
     };
     let chosen = choice::measured_choice(
         &run,

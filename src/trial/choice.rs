@@ -20,8 +20,6 @@
 //! Owns which candidates, their trials and the choice. Must not plan: the ranked list is
 //! the plan's, as the planner made it.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -30,7 +28,7 @@ use super::{
 use crate::cluster::ClusterProfile;
 use crate::config::Recompute;
 use crate::config::Settings;
-use crate::launch::{JobTemplate, LaunchError};
+use crate::launch::LaunchError;
 use crate::measure::Progress;
 use crate::model::memory::estimate_memory;
 use crate::model::time::{self, TimeError, TimeOptions, TimeRequest};
@@ -322,18 +320,15 @@ pub fn measured_choice(
 
 /// How the candidates' trials run.
 pub struct CandidateTrials<'a> {
-    pub template: &'a JobTemplate,
+    /// Each candidate's trial is this one on the candidate's plan, stopped once its median
+    /// is stable; `iters` is the most it runs, `timeout` is for each.
+    pub trial: TrialRequest<'a>,
     pub staging: &'a TrialStaging<'a>,
     pub settings: &'a Settings,
     pub cluster: &'a ClusterProfile,
     /// What their plans are estimated with (the plan's own).
     pub calibration: &'a Calibration,
     pub time_options: TimeOptions,
-    pub iters: u64,
-    /// For each candidate's trial.
-    pub timeout: Duration,
-    pub command_timeout: Duration,
-    pub python: &'a str,
 }
 
 /// Trials the candidates at `positions` of `plan.top` (see the module doc), adding every
@@ -385,7 +380,7 @@ pub fn trial_candidates(
         } else {
             say(format!(
                 "{head}: trial of at most {} iterations (stops once the median is stable)",
-                run.iters
+                run.trial.iters
             ));
             let tried = candidate_plan(
                 plan,
@@ -397,13 +392,9 @@ pub fn trial_candidates(
             )
             .map_err(|e| TrialError::Launch(LaunchError::Plan(e.into())))?;
             let request = TrialRequest {
-                template: run.template,
                 plan: &tried,
-                iters: run.iters,
                 stop_when_stable: true,
-                timeout: run.timeout,
-                command_timeout: run.command_timeout,
-                python: run.python,
+                ..run.trial.clone()
             };
             match run_trial(&request, run.staging, progress) {
                 Ok(m) => {
@@ -608,6 +599,59 @@ mod tests {
         let (i, why) = choose(&c);
         assert_eq!(i, 1);
         assert!(why.starts_with("no candidate"), "{why}");
+    }
+
+    #[test]
+    fn a_candidate_runs_on_the_mapping_the_planner_found_for_it() {
+        let gpu = |i: u32| {
+            serde_json::json!({"index": i, "name": "cpu", "memory_bytes": 8u64 << 30,
+                "peak_tflops": {"bf16": 0.5, "fp16": 0.5}, "provenance": {"source": "measured"}})
+        };
+        let links = |v: Vec<Vec<f64>>| serde_json::json!({"provenance": {"source": "measured"}, "gb_per_s": v});
+        let node = |host: &str| {
+            serde_json::json!({"host": host, "gpus": [gpu(0), gpu(1)],
+                "gpu_links": links(vec![vec![0.0, 5.0], vec![5.0, 0.0]])})
+        };
+        let profile = serde_json::json!({"schema": "pipette-cluster/1",
+            "nodes": [node("a"), node("b")],
+            "node_links": links(vec![vec![0.0, 2.0], vec![1.0, 0.0]])});
+        let cluster = ClusterProfile::from_json_str(&profile.to_string(), "test").unwrap();
+        let args: Vec<String> = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 \
+            --seq-length 32 --vocab-size 256 --global-batch-size 8"
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        let settings = crate::config::settings_from_megatron_args(&args, None, &[]).unwrap();
+        let options = crate::plan::PlanOptions::default();
+        let plan = crate::plan::plan(&settings, &cluster, &options).unwrap();
+        assert!(plan.top.len() > 1, "{:?}", plan.top);
+        let time = options.time_options;
+        let same = |p: usize| {
+            candidate_plan(&plan, p, &settings, &cluster, &options.calibration, time).unwrap()
+        };
+        assert_eq!(same(plan.ties.chosen), plan, "the pick is the plan itself");
+        for p in (0..plan.top.len()).filter(|&p| p != plan.ties.chosen) {
+            let other = same(p);
+            let ranked = &plan.top[p];
+            assert_eq!(other.config, ranked.config);
+            assert_eq!(other.placement, ranked.placement);
+            assert_eq!(other.mapping.state.placement(), ranked.placement);
+            let mut hosts = other.mapping.node_order.clone();
+            hosts.sort();
+            assert_eq!(hosts, ["a", "b"]);
+            assert_eq!(other.ties.chosen, p, "it names itself as the one that runs");
+            assert_eq!(
+                other.estimate.memory.peak_bytes,
+                other.estimate.peak_memory_bytes
+            );
+            let gap = (other.estimate.iteration_ms - ranked.mapped_ms).abs() / ranked.mapped_ms;
+            assert!(
+                gap < 0.01,
+                "{} against {}",
+                other.estimate.iteration_ms,
+                ranked.mapped_ms
+            );
+        }
     }
 
     #[test]
