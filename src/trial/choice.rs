@@ -367,9 +367,11 @@ pub fn trial_candidates(
             candidate.predicted_ms,
             if candidate.tie { " (a tie)" } else { "" }
         );
-        let earlier = trials.iter().rposition(|(m, p)| {
-            m.config == ranked.config && *p == ranked.placement && m.iteration_ms.is_some()
-        });
+        // Measured in the rounds already (with or without an iteration time: a script
+        // that prints none would print none again).
+        let earlier = trials
+            .iter()
+            .rposition(|(m, p)| m.config == ranked.config && *p == ranked.placement);
         if let Some(t) = earlier {
             candidate.trial = Some(t);
             candidate.measured_ms = trials[t].0.iteration_ms;
