@@ -118,6 +118,10 @@ impl Job {
                 "15s",
                 "--trial-iters",
                 "2",
+                // One trial: the script holds every trial until a signal comes, and the
+                // measured choice's further trials get none.
+                "--trial-top-k",
+                "1",
             ]);
         if phase != Phase::Profiling {
             let profile = d.join("cluster.json");

@@ -21,6 +21,7 @@ use crate::model::Calibration;
 use crate::plan::PlanOptions;
 use crate::render;
 use crate::supervise;
+use crate::trial::choice::TopK;
 
 /// Everything `pipette-run` (and `pipette calibrate`) was asked to do.
 #[derive(Debug, Clone)]
@@ -101,6 +102,8 @@ pub(super) struct TrialConfig {
     pub(super) timeout: Duration,
     /// `--trial-micro-batches`: the sizes of the first round (default: the plan's).
     pub(super) micro_batches: Option<Vec<u64>>,
+    /// `--trial-top-k`: the candidates of the measured choice.
+    pub(super) top_k: TopK,
 }
 
 /// What the launch renders with and how it reaches the nodes.
@@ -166,6 +169,10 @@ impl RunConfig {
                 iters: cli.trial.trial_iters,
                 timeout: cli.trial.trial_timeout,
                 micro_batches: cli.trial.trial_micro_batches.clone(),
+                top_k: cli
+                    .trial
+                    .trial_top_k
+                    .map_or(TopK::Ties, |k| TopK::Count(k as usize)),
             },
             launch: LaunchConfig {
                 run_dir: cli.launch.run_dir.clone(),

@@ -22,7 +22,7 @@ use crate::report::pictures;
 use crate::report::plan::plan_to_human;
 use crate::report::{wrap, WIDTH};
 use crate::supervise;
-use crate::trial;
+use crate::trial::{self, choice};
 
 /// What a dry run did, when it planned.
 pub(super) const PLANNED_NOT_LAUNCHED: &str =
@@ -88,7 +88,7 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
         let trial = if !config.trial.before_launch {
             None
         } else {
-            let (plan, report) = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS)?;
+            let (plan, report) = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS, true)?;
             job.plan = plan;
             if let launch::Planning::On(inputs) = &mut job.template.planning {
                 inputs.options.calibration = report.calibration.clone();
@@ -341,13 +341,16 @@ pub(super) fn job_template(
 
 /// Runs the trial rounds of the job's plan as [`crate::replan::trials`] decides (trial each
 /// `--trial-micro-batches` size, on running out of memory raise the overhead and re-plan,
-/// fit the calibration, re-plan, try a changed plan again; at most `rounds` rounds) and
-/// returns the plan to launch and the report. Only executes: every decision is
-/// [`next_step`]'s.
+/// fit the calibration, re-plan, try a changed plan again; at most `rounds` rounds), then,
+/// when `choose` and `--trial-top-k` asks for more than the plan's pick, the measured
+/// choice among the best plans ([`trial::choice`]), and returns the plan to launch and the
+/// report. Every trial shares one staging of the hook. Only executes: every decision is
+/// [`next_step`]'s or [`trial::choice`]'s.
 pub(super) fn trial_and_replan(
     config: &RunConfig,
     job: &Job,
     rounds: usize,
+    choose: bool,
 ) -> Result<(Plan, trial::TrialReport), Error> {
     let settings = &job.run.settings;
     let mut options = job
@@ -365,6 +368,19 @@ pub(super) fn trial_and_replan(
     let policy = Rounds {
         max: rounds,
         first_sizes: config.trial.micro_batches.as_deref(),
+    };
+    let command_timeout = Duration::from_secs(60);
+    let hosts: Vec<String> = job.profile.nodes.iter().map(|n| n.host.clone()).collect();
+    let staging = trial::TrialStaging::new(&job.template, &hosts, command_timeout)?;
+    // Every trial's request but its plan.
+    let base = trial::TrialRequest {
+        template: &job.template,
+        plan: &job.plan,
+        iters: config.trial.iters,
+        stop_when_stable: false,
+        timeout: config.trial.timeout,
+        command_timeout,
+        python: "python3",
     };
     let (mut at, mut seen) = (Position::default(), Seen::Start);
     loop {
@@ -386,14 +402,10 @@ pub(super) fn trial_and_replan(
                     tried.config.tp, tried.config.pp, tried.config.dp, mbs, config.trial.iters
                 );
                 let request = trial::TrialRequest {
-                    template: &job.template,
                     plan: &tried,
-                    iters: config.trial.iters,
-                    timeout: config.trial.timeout,
-                    command_timeout: Duration::from_secs(60),
-                    python: "python3",
+                    ..base.clone()
                 };
-                match trial::run_trial(&request, &progress) {
+                match trial::run_trial(&request, &staging, &progress) {
                     Ok(m) => {
                         trials.push((m, tried.placement.clone()));
                         Seen::Measured
@@ -455,7 +467,34 @@ pub(super) fn trial_and_replan(
         };
     }
     let report = report.ok_or_else(|| Error::Internal("no trial was measured".to_string()))?;
-    Ok((plan, report))
+    if !choose {
+        return Ok((plan, report));
+    }
+    let run = choice::CandidateTrials {
+        trial: trial::TrialRequest {
+            plan: &plan,
+            ..base
+        },
+        staging: &staging,
+        settings,
+        cluster: &job.profile,
+        calibration: &options.calibration,
+        time_options: options.time_options,
+    };
+    let chosen = choice::measured_choice(
+        &run,
+        &plan,
+        config.trial.top_k,
+        &mut trials,
+        &before,
+        &progress,
+        &mut |line| eprintln!("pipette-run: {line}"),
+    )
+    .map_err(|e| match e {
+        choice::ChoiceError::Trial(e) => Error::from(e),
+        choice::ChoiceError::Time(e) => Error::from(e),
+    })?;
+    Ok(chosen.unwrap_or((plan, report)))
 }
 
 /// `pipette calibrate`: the trial alone, its report written to `--out`.
@@ -469,7 +508,7 @@ pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(),
         return Ok(());
     }
     // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
-    let (_, report) = trial_and_replan(config, &job, 1)?;
+    let (_, report) = trial_and_replan(config, &job, 1, false)?;
     write_json(out, &report, "--out")?;
     if config.output.json {
         println!("{}", to_json(&report)?);

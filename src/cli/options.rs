@@ -148,6 +148,13 @@ pub struct TrialOptions {
         value_parser = positive::<u64>
     )]
     pub trial_micro_batches: Option<Vec<u64>>,
+
+    /// After the trial's memory check, trial the K best plans (short runs, the plan's pick
+    /// first) and launch the one measured fastest. Default: every plan the time model
+    /// cannot tell from the fastest within its stated error, at most 3; 1: the plan's pick
+    /// alone
+    #[arg(long = "trial-top-k", value_name = "K", allow_negative_numbers = true, value_parser = positive::<u32>)]
+    pub trial_top_k: Option<u32>,
 }
 
 /// Where the launch files go.

@@ -100,6 +100,34 @@ pub fn iteration_ms(lines: &[IterationLine]) -> Option<f64> {
     })
 }
 
+/// Iterations after the warm-up that a stable median needs at least.
+pub const STABLE_AFTER: usize = 3;
+/// A median is stable when the newest iteration moves it by at most this share.
+pub const STABLE_WITHIN: f64 = 0.02;
+
+/// Whether the time per iteration ([`iteration_ms`]) is settled: at least [`STABLE_AFTER`]
+/// iterations after the first, and the newest moved the median by at most
+/// [`STABLE_WITHIN`]. Lines of the same iteration (from several ranks) count once.
+pub fn median_is_stable(lines: &[IterationLine]) -> bool {
+    let mut by_iteration = std::collections::BTreeMap::new();
+    for l in lines {
+        by_iteration.entry(l.iteration).or_insert(*l);
+    }
+    let lines: Vec<IterationLine> = by_iteration.into_values().collect();
+    if lines.len() < STABLE_AFTER + 1 {
+        return false;
+    }
+    match (
+        iteration_ms(&lines),
+        iteration_ms(&lines[..lines.len() - 1]),
+    ) {
+        (Some(now), Some(before)) if before > 0.0 => {
+            ((now - before) / before).abs() <= STABLE_WITHIN
+        }
+        _ => false,
+    }
+}
+
 /// Whether the failing rank's error — its traceback's last line, `Type: message` — is
 /// running out of memory: PyTorch's CUDA allocator (`torch.OutOfMemoryError: CUDA out of
 /// memory`), Python's `MemoryError`, or a CPU allocation that failed
@@ -242,6 +270,30 @@ mod tests {
         assert_eq!(iteration_ms(&lines[..4]), Some(110.0));
         assert_eq!(iteration_ms(&lines[..1]), None);
         assert_eq!(iteration_ms(&[]), None);
+    }
+
+    #[test]
+    fn a_median_is_stable_after_a_few_steady_iterations() {
+        let lines = |ms: &[f64]| -> Vec<IterationLine> {
+            ms.iter()
+                .enumerate()
+                .map(|(i, &elapsed_ms)| IterationLine {
+                    iteration: i as u64 + 1,
+                    total: 10,
+                    elapsed_ms,
+                })
+                .collect()
+        };
+        // Warm-up and two more: too few.
+        assert!(!median_is_stable(&lines(&[900.0, 100.0, 100.0])));
+        // Three after the warm-up, the newest changing nothing.
+        assert!(median_is_stable(&lines(&[900.0, 100.0, 101.0, 100.5])));
+        // The newest moves the median by 5 %: not yet.
+        assert!(!median_is_stable(&lines(&[900.0, 100.0, 110.0, 100.0])));
+        // A line per rank counts once.
+        let mut twice = lines(&[900.0, 100.0, 110.0]);
+        twice.extend(lines(&[900.0, 100.0, 110.0]));
+        assert!(!median_is_stable(&twice));
     }
 
     #[test]

@@ -6,20 +6,23 @@
 //! - [`trial_args`] (pure): the user's arguments for a short, side-effect-free run; the
 //!   plan's parallel arguments are then written by the renderer exactly as for the launch
 //!   ([`JobTemplate::render`]), so the trial runs what the launch will run.
-//! - [`run_trial`]: stages `templates/trial/sitecustomize.py` on every node as a staged
-//!   job ([`crate::exec::staged`]), puts its directory first on `PYTHONPATH` so every
+//! - [`run_trial`]: with `templates/trial/sitecustomize.py` staged on every node once for
+//!   all the trials of a launch ([`TrialStaging`], [`crate::exec::staged`]), puts its
+//!   directory first on `PYTHONPATH` so every
 //!   worker reports its peak memory at exit without any change to the script, runs
 //!   torchrun on every node, reads the result lines, Megatron's iteration and memory lines
 //!   ([`logs`]), and stops every node when one fails, the time limit passes or a stop
-//!   signal arrives (its staging is removed whatever ends it); USR1/USR2 reach the script
-//!   as in the job ([`launch::signal_workers`]).
+//!   signal arrives (the staging is removed whatever ends the trials); USR1/USR2 reach the
+//!   script as in the job ([`launch::signal_workers`]).
 //! - [`calibrate`] (pure): fits the calibration to the trials ([`fit`]) and reports the
 //!   estimates before and after, and their errors.
+//! - [`choice`]: the measured choice among the best plans (`--trial-top-k`).
 //!
 //! Owns the trial's arguments, hook, log reading and fit. Must not plan (the caller
 //! re-plans with the fitted calibration, as [`crate::replan::trials`] decides) or launch
 //! the job.
 
+pub mod choice;
 pub mod fit;
 pub mod logs;
 
@@ -31,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
 use crate::exec::signals::ActSignals;
-use crate::exec::staged::{self, JobError, StageError, StagedFile};
+use crate::exec::staged::{self, JobError, StageError, StagedDirs, StagedFile};
 use crate::exec::{format_duration, ExecError, ExecOptions, NodeCommand, Status, Stream};
 use crate::launch::output_lines::torchrun_root_cause;
 use crate::launch::{self, JobTemplate, LaunchError};
@@ -126,6 +129,9 @@ pub struct TrialRequest<'a> {
     /// The plan whose configuration and mapping are tried.
     pub plan: &'a Plan,
     pub iters: u64,
+    /// Stop once the median iteration is stable ([`logs::median_is_stable`]) rather than
+    /// after `iters`: the short runs of the measured choice ([`choice`]).
+    pub stop_when_stable: bool,
     /// For the whole trial.
     pub timeout: Duration,
     /// For staging, the port query and cleanup.
@@ -178,6 +184,10 @@ pub struct TrialMeasurement {
     pub wall_s: f64,
     /// What the trial changed in the user's arguments.
     pub notes: Vec<String>,
+    /// The trial was stopped (TERM to its workers) once its median iteration was stable,
+    /// before its last iteration.
+    #[serde(default)]
+    pub stopped_early: bool,
 }
 
 /// Why a trial gave no measurement.
@@ -243,6 +253,21 @@ enum Event {
     Memory(MemoryLine),
 }
 
+impl Event {
+    /// What a line of a trial's output says, if anything.
+    fn of(stream: Stream, text: &str) -> Option<Event> {
+        if let Some(json) = text.strip_prefix(RESULT_MARK) {
+            Some(Event::Result(json.to_owned()))
+        } else if stream == Stream::Stdout {
+            logs::parse_iteration_line(text)
+                .map(Event::Iteration)
+                .or_else(|| logs::parse_memory_line(text).map(Event::Memory))
+        } else {
+            None
+        }
+    }
+}
+
 /// A trial's commands: (host, command) per node, each as one shell line, and what the
 /// trial changed in the user's arguments.
 pub type TrialCommands = (Vec<(String, NodeCommand)>, Vec<String>, Vec<String>);
@@ -290,27 +315,60 @@ pub fn trial_commands(
     Ok((commands, lines, notes))
 }
 
-/// Runs one trial (see the module doc).
+/// The hook staged once on every node, for every trial of a launch (the rounds and the
+/// candidates of the measured choice alike); its directories are removed when it is
+/// dropped, whatever ended the trials.
+pub struct TrialStaging<'a> {
+    dirs: StagedDirs<'a>,
+}
+
+/// The grace between TERM and KILL for the trial's commands.
+const GRACE: Duration = Duration::from_secs(5);
+
+impl<'a> TrialStaging<'a> {
+    /// Stages the hook on every one of `hosts` (each at most `command_timeout`).
+    pub fn new(
+        template: &'a JobTemplate,
+        hosts: &[String],
+        command_timeout: Duration,
+    ) -> Result<TrialStaging<'a>, TrialError> {
+        let file = StagedFile {
+            prefix: STAGING_PREFIX,
+            name: "sitecustomize.py",
+            contents: SITECUSTOMIZE.as_bytes(),
+        };
+        let dirs = staged::stage(&template.transport, hosts, &file, command_timeout, GRACE)
+            .map_err(stage_error)?;
+        Ok(TrialStaging { dirs })
+    }
+
+    /// The staged directory of each of `hosts`, in order.
+    fn dirs_of(&self, hosts: &[String]) -> Result<Vec<&str>, TrialError> {
+        hosts
+            .iter()
+            .map(|host| {
+                self.dirs
+                    .iter()
+                    .find(|(h, _)| h == host)
+                    .map(|(_, d)| d)
+                    .ok_or_else(|| TrialError::Stage {
+                        host: host.clone(),
+                        detail: "the trial's hook was not staged on this node".to_string(),
+                    })
+            })
+            .collect()
+    }
+}
+
+/// Runs one trial (see the module doc), with the hook of `staging`.
 pub fn run_trial(
     request: &TrialRequest<'_>,
+    staging: &TrialStaging<'_>,
     progress: &dyn Progress,
 ) -> Result<TrialMeasurement, TrialError> {
     let template = request.template;
     let hosts = request.plan.mapping.node_order.clone();
-    let file = StagedFile {
-        prefix: STAGING_PREFIX,
-        name: "sitecustomize.py",
-        contents: SITECUSTOMIZE.as_bytes(),
-    };
-    let grace = Duration::from_secs(5);
-    let staged = staged::stage(
-        &template.transport,
-        &hosts,
-        &file,
-        request.command_timeout,
-        grace,
-    )
-    .map_err(stage_error)?;
+    let grace = GRACE;
     let port = staged::free_port(
         &template.transport,
         &hosts[0],
@@ -320,7 +378,7 @@ pub fn run_trial(
     .map_err(stage_error)?;
     let mut job = template.clone();
     job.master_port = port;
-    let dirs: Vec<&str> = staged.iter().map(|(_, d)| d).collect();
+    let dirs = staging.dirs_of(&hosts)?;
     let (commands, lines, notes) = trial_commands(&job, request.plan, request.iters, &dirs)?;
     let shown = lines.join(" ; ");
 
@@ -329,15 +387,8 @@ pub fn run_trial(
     let log_sink = logs.clone();
     let sink = Arc::new(move |host: &str, stream: Stream, line: &[u8]| {
         log_sink.write(host, line);
-        let text = String::from_utf8_lossy(line);
-        if let Some(json) = text.strip_prefix(RESULT_MARK) {
-            let _ = tx.send(Event::Result(json.to_owned()));
-        } else if stream == Stream::Stdout {
-            if let Some(l) = logs::parse_iteration_line(&text) {
-                let _ = tx.send(Event::Iteration(l));
-            } else if let Some(m) = logs::parse_memory_line(&text) {
-                let _ = tx.send(Event::Memory(m));
-            }
+        if let Some(event) = Event::of(stream, &String::from_utf8_lossy(line)) {
+            let _ = tx.send(event);
         }
     });
     let options = ExecOptions {
@@ -353,6 +404,18 @@ pub fn run_trial(
     let started = std::time::Instant::now();
     // USR1/USR2 reach the script in the trial as in the job (see exec::signals).
     let mut acts = ActSignals::new();
+    let mut stopped_early = false;
+    let take = |event: Event,
+                results: &mut Vec<String>,
+                iterations: &mut Vec<IterationLine>,
+                memory_lines: &mut Vec<MemoryLine>| match event {
+        Event::Result(json) => results.push(json),
+        Event::Iteration(l) => {
+            progress.update(Phase::Trial, l.iteration.min(total));
+            iterations.push(l);
+        }
+        Event::Memory(m) => memory_lines.push(m),
+    };
     let outcome = staged::run_on_every_node(
         &template.transport,
         &commands,
@@ -372,17 +435,41 @@ pub fn run_trial(
                 }
             }
             for event in rx.try_iter() {
-                match event {
-                    Event::Result(json) => results.push(json),
-                    Event::Iteration(l) => {
-                        progress.update(Phase::Trial, l.iteration.min(total));
-                        iterations.push(l);
-                    }
-                    Event::Memory(m) => memory_lines.push(m),
+                take(event, &mut results, &mut iterations, &mut memory_lines);
+            }
+            if request.stop_when_stable && !stopped_early && logs::median_is_stable(&iterations) {
+                // TERM to the workers, as torchrun stops them: the hook reports each
+                // rank's peak on the way out; a script that handles TERM itself runs on
+                // to its last iteration, which is as good.
+                stopped_early = true;
+                for host in &hosts {
+                    let _ = launch::signal_workers(
+                        &template.transport,
+                        host,
+                        &template.run_id,
+                        nix::sys::signal::Signal::SIGTERM,
+                        request.command_timeout,
+                    );
                 }
             }
         },
     );
+    // What arrived after the last look; and, when the trial was stopped, what the nodes
+    // printed on the way out, which may not all have reached the sink.
+    for event in rx.try_iter() {
+        take(event, &mut results, &mut iterations, &mut memory_lines);
+    }
+    if let (true, Err(JobError::Failed { outputs, .. })) = (stopped_early, &outcome) {
+        for (out, err) in outputs {
+            for (stream, bytes) in [(Stream::Stdout, out), (Stream::Stderr, err)] {
+                for line in String::from_utf8_lossy(bytes).lines() {
+                    if let Some(event) = Event::of(stream, line) {
+                        take(event, &mut results, &mut iterations, &mut memory_lines);
+                    }
+                }
+            }
+        }
+    }
     progress.finish(Phase::Trial);
     let tail_of = |outputs: &[(Vec<u8>, Vec<u8>)], node: usize| {
         outputs
@@ -392,6 +479,8 @@ pub fn run_trial(
     };
     match outcome {
         Ok(_) => {}
+        // The end this trial asked for: the workers died of the TERM it sent.
+        Err(JobError::Failed { .. }) if stopped_early => {}
         Err(JobError::Exec(e)) => return Err(e.into()),
         Err(JobError::Failed {
             node,
@@ -468,6 +557,7 @@ pub fn run_trial(
         memory_lines,
         wall_s: started.elapsed().as_secs_f64(),
         notes,
+        stopped_early,
     })
 }
 
@@ -581,6 +671,9 @@ pub struct TrialReport {
     /// `compute_efficiency`), when an iteration time was measured.
     pub efficiency_field: Option<String>,
     pub notes: Vec<String>,
+    /// The measured choice among the best plans, when more than one was trialled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<choice::MeasuredChoice>,
 }
 
 /// One trial's measurement and the estimates of it.
@@ -808,6 +901,7 @@ pub fn calibrate(
         memory_fit,
         efficiency_field,
         notes,
+        choice: None,
     })
 }
 
@@ -852,18 +946,27 @@ impl TrialReport {
                 ));
             }
         }
+        if let Some(choice) = &self.choice {
+            out.push_str(&choice.to_human());
+        }
+        out.push_str(&self.calibration_line());
+        for note in &self.notes {
+            out.push_str(&format!("note: {note}\n"));
+        }
+        out
+    }
+
+    /// The fitted calibration, one line.
+    pub fn calibration_line(&self) -> String {
+        let mib = |b: f64| b / (1u64 << 20) as f64;
         let c = &self.calibration;
-        out.push_str(&format!(
+        format!(
             "calibration: activation factor {:.3}, overhead {:.0} MiB, compute efficiency {:.3} (measured TFLOPS) / {:.3} (datasheet)\n",
             c.activation_factor,
             mib(c.overhead_bytes as f64),
             c.measured_compute_efficiency,
             c.compute_efficiency
-        ));
-        for note in &self.notes {
-            out.push_str(&format!("note: {note}\n"));
-        }
-        out
+        )
     }
 }
 

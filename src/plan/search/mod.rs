@@ -64,10 +64,10 @@ pub use options::{
 };
 use rank::{by_cost, cost, stage_needs};
 pub use rank::{derive_seed, simpler};
-use report::{even_split, rank_mapping, stage_plans};
+use report::{even_split, stage_plans};
 pub use report::{
-    EvenSplit, HeterogeneousPlan, Plan, PlanEstimate, PlanStats, RankMapping, RankedConfig,
-    SearchSettings, StagePlan, Ties,
+    rank_mapping, EvenSplit, HeterogeneousPlan, Plan, PlanEstimate, PlanStats, RankMapping,
+    RankedConfig, SearchSettings, StagePlan, Ties,
 };
 
 /// Plans `settings` on `cluster` (see the module doc).

@@ -220,8 +220,9 @@ pub(super) fn even_split(
     })
 }
 
-/// Host names and device indices of a mapping.
-pub(super) fn rank_mapping(
+/// Host names and device indices of a mapping (also how the trial launches another of the
+/// ranked configurations on its own mapping).
+pub fn rank_mapping(
     cluster: &ClusterProfile,
     state: &MappingState,
     method: SearchMethod,
