@@ -11,8 +11,11 @@
 //! digest for a case made the same plan, figure for figure, which is how a speed-up shows
 //! that it changed nothing.
 //!
-//! Usage: `cargo run --release --example bench_plan [-- CASES...] [--repeat N] [--threads N]`
-//! where a case is its key: 16, 32, 64, 1024, 1024-mix, 8192, 16384.
+//! Usage: `cargo run --release --example bench_plan [-- CASES...] [--repeat N] [--threads N]
+//! [--budget N] [--top]` where a case is its key: 16, 32, 64, 1024, 1024-mix, 8192, 16384;
+//! `--budget` sets the annealing evaluations per mapped configuration (to see what a budget
+//! buys), `--top` lists every mapped configuration's default-order, searched and mapped
+//! estimates.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -158,7 +161,9 @@ fn digest(plan: &pipette::plan::Plan) -> String {
 }
 
 /// Plans `case` `repeat` times on `threads` threads (0: all) and prints a row per run.
-fn run_case(case: &Case, repeat: usize, threads: usize) {
+/// `budget`: annealing evaluations per mapped configuration (`None`: the planner's
+/// default); `top`: also list every mapped configuration (to stderr).
+fn run_case(case: &Case, repeat: usize, threads: usize, budget: Option<u64>, top: bool) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -167,7 +172,10 @@ fn run_case(case: &Case, repeat: usize, threads: usize) {
     assert_eq!(cluster.gpu_count(), Some(case.gpus));
     let args: Vec<String> = case.args.iter().map(|a| a.to_string()).collect();
     let settings = settings_from_megatron_args(&args, Some(case.model), &[]).unwrap();
-    let options = PlanOptions::default();
+    let options = PlanOptions {
+        budget,
+        ..PlanOptions::default()
+    };
     if std::env::var_os("PHASES").is_some() {
         let o = PlanOptions {
             mapping: pipette::plan::MappingMode::Identity,
@@ -220,6 +228,22 @@ fn run_case(case: &Case, repeat: usize, threads: usize) {
             result.estimate.iteration_ms,
             digest(&result),
         );
+        if top {
+            for t in &result.top {
+                eprintln!(
+                    "  tp{} pp{} dp{} mb{} v{}: ident {:.1} searched {:.1} mapped {:.1} evals {}",
+                    t.config.tp,
+                    t.config.pp,
+                    t.config.dp,
+                    t.config.micro_batch,
+                    t.config.vpp.unwrap_or(1),
+                    t.iteration_ms,
+                    t.searched_ms,
+                    t.mapped_ms,
+                    t.evaluations
+                );
+            }
+        }
     }
 }
 
@@ -228,6 +252,8 @@ fn main() {
     let mut repeat = 1;
     let mut threads = 0;
     let mut child = false;
+    let mut budget = None;
+    let mut top = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -243,6 +269,14 @@ fn main() {
                     .and_then(|n| n.parse().ok())
                     .expect("--repeat takes a number")
             }
+            "--budget" => {
+                budget = Some(
+                    args.next()
+                        .and_then(|n| n.parse().ok())
+                        .expect("--budget takes a number"),
+                )
+            }
+            "--top" => top = true,
             // One case in this process: what the parent runs for each case.
             "--one" => child = true,
             key => {
@@ -260,7 +294,7 @@ fn main() {
         .collect();
     if child {
         for case in selected {
-            run_case(case, repeat, threads);
+            run_case(case, repeat, threads, budget, top);
         }
         return;
     }
@@ -296,6 +330,12 @@ fn main() {
             .args(["--one", case.key])
             .args(["--repeat", &repeat.to_string()])
             .args(["--threads", &threads.to_string()])
+            .args(
+                budget
+                    .iter()
+                    .flat_map(|b| ["--budget".to_string(), b.to_string()]),
+            )
+            .args(top.then_some("--top"))
             .status()
             .expect("the benchmark runs itself for each case");
         if !status.success() {

@@ -21,20 +21,29 @@ use crate::plan::space::layer_splits;
 /// configuration's costs with `l` layers on every stage (of a model of `l × pp` layers, so
 /// that the time model accepts the split). A stage's need and slot depend only on its own
 /// layer count and position, so these tables answer for any split.
-pub(super) struct StageTables {
+///
+/// The costs are built when first asked for: a balancing and its refinement look at a few
+/// layer counts around the balanced split, and costing a configuration is most of what
+/// balancing the shapes of a large mixed cluster takes. Whether the time model accepts the
+/// shape does not depend on the layer count, so the first count's costs, built at once,
+/// answer for all of them.
+pub(super) struct StageTables<'a> {
     base: ParallelConfig,
     pub(super) most: u64,
     needs: Vec<Vec<u64>>,
-    costs: Vec<ConfigCosts>,
+    /// `Some` with costs: per count `l` at `l − 1`, the costs once built.
+    costs: Option<Vec<OnceCell<ConfigCosts>>>,
+    settings: &'a Settings,
+    options: &'a PlanOptions,
 }
 
-impl StageTables {
+impl<'a> StageTables<'a> {
     /// The tables of `base`'s shape; `with_costs: false` leaves the costs out (memory
     /// only). `None` when the time model refuses the shape.
     pub(super) fn new(
-        settings: &Settings,
+        settings: &'a Settings,
         base: &ParallelConfig,
-        options: &PlanOptions,
+        options: &'a PlanOptions,
         with_costs: bool,
     ) -> Option<Self> {
         let pp = base.pp as usize;
@@ -42,34 +51,59 @@ impl StageTables {
             .model
             .num_layers
             .checked_sub(base.pp.checked_sub(1)?)?;
-        let mut needs = Vec::with_capacity(most as usize);
-        let mut costs = Vec::with_capacity(most as usize);
-        for l in 1..=most {
-            let config = with_split(base, vec![l; pp]);
-            needs.push(stage_needs(settings, &config, &options.calibration));
-            if with_costs {
-                let model = ModelSpec {
-                    num_layers: l * base.pp,
-                    ..settings.model.clone()
-                };
-                costs.push(
-                    ConfigCosts::new(
-                        &model,
-                        &settings.training,
-                        &config,
-                        &options.calibration,
-                        &options.time_options,
-                    )
-                    .ok()?,
-                );
-            }
-        }
-        Some(StageTables {
+        let needs = (1..=most)
+            .map(|l| {
+                stage_needs(
+                    settings,
+                    &with_split(base, vec![l; pp]),
+                    &options.calibration,
+                )
+            })
+            .collect();
+        let mut tables = StageTables {
             base: base.clone(),
             most,
             needs,
-            costs,
-        })
+            costs: None,
+            settings,
+            options,
+        };
+        if with_costs && most >= 1 {
+            let first = OnceCell::new();
+            let _ = first.set(tables.build_costs(1)?);
+            let mut costs = vec![first];
+            costs.resize_with(most as usize, OnceCell::new);
+            tables.costs = Some(costs);
+        }
+        Some(tables)
+    }
+
+    /// The costs with `l` layers on every stage.
+    fn build_costs(&self, l: u64) -> Option<ConfigCosts> {
+        let pp = self.base.pp as usize;
+        let model = ModelSpec {
+            num_layers: l * self.base.pp,
+            ..self.settings.model.clone()
+        };
+        ConfigCosts::new(
+            &model,
+            &self.settings.training,
+            &with_split(&self.base, vec![l; pp]),
+            &self.options.calibration,
+            &self.options.time_options,
+        )
+        .ok()
+    }
+
+    /// The costs with `l` layers on every stage (`1 ≤ l ≤ most`), built when first asked
+    /// for; `None` without costs (or, which the first count's success rules out, when the
+    /// time model refuses the count).
+    fn costs(&self, l: u64) -> Option<&ConfigCosts> {
+        let cell = self.costs.as_ref()?.get(l.checked_sub(1)? as usize)?;
+        if cell.get().is_none() {
+            let _ = cell.set(self.build_costs(l)?);
+        }
+        cell.get()
     }
 
     /// Whether `l` layers on stage `s` fit in `usable[s]`.
@@ -99,7 +133,9 @@ struct StagePieces {
 /// bit what `ConfigCosts::new` of that split and `evaluate` give (a test checks it), without
 /// costing the configuration again or walking every rank.
 struct SplitCosts<'a> {
-    tables: &'a StageTables,
+    tables: &'a StageTables<'a>,
+    /// The costs with one layer a stage: what every count shares (shape, schedule).
+    first: &'a ConfigCosts,
     fabric: &'a ClusterFabric,
     devices: &'a [Device],
     /// The GPU kinds placed ([`placement_kinds`]).
@@ -114,11 +150,11 @@ struct SplitCosts<'a> {
 impl<'a> SplitCosts<'a> {
     /// `None` when the tables hold no costs.
     fn new(
-        tables: &'a StageTables,
+        tables: &'a StageTables<'a>,
         fabric: &'a ClusterFabric,
         devices: &'a [Device],
     ) -> Option<Self> {
-        let costs = tables.costs.first()?;
+        let costs = tables.costs(1)?;
         let (tp, dp, pp) = (costs.tp(), costs.dp(), costs.pp());
         let group = |d: usize, s: usize| {
             let at = tp * (d + dp * s);
@@ -140,6 +176,7 @@ impl<'a> SplitCosts<'a> {
         }
         Some(SplitCosts {
             tables,
+            first: costs,
             fabric,
             devices,
             kinds: placement_kinds(fabric, devices),
@@ -154,7 +191,18 @@ impl<'a> SplitCosts<'a> {
     /// Stage `s`'s pieces with `l` layers (`1 ≤ l ≤ most`).
     fn pieces(&self, s: usize, l: u64) -> &StagePieces {
         self.pieces[s * self.tables.most as usize + l as usize - 1].get_or_init(|| {
-            let costs = &self.tables.costs[l as usize - 1];
+            let Some(costs) = self.tables.costs(l) else {
+                // Not reached (the first count's costs vouch for every count): a count
+                // the time model refused would be one no split may take.
+                return StagePieces {
+                    slots: vec![f64::INFINITY; self.hop_sums.len()],
+                    sync: StageSync {
+                        grad_reduce_ms: f64::INFINITY,
+                        param_gather_ms: f64::INFINITY,
+                    },
+                    optimizer_ms: f64::INFINITY,
+                };
+            };
             let tp = costs.tp();
             let slots = (0..costs.dp())
                 .map(|d| {
@@ -182,7 +230,7 @@ impl<'a> SplitCosts<'a> {
     /// The iteration time of `split` (every count within the tables), as
     /// [`ConfigCosts::evaluate`] adds it up.
     fn cost(&self, split: &[u64]) -> f64 {
-        let costs = &self.tables.costs[0];
+        let costs = self.first;
         let stages: Vec<&StagePieces> = split
             .iter()
             .enumerate()

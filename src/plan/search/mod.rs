@@ -394,6 +394,19 @@ mod tests {
         assert_ne!(derive_seed(1, 0), derive_seed(2, 0));
     }
 
+    /// The budget grows with the GPUs up to 128 of them, then stays: larger clusters would
+    /// otherwise spend seconds annealing for hundredths of a percent (see
+    /// [`default_budget`]).
+    #[test]
+    fn the_default_budget_is_capped() {
+        assert_eq!(default_budget(16), 50_000);
+        assert_eq!(default_budget(64), 64_000);
+        assert_eq!(default_budget(128), 128_000);
+        assert_eq!(default_budget(1024), 128_000);
+        assert_eq!(default_budget(16_384), 128_000);
+        assert_eq!(default_budget(usize::MAX), 128_000);
+    }
+
     #[test]
     fn headroom_in_bytes() {
         assert_eq!(MemoryHeadroom::Fraction(0.05).bytes(100), 5);
