@@ -92,8 +92,8 @@ pub struct PlanningOptions {
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_mapping)]
     pub mapping: MappingMode,
 
-    /// Annealing evaluations per mapped configuration (default: 400 per GPU, between
-    /// 20,000 and 1,000,000)
+    /// Annealing evaluations per mapped configuration (default: 1,000 per GPU, between
+    /// 50,000 and 128,000; 20,000 with --time-model pipette-compat)
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole::<u64>)]
     pub budget: Option<u64>,
 
