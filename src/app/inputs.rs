@@ -65,6 +65,7 @@ pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Er
         constraints: settings.constraints.clone(),
         torchrun_passthrough: config.launch.torchrun_passthrough.clone(),
         plan: None,
+        yours: None,
         launch: None,
         run_dir: None,
         status: NO_PROFILE_YET.to_string(),

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::config::RunConfig;
+use super::decided;
 use super::inputs::{gather_inputs, Run, NO_PROFILE_YET};
 use super::{indent_lines, local_time, to_json, unix_seconds, write_json};
 use crate::cluster::{Allocation, ClusterProfile};
@@ -19,9 +20,10 @@ use crate::render;
 use crate::replan::trials::{next_step, Position, Rounds, Seen, Step, MAX_TRIAL_ROUNDS};
 use crate::report::dry_run::{commands_to_human, ShownCommand};
 use crate::report::pictures;
-use crate::report::plan::plan_to_human;
+use crate::report::plan::{describe, plan_summary, plan_to_human, YoursReport};
 use crate::report::{wrap, WIDTH};
 use crate::supervise;
+use crate::supervise::reporter::config_changes;
 use crate::trial;
 
 /// What a dry run did, when it planned.
@@ -41,6 +43,10 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
                 "{}",
                 plan_to_human(plan, run.runner_up.as_ref().map(|(c, t)| (c, t)))
             );
+            if let Some(yours) = &run.report.yours {
+                println!("\nYours: the configuration your arguments give, costed alike");
+                print!("{}", wrap(&yours.to_human(), WIDTH));
+            }
         }
         if let Some(launch) = &run.report.launch {
             println!("\nCommands, one per node, exactly as they would run:");
@@ -96,11 +102,18 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             Some(report)
         };
         stage.during = "the launch's preparation";
+        let options = job
+            .template
+            .planning
+            .inputs()
+            .map(|i| i.options.clone())
+            .ok_or_else(|| Error::Internal("a launch that is not planned".to_string()))?;
+        let (plan, settings, _yours) = decided_plan(config, &job, job.plan.clone(), &options)?;
+        if let launch::Planning::On(inputs) = &mut job.template.planning {
+            inputs.settings = settings;
+        }
         let Job {
-            template,
-            profile,
-            plan,
-            ..
+            template, profile, ..
         } = job;
         let layout = launch::Layout::Planned {
             plan: Box::new(plan),
@@ -259,6 +272,9 @@ pub(super) struct Job {
     pub(super) profile: ClusterProfile,
     pub(super) plan: Plan,
     pub(super) template: launch::JobTemplate,
+    /// The settings as read, before `--pin yours` (`run.settings` has the user's
+    /// configuration pinned when it kept it).
+    pub(super) free: Settings,
 }
 
 /// Discovers and profiles (or reads --cluster), plans, and builds the job template.
@@ -269,16 +285,60 @@ pub(super) fn prepare_job(config: &RunConfig) -> Result<Job, Error> {
             "no profile after profiling the nodes".to_string(),
         ));
     };
+    let mut run = run;
     let options = config.planning.plan_options(&run.settings)?;
-    let plan = plan::plan(&run.settings, &profile, &options)?;
+    let free = run.settings.clone();
+    let decision = decided::decide(
+        &free,
+        &config.script.args,
+        &profile,
+        &options,
+        decided::pin_yours(config.settings.pin.as_deref())?,
+        None,
+    )?;
+    run.settings = decision.settings;
     let template = job_template(config, planning_on(&run.settings, options), &run.allocation)?;
     Ok(Job {
         run,
         profile,
-        plan,
+        plan: decision.plan,
         template,
+        free,
     })
 }
+
+/// The plan report every launch logs (see [`plan_summary`]), with the user's
+/// configuration costed under the final calibration (and `--pin yours` decided again
+/// with it): returns the plan to launch, the settings it was made with, and the report.
+fn decided_plan(
+    config: &RunConfig,
+    job: &Job,
+    plan: Plan,
+    options: &PlanOptions,
+) -> Result<(Plan, Settings, Option<YoursReport>), Error> {
+    // The plan is ours, free of `--pin yours`, unless that pin kept the user's.
+    let free_plan = (job.run.settings == job.free).then_some(plan);
+    let decision = decided::decide(
+        &job.free,
+        &config.script.args,
+        &job.profile,
+        options,
+        decided::pin_yours(config.settings.pin.as_deref())?,
+        free_plan,
+    )?;
+    let runner_up = runner_up(&decision.plan, &decision.settings, &job.profile, options);
+    let report = plan_summary(
+        &decision.plan,
+        runner_up.as_ref().map(|(c, t)| (c, t)),
+        decision.yours.as_ref(),
+        WIDTH - LOG_PREFIX.len(),
+    );
+    eprint!("{}", indent_lines(&report, LOG_PREFIX));
+    Ok((decision.plan, decision.settings, decision.yours))
+}
+
+/// What starts pipette-run's own lines on stderr.
+const LOG_PREFIX: &str = "pipette-run: ";
 
 /// A planned job's planning: the settings and the planner's options.
 pub(super) fn planning_on(settings: &Settings, options: PlanOptions) -> launch::Planning {
@@ -428,18 +488,22 @@ pub(super) fn trial_and_replan(
                 eprint!("{}", indent_lines(&fitted.to_human(), "pipette-run: "));
                 report = Some(fitted);
                 let replanned = plan::plan(settings, &job.profile, &options)?;
-                let changed = replanned.config != plan.config;
+                let changes = config_changes(&plan.config, &replanned.config);
+                let changed = !changes.is_empty();
                 if changed {
-                    eprintln!(
-                        "pipette-run: re-planned with the calibrated estimates: tp {} pp {} dp {} micro-batch {} (was tp {} pp {} dp {} micro-batch {})",
-                        replanned.config.tp,
-                        replanned.config.pp,
-                        replanned.config.dp,
-                        replanned.config.micro_batch,
-                        plan.config.tp,
-                        plan.config.pp,
-                        plan.config.dp,
-                        plan.config.micro_batch
+                    eprint!(
+                        "{}",
+                        indent_lines(
+                            &wrap(
+                                &format!(
+                                    "re-planned with the calibrated estimates: {} (now {})\n",
+                                    changes.join(", "),
+                                    describe(&replanned.config)
+                                ),
+                                WIDTH - LOG_PREFIX.len()
+                            ),
+                            LOG_PREFIX
+                        )
                     );
                 }
                 plan = replanned;
@@ -517,7 +581,17 @@ pub(super) fn plan_and_render(config: &RunConfig, run: &mut Run) -> Result<(), E
         return Ok(());
     };
     let options = config.planning.plan_options(&run.settings)?;
-    let plan = plan::plan(&run.settings, profile, &options)?;
+    let decision = decided::decide(
+        &run.settings,
+        &config.script.args,
+        profile,
+        &options,
+        decided::pin_yours(config.settings.pin.as_deref())?,
+        None,
+    )?;
+    let plan = decision.plan;
+    run.settings = decision.settings;
+    run.report.yours = decision.yours;
     run.runner_up = runner_up(&plan, &run.settings, profile, &options);
     // The same template the launch renders with, so the preview is what would run.
     let mut template = job_template(config, planning_on(&run.settings, options), &run.allocation)?;

@@ -17,6 +17,7 @@
 
 mod config;
 mod copies;
+mod decided;
 mod inputs;
 mod job;
 mod node_env;

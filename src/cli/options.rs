@@ -77,8 +77,10 @@ pub struct ModelOptions {
 
     /// Parallel settings the planner must keep, comma-separated: tp, pp, mbs, vpp, sp,
     /// recompute, dist-opt take their value from the Megatron arguments; NAME=VALUE
-    /// fixes a value (e.g. tp=4, dp=8); `all` pins everything the arguments give.
-    /// Without --pin, parallel sizes in the script's arguments are only replaced
+    /// fixes a value (e.g. tp=4, dp=8); `all` pins everything the arguments give;
+    /// `yours` keeps the arguments' configuration unless the plan is faster by more than
+    /// the time model's stated error. Without --pin, parallel sizes in the script's
+    /// arguments are costed beside the plan and replaced
     #[arg(long, env = "PIPETTE_PIN", value_name = "LIST")]
     pub pin: Option<String>,
 }

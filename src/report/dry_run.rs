@@ -26,6 +26,9 @@ pub struct DryRunReport {
     pub torchrun_passthrough: Vec<String>,
     /// The plan; `null` without a cluster profile to plan with.
     pub plan: Option<serde_json::Value>,
+    /// The configuration the script's arguments give, costed beside the plan; `null`
+    /// when they set no parallel setting (or there is no plan).
+    pub yours: Option<super::plan::YoursReport>,
     /// What runs on every node, and the files of the run directory.
     pub launch: Option<crate::render::LaunchSpec>,
     /// Where the launch scripts, plan and summary were written.

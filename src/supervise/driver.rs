@@ -372,12 +372,19 @@ impl Driver<'_> {
             .map_err(|e| Stop::PrepareFailed(e.to_string()))?;
         let (from, to) = (attempt.layout.config(), next.layout.config());
         let world_sizes = (attempt.spec.world_size, next.spec.world_size);
+        let mapping_changed = match (&attempt.layout, &next.layout) {
+            (Layout::Planned { plan: a, .. }, Layout::Planned { plan: b, .. }) => {
+                a.mapping.node_order != b.mapping.node_order
+                    || a.mapping.cuda_visible_devices != b.mapping.cuda_visible_devices
+            }
+            _ => false,
+        };
         let text = match (from, to) {
             (Some(from), Some(to)) => replan_text(
                 survivors.len(),
                 &left_out,
-                from,
-                to,
+                (from, to),
+                mapping_changed,
                 kept_tp_pp,
                 resume.as_ref(),
             ),
@@ -391,6 +398,7 @@ impl Driver<'_> {
             to: to.cloned(),
             world_sizes,
             kept_tp_pp,
+            mapping_changed,
             resharded,
             resume,
             notes: notes.iter().chain(&next.spec.notes).cloned().collect(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::decide::{Ending, Stop};
 use super::events::Event;
 use super::output::Echo;
+use crate::config::Recompute;
 use crate::exec::format_duration;
 use crate::launch::Resume;
 use crate::model::parallel::ParallelConfig;
@@ -99,13 +100,21 @@ impl Reporter {
                 to,
                 world_sizes,
                 kept_tp_pp,
+                mapping_changed,
                 resume,
                 notes,
                 ..
             } => std::iter::once(match (from, to) {
                 (Some(from), Some(to)) => format!(
                     "re-planned: {}",
-                    replan_text(nodes.len(), left_out, from, to, *kept_tp_pp, resume.as_ref())
+                    replan_text(
+                        nodes.len(),
+                        left_out,
+                        (from, to),
+                        *mapping_changed,
+                        *kept_tp_pp,
+                        resume.as_ref()
+                    )
                 ),
                 _ => format!(
                     "relaunched: {}",
@@ -165,27 +174,40 @@ fn left_out_text(left_out: &[String]) -> String {
     }
 }
 
-/// What a re-plan decided, in words: for the `re-planned:` line and the summary.
+/// What a re-plan decided, in words: for the `re-planned:` line and the summary. Says
+/// exactly what changed: the GPUs, each configuration field that differs, or that the
+/// configuration stayed the same (`mapping_changed`: whether the ranks sit elsewhere).
 pub fn replan_text(
     survivors: usize,
     left_out: &[String],
-    from: &ParallelConfig,
-    to: &ParallelConfig,
+    (from, to): (&ParallelConfig, &ParallelConfig),
+    mapping_changed: bool,
     kept_tp_pp: bool,
     resume: Option<&Resume>,
 ) -> String {
+    let mut changes = config_changes(from, to);
+    let (before, after) = (from.world_size(), to.world_size());
+    if before != after {
+        changes.insert(0, format!("{before} → {after} GPUs"));
+    }
+    let what = if config_changes(from, to).is_empty() {
+        let same = if mapping_changed {
+            "same configuration, new mapping"
+        } else {
+            "same configuration and mapping"
+        };
+        match changes.first() {
+            Some(gpus) => format!("{gpus}, {same}"),
+            None => same.to_string(),
+        }
+    } else {
+        changes.join(", ")
+    };
     format!(
-        "{survivors} node(s) left{}; tp={} pp={} dp={} → tp={} pp={} dp={} micro-batch {}{}{}",
+        "{survivors} node(s) left{}; {what}{}{}",
         left_out_text(left_out),
-        from.tp,
-        from.pp,
-        from.dp,
-        to.tp,
-        to.pp,
-        to.dp,
-        to.micro_batch,
         if kept_tp_pp {
-            ", tp × pp kept: the checkpoint loads as it is"
+            "; tp × pp kept: the checkpoint loads as it is"
         } else {
             ""
         },
@@ -200,6 +222,62 @@ pub fn replan_text(
             None => "; no checkpoint to resume: starting again".to_string(),
         }
     )
+}
+
+/// Every field of the configuration that differs between `from` and `to`, as
+/// `dp 3 → 2`, in the order the plan report names them; empty when they are the same.
+pub fn config_changes(from: &ParallelConfig, to: &ParallelConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut field = |name: &str, a: String, b: String| {
+        if a != b {
+            out.push(format!("{name} {a} → {b}"));
+        }
+    };
+    field("tp", from.tp.to_string(), to.tp.to_string());
+    field("pp", from.pp.to_string(), to.pp.to_string());
+    field("dp", from.dp.to_string(), to.dp.to_string());
+    field(
+        "micro-batch",
+        from.micro_batch.to_string(),
+        to.micro_batch.to_string(),
+    );
+    let vpp = |c: &ParallelConfig| c.vpp.map_or("none".to_string(), |v| v.to_string());
+    field("virtual stages", vpp(from), vpp(to));
+    let recompute = |c: &ParallelConfig| {
+        match c.recompute {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full { .. } => "full",
+        }
+        .to_string()
+    };
+    field("recompute", recompute(from), recompute(to));
+    let on = |b: bool| if b { "on" } else { "off" }.to_string();
+    field(
+        "sequence parallel",
+        on(from.sequence_parallel),
+        on(to.sequence_parallel),
+    );
+    field(
+        "distributed optimizer",
+        on(from.distributed_optimizer),
+        on(to.distributed_optimizer),
+    );
+    let split = |c: &ParallelConfig| {
+        c.layers_per_stage
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    // The split follows pp; said only when it changes by itself.
+    if from.pp == to.pp {
+        field("layers per stage", split(from), split(to));
+    }
+    if from.recompute != to.recompute && recompute(from) == recompute(to) {
+        out.push("recompute's method or layers changed".to_string());
+    }
+    out
 }
 
 #[cfg(test)]
@@ -248,6 +326,7 @@ mod tests {
             to: Some(to.clone()),
             world_sizes: (6, 4),
             kept_tp_pp: true,
+            mapping_changed: true,
             resharded: false,
             resume: Some(Resume {
                 dir: "ck".into(),
@@ -258,15 +337,39 @@ mod tests {
         assert_eq!(
             reporter().event_lines(&event),
             [
-                format!(
-                    "re-planned: 2 node(s) left (left out node-b); tp={} pp={} dp=3 → tp={} pp={} dp=2 micro-batch {}, tp × pp kept: the checkpoint loads as it is; resuming from ck (iteration 8)",
-                    from.tp, from.pp, to.tp, to.pp, to.micro_batch
-                ),
+                "re-planned: 2 node(s) left (left out node-b); 6 → 4 GPUs, dp 3 → 2; tp × pp kept: the checkpoint loads as it is; resuming from ck (iteration 8)".to_string(),
                 "  a note".to_string(),
             ]
         );
-        assert!(replan_text(2, &[], &from, &to, false, None)
-            .ends_with("dp=2 micro-batch 1; no checkpoint to resume: starting again"));
+        assert!(replan_text(2, &[], (&from, &to), true, false, None)
+            .ends_with("dp 3 → 2; no checkpoint to resume: starting again"));
+    }
+
+    #[test]
+    fn a_replan_never_shows_the_same_configuration_twice() {
+        let from = ParallelConfig::even(4, 1, 1, 4, 1);
+        let mut to = from.clone();
+        assert_eq!(
+            replan_text(4, &[], (&from, &to), true, false, None),
+            "4 node(s) left (none left out); same configuration, new mapping; no checkpoint to resume: starting again"
+        );
+        to.micro_batch = 2;
+        to.vpp = Some(2);
+        to.recompute = Recompute::Selective;
+        assert_eq!(
+            config_changes(&from, &to),
+            [
+                "micro-batch 1 → 2",
+                "virtual stages none → 2",
+                "recompute none → selective"
+            ]
+        );
+        let mut fewer = ParallelConfig::even(4, 1, 2, 2, 1);
+        fewer.layers_per_stage = vec![1, 3];
+        assert_eq!(
+            config_changes(&ParallelConfig::even(4, 1, 2, 2, 1), &fewer),
+            ["layers per stage 2,2 → 1,3"]
+        );
     }
 
     #[test]
