@@ -1,24 +1,27 @@
 //! `pipette-run`: the dry run (plan and render, launch nothing) and the launch (profile,
 //! plan, trial and re-plan, launch, supervise); `pipette calibrate` (the trial alone).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::config::RunConfig;
 use super::decided;
 use super::inputs::{gather_inputs, Run, NO_PROFILE_YET};
 use super::{indent_lines, local_time, to_json, unix_seconds, write_json};
+use crate::cluster::profile::Dtype;
 use crate::cluster::{Allocation, ClusterProfile};
-use crate::config::Settings;
+use crate::config::{Precision, Settings};
 use crate::error::Error;
 use crate::exec::{self, Transport};
 use crate::launch;
 use crate::measure::ProgressBars;
+use crate::model::flops;
 use crate::model::time::{self, TimeEstimate, TimeModel, TimeRequest};
 use crate::model::{ParallelConfig, Placement};
 use crate::plan::{self, Plan, PlanOptions};
 use crate::render;
 use crate::replan::trials::{next_step, Position, Rounds, Seen, Step, MAX_TRIAL_ROUNDS};
 use crate::report::dry_run::{commands_to_human, ShownCommand};
+use crate::report::ledger::{job_summary, Ledger, LedgerInputs, Work};
 use crate::report::pictures;
 use crate::report::plan::{describe, plan_summary, plan_to_human, YoursReport};
 use crate::report::{wrap, WIDTH};
@@ -88,13 +91,21 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
 pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
     ending_on_signal(config, |stage| {
         let mut job = prepare_job(config)?;
+        (
+            stage.ledger.profiling,
+            stage.ledger.planning,
+            stage.ledger.preparation,
+        ) = job.took;
         stage.run_dir = Some(job.template.run_dir.clone());
         stop_requested()?;
         stage.during = "the trial run";
         let trial = if !config.trial.before_launch {
             None
         } else {
-            let (plan, report) = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS)?;
+            let started = Instant::now();
+            let trial = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS);
+            stage.ledger.trial = Some(started.elapsed());
+            let (plan, report) = trial?;
             job.plan = plan;
             if let launch::Planning::On(inputs) = &mut job.template.planning {
                 inputs.options.calibration = report.calibration.clone();
@@ -108,7 +119,11 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             .inputs()
             .map(|i| i.options.clone())
             .ok_or_else(|| Error::Internal("a launch that is not planned".to_string()))?;
+        let started = Instant::now();
         let (plan, settings, _yours) = decided_plan(config, &job, job.plan.clone(), &options)?;
+        stage.ledger.planning += started.elapsed();
+        let preparing = Instant::now();
+        stage.ledger.work = Some(work(&settings, &plan, &job.profile));
         if let launch::Planning::On(inputs) = &mut job.template.planning {
             inputs.settings = settings;
         }
@@ -126,16 +141,63 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
         if let Some(report) = &trial {
             write_json(&template.run_dir.join("trial.json"), report, "--run-dir")?;
         }
-        supervise_job(config, &template, first, trial.as_ref())
+        stage.ledger.preparation += preparing.elapsed();
+        supervise_job(
+            config,
+            &template,
+            first,
+            trial.as_ref(),
+            &stage.ledger_now(),
+        )
     })
 }
 
-/// What a launch was doing, for a stop signal's record.
+/// The work of one iteration of `plan`, for the ledger's throughput.
+fn work(settings: &Settings, plan: &Plan, profile: &ClusterProfile) -> Work {
+    let t = &settings.training;
+    let dtype = match t.precision {
+        Precision::Bf16 => Some(Dtype::Bf16),
+        Precision::Fp16 => Some(Dtype::Fp16),
+        Precision::Fp32 => None,
+    };
+    // The slowest GPU's peak: on mixed GPUs the job runs at its pace.
+    let peak = profile
+        .nodes
+        .iter()
+        .filter_map(|n| n.gpus())
+        .flatten()
+        .map(|g| dtype.and_then(|d| g.peak_tflops.get(d)))
+        .try_fold(f64::INFINITY, |low, p| p.map(|p| low.min(p)))
+        .filter(|p| p.is_finite())
+        .map(|tflops| tflops * 1e12);
+    Work {
+        tokens: (t.global_batch_size * settings.model.seq_length) as f64,
+        flops: flops::megatron_reported_flops(&settings.model, t.global_batch_size, plan.config.tp),
+        peak_flops_per_gpu: peak,
+    }
+}
+
+/// What a launch was doing, for a stop signal's record, and how long each step took, for
+/// the ledger.
 pub(super) struct Stage {
     /// `profiling the nodes`, `the trial run`.
     pub(super) during: &'static str,
     /// The run directory, once known.
     pub(super) run_dir: Option<std::path::PathBuf>,
+    /// When pipette-run started on the launch.
+    pub(super) start: Instant,
+    /// The steps before the supervisor's, timed so far (`wall` is set at the end).
+    pub(super) ledger: LedgerInputs,
+}
+
+impl Stage {
+    /// The ledger's inputs with the wall time so far.
+    pub(super) fn ledger_now(&self) -> LedgerInputs {
+        LedgerInputs {
+            wall: self.start.elapsed(),
+            ..self.ledger.clone()
+        }
+    }
 }
 
 /// Runs `launch` (which says in its [`Stage`] what it is doing); when a stop signal ends it
@@ -150,6 +212,8 @@ pub(super) fn ending_on_signal(
     let mut stage = Stage {
         during: "profiling the nodes",
         run_dir: None,
+        start: Instant::now(),
+        ledger: LedgerInputs::default(),
     };
     let error = match launch(&mut stage) {
         Ok(code) => return Ok(code),
@@ -158,6 +222,7 @@ pub(super) fn ending_on_signal(
     let Some(signal) = error.interrupted_by() else {
         return Err(error);
     };
+    let ledger = stage.ledger_now();
     let run_dir = match stage.run_dir {
         Some(dir) => dir,
         None => {
@@ -189,7 +254,7 @@ pub(super) fn ending_on_signal(
         stage.during,
         run_dir.display()
     );
-    finish_outcome(config, &run_dir, &outcome, None)
+    finish_outcome(config, &run_dir, &outcome, None, &ledger)
 }
 
 /// `Err(Error::Interrupted)` once a stop signal has arrived: checked between the stages
@@ -210,7 +275,9 @@ pub(super) fn supervise_job(
     template: &launch::JobTemplate,
     first: launch::Attempt,
     trial: Option<&trial::TrialReport>,
+    before: &LedgerInputs,
 ) -> Result<i32, Error> {
+    let start = Instant::now();
     let run_dir = template.run_dir.clone();
     let events = supervise::events::EventLog::create(&run_dir).map_err(|e| {
         Error::Usage(format!(
@@ -228,7 +295,11 @@ pub(super) fn supervise_job(
     eprintln!("pipette-run: run directory {} ({files})", run_dir.display());
     stop_requested()?;
     let outcome = supervise::supervise(template, first, &config.supervise, &events);
-    finish_outcome(config, &run_dir, &outcome, trial)
+    let ledger = LedgerInputs {
+        wall: before.wall + start.elapsed(),
+        ..before.clone()
+    };
+    finish_outcome(config, &run_dir, &outcome, trial, &ledger)
 }
 
 /// The end of a job: the summary (on stderr and in the run directory) and, with `--json`,
@@ -238,11 +309,16 @@ fn finish_outcome(
     run_dir: &std::path::Path,
     outcome: &supervise::Outcome,
     trial: Option<&trial::TrialReport>,
+    inputs: &LedgerInputs,
 ) -> Result<i32, Error> {
-    let summary = outcome.summary();
+    let ledger = Ledger::new(inputs, &outcome.attempts);
+    let summary = job_summary(outcome, Some(&ledger));
     eprint!("{summary}");
     if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
         eprintln!("pipette-run: warning: cannot write the summary into the run directory: {e}");
+    }
+    if let Err(e) = write_json(&run_dir.join("ledger.json"), &ledger, "--run-dir") {
+        eprintln!("pipette-run: warning: {e}");
     }
     if config.output.json {
         let result = LaunchResult {
@@ -275,11 +351,16 @@ pub(super) struct Job {
     /// The settings as read, before `--pin yours` (`run.settings` has the user's
     /// configuration pinned when it kept it).
     pub(super) free: Settings,
+    /// How long profiling (with reading the inputs), planning and preparing the job's
+    /// template took.
+    pub(super) took: (Duration, Duration, Duration),
 }
 
 /// Discovers and profiles (or reads --cluster), plans, and builds the job template.
 pub(super) fn prepare_job(config: &RunConfig) -> Result<Job, Error> {
+    let started = Instant::now();
     let run = gather_inputs(config, true)?;
+    let profiling = started.elapsed();
     let Some(profile) = run.profile.clone() else {
         return Err(Error::Internal(
             "no profile after profiling the nodes".to_string(),
@@ -297,13 +378,17 @@ pub(super) fn prepare_job(config: &RunConfig) -> Result<Job, Error> {
         None,
     )?;
     run.settings = decision.settings;
+    let planning = started.elapsed() - profiling;
+    let preparing = Instant::now();
     let template = job_template(config, planning_on(&run.settings, options), &run.allocation)?;
+    let preparation = preparing.elapsed();
     Ok(Job {
         run,
         profile,
         plan: decision.plan,
         template,
         free,
+        took: (profiling, planning, preparation),
     })
 }
 

@@ -3,6 +3,7 @@
 
 pub mod dry_run;
 pub mod estimate;
+pub mod ledger;
 pub mod pictures;
 pub mod plan;
 

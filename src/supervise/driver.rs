@@ -13,7 +13,7 @@ use super::output::JobOutput;
 use super::reporter::{relaunch_text, replan_text, Reporter};
 use super::signals::{ActSignals, SignalGuard};
 use super::watch::{watch, WatchSignals};
-use super::{AttemptSummary, Outcome, SuperviseOptions};
+use super::{AttemptSummary, AttemptTiming, Outcome, SuperviseOptions};
 use crate::exec::format_duration;
 use crate::exit::ExitCode;
 use crate::launch::{
@@ -150,6 +150,7 @@ impl Driver<'_> {
             resume: attempt.resume.clone(),
             since_failure,
         });
+        let launched = Instant::now();
         let mut job = launch::start(template, attempt, output.clone(), options.grace);
         let record = |event: Event| self.emit(event);
         let pass_on = |signal| self.pass_on(attempt.number, &hosts, signal);
@@ -164,6 +165,14 @@ impl Driver<'_> {
         drop(acts);
         let (unresponsive, unhealthy) =
             self.stop_and_check(attempt, &hosts, &mut job, &output, &ending);
+        let stopped = Instant::now();
+        let timing = AttemptTiming {
+            running: detected_at.saturating_duration_since(launched),
+            output: output.timing(),
+            teardown: stopped.saturating_duration_since(detected_at),
+            restart: Duration::ZERO,
+            failed: ending.is_failure(),
+        };
 
         let mut facts = Facts {
             hosts: &hosts,
@@ -194,6 +203,11 @@ impl Driver<'_> {
             end: decision.end.clone(),
             left_out: decision.left_out.clone(),
             replan: None,
+            estimated_ms: match &attempt.layout {
+                Layout::Planned { plan, .. } => Some(plan.estimate.iteration_ms),
+                Layout::World(_) => None,
+            },
+            timing,
         };
         loop {
             let decision = decide(&facts);
@@ -214,10 +228,12 @@ impl Driver<'_> {
                     let handover = match self.relaunch(attempt, decision, checkpoint, resume) {
                         Ok((next, replan)) => {
                             summary.replan = Some(replan);
+                            summary.timing.restart = stopped.elapsed();
                             Handover::Relaunch(Box::new(next), detected_at)
                         }
                         Err(stop) => {
                             summary.replan = Some(stop.reason());
+                            summary.timing.restart = stopped.elapsed();
                             Handover::Stop(stop, code)
                         }
                     };

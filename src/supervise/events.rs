@@ -166,11 +166,14 @@ impl From<&NodeStop> for StopRecord {
     }
 }
 
-fn seconds<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn seconds<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(round3(d.as_secs_f64()))
 }
 
-fn seconds_or_null<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn seconds_or_null<S: Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     d.map(|d| round3(d.as_secs_f64())).serialize(s)
 }
 

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::events::seconds_or_null;
 use crate::exec::{OutputSink, Stream};
 use crate::launch::output_lines::{is_progress_line, parse_iteration};
 
@@ -29,7 +30,45 @@ pub struct JobOutput {
     last_iteration: AtomicU64,
     /// The total the iteration lines give (`--train-iters`; 0: none yet).
     total_iterations: AtomicU64,
+    /// When the lines said what, for the ledger.
+    clock: Mutex<LineClock>,
     echo: Echo,
+}
+
+/// What the job's lines say about where its time went, in milliseconds after the
+/// output's start.
+#[derive(Debug, Default)]
+struct LineClock {
+    first_iteration_ms: Option<u64>,
+    last_iteration_ms: Option<u64>,
+    /// A `saving checkpoint` line not yet followed by its `successfully saved` one.
+    save_started_ms: Option<u64>,
+    last_save_end_ms: Option<u64>,
+    saving_ms: u64,
+    saves: u32,
+    /// Megatron's `elapsed time per iteration (ms)` after the first iteration line (the
+    /// first holds the warm-up): their sum and count; and the first's, for a job that
+    /// logged only one.
+    reported_ms: f64,
+    reported: u32,
+    first_reported_ms: Option<f64>,
+}
+
+/// What an attempt's output says about its time (see [`JobOutput::timing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct OutputTiming {
+    /// From the output's start to the first and the last iteration line.
+    #[serde(rename = "first_iteration_s", serialize_with = "seconds_or_null")]
+    pub first_iteration: Option<Duration>,
+    #[serde(rename = "last_iteration_s", serialize_with = "seconds_or_null")]
+    pub last_iteration: Option<Duration>,
+    /// Saving checkpoints, all saves together; `None` when no line said a checkpoint was
+    /// saved (then it is not measured: it is in the training time).
+    #[serde(rename = "checkpoint_saving_s", serialize_with = "seconds_or_null")]
+    pub checkpoint_saving: Option<Duration>,
+    /// The time per iteration Megatron reported, averaged (the first iteration line left
+    /// out when there are others).
+    pub iteration_ms: Option<f64>,
 }
 
 /// Where the nodes' lines are shown besides their log files.
@@ -85,6 +124,7 @@ impl JobOutput {
             first_iteration: AtomicU64::new(0),
             last_iteration: AtomicU64::new(0),
             total_iterations: AtomicU64::new(0),
+            clock: Mutex::new(LineClock::default()),
             echo,
         })
     }
@@ -126,10 +166,68 @@ impl JobOutput {
         }
     }
 
+    /// What the lines said about the attempt's time so far.
+    pub fn timing(&self) -> OutputTiming {
+        let clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        let ms = |m: Option<u64>| m.map(Duration::from_millis);
+        OutputTiming {
+            first_iteration: ms(clock.first_iteration_ms),
+            last_iteration: ms(clock.last_iteration_ms),
+            checkpoint_saving: (clock.saves > 0).then(|| Duration::from_millis(clock.saving_ms)),
+            iteration_ms: if clock.reported > 0 {
+                Some(clock.reported_ms / f64::from(clock.reported))
+            } else {
+                clock.first_reported_ms
+            },
+        }
+    }
+
+    /// Reads the times a line tells: an iteration line's, a checkpoint save's start and
+    /// end. A save is timed from its `saving checkpoint` line, else (a script that prints
+    /// only the end) from the iteration line before it, which Megatron prints before
+    /// saving; each save once, however many ranks say it.
+    fn clock_line(&self, line: &str, now: u64, iteration: bool) {
+        let lower = line.to_ascii_lowercase();
+        let saving = lower.contains("saving checkpoint");
+        let saved = lower.contains("successfully saved checkpoint");
+        if !iteration && !saving && !saved {
+            return;
+        }
+        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        if iteration {
+            clock.first_iteration_ms.get_or_insert(now);
+            clock.last_iteration_ms = Some(now);
+            if let Some(ms) = reported_iteration_ms(line) {
+                if clock.first_reported_ms.is_none() {
+                    clock.first_reported_ms = Some(ms);
+                } else {
+                    clock.reported_ms += ms;
+                    clock.reported += 1;
+                }
+            }
+        } else if saving {
+            clock.save_started_ms.get_or_insert(now);
+        } else {
+            let start = clock.save_started_ms.take().or_else(|| {
+                // Only an iteration line after the last save starts a new one.
+                clock
+                    .last_iteration_ms
+                    .filter(|at| clock.last_save_end_ms.is_none_or(|end| *at > end))
+            });
+            if let Some(start) = start {
+                clock.saving_ms += now.saturating_sub(start);
+                clock.saves += 1;
+                clock.last_save_end_ms = Some(now);
+            }
+        }
+    }
+
     fn mark(&self, line: &str) {
         let now = self.start.elapsed().as_millis() as u64;
         self.last_line_ms.fetch_max(now, Ordering::Relaxed);
-        if let Some((iteration, total)) = parse_iteration(line) {
+        let parsed = parse_iteration(line);
+        self.clock_line(line, now, parsed.is_some());
+        if let Some((iteration, total)) = parsed {
             self.total_iterations.store(total, Ordering::Relaxed);
             let _ = self.first_iteration.compare_exchange(
                 0,
@@ -170,6 +268,19 @@ impl OutputSink for JobOutput {
             };
         }
     }
+}
+
+/// Megatron's `elapsed time per iteration (ms): 312.4` in an iteration line.
+fn reported_iteration_ms(line: &str) -> Option<f64> {
+    let rest = &line[line.find("elapsed time per iteration (ms):")? + 32..];
+    let value = rest
+        .trim_start()
+        .split(|c: char| c == '|' || c.is_whitespace())
+        .next()?;
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
 }
 
 /// `DIR/<host>.log`, the host made safe as a file name.
@@ -223,5 +334,50 @@ mod tests {
         assert_eq!(a, "hello\npipette-run: stopped\n");
         let b = std::fs::read_to_string(dir.path().join("node_b.log")).unwrap();
         assert_eq!(b.lines().count(), 3);
+    }
+
+    #[test]
+    fn the_lines_time_iterations_and_checkpoint_saves() {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = vec![("a".to_string(), 0), ("b".to_string(), 1)];
+        let output = JobOutput::new(&nodes, dir.path(), Echo::Off).unwrap();
+        assert_eq!(output.timing(), OutputTiming::default());
+        let iteration = |n: u64, ms: f64| {
+            format!(" iteration {n:8}/      9 | elapsed time per iteration (ms): {ms:.1} | x |")
+        };
+        output.line("a", Stream::Stdout, iteration(1, 900.0).as_bytes());
+        output.line("a", Stream::Stdout, iteration(2, 300.0).as_bytes());
+        std::thread::sleep(Duration::from_millis(30));
+        // The toy script's save: only its end is said, by one rank.
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"  successfully saved checkpoint from iteration 2",
+        );
+        // A second rank saying it again is the same save.
+        output.line(
+            "b",
+            Stream::Stdout,
+            b"  successfully saved checkpoint from iteration 2",
+        );
+        output.line("a", Stream::Stdout, iteration(3, 500.0).as_bytes());
+        // Megatron's: its start is said too.
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"saving checkpoint at iteration 3 to ck",
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"  successfully saved checkpoint from iteration 3",
+        );
+        let t = output.timing();
+        assert_eq!(t.iteration_ms, Some(400.0));
+        let saving = t.checkpoint_saving.unwrap();
+        assert!(saving >= Duration::from_millis(50), "{saving:?}");
+        assert!(t.first_iteration.unwrap() <= t.last_iteration.unwrap());
+        assert!(t.last_iteration.unwrap() + Duration::from_millis(20) <= output.start.elapsed());
     }
 }
