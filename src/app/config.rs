@@ -190,6 +190,7 @@ impl RunConfig {
                     .filter(|d| !d.is_zero()),
                 max_replans: s.max_replans,
                 health_timeout: s.health_timeout,
+                progress_interval: s.progress_interval,
                 // With --json, stdout carries the one result object and nothing else.
                 echo: if cli.pipette.json {
                     supervise::Echo::Stderr

@@ -7,14 +7,12 @@ use super::config::RunConfig;
 use super::decided;
 use super::inputs::{gather_inputs, Run, NO_PROFILE_YET};
 use super::{indent_lines, local_time, to_json, unix_seconds, write_json};
-use crate::cluster::profile::Dtype;
 use crate::cluster::{Allocation, ClusterProfile};
-use crate::config::{Precision, Settings};
+use crate::config::Settings;
 use crate::error::Error;
 use crate::exec::{self, Transport};
 use crate::launch;
 use crate::measure::ProgressBars;
-use crate::model::flops;
 use crate::model::time::{self, TimeEstimate, TimeModel, TimeRequest};
 use crate::model::{ParallelConfig, Placement};
 use crate::plan::{self, Plan, PlanOptions};
@@ -26,7 +24,7 @@ use crate::report::pictures;
 use crate::report::plan::{describe, plan_summary, plan_to_human, YoursReport};
 use crate::report::{wrap, WIDTH};
 use crate::supervise;
-use crate::supervise::reporter::config_changes;
+use crate::supervise::reporter::{config_changes, LOG_PREFIX, LOG_WIDTH};
 use crate::trial;
 
 /// What a dry run did, when it planned.
@@ -152,28 +150,14 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
     })
 }
 
-/// The work of one iteration of `plan`, for the ledger's throughput.
+/// The work of one iteration of `plan`, for the ledger's throughput (what the progress
+/// line counts).
 fn work(settings: &Settings, plan: &Plan, profile: &ClusterProfile) -> Work {
-    let t = &settings.training;
-    let dtype = match t.precision {
-        Precision::Bf16 => Some(Dtype::Bf16),
-        Precision::Fp16 => Some(Dtype::Fp16),
-        Precision::Fp32 => None,
-    };
-    // The slowest GPU's peak: on mixed GPUs the job runs at its pace.
-    let peak = profile
-        .nodes
-        .iter()
-        .filter_map(|n| n.gpus())
-        .flatten()
-        .map(|g| dtype.and_then(|d| g.peak_tflops.get(d)))
-        .try_fold(f64::INFINITY, |low, p| p.map(|p| low.min(p)))
-        .filter(|p| p.is_finite())
-        .map(|tflops| tflops * 1e12);
+    let spec = supervise::output::ProgressSpec::planned(Duration::ZERO, plan, settings, profile);
     Work {
-        tokens: (t.global_batch_size * settings.model.seq_length) as f64,
-        flops: flops::megatron_reported_flops(&settings.model, t.global_batch_size, plan.config.tp),
-        peak_flops_per_gpu: peak,
+        tokens: spec.tokens_per_iteration.unwrap_or(0.0),
+        flops: spec.flops_per_iteration.unwrap_or(0.0),
+        peak_flops_per_gpu: spec.peak_flops_per_gpu,
     }
 }
 
@@ -286,13 +270,14 @@ pub(super) fn supervise_job(
         ))
     })?;
     for note in &first.spec.notes {
-        eprintln!("pipette-run: {note}");
+        eprint!("{}", indent_lines(&wrap(note, LOG_WIDTH), LOG_PREFIX));
     }
     let files = match template.planning {
         launch::Planning::On(_) => "launch scripts, plan, trial.json, logs/, events.jsonl",
         launch::Planning::Off { .. } => "launch scripts, world.json, logs/, events.jsonl",
     };
-    eprintln!("pipette-run: run directory {} ({files})", run_dir.display());
+    let line = format!("run directory {} ({files})", run_dir.display());
+    eprint!("{}", indent_lines(&wrap(&line, LOG_WIDTH), LOG_PREFIX));
     stop_requested()?;
     let outcome = supervise::supervise(template, first, &config.supervise, &events);
     let ledger = LedgerInputs {
@@ -416,14 +401,11 @@ fn decided_plan(
         &decision.plan,
         runner_up.as_ref().map(|(c, t)| (c, t)),
         decision.yours.as_ref(),
-        WIDTH - LOG_PREFIX.len(),
+        LOG_WIDTH,
     );
     eprint!("{}", indent_lines(&report, LOG_PREFIX));
     Ok((decision.plan, decision.settings, decision.yours))
 }
-
-/// What starts pipette-run's own lines on stderr.
-const LOG_PREFIX: &str = "pipette-run: ";
 
 /// A planned job's planning: the settings and the planner's options.
 pub(super) fn planning_on(settings: &Settings, options: PlanOptions) -> launch::Planning {
@@ -585,7 +567,7 @@ pub(super) fn trial_and_replan(
                                     changes.join(", "),
                                     describe(&replanned.config)
                                 ),
-                                WIDTH - LOG_PREFIX.len()
+                                LOG_WIDTH
                             ),
                             LOG_PREFIX
                         )

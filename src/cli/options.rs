@@ -254,6 +254,11 @@ pub struct SuperviseOptions {
     /// How long a node has to answer its health check after a failure
     #[arg(long = "health-timeout", value_name = "DURATION", default_value = "20s", allow_hyphen_values = true, value_parser = parse_duration)]
     pub health_timeout: std::time::Duration,
+
+    /// During training, a line of ours at most this often: iteration n/N, time per
+    /// iteration against the estimate, tokens/s per GPU, MFU, time left. `0` shows none
+    #[arg(long = "progress-interval", env = "PIPETTE_PROGRESS_INTERVAL", value_name = "DURATION", default_value = "30s", allow_hyphen_values = true, value_parser = parse_duration)]
+    pub progress_interval: std::time::Duration,
 }
 
 /// What reaches the nodes besides the command: environment variables, and the options of

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::decide::{self, decide, Decision, Ending, Facts, Next, Stop};
 use super::events::{Event, EventLog, NodeRef, StopRecord};
 use super::health::{self, Health};
-use super::output::JobOutput;
+use super::output::{JobOutput, ProgressSpec};
 use super::reporter::{relaunch_text, replan_text, Reporter};
 use super::signals::{ActSignals, SignalGuard};
 use super::watch::{watch, WatchSignals};
@@ -122,7 +122,7 @@ impl Driver<'_> {
         let hosts: Vec<String> = nodes.iter().map(|(h, _)| h.clone()).collect();
         let logs = attempt.dir.join("logs");
         let output = match JobOutput::new(&nodes, &logs, options.echo) {
-            Ok(output) => Arc::new(output),
+            Ok(output) => Arc::new(output.with_progress(self.progress_spec(attempt))),
             Err(e) => {
                 let dir = logs.display().to_string();
                 let stop = Stop::LogsUnwritable {
@@ -241,6 +241,22 @@ impl Driver<'_> {
                     return handover;
                 }
             }
+        }
+    }
+
+    /// What the attempt's progress line says besides the job's lines.
+    fn progress_spec(&self, attempt: &Attempt) -> ProgressSpec {
+        let interval = self.options.progress_interval;
+        let world_size = attempt.spec.world_size;
+        match (&attempt.layout, self.template.planning.settings()) {
+            (Layout::Planned { plan, profile }, Some(settings)) => {
+                ProgressSpec::planned(interval, plan, settings, profile)
+            }
+            _ => ProgressSpec {
+                interval,
+                world_size,
+                ..ProgressSpec::default()
+            },
         }
     }
 

@@ -103,6 +103,8 @@ pub struct SuperviseOptions {
     pub health_timeout: Duration,
     /// How often the nodes' commands are polled.
     pub poll: Duration,
+    /// Our progress line during training at most this often (zero: none).
+    pub progress_interval: Duration,
     /// Where the nodes' output is shown; pipette-run's own messages go to stderr unless
     /// this is [`Echo::Off`].
     pub echo: Echo,
@@ -117,6 +119,7 @@ impl Default for SuperviseOptions {
             max_replans: 3,
             health_timeout: Duration::from_secs(20),
             poll: Duration::from_millis(50),
+            progress_interval: Duration::from_secs(30),
             echo: Echo::Streams,
         }
     }

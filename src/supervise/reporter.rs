@@ -43,10 +43,13 @@ impl Reporter {
         self.print(stop_line(stop).into_iter().collect());
     }
 
+    /// Prints `lines` as ours, each broken to fit 80 columns.
     fn print(&self, lines: Vec<String>) {
         if self.echo != Echo::Off {
             for line in lines {
-                eprintln!("pipette-run: {line}");
+                for part in wrap(&line, LOG_WIDTH).lines() {
+                    eprintln!("{LOG_PREFIX}{part}");
+                }
             }
         }
     }
@@ -280,9 +283,80 @@ pub fn config_changes(from: &ParallelConfig, to: &ParallelConfig) -> Vec<String>
     out
 }
 
+/// pipette-run's own lines: this, then the text.
+pub const LOG_PREFIX: &str = "pipette-run: ";
+
+/// The width of a line of ours after [`LOG_PREFIX`], for 80 columns.
+pub const LOG_WIDTH: usize = 80 - LOG_PREFIX.len();
+
+/// `text` with every line longer than `width` columns broken at spaces, the continuation
+/// indented four columns deeper than the line (a word longer than the room stays whole).
+pub fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (body, end) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        if body.chars().count() <= width {
+            out.push_str(line);
+            continue;
+        }
+        let indent = body.len() - body.trim_start_matches(' ').len();
+        let first = " ".repeat(indent);
+        let next = " ".repeat((indent + 4).min(width / 2));
+        let words = body.trim_start_matches(' ').split(' ');
+        out.push_str(&fill(words, width, &first, &next, 0).join("\n"));
+        out.push_str(end);
+    }
+    out
+}
+
+/// `words` laid into lines of `width` columns at most, `reserve` of them kept free at the
+/// end of every line but the last; the first line starts with `first`, the others with
+/// `next`. A word longer than the room gets a line of its own.
+pub(crate) fn fill<'a>(
+    words: impl IntoIterator<Item = &'a str>,
+    width: usize,
+    first: &str,
+    next: &str,
+    reserve: usize,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut current = first.to_string();
+    let mut fresh = true;
+    for word in words {
+        if !fresh && current.chars().count() + 1 + word.chars().count() + reserve > width {
+            lines.push(std::mem::replace(&mut current, next.to_string()));
+            fresh = true;
+        }
+        if !fresh {
+            current.push(' ');
+        }
+        current.push_str(word);
+        fresh = false;
+    }
+    lines.push(current);
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_lines_wrap_under_their_indent() {
+        let text = "  one two three four five\nshort\n";
+        assert_eq!(
+            wrap(text, 12),
+            "  one two\n      three\n      four\n      five\nshort\n"
+        );
+        assert_eq!(
+            wrap("unbreakable-word-here x", 5),
+            "unbreakable-word-here\n  x"
+        );
+    }
+
     use crate::supervise::health::Health;
 
     fn reporter() -> Reporter {
