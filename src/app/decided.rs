@@ -253,6 +253,72 @@ mod tests {
         )));
     }
 
+    /// llama2-7b on two A100 nodes with `args`.
+    fn decided(args: &str, pin: bool) -> Decision {
+        let args = words(&format!("--global-batch-size 64 {args}"));
+        let settings =
+            crate::config::settings_from_megatron_args(&args, Some("llama2-7b"), &[]).unwrap();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/clusters/a100-2x8.json");
+        let profile = ClusterProfile::load(path).unwrap();
+        decide(
+            &settings,
+            &args,
+            &profile,
+            &PlanOptions::default(),
+            pin,
+            None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn pin_yours_keeps_yours_only_within_the_stated_error() {
+        // No parallel setting written: nothing to compare.
+        assert!(decided("", false).yours.is_none());
+        // Ours is 18 % faster: reported; with the pin, ours still runs.
+        let replaced = decided(
+            "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --micro-batch-size 2",
+            true,
+        );
+        let report = replaced.yours.as_ref().unwrap();
+        assert_eq!(report.pin, PinOutcome::Replaced);
+        assert!(report.gain().unwrap() > report.stated_error);
+        assert_eq!(replaced.plan.config, report.ours);
+        assert!(report
+            .to_human()
+            .contains("--pin yours: ours runs (faster by"));
+        // Within the stated error: yours runs, and stays pinned for the re-plans.
+        let kept = decided(
+            "--pipeline-model-parallel-size 2 --micro-batch-size 1 --use-distributed-optimizer --recompute-activations",
+            true,
+        );
+        let report = kept.yours.as_ref().unwrap();
+        assert_eq!(report.pin, PinOutcome::Kept, "{}", report.to_human());
+        let Yours::Costed { config, .. } = &report.yours else {
+            panic!("yours runs: {:?}", report.yours);
+        };
+        assert_eq!(&kept.plan.config.tp, &config.tp);
+        assert_eq!(kept.plan.config.recompute, config.recompute);
+        assert_eq!(kept.settings.constraints.pipeline_parallel, Some(2));
+        // Not valid: ours runs, and the reason is Megatron's rule.
+        let invalid = decided("--tensor-model-parallel-size 3", true);
+        let report = invalid.yours.as_ref().unwrap();
+        assert_eq!(report.pin, PinOutcome::CannotRun);
+        assert!(report.to_human().contains(
+            "yours is not a valid configuration: tp 3 does not divide the 32 attention heads"
+        ));
+        // Too big: said so, with the memory it needs.
+        let big = decided(
+            "--pipeline-model-parallel-size 2 --micro-batch-size 1",
+            false,
+        );
+        assert!(matches!(
+            big.yours.as_ref().unwrap().yours,
+            Yours::DoesNotFit { .. }
+        ));
+    }
+
     #[test]
     fn pin_yours_is_read_from_the_list() {
         assert!(pin_yours(Some("yours")).unwrap());
