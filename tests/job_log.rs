@@ -249,3 +249,38 @@ fn a_launch_tells_its_whole_story() {
     );
     settings.bind(|| insta::assert_snapshot!(shown.join("\n")));
 }
+
+/// Every JSON output carries its schema's name and version; an error under `--json` is a
+/// JSON object on stdout too (the message still on stderr).
+#[test]
+fn json_outputs_carry_their_schema_and_errors_are_json() {
+    let run = |args: &[&str], run_dir: std::path::PathBuf| {
+        cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"))
+            .args(args)
+            .arg("--run-dir")
+            .arg(run_dir)
+            .args(["--dry-run", "--json"])
+            .arg("examples/train_gpt.py")
+            .args(common::tiny_gpt_args(20, 4))
+            .output()
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("cluster.json");
+    std::fs::write(&profile, cpu_profile(&HOSTS, 2)).unwrap();
+    let cluster = profile.display().to_string();
+    let report = common::json_report(&run(&["--cluster", &cluster], dir.path().join("a")));
+    assert_eq!(report["schema"], "pipette-dry-run/1");
+    // The user wrote --micro-batch-size 1: costed beside the plan.
+    assert_eq!(report["yours"]["yours"]["verdict"], "costed", "{report}");
+
+    let missing = dir.path().join("missing.json").display().to_string();
+    let out = run(&["--cluster", &missing], dir.path().join("b"));
+    assert!(!out.status.success());
+    let error: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(error["schema"], "pipette-error/1");
+    assert_eq!(error["exit_code"], out.status.code().unwrap());
+    let message = error["error"].as_str().unwrap();
+    assert!(message.contains("missing.json"), "{message}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(message));
+}

@@ -57,6 +57,7 @@ pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Er
         None => None,
     };
     let report = DryRunReport {
+        schema: crate::report::dry_run::SCHEMA,
         cluster_profile: profile.as_ref().map(|(p, c)| profile_summary(p, c)),
         nodes: (&allocation).into(),
         script: script_section(&config.script),

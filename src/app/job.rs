@@ -307,6 +307,7 @@ fn finish_outcome(
     }
     if config.output.json {
         let result = LaunchResult {
+            schema: LAUNCH_SCHEMA,
             run_dir: run_dir.display().to_string(),
             outcome,
             trial,
@@ -316,10 +317,16 @@ fn finish_outcome(
     Ok(outcome.exit_code)
 }
 
+/// `pipette-run --json`'s result's schema name and version; the version changes with
+/// any field.
+pub(super) const LAUNCH_SCHEMA: &str = "pipette-launch/1";
+
 /// What `pipette-run --json` prints on stdout when the job ends (the nodes' output goes
 /// to stderr then).
 #[derive(serde::Serialize)]
 pub(super) struct LaunchResult<'a> {
+    /// [`LAUNCH_SCHEMA`].
+    pub(super) schema: &'static str,
     pub(super) run_dir: String,
     pub(super) outcome: &'a supervise::Outcome,
     /// The trial run's measurements and fitted calibration, when one ran.

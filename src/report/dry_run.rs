@@ -11,9 +11,15 @@ use crate::config::{
 
 use super::{device_ranges, short_count, thousands};
 
+/// `pipette-run --dry-run --json`'s schema name and version; the version changes with
+/// any field.
+pub const SCHEMA: &str = "pipette-dry-run/1";
+
 /// Everything a dry run found, in the order the stages found it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DryRunReport {
+    /// [`SCHEMA`].
+    pub schema: &'static str,
     pub nodes: NodesSection,
     /// The cluster profile file, when one was given.
     pub cluster_profile: Option<ProfileSummary>,
