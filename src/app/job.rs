@@ -118,7 +118,8 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             .map(|i| i.options.clone())
             .ok_or_else(|| Error::Internal("a launch that is not planned".to_string()))?;
         let started = Instant::now();
-        let (plan, settings, _yours) = decided_plan(config, &job, job.plan.clone(), &options)?;
+        let (plan, settings, yours) = decided_plan(config, &job, job.plan.clone(), &options)?;
+        stage.yours = yours;
         stage.ledger.planning += started.elapsed();
         let preparing = Instant::now();
         stage.ledger.work = Some(work(&settings, &plan, &job.profile));
@@ -140,13 +141,7 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             write_json(&template.run_dir.join("trial.json"), report, "--run-dir")?;
         }
         stage.ledger.preparation += preparing.elapsed();
-        supervise_job(
-            config,
-            &template,
-            first,
-            trial.as_ref(),
-            &stage.ledger_now(),
-        )
+        supervise_job(config, &template, first, trial.as_ref(), &stage.before())
     })
 }
 
@@ -172,14 +167,26 @@ pub(super) struct Stage {
     pub(super) start: Instant,
     /// The steps before the supervisor's, timed so far (`wall` is set at the end).
     pub(super) ledger: LedgerInputs,
+    /// The user's configuration costed beside the plan, for `--json`.
+    pub(super) yours: Option<YoursReport>,
+}
+
+/// What the supervisor's caller knew before the launch, for the end of the job.
+pub(super) struct Before<'a> {
+    /// The ledger's inputs, `wall` up to the launch.
+    pub(super) ledger: LedgerInputs,
+    pub(super) yours: Option<&'a YoursReport>,
 }
 
 impl Stage {
-    /// The ledger's inputs with the wall time so far.
-    pub(super) fn ledger_now(&self) -> LedgerInputs {
-        LedgerInputs {
-            wall: self.start.elapsed(),
-            ..self.ledger.clone()
+    /// What is known so far, with the wall time so far.
+    pub(super) fn before(&self) -> Before<'_> {
+        Before {
+            ledger: LedgerInputs {
+                wall: self.start.elapsed(),
+                ..self.ledger.clone()
+            },
+            yours: self.yours.as_ref(),
         }
     }
 }
@@ -198,6 +205,7 @@ pub(super) fn ending_on_signal(
         run_dir: None,
         start: Instant::now(),
         ledger: LedgerInputs::default(),
+        yours: None,
     };
     let error = match launch(&mut stage) {
         Ok(code) => return Ok(code),
@@ -206,7 +214,10 @@ pub(super) fn ending_on_signal(
     let Some(signal) = error.interrupted_by() else {
         return Err(error);
     };
-    let ledger = stage.ledger_now();
+    let ledger = LedgerInputs {
+        wall: stage.start.elapsed(),
+        ..stage.ledger.clone()
+    };
     let run_dir = match stage.run_dir {
         Some(dir) => dir,
         None => {
@@ -238,7 +249,11 @@ pub(super) fn ending_on_signal(
         stage.during,
         run_dir.display()
     );
-    finish_outcome(config, &run_dir, &outcome, None, &ledger)
+    let before = Before {
+        ledger,
+        yours: stage.yours.as_ref(),
+    };
+    finish_outcome(config, &run_dir, &outcome, None, &before)
 }
 
 /// `Err(Error::Interrupted)` once a stop signal has arrived: checked between the stages
@@ -259,7 +274,7 @@ pub(super) fn supervise_job(
     template: &launch::JobTemplate,
     first: launch::Attempt,
     trial: Option<&trial::TrialReport>,
-    before: &LedgerInputs,
+    before: &Before<'_>,
 ) -> Result<i32, Error> {
     let start = Instant::now();
     let run_dir = template.run_dir.clone();
@@ -280,11 +295,14 @@ pub(super) fn supervise_job(
     eprint!("{}", indent_lines(&wrap(&line, LOG_WIDTH), LOG_PREFIX));
     stop_requested()?;
     let outcome = supervise::supervise(template, first, &config.supervise, &events);
-    let ledger = LedgerInputs {
-        wall: before.wall + start.elapsed(),
-        ..before.clone()
+    let before = Before {
+        ledger: LedgerInputs {
+            wall: before.ledger.wall + start.elapsed(),
+            ..before.ledger.clone()
+        },
+        yours: before.yours,
     };
-    finish_outcome(config, &run_dir, &outcome, trial, &ledger)
+    finish_outcome(config, &run_dir, &outcome, trial, &before)
 }
 
 /// The end of a job: the summary (on stderr and in the run directory) and, with `--json`,
@@ -294,9 +312,9 @@ fn finish_outcome(
     run_dir: &std::path::Path,
     outcome: &supervise::Outcome,
     trial: Option<&trial::TrialReport>,
-    inputs: &LedgerInputs,
+    before: &Before<'_>,
 ) -> Result<i32, Error> {
-    let ledger = Ledger::new(inputs, &outcome.attempts);
+    let ledger = Ledger::new(&before.ledger, &outcome.attempts);
     let summary = job_summary(outcome, Some(&ledger));
     eprint!("{summary}");
     if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
@@ -311,6 +329,8 @@ fn finish_outcome(
             run_dir: run_dir.display().to_string(),
             outcome,
             trial,
+            yours: before.yours,
+            ledger: &ledger,
         };
         println!("{}", to_json(&result)?);
     }
@@ -331,6 +351,11 @@ pub(super) struct LaunchResult<'a> {
     pub(super) outcome: &'a supervise::Outcome,
     /// The trial run's measurements and fitted calibration, when one ran.
     pub(super) trial: Option<&'a trial::TrialReport>,
+    /// The configuration the script's arguments give, costed beside the plan; null when
+    /// they set none (or planning is off).
+    pub(super) yours: Option<&'a YoursReport>,
+    /// Where the wall time went (as `ledger.json`).
+    pub(super) ledger: &'a Ledger,
 }
 
 /// A job ready to try or launch: its inputs, the nodes' profile, the first plan and what

@@ -185,7 +185,7 @@ impl Ledger {
         for p in &self.parts {
             if !p.measured {
                 out.push_str(&format!(
-                    "    {:<22} not measured (no line of the script's said a checkpoint was saved; in training)\n",
+                    "    {:<22} not measured (no save line in the output)\n",
                     p.part
                 ));
                 continue;
