@@ -284,3 +284,43 @@ fn json_outputs_carry_their_schema_and_errors_are_json() {
     assert!(message.contains("missing.json"), "{message}");
     assert!(String::from_utf8_lossy(&out.stderr).contains(message));
 }
+
+/// `-q` says no plan report, `-v` the dry run's whole report; the summary stays. (A
+/// torchrun that fails at once: what is printed before the launch is what is tested.)
+#[test]
+fn quiet_and_verbose_say_less_and_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("cluster.json");
+    std::fs::write(&profile, cpu_profile(&HOSTS[..1], 2)).unwrap();
+    let run = |flag: Option<&str>, name: &str| {
+        let out = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"))
+            .args(flag)
+            .args(["--no-trial", "--launcher", "local", "--max-replans", "0"])
+            .arg("--cluster")
+            .arg(&profile)
+            .args(["--hosts", "node-a", "--nproc-per-node", "2"])
+            .args(["--torchrun", "false", "--run-dir"])
+            .arg(dir.path().join(name))
+            .arg("examples/train_gpt.py")
+            .args(common::tiny_gpt_args(4, 4))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "torchrun's code");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let plain = run(None, "plain");
+    assert!(plain.contains("pipette-run: Plan: tp 1"), "{plain}");
+    assert!(plain.contains("pipette-run:   yours: "), "{plain}");
+    assert!(!plain.contains("Top configurations"), "{plain}");
+    let quiet = run(Some("-q"), "quiet");
+    assert!(
+        !quiet.contains("Plan:") && !quiet.contains("yours"),
+        "{quiet}"
+    );
+    assert!(quiet.contains("pipette-run: summary"), "{quiet}");
+    let verbose = run(Some("-v"), "verbose");
+    assert!(verbose.contains("\nPlan: tp 1"), "{verbose}");
+    assert!(verbose.contains("\nTop configurations"), "{verbose}");
+    assert!(verbose.contains("  yours: "), "{verbose}");
+    assert!(verbose.contains("pipette-run: summary"), "{verbose}");
+}

@@ -429,13 +429,22 @@ fn decided_plan(
         free_plan,
     )?;
     let runner_up = runner_up(&decision.plan, &decision.settings, &job.profile, options);
-    let report = plan_summary(
-        &decision.plan,
-        runner_up.as_ref().map(|(c, t)| (c, t)),
-        decision.yours.as_ref(),
-        LOG_WIDTH,
-    );
-    eprint!("{}", indent_lines(&report, LOG_PREFIX));
+    let runner_up = runner_up.as_ref().map(|(c, t)| (c, t));
+    let yours = decision.yours.as_ref();
+    match (config.output.quiet, config.output.verbose) {
+        (true, _) => {}
+        (false, false) => {
+            let report = plan_summary(&decision.plan, runner_up, yours, LOG_WIDTH);
+            eprint!("{}", indent_lines(&report, LOG_PREFIX));
+        }
+        // The dry run's report as it is (its tables take the whole 80 columns), the
+        // user's configuration after it, as the summary is printed.
+        (false, true) => eprint!(
+            "{LOG_PREFIX}the plan\n{}{}",
+            plan_to_human(&decision.plan, runner_up),
+            wrap(&yours.map(YoursReport::to_human).unwrap_or_default(), WIDTH)
+        ),
+    }
     Ok((decision.plan, decision.settings, decision.yours))
 }
 

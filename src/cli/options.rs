@@ -27,6 +27,21 @@ pub struct OutputOptions {
     pub seed: u64,
 }
 
+/// How much of its own pipette-run says while it launches.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Pipette options")]
+pub struct LogOptions {
+    /// Say more: the whole plan report at launch (why it wins term by term, the top
+    /// configurations, the mapping), as the dry run shows it
+    #[arg(short = 'v', long, conflicts_with = "quiet")]
+    pub verbose: bool,
+
+    /// Say less: no plan report and no progress lines (warnings, failures, re-plans and
+    /// the closing summary stay)
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
 /// Where the nodes come from. Discovery order: Slurm, PBS, --hostfile, --hosts, this
 /// machine; --include/--exclude then filter whatever was found.
 #[derive(Debug, Clone, Default, Args)]
