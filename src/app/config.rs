@@ -60,6 +60,9 @@ pub(super) struct OutputMode {
     pub(super) dry_run: bool,
     /// `--json`: one JSON value on stdout, everything else on stderr.
     pub(super) json: bool,
+    /// `-v`: the whole plan report at launch; `-q`: none (and no progress lines).
+    pub(super) verbose: bool,
+    pub(super) quiet: bool,
 }
 
 /// What node discovery reads.
@@ -149,6 +152,8 @@ impl RunConfig {
             output: OutputMode {
                 dry_run: cli.pipette.dry_run,
                 json: cli.pipette.json,
+                verbose: cli.log.verbose,
+                quiet: cli.log.quiet,
             },
             script: render::ScriptInvocation {
                 program: cli.script().to_string(),
@@ -197,6 +202,10 @@ impl RunConfig {
                     .filter(|d| !d.is_zero()),
                 max_replans: s.max_replans,
                 health_timeout: s.health_timeout,
+                progress_interval: match cli.log.quiet {
+                    true => Duration::ZERO,
+                    false => s.progress_interval,
+                },
                 // With --json, stdout carries the one result object and nothing else.
                 echo: if cli.pipette.json {
                     supervise::Echo::Stderr

@@ -57,6 +57,7 @@ pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Er
         None => None,
     };
     let report = DryRunReport {
+        schema: crate::report::dry_run::SCHEMA,
         cluster_profile: profile.as_ref().map(|(p, c)| profile_summary(p, c)),
         nodes: (&allocation).into(),
         script: script_section(&config.script),
@@ -65,6 +66,7 @@ pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Er
         constraints: settings.constraints.clone(),
         torchrun_passthrough: config.launch.torchrun_passthrough.clone(),
         plan: None,
+        yours: None,
         launch: None,
         run_dir: None,
         status: NO_PROFILE_YET.to_string(),

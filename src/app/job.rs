@@ -1,9 +1,10 @@
 //! `pipette-run`: the dry run (plan and render, launch nothing) and the launch (profile,
 //! plan, trial and re-plan, launch, supervise); `pipette calibrate` (the trial alone).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::config::RunConfig;
+use super::decided;
 use super::inputs::{gather_inputs, Run, NO_PROFILE_YET};
 use super::{indent_lines, local_time, to_json, unix_seconds, write_json};
 use crate::cluster::{Allocation, ClusterProfile};
@@ -18,10 +19,12 @@ use crate::plan::{self, Plan, PlanOptions};
 use crate::render;
 use crate::replan::trials::{next_step, Position, Rounds, Seen, Step, MAX_TRIAL_ROUNDS};
 use crate::report::dry_run::{commands_to_human, ShownCommand};
+use crate::report::ledger::{job_summary, Ledger, LedgerInputs, Work};
 use crate::report::pictures;
-use crate::report::plan::plan_to_human;
+use crate::report::plan::{describe, plan_summary, plan_to_human, YoursReport};
 use crate::report::{wrap, WIDTH};
 use crate::supervise;
+use crate::supervise::reporter::{config_changes, LOG_PREFIX, LOG_WIDTH};
 use crate::trial::{self, choice};
 
 /// What a dry run did, when it planned.
@@ -41,6 +44,10 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
                 "{}",
                 plan_to_human(plan, run.runner_up.as_ref().map(|(c, t)| (c, t)))
             );
+            if let Some(yours) = &run.report.yours {
+                println!("\nYours: the configuration your arguments give, costed alike");
+                print!("{}", wrap(&yours.to_human(), WIDTH));
+            }
         }
         if let Some(launch) = &run.report.launch {
             println!("\nCommands, one per node, exactly as they would run:");
@@ -82,13 +89,21 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
 pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
     ending_on_signal(config, |stage| {
         let mut job = prepare_job(config)?;
+        (
+            stage.ledger.profiling,
+            stage.ledger.planning,
+            stage.ledger.preparation,
+        ) = job.took;
         stage.run_dir = Some(job.template.run_dir.clone());
         stop_requested()?;
         stage.during = "the trial run";
         let trial = if !config.trial.before_launch {
             None
         } else {
-            let (plan, report) = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS, true)?;
+            let started = Instant::now();
+            let trial = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS, true);
+            stage.ledger.trial = Some(started.elapsed());
+            let (plan, report) = trial?;
             job.plan = plan;
             if let launch::Planning::On(inputs) = &mut job.template.planning {
                 inputs.options.calibration = report.calibration.clone();
@@ -96,11 +111,23 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             Some(report)
         };
         stage.during = "the launch's preparation";
+        let options = job
+            .template
+            .planning
+            .inputs()
+            .map(|i| i.options.clone())
+            .ok_or_else(|| Error::Internal("a launch that is not planned".to_string()))?;
+        let started = Instant::now();
+        let (plan, settings, yours) = decided_plan(config, &job, job.plan.clone(), &options)?;
+        stage.yours = yours;
+        stage.ledger.planning += started.elapsed();
+        let preparing = Instant::now();
+        stage.ledger.work = Some(work(&settings, &plan, &job.profile));
+        if let launch::Planning::On(inputs) = &mut job.template.planning {
+            inputs.settings = settings;
+        }
         let Job {
-            template,
-            profile,
-            plan,
-            ..
+            template, profile, ..
         } = job;
         let layout = launch::Layout::Planned {
             plan: Box::new(plan),
@@ -113,16 +140,55 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
         if let Some(report) = &trial {
             write_json(&template.run_dir.join("trial.json"), report, "--run-dir")?;
         }
-        supervise_job(config, &template, first, trial.as_ref())
+        stage.ledger.preparation += preparing.elapsed();
+        supervise_job(config, &template, first, trial.as_ref(), &stage.before())
     })
 }
 
-/// What a launch was doing, for a stop signal's record.
+/// The work of one iteration of `plan`, for the ledger's throughput (what the progress
+/// line counts).
+fn work(settings: &Settings, plan: &Plan, profile: &ClusterProfile) -> Work {
+    let spec = supervise::output::ProgressSpec::planned(Duration::ZERO, plan, settings, profile);
+    Work {
+        tokens: spec.tokens_per_iteration.unwrap_or(0.0),
+        flops: spec.flops_per_iteration.unwrap_or(0.0),
+        peak_flops_per_gpu: spec.peak_flops_per_gpu,
+    }
+}
+
+/// What a launch was doing, for a stop signal's record, and how long each step took, for
+/// the ledger.
 pub(super) struct Stage {
     /// `profiling the nodes`, `the trial run`.
     pub(super) during: &'static str,
     /// The run directory, once known.
     pub(super) run_dir: Option<std::path::PathBuf>,
+    /// When pipette-run started on the launch.
+    pub(super) start: Instant,
+    /// The steps before the supervisor's, timed so far (`wall` is set at the end).
+    pub(super) ledger: LedgerInputs,
+    /// The user's configuration costed beside the plan, for `--json`.
+    pub(super) yours: Option<YoursReport>,
+}
+
+/// What the supervisor's caller knew before the launch, for the end of the job.
+pub(super) struct Before<'a> {
+    /// The ledger's inputs, `wall` up to the launch.
+    pub(super) ledger: LedgerInputs,
+    pub(super) yours: Option<&'a YoursReport>,
+}
+
+impl Stage {
+    /// What is known so far, with the wall time so far.
+    pub(super) fn before(&self) -> Before<'_> {
+        Before {
+            ledger: LedgerInputs {
+                wall: self.start.elapsed(),
+                ..self.ledger.clone()
+            },
+            yours: self.yours.as_ref(),
+        }
+    }
 }
 
 /// Runs `launch` (which says in its [`Stage`] what it is doing); when a stop signal ends it
@@ -137,6 +203,9 @@ pub(super) fn ending_on_signal(
     let mut stage = Stage {
         during: "profiling the nodes",
         run_dir: None,
+        start: Instant::now(),
+        ledger: LedgerInputs::default(),
+        yours: None,
     };
     let error = match launch(&mut stage) {
         Ok(code) => return Ok(code),
@@ -144,6 +213,10 @@ pub(super) fn ending_on_signal(
     };
     let Some(signal) = error.interrupted_by() else {
         return Err(error);
+    };
+    let ledger = LedgerInputs {
+        wall: stage.start.elapsed(),
+        ..stage.ledger.clone()
     };
     let run_dir = match stage.run_dir {
         Some(dir) => dir,
@@ -176,7 +249,11 @@ pub(super) fn ending_on_signal(
         stage.during,
         run_dir.display()
     );
-    finish_outcome(config, &run_dir, &outcome, None)
+    let before = Before {
+        ledger,
+        yours: stage.yours.as_ref(),
+    };
+    finish_outcome(config, &run_dir, &outcome, None, &before)
 }
 
 /// `Err(Error::Interrupted)` once a stop signal has arrived: checked between the stages
@@ -197,7 +274,9 @@ pub(super) fn supervise_job(
     template: &launch::JobTemplate,
     first: launch::Attempt,
     trial: Option<&trial::TrialReport>,
+    before: &Before<'_>,
 ) -> Result<i32, Error> {
+    let start = Instant::now();
     let run_dir = template.run_dir.clone();
     let events = supervise::events::EventLog::create(&run_dir).map_err(|e| {
         Error::Usage(format!(
@@ -206,16 +285,24 @@ pub(super) fn supervise_job(
         ))
     })?;
     for note in &first.spec.notes {
-        eprintln!("pipette-run: {note}");
+        eprint!("{}", indent_lines(&wrap(note, LOG_WIDTH), LOG_PREFIX));
     }
     let files = match template.planning {
         launch::Planning::On(_) => "launch scripts, plan, trial.json, logs/, events.jsonl",
         launch::Planning::Off { .. } => "launch scripts, world.json, logs/, events.jsonl",
     };
-    eprintln!("pipette-run: run directory {} ({files})", run_dir.display());
+    let line = format!("run directory {} ({files})", run_dir.display());
+    eprint!("{}", indent_lines(&wrap(&line, LOG_WIDTH), LOG_PREFIX));
     stop_requested()?;
     let outcome = supervise::supervise(template, first, &config.supervise, &events);
-    finish_outcome(config, &run_dir, &outcome, trial)
+    let before = Before {
+        ledger: LedgerInputs {
+            wall: before.ledger.wall + start.elapsed(),
+            ..before.ledger.clone()
+        },
+        yours: before.yours,
+    };
+    finish_outcome(config, &run_dir, &outcome, trial, &before)
 }
 
 /// The end of a job: the summary (on stderr and in the run directory) and, with `--json`,
@@ -225,31 +312,50 @@ fn finish_outcome(
     run_dir: &std::path::Path,
     outcome: &supervise::Outcome,
     trial: Option<&trial::TrialReport>,
+    before: &Before<'_>,
 ) -> Result<i32, Error> {
-    let summary = outcome.summary();
+    let ledger = Ledger::new(&before.ledger, &outcome.attempts);
+    let summary = job_summary(outcome, Some(&ledger));
     eprint!("{summary}");
     if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
         eprintln!("pipette-run: warning: cannot write the summary into the run directory: {e}");
     }
+    if let Err(e) = write_json(&run_dir.join("ledger.json"), &ledger, "--run-dir") {
+        eprintln!("pipette-run: warning: {e}");
+    }
     if config.output.json {
         let result = LaunchResult {
+            schema: LAUNCH_SCHEMA,
             run_dir: run_dir.display().to_string(),
             outcome,
             trial,
+            yours: before.yours,
+            ledger: &ledger,
         };
         println!("{}", to_json(&result)?);
     }
     Ok(outcome.exit_code)
 }
 
+/// `pipette-run --json`'s result's schema name and version; the version changes with
+/// any field.
+pub(super) const LAUNCH_SCHEMA: &str = "pipette-launch/1";
+
 /// What `pipette-run --json` prints on stdout when the job ends (the nodes' output goes
 /// to stderr then).
 #[derive(serde::Serialize)]
 pub(super) struct LaunchResult<'a> {
+    /// [`LAUNCH_SCHEMA`].
+    pub(super) schema: &'static str,
     pub(super) run_dir: String,
     pub(super) outcome: &'a supervise::Outcome,
     /// The trial run's measurements and fitted calibration, when one ran.
     pub(super) trial: Option<&'a trial::TrialReport>,
+    /// The configuration the script's arguments give, costed beside the plan; null when
+    /// they set none (or planning is off).
+    pub(super) yours: Option<&'a YoursReport>,
+    /// Where the wall time went (as `ledger.json`).
+    pub(super) ledger: &'a Ledger,
 }
 
 /// A job ready to try or launch: its inputs, the nodes' profile, the first plan and what
@@ -259,25 +365,87 @@ pub(super) struct Job {
     pub(super) profile: ClusterProfile,
     pub(super) plan: Plan,
     pub(super) template: launch::JobTemplate,
+    /// The settings as read, before `--pin yours` (`run.settings` has the user's
+    /// configuration pinned when it kept it).
+    pub(super) free: Settings,
+    /// How long profiling (with reading the inputs), planning and preparing the job's
+    /// template took.
+    pub(super) took: (Duration, Duration, Duration),
 }
 
 /// Discovers and profiles (or reads --cluster), plans, and builds the job template.
 pub(super) fn prepare_job(config: &RunConfig) -> Result<Job, Error> {
+    let started = Instant::now();
     let run = gather_inputs(config, true)?;
+    let profiling = started.elapsed();
     let Some(profile) = run.profile.clone() else {
         return Err(Error::Internal(
             "no profile after profiling the nodes".to_string(),
         ));
     };
+    let mut run = run;
     let options = config.planning.plan_options(&run.settings)?;
-    let plan = plan::plan(&run.settings, &profile, &options)?;
+    let free = run.settings.clone();
+    let decision = decided::decide(
+        &free,
+        &config.script.args,
+        &profile,
+        &options,
+        decided::pin_yours(config.settings.pin.as_deref())?,
+        None,
+    )?;
+    run.settings = decision.settings;
+    let planning = started.elapsed() - profiling;
+    let preparing = Instant::now();
     let template = job_template(config, planning_on(&run.settings, options), &run.allocation)?;
+    let preparation = preparing.elapsed();
     Ok(Job {
         run,
         profile,
-        plan,
+        plan: decision.plan,
         template,
+        free,
+        took: (profiling, planning, preparation),
     })
+}
+
+/// The plan report every launch logs (see [`plan_summary`]), with the user's
+/// configuration costed under the final calibration (and `--pin yours` decided again
+/// with it): returns the plan to launch, the settings it was made with, and the report.
+fn decided_plan(
+    config: &RunConfig,
+    job: &Job,
+    plan: Plan,
+    options: &PlanOptions,
+) -> Result<(Plan, Settings, Option<YoursReport>), Error> {
+    // The plan is ours, free of `--pin yours`, unless that pin kept the user's.
+    let free_plan = (job.run.settings == job.free).then_some(plan);
+    let decision = decided::decide(
+        &job.free,
+        &config.script.args,
+        &job.profile,
+        options,
+        decided::pin_yours(config.settings.pin.as_deref())?,
+        free_plan,
+    )?;
+    let runner_up = runner_up(&decision.plan, &decision.settings, &job.profile, options);
+    let runner_up = runner_up.as_ref().map(|(c, t)| (c, t));
+    let yours = decision.yours.as_ref();
+    match (config.output.quiet, config.output.verbose) {
+        (true, _) => {}
+        (false, false) => {
+            let report = plan_summary(&decision.plan, runner_up, yours, LOG_WIDTH);
+            eprint!("{}", indent_lines(&report, LOG_PREFIX));
+        }
+        // The dry run's report as it is (its tables take the whole 80 columns), the
+        // user's configuration after it, as the summary is printed.
+        (false, true) => eprint!(
+            "{LOG_PREFIX}the plan\n{}{}",
+            plan_to_human(&decision.plan, runner_up),
+            wrap(&yours.map(YoursReport::to_human).unwrap_or_default(), WIDTH)
+        ),
+    }
+    Ok((decision.plan, decision.settings, decision.yours))
 }
 
 /// A planned job's planning: the settings and the planner's options.
@@ -440,18 +608,22 @@ pub(super) fn trial_and_replan(
                 eprint!("{}", indent_lines(&fitted.to_human(), "pipette-run: "));
                 report = Some(fitted);
                 let replanned = plan::plan(settings, &job.profile, &options)?;
-                let changed = replanned.config != plan.config;
+                let changes = config_changes(&plan.config, &replanned.config);
+                let changed = !changes.is_empty();
                 if changed {
-                    eprintln!(
-                        "pipette-run: re-planned with the calibrated estimates: tp {} pp {} dp {} micro-batch {} (was tp {} pp {} dp {} micro-batch {})",
-                        replanned.config.tp,
-                        replanned.config.pp,
-                        replanned.config.dp,
-                        replanned.config.micro_batch,
-                        plan.config.tp,
-                        plan.config.pp,
-                        plan.config.dp,
-                        plan.config.micro_batch
+                    eprint!(
+                        "{}",
+                        indent_lines(
+                            &wrap(
+                                &format!(
+                                    "re-planned with the calibrated estimates: {} (now {})\n",
+                                    changes.join(", "),
+                                    describe(&replanned.config)
+                                ),
+                                LOG_WIDTH
+                            ),
+                            LOG_PREFIX
+                        )
                     );
                 }
                 plan = replanned;
@@ -556,7 +728,17 @@ pub(super) fn plan_and_render(config: &RunConfig, run: &mut Run) -> Result<(), E
         return Ok(());
     };
     let options = config.planning.plan_options(&run.settings)?;
-    let plan = plan::plan(&run.settings, profile, &options)?;
+    let decision = decided::decide(
+        &run.settings,
+        &config.script.args,
+        profile,
+        &options,
+        decided::pin_yours(config.settings.pin.as_deref())?,
+        None,
+    )?;
+    let plan = decision.plan;
+    run.settings = decision.settings;
+    run.report.yours = decision.yours;
     run.runner_up = runner_up(&plan, &run.settings, profile, &options);
     // The same template the launch renders with, so the preview is what would run.
     let mut template = job_template(config, planning_on(&run.settings, options), &run.allocation)?;

@@ -17,6 +17,7 @@
 
 mod config;
 mod copies;
+mod decided;
 mod inputs;
 mod job;
 mod node_env;
@@ -92,6 +93,10 @@ fn site_config_at(path: &Path) -> Result<Option<crate::cli::site::SiteConfig>, S
 /// signal handlers in place from here to the end (see [`crate::exec::signals`]); a dry run
 /// runs nothing on the nodes, so a signal ends it at once, as it always did.
 fn drive(config: &RunConfig) -> i32 {
+    let finish = |program: &str, result: Result<(), Error>| match result {
+        Err(e) if config.output.json => finish_json(program, e),
+        result => finish(program, result),
+    };
     let _signals = (!config.output.dry_run).then(crate::exec::signals::SignalGuard::install);
     // An existing --run-dir is refused before anything runs (profiling, the trial).
     if let Some(dir) = &config.launch.run_dir {
@@ -171,6 +176,22 @@ fn finish(program: &str, result: Result<(), Error>) -> i32 {
         }
     }
 }
+
+/// `--json`'s error: the usual message on stderr, and on stdout, where a tool reads the
+/// result, a JSON object ([`ERROR_SCHEMA`]) with the message and the exit code.
+fn finish_json(program: &str, e: Error) -> i32 {
+    let object = serde_json::json!({
+        "schema": ERROR_SCHEMA,
+        "error": e.to_string(),
+        "exit_code": e.process_exit_code(),
+    });
+    let code = finish(program, Err(e));
+    println!("{object:#}");
+    code
+}
+
+/// The schema name and version of `--json`'s error object.
+const ERROR_SCHEMA: &str = "pipette-error/1";
 
 /// Prints clap's message (help, version, or a usage error) and returns its exit code:
 /// 0 for help and version, 2 for a malformed command line, as torchrun does. A bad value

@@ -128,7 +128,7 @@ pub(super) fn launch_and_supervise(config: &RunConfig, why: &str) -> Result<i32,
         // lines by which progress could be told.
         let mut config = config.clone();
         config.supervise.startup_timeout = config.startup_timeout_given;
-        supervise_job(&config, &template, first, None)
+        supervise_job(&config, &template, first, None, &stage.before())
     })
 }
 

@@ -8,8 +8,8 @@ pub mod torchrun;
 pub mod values;
 
 pub use options::{
-    DiscoveryOptions, LaunchOptions, ModelOptions, NodeOptions, OutputOptions, PlanningOptions,
-    ProfilingOptions, SuperviseOptions, TrialOptions,
+    DiscoveryOptions, LaunchOptions, LogOptions, ModelOptions, NodeOptions, OutputOptions,
+    PlanningOptions, ProfilingOptions, SuperviseOptions, TrialOptions,
 };
 pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
 
@@ -141,6 +141,9 @@ pub fn man_page(program: Program) -> std::io::Result<Vec<u8>> {
 pub struct RunCli {
     #[command(flatten)]
     pub pipette: OutputOptions,
+
+    #[command(flatten)]
+    pub log: LogOptions,
 
     #[command(flatten)]
     pub discovery: DiscoveryOptions,

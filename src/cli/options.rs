@@ -27,6 +27,21 @@ pub struct OutputOptions {
     pub seed: u64,
 }
 
+/// How much of its own pipette-run says while it launches.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Pipette options")]
+pub struct LogOptions {
+    /// Say more: the whole plan report at launch (why it wins term by term, the top
+    /// configurations, the mapping), as the dry run shows it
+    #[arg(short = 'v', long, conflicts_with = "quiet")]
+    pub verbose: bool,
+
+    /// Say less: no plan report and no progress lines (warnings, failures, re-plans and
+    /// the closing summary stay)
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
 /// Where the nodes come from. Discovery order: Slurm, PBS, --hostfile, --hosts, this
 /// machine; --include/--exclude then filter whatever was found.
 #[derive(Debug, Clone, Default, Args)]
@@ -77,8 +92,10 @@ pub struct ModelOptions {
 
     /// Parallel settings the planner must keep, comma-separated: tp, pp, mbs, vpp, sp,
     /// recompute, dist-opt take their value from the Megatron arguments; NAME=VALUE
-    /// fixes a value (e.g. tp=4, dp=8); `all` pins everything the arguments give.
-    /// Without --pin, parallel sizes in the script's arguments are only replaced
+    /// fixes a value (e.g. tp=4, dp=8); `all` pins everything the arguments give;
+    /// `yours` keeps the arguments' configuration unless the plan is faster by more than
+    /// the time model's stated error. Without --pin, parallel sizes in the script's
+    /// arguments are costed beside the plan and replaced
     #[arg(long, env = "PIPETTE_PIN", value_name = "LIST")]
     pub pin: Option<String>,
 }
@@ -259,6 +276,11 @@ pub struct SuperviseOptions {
     /// How long a node has to answer its health check after a failure
     #[arg(long = "health-timeout", value_name = "DURATION", default_value = "20s", allow_hyphen_values = true, value_parser = parse_duration)]
     pub health_timeout: std::time::Duration,
+
+    /// During training, a line of ours at most this often: iteration n/N, time per
+    /// iteration against the estimate, tokens/s per GPU, MFU, time left. `0` shows none
+    #[arg(long = "progress-interval", env = "PIPETTE_PROGRESS_INTERVAL", value_name = "DURATION", default_value = "30s", allow_hyphen_values = true, value_parser = parse_duration)]
+    pub progress_interval: std::time::Duration,
 }
 
 /// What reaches the nodes besides the command: environment variables, and the options of

@@ -11,9 +11,15 @@ use crate::config::{
 
 use super::{device_ranges, short_count, thousands};
 
+/// `pipette-run --dry-run --json`'s schema name and version; the version changes with
+/// any field.
+pub const SCHEMA: &str = "pipette-dry-run/1";
+
 /// Everything a dry run found, in the order the stages found it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DryRunReport {
+    /// [`SCHEMA`].
+    pub schema: &'static str,
     pub nodes: NodesSection,
     /// The cluster profile file, when one was given.
     pub cluster_profile: Option<ProfileSummary>,
@@ -26,6 +32,9 @@ pub struct DryRunReport {
     pub torchrun_passthrough: Vec<String>,
     /// The plan; `null` without a cluster profile to plan with.
     pub plan: Option<serde_json::Value>,
+    /// The configuration the script's arguments give, costed beside the plan; `null`
+    /// when they set no parallel setting (or there is no plan).
+    pub yours: Option<super::plan::YoursReport>,
     /// What runs on every node, and the files of the run directory.
     pub launch: Option<crate::render::LaunchSpec>,
     /// Where the launch scripts, plan and summary were written.

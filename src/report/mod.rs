@@ -3,6 +3,7 @@
 
 pub mod dry_run;
 pub mod estimate;
+pub mod ledger;
 pub mod pictures;
 pub mod plan;
 
@@ -10,6 +11,10 @@ pub use dry_run::DryRunReport;
 
 /// The terminal width our text is laid out for.
 pub const WIDTH: usize = 80;
+
+// Wrapping lives with the supervisor's lines, the earliest that need it.
+pub(crate) use crate::supervise::reporter::fill;
+pub use crate::supervise::reporter::wrap;
 
 /// `6738415616` → `6,738,415,616`: parameter counts are read by people.
 pub fn thousands(n: u64) -> String {
@@ -106,57 +111,6 @@ pub fn compress_hosts(hosts: &[String]) -> String {
     parts.join(",")
 }
 
-/// `text` with every line longer than `width` columns broken at spaces, the continuation
-/// indented four columns deeper than the line (a word longer than the room stays whole).
-pub fn wrap(text: &str, width: usize) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        let (body, end) = match line.strip_suffix('\n') {
-            Some(b) => (b, "\n"),
-            None => (line, ""),
-        };
-        if body.chars().count() <= width {
-            out.push_str(line);
-            continue;
-        }
-        let indent = body.len() - body.trim_start_matches(' ').len();
-        let first = " ".repeat(indent);
-        let next = " ".repeat((indent + 4).min(width / 2));
-        let words = body.trim_start_matches(' ').split(' ');
-        out.push_str(&fill(words, width, &first, &next, 0).join("\n"));
-        out.push_str(end);
-    }
-    out
-}
-
-/// `words` laid into lines of `width` columns at most, `reserve` of them kept free at the
-/// end of every line but the last; the first line starts with `first`, the others with
-/// `next`. A word longer than the room gets a line of its own.
-pub(crate) fn fill<'a>(
-    words: impl IntoIterator<Item = &'a str>,
-    width: usize,
-    first: &str,
-    next: &str,
-    reserve: usize,
-) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut current = first.to_string();
-    let mut fresh = true;
-    for word in words {
-        if !fresh && current.chars().count() + 1 + word.chars().count() + reserve > width {
-            lines.push(std::mem::replace(&mut current, next.to_string()));
-            fresh = true;
-        }
-        if !fresh {
-            current.push(' ');
-        }
-        current.push_str(word);
-        fresh = false;
-    }
-    lines.push(current);
-    lines
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,19 +125,6 @@ mod tests {
         assert_eq!(compress_hosts(&h(&["a9", "a10"])), "a9,a10");
         assert_eq!(compress_hosts(&h(&["x"])), "x");
         assert_eq!(compress_hosts(&[]), "");
-    }
-
-    #[test]
-    fn long_lines_wrap_under_their_indent() {
-        let text = "  one two three four five\nshort\n";
-        assert_eq!(
-            wrap(text, 12),
-            "  one two\n      three\n      four\n      five\nshort\n"
-        );
-        assert_eq!(
-            wrap("unbreakable-word-here x", 5),
-            "unbreakable-word-here\n  x"
-        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! How a plan reads to people: the winner, why it wins, the runners-up, the mapping.
 
 use comfy_table::{presets::NOTHING, CellAlignment, ContentArrangement, Table};
+use serde::Serialize;
 
 use crate::config::Recompute;
 use crate::model::time::TimeEstimate;
@@ -16,54 +17,8 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// footing as the winner's (both on their best mapping), when there is one, so the text
 /// can say which terms make the difference.
 pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstimate)>) -> String {
-    let c = &plan.config;
     let e = &plan.estimate;
-    let mut out = format!("Plan: {}\n", describe(c));
-    out.push_str(&format!("  layers per stage {}\n", split(c)));
-    match &plan.heterogeneous {
-        None => out.push_str(&format!(
-            "  iteration {} (estimated, {} micro-batches), peak memory {:.1} GiB of {:.1} GiB usable\n",
-            with_stated_error(e.iteration_ms, e.time.model),
-            e.time.microbatches,
-            e.peak_memory_bytes as f64 / GIB,
-            e.usable_memory_bytes as f64 / GIB
-        )),
-        // Each stage has its own GPUs' memory: the stage table says how each fits.
-        Some(_) => out.push_str(&format!(
-            "  iteration {} (estimated, {} micro-batches), every stage within its own GPUs' memory (below)\n",
-            with_stated_error(e.iteration_ms, e.time.model), e.time.microbatches,
-        )),
-    }
-    let gain_of = |ms: f64| {
-        if plan.baseline_mapping_ms > 0.0 {
-            (plan.baseline_mapping_ms - ms) / plan.baseline_mapping_ms * 100.0
-        } else {
-            0.0
-        }
-    };
-    let chosen = plan.top.get(plan.ties.chosen);
-    let searched = chosen.map_or(e.iteration_ms, |r| r.searched_ms);
-    if searched < plan.baseline_mapping_ms && e.iteration_ms >= plan.baseline_mapping_ms {
-        // Hysteresis: the search found a faster order, by less than the threshold.
-        out.push_str(&format!(
-            "  mapping by {} ({} evaluations): torchrun's default order kept, {:.1} ms\n  (the best mapping found, {searched:.1} ms, gains {:.2} %, under the {} % --mapping-threshold)\n",
-            method(&plan.mapping.method),
-            plan.mapping.evaluations,
-            plan.baseline_mapping_ms,
-            gain_of(searched),
-            100.0 * plan.search.mapping_threshold,
-        ));
-    } else {
-        out.push_str(&format!(
-            "  mapping by {} ({} evaluations): {:.1} ms on torchrun's default order, {:.1} ms mapped ({:.1} % faster)\n",
-            method(&plan.mapping.method),
-            plan.mapping.evaluations,
-            plan.baseline_mapping_ms,
-            e.iteration_ms,
-            gain_of(e.iteration_ms),
-        ));
-    }
-
+    let mut out = headline(plan);
     if let Some(h) = &plan.heterogeneous {
         out.push_str(&stages(h, e.iteration_ms));
     }
@@ -80,30 +35,7 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
         out.push_str(&format!("  {name:<36}{ms:>10.1} ms{versus}\n"));
     }
     if let Some((config, r)) = runner_up {
-        // The terms that differ most, either way: what the runner-up loses and gains.
-        let mut deltas: Vec<(&str, f64)> = rows
-            .iter()
-            .zip(terms(r))
-            .map(|((name, ours), (_, theirs))| (*name, theirs - ours))
-            .filter(|(_, d)| d.abs() >= 0.05)
-            .collect();
-        deltas.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
-        let differences: Vec<String> = deltas
-            .iter()
-            .take(2)
-            .map(|(name, d)| format!("{d:+.1} ms {name}"))
-            .collect();
-        out.push_str(&format!(
-            "  runner-up {}: {:.1} ms ({:+.1} ms; {})\n",
-            describe(config),
-            r.iteration_ms,
-            r.iteration_ms - t.iteration_ms,
-            if differences.is_empty() {
-                "the same terms".to_string()
-            } else {
-                differences.join(", ")
-            }
-        ));
+        out.push_str(&format!("  {}\n", runner_up_text(t, config, r)));
     }
 
     out.push_str("\nTop configurations (memory and time per iteration)\n");
@@ -209,6 +141,240 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
     super::wrap(&out, super::WIDTH)
 }
 
+/// The first lines of the plan, for the dry run's report and every launch's: the
+/// configuration, its split, the estimate with its stated error and peak memory, and the
+/// mapping's gain (or that torchrun's order was kept).
+fn headline(plan: &Plan) -> String {
+    let c = &plan.config;
+    let e = &plan.estimate;
+    let mut out = format!("Plan: {}\n", describe(c));
+    out.push_str(&format!("  layers per stage {}\n", split(c)));
+    match &plan.heterogeneous {
+        None => out.push_str(&format!(
+            "  iteration {} (estimated, {} micro-batches), peak memory {:.1} GiB of {:.1} GiB usable\n",
+            with_stated_error(e.iteration_ms, e.time.model),
+            e.time.microbatches,
+            e.peak_memory_bytes as f64 / GIB,
+            e.usable_memory_bytes as f64 / GIB
+        )),
+        // Each stage has its own GPUs' memory: the stage table says how each fits.
+        Some(_) => out.push_str(&format!(
+            "  iteration {} (estimated, {} micro-batches), every stage within its own GPUs' memory (below)\n",
+            with_stated_error(e.iteration_ms, e.time.model), e.time.microbatches,
+        )),
+    }
+    let gain_of = |ms: f64| {
+        if plan.baseline_mapping_ms > 0.0 {
+            (plan.baseline_mapping_ms - ms) / plan.baseline_mapping_ms * 100.0
+        } else {
+            0.0
+        }
+    };
+    let chosen = plan.top.get(plan.ties.chosen);
+    let searched = chosen.map_or(e.iteration_ms, |r| r.searched_ms);
+    if searched < plan.baseline_mapping_ms && e.iteration_ms >= plan.baseline_mapping_ms {
+        // Hysteresis: the search found a faster order, by less than the threshold.
+        out.push_str(&format!(
+            "  mapping by {} ({} evaluations): torchrun's default order kept, {:.1} ms\n  (the best mapping found, {searched:.1} ms, gains {:.2} %, under the {} % --mapping-threshold)\n",
+            method(&plan.mapping.method),
+            plan.mapping.evaluations,
+            plan.baseline_mapping_ms,
+            gain_of(searched),
+            100.0 * plan.search.mapping_threshold,
+        ));
+    } else {
+        out.push_str(&format!(
+            "  mapping by {} ({} evaluations): {:.1} ms on torchrun's default order, {:.1} ms mapped ({:.1} % faster)\n",
+            method(&plan.mapping.method),
+            plan.mapping.evaluations,
+            plan.baseline_mapping_ms,
+            e.iteration_ms,
+            gain_of(e.iteration_ms),
+        ));
+    }
+
+    out
+}
+
+/// How the runner-up compares: `runner-up tp 1 × pp 2 ...: 12.0 ms (+1.1 ms; the two
+/// terms that differ most)`.
+fn runner_up_text(t: &TimeEstimate, config: &ParallelConfig, r: &TimeEstimate) -> String {
+    // The terms that differ most, either way: what the runner-up loses and gains.
+    let mut deltas: Vec<(&str, f64)> = terms(t)
+        .iter()
+        .zip(terms(r))
+        .map(|((name, ours), (_, theirs))| (*name, theirs - ours))
+        .filter(|(_, d)| d.abs() >= 0.05)
+        .collect();
+    deltas.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
+    let differences: Vec<String> = deltas
+        .iter()
+        .take(2)
+        .map(|(name, d)| format!("{d:+.1} ms {name}"))
+        .collect();
+    format!(
+        "runner-up {}: {:.1} ms ({:+.1} ms; {})",
+        describe(config),
+        r.iteration_ms,
+        r.iteration_ms - t.iteration_ms,
+        if differences.is_empty() {
+            "the same terms".to_string()
+        } else {
+            differences.join(", ")
+        }
+    )
+}
+
+/// The user's own parallel configuration, as the script's Megatron arguments give it,
+/// costed with the same model as the plan (on torchrun's default order, as the user's
+/// own launch would place it).
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Yours {
+    /// It runs: its estimated iteration time and peak memory.
+    Costed {
+        config: ParallelConfig,
+        iteration_ms: f64,
+        peak_memory_bytes: u64,
+    },
+    /// Megatron would accept it, but it needs more memory than the GPUs have.
+    DoesNotFit {
+        config: ParallelConfig,
+        reason: String,
+    },
+    /// Megatron (or this world size) does not accept it.
+    Invalid { reason: String },
+}
+
+/// What `--pin yours` decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PinOutcome {
+    /// `--pin yours` was not given.
+    NotAsked,
+    /// Ours is not faster by more than the model's stated error: yours runs.
+    Kept,
+    /// Ours is faster by more than the stated error: ours runs.
+    Replaced,
+    /// Yours cannot run (invalid, or it does not fit): ours runs.
+    CannotRun,
+}
+
+/// The user's configuration against ours, for the plan report and `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct YoursReport {
+    pub yours: Yours,
+    /// The best configuration the planner found, free of `--pin yours`, and its estimate
+    /// on its best mapping.
+    pub ours: ParallelConfig,
+    pub ours_ms: f64,
+    /// The model's stated error, a fraction (0.043).
+    pub stated_error: f64,
+    pub pin: PinOutcome,
+}
+
+impl YoursReport {
+    /// How much faster ours is than yours, a fraction of yours (negative when slower);
+    /// `None` when yours was not costed.
+    pub fn gain(&self) -> Option<f64> {
+        match &self.yours {
+            Yours::Costed { iteration_ms, .. } if *iteration_ms > 0.0 => {
+                Some((iteration_ms - self.ours_ms) / iteration_ms)
+            }
+            _ => None,
+        }
+    }
+
+    /// The lines of the plan report: yours costed beside ours, and what `--pin yours`
+    /// decided.
+    pub fn to_human(&self) -> String {
+        let error = 100.0 * self.stated_error;
+        let mut out = String::new();
+        match &self.yours {
+            Yours::Costed {
+                config,
+                iteration_ms,
+                ..
+            } => {
+                out.push_str(&format!(
+                    "  yours, as your arguments say: {}\n",
+                    describe(config)
+                ));
+                let gain = 100.0 * self.gain().unwrap_or(0.0);
+                let how = if *config == self.ours {
+                    if gain.abs() < 0.05 {
+                        "the same configuration".to_string()
+                    } else {
+                        format!("the same configuration, mapped: {gain:.1} % faster")
+                    }
+                } else if gain >= 0.0 {
+                    format!("{gain:.1} % faster")
+                } else {
+                    format!("{:.1} % slower: the simpler of the ties", -gain)
+                };
+                let within = if gain.abs() <= error && *config != self.ours {
+                    format!(", within the model's stated error of ± {error:.1} %")
+                } else {
+                    String::new()
+                };
+                out.push_str(&format!(
+                    "  yours: {iteration_ms:.1} ms, ours: {:.1} ms ({how}{within})\n",
+                    self.ours_ms
+                ));
+            }
+            Yours::DoesNotFit { config, reason } => out.push_str(&format!(
+                "  yours, as your arguments say: {}\n  yours does not fit: {reason}\n",
+                describe(config)
+            )),
+            Yours::Invalid { reason } => {
+                out.push_str(&format!("  yours is not a valid configuration: {reason}\n"))
+            }
+        }
+        let gain = 100.0 * self.gain().unwrap_or(0.0);
+        match self.pin {
+            PinOutcome::NotAsked => {}
+            PinOutcome::Kept => out.push_str(&format!(
+                "  --pin yours: yours runs (ours is faster by {gain:.1} %, not by more than the model's stated error of ± {error:.1} %)\n"
+            )),
+            PinOutcome::Replaced => out.push_str(&format!(
+                "  --pin yours: ours runs (faster by {gain:.1} %, more than the model's stated error of ± {error:.1} %)\n"
+            )),
+            PinOutcome::CannotRun => {
+                out.push_str("  --pin yours: yours cannot run, so ours runs\n")
+            }
+        }
+        out
+    }
+}
+
+/// The plan in a few lines, as every launch logs it (the head of the dry run's report):
+/// the configuration, the estimate with its stated error, the mapping's gain, why it wins
+/// (the runner-up and what it loses), the ties, and the user's configuration costed
+/// beside it. Laid out for `width` columns.
+pub fn plan_summary(
+    plan: &Plan,
+    runner_up: Option<(&ParallelConfig, &TimeEstimate)>,
+    yours: Option<&YoursReport>,
+    width: usize,
+) -> String {
+    let mut out = headline(plan);
+    match runner_up {
+        Some((config, r)) => out.push_str(&format!(
+            "  why it wins: the {}\n",
+            runner_up_text(&plan.estimate.time, config, r)
+        )),
+        None => out.push_str(&format!(
+            "  why it wins: the only configuration that fits ({} Megatron accepts, {} fit)\n",
+            plan.stats.candidates, plan.stats.fitting
+        )),
+    }
+    out.push_str(&ties(plan));
+    if let Some(y) = yours {
+        out.push_str(&y.to_human());
+    }
+    super::wrap(&out, width)
+}
+
 /// More nodes than this: the mapping table shows [`MAPPING_ROWS_SHOWN`] rows.
 const MAX_MAPPING_ROWS: usize = 16;
 const MAPPING_ROWS_SHOWN: usize = 8;
@@ -282,8 +448,9 @@ fn ties(plan: &Plan) -> String {
     } else {
         format!("#{} runs", t.chosen + 1)
     };
+    // One line, which [`super::wrap`] breaks to the width.
     format!(
-        "  #1-#{} are ties: within the model's stated error (± {:.1} %) of the fastest; the\n  simplest wins (fewest pipeline stages, then virtual stages, smallest tp, largest\n  micro-batch): {which}\n",
+        "  #1-#{} are ties: within the model's stated error (± {:.1} %) of the fastest; the simplest wins (fewest pipeline stages, then virtual stages, smallest tp, largest micro-batch): {which}\n",
         t.count,
         100.0 * t.window,
     )

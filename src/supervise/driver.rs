@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use super::decide::{self, decide, Decision, Ending, Facts, Next, Stop};
 use super::events::{Event, EventLog, NodeRef, StopRecord};
 use super::health::{self, Health};
-use super::output::JobOutput;
+use super::output::{JobOutput, ProgressSpec};
 use super::reporter::{relaunch_text, replan_text, Reporter};
 use super::signals::{ActSignals, SignalGuard};
 use super::watch::{watch, WatchSignals};
-use super::{AttemptSummary, Outcome, SuperviseOptions};
+use super::{AttemptSummary, AttemptTiming, Outcome, SuperviseOptions};
 use crate::exec::format_duration;
 use crate::exit::ExitCode;
 use crate::launch::{
@@ -122,7 +122,7 @@ impl Driver<'_> {
         let hosts: Vec<String> = nodes.iter().map(|(h, _)| h.clone()).collect();
         let logs = attempt.dir.join("logs");
         let output = match JobOutput::new(&nodes, &logs, options.echo) {
-            Ok(output) => Arc::new(output),
+            Ok(output) => Arc::new(output.with_progress(self.progress_spec(attempt))),
             Err(e) => {
                 let dir = logs.display().to_string();
                 let stop = Stop::LogsUnwritable {
@@ -150,6 +150,7 @@ impl Driver<'_> {
             resume: attempt.resume.clone(),
             since_failure,
         });
+        let launched = Instant::now();
         let mut job = launch::start(template, attempt, output.clone(), options.grace);
         let record = |event: Event| self.emit(event);
         let pass_on = |signal| self.pass_on(attempt.number, &hosts, signal);
@@ -164,6 +165,14 @@ impl Driver<'_> {
         drop(acts);
         let (unresponsive, unhealthy) =
             self.stop_and_check(attempt, &hosts, &mut job, &output, &ending);
+        let stopped = Instant::now();
+        let timing = AttemptTiming {
+            running: detected_at.saturating_duration_since(launched),
+            output: output.timing(),
+            teardown: stopped.saturating_duration_since(detected_at),
+            restart: Duration::ZERO,
+            failed: ending.is_failure(),
+        };
 
         let mut facts = Facts {
             hosts: &hosts,
@@ -194,6 +203,11 @@ impl Driver<'_> {
             end: decision.end.clone(),
             left_out: decision.left_out.clone(),
             replan: None,
+            estimated_ms: match &attempt.layout {
+                Layout::Planned { plan, .. } => Some(plan.estimate.iteration_ms),
+                Layout::World(_) => None,
+            },
+            timing,
         };
         loop {
             let decision = decide(&facts);
@@ -214,10 +228,12 @@ impl Driver<'_> {
                     let handover = match self.relaunch(attempt, decision, checkpoint, resume) {
                         Ok((next, replan)) => {
                             summary.replan = Some(replan);
+                            summary.timing.restart = stopped.elapsed();
                             Handover::Relaunch(Box::new(next), detected_at)
                         }
                         Err(stop) => {
                             summary.replan = Some(stop.reason());
+                            summary.timing.restart = stopped.elapsed();
                             Handover::Stop(stop, code)
                         }
                     };
@@ -225,6 +241,22 @@ impl Driver<'_> {
                     return handover;
                 }
             }
+        }
+    }
+
+    /// What the attempt's progress line says besides the job's lines.
+    fn progress_spec(&self, attempt: &Attempt) -> ProgressSpec {
+        let interval = self.options.progress_interval;
+        let world_size = attempt.spec.world_size;
+        match (&attempt.layout, self.template.planning.settings()) {
+            (Layout::Planned { plan, profile }, Some(settings)) => {
+                ProgressSpec::planned(interval, plan, settings, profile)
+            }
+            _ => ProgressSpec {
+                interval,
+                world_size,
+                ..ProgressSpec::default()
+            },
         }
     }
 
@@ -372,12 +404,19 @@ impl Driver<'_> {
             .map_err(|e| Stop::PrepareFailed(e.to_string()))?;
         let (from, to) = (attempt.layout.config(), next.layout.config());
         let world_sizes = (attempt.spec.world_size, next.spec.world_size);
+        let mapping_changed = match (&attempt.layout, &next.layout) {
+            (Layout::Planned { plan: a, .. }, Layout::Planned { plan: b, .. }) => {
+                a.mapping.node_order != b.mapping.node_order
+                    || a.mapping.cuda_visible_devices != b.mapping.cuda_visible_devices
+            }
+            _ => false,
+        };
         let text = match (from, to) {
             (Some(from), Some(to)) => replan_text(
                 survivors.len(),
                 &left_out,
-                from,
-                to,
+                (from, to),
+                mapping_changed,
                 kept_tp_pp,
                 resume.as_ref(),
             ),
@@ -391,6 +430,7 @@ impl Driver<'_> {
             to: to.cloned(),
             world_sizes,
             kept_tp_pp,
+            mapping_changed,
             resharded,
             resume,
             notes: notes.iter().chain(&next.spec.notes).cloned().collect(),

@@ -23,7 +23,7 @@ use crate::launch::{NodeStop, Resume};
 use crate::model::parallel::ParallelConfig;
 
 /// The version of the events' schema, written as `schema` on every line.
-pub const SCHEMA: u32 = 2;
+pub const SCHEMA: u32 = 3;
 
 /// One thing the supervisor did or saw.
 #[derive(Debug, Clone, Serialize)]
@@ -106,6 +106,9 @@ pub enum Event {
         /// `[before, after]`: workers across the nodes.
         world_sizes: (u64, u64),
         kept_tp_pp: bool,
+        /// Whether the ranks sit on other GPUs than before (a node order or a
+        /// `CUDA_VISIBLE_DEVICES` that differs); false when planning is off.
+        mapping_changed: bool,
         resharded: bool,
         resume: Option<Resume>,
         notes: Vec<String>,
@@ -163,11 +166,14 @@ impl From<&NodeStop> for StopRecord {
     }
 }
 
-fn seconds<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn seconds<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(round3(d.as_secs_f64()))
 }
 
-fn seconds_or_null<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn seconds_or_null<S: Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     d.map(|d| round3(d.as_secs_f64())).serialize(s)
 }
 

@@ -103,6 +103,8 @@ pub struct SuperviseOptions {
     pub health_timeout: Duration,
     /// How often the nodes' commands are polled.
     pub poll: Duration,
+    /// Our progress line during training at most this often (zero: none).
+    pub progress_interval: Duration,
     /// Where the nodes' output is shown; pipette-run's own messages go to stderr unless
     /// this is [`Echo::Off`].
     pub echo: Echo,
@@ -117,6 +119,7 @@ impl Default for SuperviseOptions {
             max_replans: 3,
             health_timeout: Duration::from_secs(20),
             poll: Duration::from_millis(50),
+            progress_interval: Duration::from_secs(30),
             echo: Echo::Streams,
         }
     }
@@ -192,6 +195,32 @@ pub struct AttemptSummary {
     pub left_out: Vec<String>,
     /// What the re-plan after it decided, in words.
     pub replan: Option<String>,
+    /// The plan's estimated iteration time, ms; null when planning is off.
+    pub estimated_ms: Option<f64>,
+    /// Where its time went.
+    pub timing: AttemptTiming,
+}
+
+/// Where an attempt's time went, as the supervisor measured it (the ledger's source).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct AttemptTiming {
+    /// From the launch to the end the watch saw: the training finished, a failure was
+    /// detected, a stop arrived.
+    #[serde(rename = "running_s", serialize_with = "events::seconds")]
+    pub running: Duration,
+    /// What the job's lines said within it.
+    #[serde(flatten)]
+    pub output: output::OutputTiming,
+    /// From that end through the teardown, the sweep and the health checks.
+    #[serde(rename = "teardown_s", serialize_with = "events::seconds")]
+    pub teardown: Duration,
+    /// After the teardown: reading the checkpoint, re-planning and preparing the next
+    /// attempt (zero for the last).
+    #[serde(rename = "restart_s", serialize_with = "events::seconds")]
+    pub restart: Duration,
+    /// Whether it ended in a failure (its time after the last iteration line is then
+    /// the failure's detection).
+    pub failed: bool,
 }
 
 /// How the whole job ended.
@@ -204,62 +233,6 @@ pub struct Outcome {
     pub replans: u32,
     /// From each failure's detection to the relaunch.
     pub relaunch_after: Vec<Duration>,
-}
-
-impl Outcome {
-    /// A few lines for people: every attempt, every re-plan, the exit.
-    pub fn summary(&self) -> String {
-        let mut text = String::from("pipette-run: summary\n");
-        for a in &self.attempts {
-            text.push_str(&format!(
-                "  attempt {}: {} node(s) ({}), {}{}{}: {}\n",
-                a.number,
-                a.hosts.len(),
-                a.hosts.join(", "),
-                reporter::layout_text(a.config.as_ref(), a.world_size),
-                a.resume
-                    .as_ref()
-                    .map(|r| format!(
-                        ", resumed from {}{}",
-                        r.dir,
-                        r.iteration
-                            .map(|i| format!(" at iteration {i}"))
-                            .unwrap_or_default()
-                    ))
-                    .unwrap_or_default(),
-                match (a.iterations, &a.config) {
-                    (Some((f, l)), _) => format!(", iterations {f}–{l}"),
-                    (None, Some(_)) => ", no iteration reported".to_string(),
-                    // A script that is not Megatron's has no iteration lines to report.
-                    (None, None) => String::new(),
-                },
-                a.end
-            ));
-            if !a.left_out.is_empty() {
-                text.push_str(&format!("    left out: {}\n", a.left_out.join(", ")));
-            }
-            if let Some(replan) = &a.replan {
-                text.push_str(&format!("    re-plan: {replan}\n"));
-            }
-        }
-        let relaunch = if self.relaunch_after.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; failure to relaunch: {}",
-                self.relaunch_after
-                    .iter()
-                    .map(|d| format!("{:.2} s", d.as_secs_f64()))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
-        text.push_str(&format!(
-            "  exit code {}: {}; {} re-plan(s){relaunch}\n",
-            self.exit_code, self.reason, self.replans
-        ));
-        text
-    }
 }
 
 /// The end of a job that a stop signal ended before anything was launched (while the nodes

@@ -11,8 +11,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::events::seconds_or_null;
+use super::reporter::{LOG_PREFIX, LOG_WIDTH};
+use crate::cluster::profile::Dtype;
+use crate::cluster::ClusterProfile;
+use crate::config::{Precision, Settings};
 use crate::exec::{OutputSink, Stream};
 use crate::launch::output_lines::{is_progress_line, parse_iteration};
+use crate::model::flops;
+use crate::plan::Plan;
 
 /// Where a node's lines go and what they said about progress. One per attempt; handed to
 /// the exec seam as the [`OutputSink`] of every node's command.
@@ -29,7 +36,155 @@ pub struct JobOutput {
     last_iteration: AtomicU64,
     /// The total the iteration lines give (`--train-iters`; 0: none yet).
     total_iterations: AtomicU64,
+    /// When the lines said what, for the ledger.
+    clock: Mutex<LineClock>,
+    /// Our progress line during training, when asked for.
+    progress: Option<ProgressSpec>,
+    /// Milliseconds after `start` of our last progress line.
+    last_report_ms: AtomicU64,
     echo: Echo,
+}
+
+/// What our progress line during training says besides the job's own lines: one line per
+/// `interval` at most, at an iteration line, with the iteration, its time against the
+/// estimate, tokens/s per GPU, MFU and the time left.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ProgressSpec {
+    pub interval: Duration,
+    /// The plan's estimated iteration time, ms.
+    pub estimated_ms: Option<f64>,
+    /// Tokens and model FLOPs of one iteration, all GPUs together.
+    pub tokens_per_iteration: Option<f64>,
+    pub flops_per_iteration: Option<f64>,
+    pub peak_flops_per_gpu: Option<f64>,
+    pub world_size: u64,
+}
+
+impl ProgressSpec {
+    /// The line of a planned attempt: its plan's estimate, the tokens and model FLOPs of
+    /// an iteration (as Megatron reports them), the slowest GPU's peak at the training
+    /// precision (on mixed GPUs the job runs at its pace; none for fp32).
+    pub fn planned(
+        interval: Duration,
+        plan: &Plan,
+        settings: &Settings,
+        profile: &ClusterProfile,
+    ) -> ProgressSpec {
+        let t = &settings.training;
+        let dtype = match t.precision {
+            Precision::Bf16 => Some(Dtype::Bf16),
+            Precision::Fp16 => Some(Dtype::Fp16),
+            Precision::Fp32 => None,
+        };
+        let peak = profile
+            .nodes
+            .iter()
+            .filter_map(|n| n.gpus())
+            .flatten()
+            .map(|g| dtype.and_then(|d| g.peak_tflops.get(d)))
+            .try_fold(f64::INFINITY, |low, p| p.map(|p| low.min(p)))
+            .filter(|p| p.is_finite())
+            .map(|tflops| tflops * 1e12);
+        ProgressSpec {
+            interval,
+            estimated_ms: Some(plan.estimate.iteration_ms),
+            tokens_per_iteration: Some((t.global_batch_size * settings.model.seq_length) as f64),
+            flops_per_iteration: Some(flops::megatron_reported_flops(
+                &settings.model,
+                t.global_batch_size,
+                plan.config.tp,
+            )),
+            peak_flops_per_gpu: peak,
+            world_size: plan.config.world_size(),
+        }
+    }
+
+    /// The progress line at iteration `n` of `total` taking `ms` each, as lines of at
+    /// most `width` columns (its parts carried over whole, indented two).
+    pub fn lines(&self, n: u64, total: u64, ms: f64, width: usize) -> Vec<String> {
+        let mut parts = vec![format!("iteration {n}/{total}")];
+        parts.push(match self.estimated_ms.filter(|e| *e > 0.0) {
+            Some(e) => format!("{ms:.1} ms (estimate {e:.1} ms, ×{:.2})", ms / e),
+            None => format!("{ms:.1} ms"),
+        });
+        let gpus = self.world_size.max(1) as f64;
+        if ms > 0.0 {
+            if let Some(tokens) = self.tokens_per_iteration {
+                parts.push(format!(
+                    "{:.0} tokens/s per GPU",
+                    tokens / (ms / 1000.0) / gpus
+                ));
+            }
+            if let (Some(flops), Some(peak)) = (self.flops_per_iteration, self.peak_flops_per_gpu) {
+                parts.push(format!(
+                    "MFU {:.2} %",
+                    100.0 * flops / (ms / 1000.0) / (gpus * peak)
+                ));
+            }
+        }
+        let left = (total.saturating_sub(n) as f64 * ms.max(0.0) / 1000.0).round() as u64;
+        parts.push(match left {
+            0 => "ETA 0 s".to_string(),
+            s => format!(
+                "ETA {}",
+                crate::exec::format_duration(Duration::from_secs(s))
+            ),
+        });
+        let mut lines: Vec<String> = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            let last = i + 1 == parts.len();
+            let piece = if last {
+                part.clone()
+            } else {
+                format!("{part},")
+            };
+            match lines.last_mut() {
+                Some(line) if line.chars().count() + 1 + piece.chars().count() <= width => {
+                    line.push(' ');
+                    line.push_str(&piece);
+                }
+                Some(_) => lines.push(format!("  {piece}")),
+                None => lines.push(piece),
+            }
+        }
+        lines
+    }
+}
+
+/// What the job's lines say about where its time went, in milliseconds after the
+/// output's start.
+#[derive(Debug, Default)]
+struct LineClock {
+    first_iteration_ms: Option<u64>,
+    last_iteration_ms: Option<u64>,
+    /// A `saving checkpoint` line not yet followed by its `successfully saved` one.
+    save_started_ms: Option<u64>,
+    last_save_end_ms: Option<u64>,
+    saving_ms: u64,
+    saves: u32,
+    /// Megatron's `elapsed time per iteration (ms)` after the first iteration line (the
+    /// first holds the warm-up): their sum and count; and the first's, for a job that
+    /// logged only one.
+    reported_ms: f64,
+    reported: u32,
+    first_reported_ms: Option<f64>,
+}
+
+/// What an attempt's output says about its time (see [`JobOutput::timing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct OutputTiming {
+    /// From the output's start to the first and the last iteration line.
+    #[serde(rename = "first_iteration_s", serialize_with = "seconds_or_null")]
+    pub first_iteration: Option<Duration>,
+    #[serde(rename = "last_iteration_s", serialize_with = "seconds_or_null")]
+    pub last_iteration: Option<Duration>,
+    /// Saving checkpoints, all saves together; `None` when no line said a checkpoint was
+    /// saved (then it is not measured: it is in the training time).
+    #[serde(rename = "checkpoint_saving_s", serialize_with = "seconds_or_null")]
+    pub checkpoint_saving: Option<Duration>,
+    /// The time per iteration Megatron reported, averaged (the first iteration line left
+    /// out when there are others).
+    pub iteration_ms: Option<f64>,
 }
 
 /// Where the nodes' lines are shown besides their log files.
@@ -85,8 +240,43 @@ impl JobOutput {
             first_iteration: AtomicU64::new(0),
             last_iteration: AtomicU64::new(0),
             total_iterations: AtomicU64::new(0),
+            clock: Mutex::new(LineClock::default()),
+            progress: None,
+            last_report_ms: AtomicU64::new(0),
             echo,
         })
+    }
+
+    /// Shows our progress line during training (see [`ProgressSpec`]).
+    pub fn with_progress(mut self, spec: ProgressSpec) -> JobOutput {
+        self.progress = Some(spec).filter(|s| !s.interval.is_zero());
+        self
+    }
+
+    /// Our progress line, when an iteration line comes `interval` after the last one we
+    /// printed (or the launch).
+    fn report_progress(&self, line: &str, now: u64, (n, total): (u64, u64)) {
+        let Some(spec) = &self.progress else {
+            return;
+        };
+        let last = self.last_report_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < spec.interval.as_millis() as u64
+            || self
+                .last_report_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let Some(ms) = reported_iteration_ms(line).or_else(|| self.timing().iteration_ms) else {
+            return;
+        };
+        if self.echo != Echo::Off {
+            let mut err = std::io::stderr().lock();
+            for text in spec.lines(n, total, ms, LOG_WIDTH) {
+                let _ = writeln!(err, "{LOG_PREFIX}{text}");
+            }
+        }
     }
 
     /// How long since the job last showed progress, and in which [`Phase`] it is: while
@@ -126,10 +316,71 @@ impl JobOutput {
         }
     }
 
+    /// What the lines said about the attempt's time so far.
+    pub fn timing(&self) -> OutputTiming {
+        let clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        let ms = |m: Option<u64>| m.map(Duration::from_millis);
+        OutputTiming {
+            first_iteration: ms(clock.first_iteration_ms),
+            last_iteration: ms(clock.last_iteration_ms),
+            checkpoint_saving: (clock.saves > 0).then(|| Duration::from_millis(clock.saving_ms)),
+            iteration_ms: if clock.reported > 0 {
+                Some(clock.reported_ms / f64::from(clock.reported))
+            } else {
+                clock.first_reported_ms
+            },
+        }
+    }
+
+    /// Reads the times a line tells: an iteration line's, a checkpoint save's start and
+    /// end. A save is timed from its `saving checkpoint` line, else (a script that prints
+    /// only the end) from the iteration line before it, which Megatron prints before
+    /// saving; each save once, however many ranks say it.
+    fn clock_line(&self, line: &str, now: u64, iteration: bool) {
+        let lower = line.to_ascii_lowercase();
+        let saving = lower.contains("saving checkpoint");
+        let saved = lower.contains("successfully saved checkpoint");
+        if !iteration && !saving && !saved {
+            return;
+        }
+        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        if iteration {
+            clock.first_iteration_ms.get_or_insert(now);
+            clock.last_iteration_ms = Some(now);
+            if let Some(ms) = reported_iteration_ms(line) {
+                if clock.first_reported_ms.is_none() {
+                    clock.first_reported_ms = Some(ms);
+                } else {
+                    clock.reported_ms += ms;
+                    clock.reported += 1;
+                }
+            }
+        } else if saving {
+            clock.save_started_ms.get_or_insert(now);
+        } else {
+            let start = clock.save_started_ms.take().or_else(|| {
+                // Only an iteration line after the last save starts a new one.
+                clock
+                    .last_iteration_ms
+                    .filter(|at| clock.last_save_end_ms.is_none_or(|end| *at > end))
+            });
+            if let Some(start) = start {
+                clock.saving_ms += now.saturating_sub(start);
+                clock.saves += 1;
+                clock.last_save_end_ms = Some(now);
+            }
+        }
+    }
+
     fn mark(&self, line: &str) {
         let now = self.start.elapsed().as_millis() as u64;
         self.last_line_ms.fetch_max(now, Ordering::Relaxed);
-        if let Some((iteration, total)) = parse_iteration(line) {
+        let parsed = parse_iteration(line);
+        self.clock_line(line, now, parsed.is_some());
+        if let Some(at) = parsed {
+            self.report_progress(line, now, at);
+        }
+        if let Some((iteration, total)) = parsed {
             self.total_iterations.store(total, Ordering::Relaxed);
             let _ = self.first_iteration.compare_exchange(
                 0,
@@ -170,6 +421,19 @@ impl OutputSink for JobOutput {
             };
         }
     }
+}
+
+/// Megatron's `elapsed time per iteration (ms): 312.4` in an iteration line.
+fn reported_iteration_ms(line: &str) -> Option<f64> {
+    let rest = &line[line.find("elapsed time per iteration (ms):")? + 32..];
+    let value = rest
+        .trim_start()
+        .split(|c: char| c == '|' || c.is_whitespace())
+        .next()?;
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
 }
 
 /// `DIR/<host>.log`, the host made safe as a file name.
@@ -223,5 +487,77 @@ mod tests {
         assert_eq!(a, "hello\npipette-run: stopped\n");
         let b = std::fs::read_to_string(dir.path().join("node_b.log")).unwrap();
         assert_eq!(b.lines().count(), 3);
+    }
+
+    #[test]
+    fn a_progress_line_measures_against_the_estimate() {
+        let spec = ProgressSpec {
+            interval: Duration::from_secs(30),
+            estimated_ms: Some(200.0),
+            tokens_per_iteration: Some(1024.0 * 4096.0),
+            flops_per_iteration: Some(8.0e15),
+            peak_flops_per_gpu: Some(1.0e15),
+            world_size: 16,
+        };
+        assert_eq!(
+            spec.lines(100, 1100, 250.0, LOG_WIDTH),
+            [
+                "iteration 100/1100, 250.0 ms (estimate 200.0 ms, ×1.25),",
+                "  1048576 tokens/s per GPU, MFU 200.00 %, ETA 4 min 10 s",
+            ]
+        );
+        let plain = ProgressSpec {
+            world_size: 4,
+            ..ProgressSpec::default()
+        };
+        assert_eq!(
+            plain.lines(3, 3, 10.0, LOG_WIDTH),
+            ["iteration 3/3, 10.0 ms, ETA 0 s"]
+        );
+    }
+
+    #[test]
+    fn the_lines_time_iterations_and_checkpoint_saves() {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = vec![("a".to_string(), 0), ("b".to_string(), 1)];
+        let output = JobOutput::new(&nodes, dir.path(), Echo::Off).unwrap();
+        assert_eq!(output.timing(), OutputTiming::default());
+        let iteration = |n: u64, ms: f64| {
+            format!(" iteration {n:8}/      9 | elapsed time per iteration (ms): {ms:.1} | x |")
+        };
+        output.line("a", Stream::Stdout, iteration(1, 900.0).as_bytes());
+        output.line("a", Stream::Stdout, iteration(2, 300.0).as_bytes());
+        std::thread::sleep(Duration::from_millis(30));
+        // The toy script's save: only its end is said, by one rank.
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"  successfully saved checkpoint from iteration 2",
+        );
+        // A second rank saying it again is the same save.
+        output.line(
+            "b",
+            Stream::Stdout,
+            b"  successfully saved checkpoint from iteration 2",
+        );
+        output.line("a", Stream::Stdout, iteration(3, 500.0).as_bytes());
+        // Megatron's: its start is said too.
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"saving checkpoint at iteration 3 to ck",
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"  successfully saved checkpoint from iteration 3",
+        );
+        let t = output.timing();
+        assert_eq!(t.iteration_ms, Some(400.0));
+        let saving = t.checkpoint_saving.unwrap();
+        assert!(saving >= Duration::from_millis(50), "{saving:?}");
+        assert!(t.first_iteration.unwrap() <= t.last_iteration.unwrap());
+        assert!(t.last_iteration.unwrap() + Duration::from_millis(20) <= output.start.elapsed());
     }
 }

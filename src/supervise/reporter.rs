@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::decide::{Ending, Stop};
 use super::events::Event;
 use super::output::Echo;
+use crate::config::Recompute;
 use crate::exec::format_duration;
 use crate::launch::Resume;
 use crate::model::parallel::ParallelConfig;
@@ -42,10 +43,13 @@ impl Reporter {
         self.print(stop_line(stop).into_iter().collect());
     }
 
+    /// Prints `lines` as ours, each broken to fit 80 columns.
     fn print(&self, lines: Vec<String>) {
         if self.echo != Echo::Off {
             for line in lines {
-                eprintln!("pipette-run: {line}");
+                for part in wrap(&line, LOG_WIDTH).lines() {
+                    eprintln!("{LOG_PREFIX}{part}");
+                }
             }
         }
     }
@@ -99,13 +103,21 @@ impl Reporter {
                 to,
                 world_sizes,
                 kept_tp_pp,
+                mapping_changed,
                 resume,
                 notes,
                 ..
             } => std::iter::once(match (from, to) {
                 (Some(from), Some(to)) => format!(
                     "re-planned: {}",
-                    replan_text(nodes.len(), left_out, from, to, *kept_tp_pp, resume.as_ref())
+                    replan_text(
+                        nodes.len(),
+                        left_out,
+                        (from, to),
+                        *mapping_changed,
+                        *kept_tp_pp,
+                        resume.as_ref()
+                    )
                 ),
                 _ => format!(
                     "relaunched: {}",
@@ -165,27 +177,40 @@ fn left_out_text(left_out: &[String]) -> String {
     }
 }
 
-/// What a re-plan decided, in words: for the `re-planned:` line and the summary.
+/// What a re-plan decided, in words: for the `re-planned:` line and the summary. Says
+/// exactly what changed: the GPUs, each configuration field that differs, or that the
+/// configuration stayed the same (`mapping_changed`: whether the ranks sit elsewhere).
 pub fn replan_text(
     survivors: usize,
     left_out: &[String],
-    from: &ParallelConfig,
-    to: &ParallelConfig,
+    (from, to): (&ParallelConfig, &ParallelConfig),
+    mapping_changed: bool,
     kept_tp_pp: bool,
     resume: Option<&Resume>,
 ) -> String {
+    let mut changes = config_changes(from, to);
+    let (before, after) = (from.world_size(), to.world_size());
+    if before != after {
+        changes.insert(0, format!("{before} → {after} GPUs"));
+    }
+    let what = if config_changes(from, to).is_empty() {
+        let same = if mapping_changed {
+            "same configuration, new mapping"
+        } else {
+            "same configuration and mapping"
+        };
+        match changes.first() {
+            Some(gpus) => format!("{gpus}, {same}"),
+            None => same.to_string(),
+        }
+    } else {
+        changes.join(", ")
+    };
     format!(
-        "{survivors} node(s) left{}; tp={} pp={} dp={} → tp={} pp={} dp={} micro-batch {}{}{}",
+        "{survivors} node(s) left{}; {what}{}{}",
         left_out_text(left_out),
-        from.tp,
-        from.pp,
-        from.dp,
-        to.tp,
-        to.pp,
-        to.dp,
-        to.micro_batch,
         if kept_tp_pp {
-            ", tp × pp kept: the checkpoint loads as it is"
+            "; tp × pp kept: the checkpoint loads as it is"
         } else {
             ""
         },
@@ -202,9 +227,136 @@ pub fn replan_text(
     )
 }
 
+/// Every field of the configuration that differs between `from` and `to`, as
+/// `dp 3 → 2`, in the order the plan report names them; empty when they are the same.
+pub fn config_changes(from: &ParallelConfig, to: &ParallelConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut field = |name: &str, a: String, b: String| {
+        if a != b {
+            out.push(format!("{name} {a} → {b}"));
+        }
+    };
+    field("tp", from.tp.to_string(), to.tp.to_string());
+    field("pp", from.pp.to_string(), to.pp.to_string());
+    field("dp", from.dp.to_string(), to.dp.to_string());
+    field(
+        "micro-batch",
+        from.micro_batch.to_string(),
+        to.micro_batch.to_string(),
+    );
+    let vpp = |c: &ParallelConfig| c.vpp.map_or("none".to_string(), |v| v.to_string());
+    field("virtual stages", vpp(from), vpp(to));
+    let recompute = |c: &ParallelConfig| {
+        match c.recompute {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full { .. } => "full",
+        }
+        .to_string()
+    };
+    field("recompute", recompute(from), recompute(to));
+    let on = |b: bool| if b { "on" } else { "off" }.to_string();
+    field(
+        "sequence parallel",
+        on(from.sequence_parallel),
+        on(to.sequence_parallel),
+    );
+    field(
+        "distributed optimizer",
+        on(from.distributed_optimizer),
+        on(to.distributed_optimizer),
+    );
+    let split = |c: &ParallelConfig| {
+        c.layers_per_stage
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    // The split follows pp; said only when it changes by itself.
+    if from.pp == to.pp {
+        field("layers per stage", split(from), split(to));
+    }
+    if from.recompute != to.recompute && recompute(from) == recompute(to) {
+        out.push("recompute's method or layers changed".to_string());
+    }
+    out
+}
+
+/// pipette-run's own lines: this, then the text.
+pub const LOG_PREFIX: &str = "pipette-run: ";
+
+/// The width of a line of ours after [`LOG_PREFIX`], for 80 columns.
+pub const LOG_WIDTH: usize = 80 - LOG_PREFIX.len();
+
+/// `text` with every line longer than `width` columns broken at spaces, the continuation
+/// indented four columns deeper than the line (a word longer than the room stays whole).
+pub fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (body, end) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        if body.chars().count() <= width {
+            out.push_str(line);
+            continue;
+        }
+        let indent = body.len() - body.trim_start_matches(' ').len();
+        let first = " ".repeat(indent);
+        let next = " ".repeat((indent + 4).min(width / 2));
+        let words = body.trim_start_matches(' ').split(' ');
+        out.push_str(&fill(words, width, &first, &next, 0).join("\n"));
+        out.push_str(end);
+    }
+    out
+}
+
+/// `words` laid into lines of `width` columns at most, `reserve` of them kept free at the
+/// end of every line but the last; the first line starts with `first`, the others with
+/// `next`. A word longer than the room gets a line of its own.
+pub(crate) fn fill<'a>(
+    words: impl IntoIterator<Item = &'a str>,
+    width: usize,
+    first: &str,
+    next: &str,
+    reserve: usize,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut current = first.to_string();
+    let mut fresh = true;
+    for word in words {
+        if !fresh && current.chars().count() + 1 + word.chars().count() + reserve > width {
+            lines.push(std::mem::replace(&mut current, next.to_string()));
+            fresh = true;
+        }
+        if !fresh {
+            current.push(' ');
+        }
+        current.push_str(word);
+        fresh = false;
+    }
+    lines.push(current);
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_lines_wrap_under_their_indent() {
+        let text = "  one two three four five\nshort\n";
+        assert_eq!(
+            wrap(text, 12),
+            "  one two\n      three\n      four\n      five\nshort\n"
+        );
+        assert_eq!(
+            wrap("unbreakable-word-here x", 5),
+            "unbreakable-word-here\n  x"
+        );
+    }
+
     use crate::supervise::health::Health;
 
     fn reporter() -> Reporter {
@@ -248,6 +400,7 @@ mod tests {
             to: Some(to.clone()),
             world_sizes: (6, 4),
             kept_tp_pp: true,
+            mapping_changed: true,
             resharded: false,
             resume: Some(Resume {
                 dir: "ck".into(),
@@ -258,15 +411,39 @@ mod tests {
         assert_eq!(
             reporter().event_lines(&event),
             [
-                format!(
-                    "re-planned: 2 node(s) left (left out node-b); tp={} pp={} dp=3 → tp={} pp={} dp=2 micro-batch {}, tp × pp kept: the checkpoint loads as it is; resuming from ck (iteration 8)",
-                    from.tp, from.pp, to.tp, to.pp, to.micro_batch
-                ),
+                "re-planned: 2 node(s) left (left out node-b); 6 → 4 GPUs, dp 3 → 2; tp × pp kept: the checkpoint loads as it is; resuming from ck (iteration 8)".to_string(),
                 "  a note".to_string(),
             ]
         );
-        assert!(replan_text(2, &[], &from, &to, false, None)
-            .ends_with("dp=2 micro-batch 1; no checkpoint to resume: starting again"));
+        assert!(replan_text(2, &[], (&from, &to), true, false, None)
+            .ends_with("dp 3 → 2; no checkpoint to resume: starting again"));
+    }
+
+    #[test]
+    fn a_replan_never_shows_the_same_configuration_twice() {
+        let from = ParallelConfig::even(4, 1, 1, 4, 1);
+        let mut to = from.clone();
+        assert_eq!(
+            replan_text(4, &[], (&from, &to), true, false, None),
+            "4 node(s) left (none left out); same configuration, new mapping; no checkpoint to resume: starting again"
+        );
+        to.micro_batch = 2;
+        to.vpp = Some(2);
+        to.recompute = Recompute::Selective;
+        assert_eq!(
+            config_changes(&from, &to),
+            [
+                "micro-batch 1 → 2",
+                "virtual stages none → 2",
+                "recompute none → selective"
+            ]
+        );
+        let mut fewer = ParallelConfig::even(4, 1, 2, 2, 1);
+        fewer.layers_per_stage = vec![1, 3];
+        assert_eq!(
+            config_changes(&ParallelConfig::even(4, 1, 2, 2, 1), &fewer),
+            ["layers per stage 2,2 → 1,3"]
+        );
     }
 
     #[test]

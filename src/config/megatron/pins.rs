@@ -15,6 +15,9 @@ use crate::config::{Constraints, ModelSpec, Recompute, RecomputeMethod, Training
 /// one in the Megatron arguments. `dp` always needs a value (the arguments do not say it).
 /// `all` pins everything the arguments say (tp, pp, mbs, vpp, sp, recompute, dist-opt),
 /// with Megatron's defaults for what they leave out; items after it override it.
+/// `yours` pins nothing by itself: the planner searches freely, and the configuration
+/// the arguments give runs unless the plan is faster by more than the time model's
+/// stated error (pipette-run decides and says so).
 ///
 /// Values: sizes are positive integers (`vpp=1` pins "no interleaving"); `sp` and
 /// `dist-opt` take true/false (also yes/no, on/off, 1/0); `recompute` takes `none`,
@@ -32,6 +35,7 @@ pub enum Pin {
     Recompute(Option<Recompute>),
     DistributedOptimizer(Option<bool>),
     All,
+    Yours,
 }
 
 impl Pin {
@@ -47,6 +51,7 @@ impl Pin {
             Pin::Recompute(_) => "recompute",
             Pin::DistributedOptimizer(_) => "dist-opt",
             Pin::All => "all",
+            Pin::Yours => "yours",
         }
     }
 }
@@ -77,7 +82,7 @@ impl fmt::Display for Pin {
     }
 }
 
-const PIN_KEYS: &str = "tp, pp, dp, mbs, vpp, sp, recompute, dist-opt, all";
+const PIN_KEYS: &str = "tp, pp, dp, mbs, vpp, sp, recompute, dist-opt, all, yours";
 
 /// Reads the value of pipette's `--pin` option (e.g. `tp,pp=2,dp=8`).
 pub fn parse_pins(text: &str) -> Result<Vec<Pin>, ArgsError> {
@@ -133,6 +138,15 @@ pub fn parse_pins(text: &str) -> Result<Vec<Pin>, ArgsError> {
                     return Err(bad(
                         item,
                         "all takes no value (it pins what the Megatron arguments say)".into(),
+                    ))
+                }
+            },
+            "yours" => match value {
+                None => Pin::Yours,
+                Some(_) => {
+                    return Err(bad(
+                        item,
+                        "yours takes no value (it keeps what the Megatron arguments say unless the plan is clearly faster)".into(),
                     ))
                 }
             },
@@ -229,7 +243,7 @@ pub(super) fn constraints(
     }
     for pin in pins {
         match pin {
-            Pin::All => {}
+            Pin::All | Pin::Yours => {}
             Pin::TensorParallel(v) => {
                 c.tensor_parallel = Some(given(
                     *v,

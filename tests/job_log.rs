@@ -1,0 +1,326 @@
+//! The job log tells the whole story (issue 14): a real launch, PyTorch's real torchrun on
+//! CPU, three local "nodes" (`node-a`, `node-b`, `node-c`, all this machine through the
+//! local transport) of two workers each training `examples/train_gpt.py` with the user's
+//! own `--tensor-model-parallel-size 2`. One node is killed mid-run; the job re-plans on the
+//! two others and finishes. What pipette-run itself printed (its `pipette-run:` lines and
+//! the summary, not the nodes' prefixed lines) is snapshotted, times and paths filtered:
+//! the plan report, the user's configuration costed beside ours, the re-plan's change
+//! line, the progress lines written without a terminal, and the closing ledger, whose
+//! parts must add up to the wall time (ledger.json) within 1 %.
+//!
+//! Holds on a busy machine: it waits for what the job prints, never for a fixed time.
+//! Needs the venv of `scripts/setup-megatron-venv` (or `PIPETTE_MEGATRON_PYTHON`); fails,
+//! never skips, without it.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use common::{assert_no_process_left, cpu_job_command, cpu_profile, node_processes, torchrun};
+
+const HOSTS: [&str; 3] = ["node-a", "node-b", "node-c"];
+
+struct Job {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Job {
+    fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
+
+    /// Waits until stdout shows iteration `n` (a bound only for a hung job).
+    fn wait_for_iteration(&mut self, n: u64) {
+        let needle = format!(" iteration {n:8}/");
+        let end = Instant::now() + Duration::from_secs(300);
+        while !self.read("stdout").contains(&needle) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "pipette-run exited ({status}) early:\n{}",
+                    self.read("stderr")
+                );
+            }
+            assert!(
+                Instant::now() < end,
+                "no iteration {n}:\n{}",
+                self.read("stderr")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
+            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
+            let _ = self.child.wait();
+        }
+        for p in common::with_marker(&self.dir.path().display().to_string()) {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+        }
+    }
+}
+
+#[test]
+fn a_launch_tells_its_whole_story() {
+    let dir = tempfile::Builder::new()
+        .prefix("pipette-joblog-")
+        .tempdir()
+        .unwrap();
+    let profile = dir.path().join("cluster.json");
+    std::fs::write(&profile, cpu_profile(&HOSTS, 2)).unwrap();
+    let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
+    command
+        .args(["--no-trial", "--launcher", "local"])
+        .arg("--cluster")
+        .arg(&profile)
+        .args(["--hosts", &HOSTS.join(","), "--nproc-per-node", "2"])
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .arg("--torchrun")
+        .arg(torchrun())
+        .args(["--master-port", &common::free_port().to_string()])
+        .args(["--grace", "3s", "--health-timeout", "15s"])
+        .args(["--stall-timeout", "60s", "--progress-interval", "1s"])
+        .arg("examples/train_gpt.py")
+        .args(common::tiny_gpt_args(20, 4))
+        .arg("--save")
+        .arg(dir.path().join("save"))
+        .args(["--tensor-model-parallel-size", "2"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
+        .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap());
+    let child = command.spawn().expect("start pipette-run");
+    let mut job = Job { dir, child };
+    // Between two checkpoints (4 and 8): node-b dies, the job re-plans on two nodes.
+    job.wait_for_iteration(6);
+    let procs = node_processes(&job.dir.path().display().to_string(), "node-b");
+    assert!(
+        procs.len() >= 3,
+        "node-b runs torchrun and two workers: {procs:?}"
+    );
+    for p in &procs {
+        kill(Pid::from_raw(p.pid), Signal::SIGKILL).unwrap();
+    }
+    let end = Instant::now() + Duration::from_secs(400);
+    let status = loop {
+        if let Some(status) = job.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < end, "no end:\n{}", job.read("stderr"));
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = job.read("stderr");
+    assert!(status.success(), "{status}:\n{stderr}");
+    assert_no_process_left(&job.dir.path().display().to_string());
+
+    // Ours only: the nodes' lines are prefixed `[host rN]`.
+    let ours: Vec<&str> = stderr.lines().filter(|l| !l.starts_with('[')).collect();
+    let log = ours.join("\n");
+    // A peer that fails moments after node-b (its collectives broke) is a consequence:
+    // whether one is seen in the same poll is the machine's timing.
+    let peer = regex::Regex::new(r"^pipette-run: node-[ac] \(node rank").unwrap();
+    let consequence = |line: &str| peer.is_match(line);
+    // Progress comes once a second: how many lines is the machine's timing. Each
+    // attempt's first stays in the snapshot; all must fit 80 columns.
+    let progress: Vec<&&str> = ours
+        .iter()
+        .filter(|l| l.starts_with("pipette-run: iteration ") || l.contains("tokens/s per GPU"))
+        .collect();
+    assert!(!progress.is_empty(), "no progress line:\n{log}");
+    let mut progress_this_attempt = false;
+    // Inside a progress line (its continuations start `pipette-run:   `): whether kept.
+    let mut in_progress: Option<bool> = None;
+    let mut shown: Vec<&str> = Vec::new();
+    let mut skipping = false;
+    for line in &ours {
+        if line.starts_with("pipette-run: attempt ") {
+            progress_this_attempt = false;
+        }
+        if line.starts_with("pipette-run: iteration ") {
+            let keep = !progress_this_attempt;
+            progress_this_attempt = true;
+            in_progress = Some(keep);
+            if keep {
+                shown.push(line);
+            }
+            continue;
+        }
+        if let Some(keep) = in_progress {
+            if line.starts_with("pipette-run:   ") {
+                if keep {
+                    shown.push(line);
+                }
+                continue;
+            }
+        }
+        in_progress = None;
+        // A peer's failure line, and its continuations (wrapped four columns deeper).
+        if consequence(line) || (skipping && line.starts_with("pipette-run:     ")) {
+            skipping = true;
+            continue;
+        }
+        skipping = false;
+        shown.push(line);
+    }
+
+    // Everything of the plan report, the progress lines and the summary fits 80 columns.
+    let summary = job.read("run/summary.txt");
+    for line in summary.lines().chain(progress.iter().map(|l| **l)) {
+        assert!(line.chars().count() <= 80, "over 80 columns: {line:?}");
+    }
+    let report_start = ours
+        .iter()
+        .position(|l| l.starts_with("pipette-run: Plan:"))
+        .unwrap();
+    let report_end = ours
+        .iter()
+        .position(|l| l.starts_with("pipette-run: run directory"))
+        .unwrap();
+    for line in &ours[report_start..report_end] {
+        assert!(line.chars().count() <= 80, "over 80 columns: {line:?}");
+    }
+    assert!(
+        summary.lines().all(|l| stderr.contains(l)),
+        "summary.txt is what was printed:\n{summary}"
+    );
+
+    // The ledger: its parts add up to the wall time (within 1 %; exactly, by
+    // construction), and the training really was seen.
+    let ledger: serde_json::Value = serde_json::from_str(&job.read("run/ledger.json")).unwrap();
+    assert_eq!(ledger["schema"], "pipette-ledger/1");
+    let wall = ledger["wall_s"].as_f64().unwrap();
+    let parts = ledger["parts"].as_array().unwrap();
+    let sum: f64 = parts.iter().map(|p| p["seconds"].as_f64().unwrap()).sum();
+    assert!(
+        (sum - wall).abs() <= 0.01 * wall,
+        "parts {sum} s, wall {wall} s"
+    );
+    let part = |name: &str| {
+        parts
+            .iter()
+            .find(|p| p["part"] == name)
+            .and_then(|p| p["seconds"].as_f64())
+            .unwrap()
+    };
+    for name in [
+        "start-up",
+        "training",
+        "teardown",
+        "restart",
+        "failure detection",
+    ] {
+        assert!(part(name) > 0.0, "{name} took no time: {ledger}");
+    }
+    assert!(ledger["iteration"]["measured_ms"].as_f64().unwrap() > 0.0);
+
+    let mut settings = insta::Settings::clone_current();
+    let temp = job.dir.path().display().to_string();
+    settings.add_filter(&regex::escape(&temp), "[TMP]");
+    // Measured times, shares and rates vary with the machine; estimates do not.
+    settings.add_filter(r"\d+ min( \d+ s)?", "[T] s");
+    settings.add_filter(r"\d+(\.\d+)? s\b", "[T] s");
+    settings.add_filter(r"(?m)^(    [a-z -]+?) +\[T\] s +\d+\.\d %$", "$1 [T] [%]");
+    settings.add_filter(r"\d+\.\d+ % of the wall time", "[%] of the wall time");
+    settings.add_filter(
+        r"iteration \d+(\.\d+)? ms measured",
+        "iteration [MS] ms measured",
+    );
+    settings.add_filter(r"\(\d+\.\d+× the estimate\)", "([R]× the estimate)");
+    settings.add_filter(r"\d+ tokens/s per GPU", "[N] tokens/s per GPU");
+    settings.add_filter(
+        r"iteration \d+/20, \d+\.\d ms \(estimate",
+        "iteration [I]/20, [MS] ms (estimate",
+    );
+    settings.add_filter(r"ms, ×\d+\.\d+\)", "ms, ×[R])");
+    settings.add_filter(r"iterations \d+–\d+", "iterations [A]–[B]");
+    settings.add_filter(r"at iteration \d+", "at iteration [K]");
+    settings.add_filter(r"\(iteration \d+\)", "(iteration [K])");
+    settings.add_filter(
+        r"(?m)^(pipette-run: )?  [\d, ]*tokens/s.*$",
+        "$1  [rates], ETA [T] s",
+    );
+    settings.bind(|| insta::assert_snapshot!(shown.join("\n")));
+}
+
+/// Every JSON output carries its schema's name and version; an error under `--json` is a
+/// JSON object on stdout too (the message still on stderr).
+#[test]
+fn json_outputs_carry_their_schema_and_errors_are_json() {
+    let run = |args: &[&str], run_dir: std::path::PathBuf| {
+        cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"))
+            .args(args)
+            .arg("--run-dir")
+            .arg(run_dir)
+            .args(["--dry-run", "--json"])
+            .arg("examples/train_gpt.py")
+            .args(common::tiny_gpt_args(20, 4))
+            .output()
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("cluster.json");
+    std::fs::write(&profile, cpu_profile(&HOSTS, 2)).unwrap();
+    let cluster = profile.display().to_string();
+    let report = common::json_report(&run(&["--cluster", &cluster], dir.path().join("a")));
+    assert_eq!(report["schema"], "pipette-dry-run/1");
+    // The user wrote --micro-batch-size 1: costed beside the plan.
+    assert_eq!(report["yours"]["yours"]["verdict"], "costed", "{report}");
+
+    let missing = dir.path().join("missing.json").display().to_string();
+    let out = run(&["--cluster", &missing], dir.path().join("b"));
+    assert!(!out.status.success());
+    let error: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(error["schema"], "pipette-error/1");
+    assert_eq!(error["exit_code"], out.status.code().unwrap());
+    let message = error["error"].as_str().unwrap();
+    assert!(message.contains("missing.json"), "{message}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(message));
+}
+
+/// `-q` says no plan report, `-v` the dry run's whole report; the summary stays. (A
+/// torchrun that fails at once: what is printed before the launch is what is tested.)
+#[test]
+fn quiet_and_verbose_say_less_and_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("cluster.json");
+    std::fs::write(&profile, cpu_profile(&HOSTS[..1], 2)).unwrap();
+    let run = |flag: Option<&str>, name: &str| {
+        let out = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"))
+            .args(flag)
+            .args(["--no-trial", "--launcher", "local", "--max-replans", "0"])
+            .arg("--cluster")
+            .arg(&profile)
+            .args(["--hosts", "node-a", "--nproc-per-node", "2"])
+            .args(["--torchrun", "false", "--run-dir"])
+            .arg(dir.path().join(name))
+            .arg("examples/train_gpt.py")
+            .args(common::tiny_gpt_args(4, 4))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "torchrun's code");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let plain = run(None, "plain");
+    assert!(plain.contains("pipette-run: Plan: tp 1"), "{plain}");
+    assert!(plain.contains("pipette-run:   yours: "), "{plain}");
+    assert!(!plain.contains("Top configurations"), "{plain}");
+    let quiet = run(Some("-q"), "quiet");
+    assert!(
+        !quiet.contains("Plan:") && !quiet.contains("yours"),
+        "{quiet}"
+    );
+    assert!(quiet.contains("pipette-run: summary"), "{quiet}");
+    let verbose = run(Some("-v"), "verbose");
+    assert!(verbose.contains("\nPlan: tp 1"), "{verbose}");
+    assert!(verbose.contains("\nTop configurations"), "{verbose}");
+    assert!(verbose.contains("  yours: "), "{verbose}");
+    assert!(verbose.contains("pipette-run: summary"), "{verbose}");
+}
