@@ -333,8 +333,19 @@ fn across_nodes(nodes: &[NodeFacts]) -> Vec<Finding> {
             _ => None,
         }),
     ];
+    // Versions matter where torchrun was found: elsewhere the python probed is only the
+    // first on PATH, and the missing torchrun is the finding.
+    let with_torchrun: Vec<&NodeFacts> = reached
+        .iter()
+        .copied()
+        .filter(|n| matches!(n.torchrun, Torchrun::Found { .. }))
+        .collect();
     for (check, name, value) in differing {
-        let groups = group_by(&reached, value);
+        let nodes = match check {
+            Check::Gpus => &reached,
+            _ => &with_torchrun,
+        };
+        let groups = group_by(nodes, value);
         if groups.len() > 1 {
             let fix = match check {
                 Check::Gpus => "pipette-run plans for the GPUs each node has; check that this is the allocation you meant",
@@ -581,11 +592,7 @@ pub(super) mod tests {
         v.push((
             "torchrun missing on two nodes: one finding, no cascade of python problems",
             vec![good("n1"), missing, missing3],
-            vec![
-                "problem torchrun n2,n3: torchrun not found: \"torchrun\" is not on its PATH (/usr/bin:/bin)",
-                "warning python n1,n2,n3: Python differs across the nodes: 3.12.1 on n1, 3.11.2 on n[2-3]",
-                "warning megatron_core n1,n2,n3: megatron-core differs across the nodes: 0.19.2 on n1, none on n[2-3]",
-            ],
+            vec!["problem torchrun n2,n3: torchrun not found: \"torchrun\" is not on its PATH (/usr/bin:/bin)"],
             ExitCode::NoTorchrun,
         ));
         let mut by_path = good("n1");
@@ -650,12 +657,14 @@ pub(super) mod tests {
         ));
         let mut old_torch = good("n2");
         old_torch.python.torch = Some("2.8.0".into());
+        old_torch.python.megatron_core = None;
         old_torch.nccl.insert("NCCL_IB_HCA".into(), "mlx5_0".into());
         v.push((
             "versions and NCCL settings differ",
             vec![good("n1"), old_torch, good("n3")],
             vec![
                 "warning torch n1,n2,n3: PyTorch differs across the nodes: 2.9.0 on n[1,3], 2.8.0 on n2",
+                "warning megatron_core n1,n2,n3: megatron-core differs across the nodes: 0.19.2 on n[1,3], none on n2",
                 "warning nccl n1,n2,n3: the NCCL_* settings differ across the nodes: none on n[1,3], NCCL_IB_HCA=mlx5_0 on n2",
             ],
             ExitCode::Success,
