@@ -19,11 +19,15 @@ const GAP: &str = "  ";
 /// The whole report: table, NCCL settings, findings and a summary line.
 pub fn render(nodes: &[NodeFacts], findings: &[Finding], transport: &str) -> String {
     let (mut out, cut_gpus) = table(nodes, findings);
-    out.push('\n');
+    let mut below = String::new();
     if cut_gpus {
-        out.push_str(&gpu_lines(nodes));
+        below.push_str(&gpu_lines(nodes));
     }
-    out.push_str(&nccl_lines(nodes));
+    below.push_str(&nccl_lines(nodes));
+    if !below.is_empty() {
+        out.push('\n');
+        out.push_str(&below);
+    }
     if !findings.is_empty() {
         out.push('\n');
     }
