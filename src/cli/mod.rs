@@ -638,6 +638,54 @@ mod tests {
         assert!(short.lines().count() * 2 < long.lines().count());
     }
 
+    /// `pipette profile` and `pipette doctor` reach the nodes as pipette-run does: the same
+    /// launcher, ssh configuration, torchrun, environment and transport arguments.
+    #[test]
+    fn profile_and_doctor_take_pipette_run_s_node_options() {
+        let node_options = [
+            "--launcher",
+            "ssh",
+            "--ssh-config",
+            "cfg",
+            "--torchrun",
+            "/opt/tr",
+            "--env",
+            "A=1",
+            "--env-file",
+            "e",
+            "--ssh-args",
+            "-p 2222",
+            "--srun-args",
+            "--mpi=pmix",
+        ];
+        let parse = |head: &[&str]| {
+            let args: Vec<std::ffi::OsString> = ["pipette"]
+                .iter()
+                .chain(head)
+                .chain(&node_options)
+                .map(Into::into)
+                .collect();
+            parse_pipette(&args).map(|cli| cli.command)
+        };
+        let (access, nodes) = match parse(&["profile", "--out", "p.json"]) {
+            Ok(PipetteCommand::Profile(args)) => (args.access, args.nodes),
+            other => panic!("{other:?}"),
+        };
+        let (d_access, d_nodes) = match parse(&["doctor"]) {
+            Ok(PipetteCommand::Doctor(args)) => (args.access, args.nodes),
+            other => panic!("{other:?}"),
+        };
+        for (access, nodes) in [(access, nodes), (d_access, d_nodes)] {
+            assert_eq!(access.launcher.as_deref(), Some("ssh"));
+            assert_eq!(access.ssh_config, Some(PathBuf::from("cfg")));
+            assert_eq!(access.torchrun, "/opt/tr");
+            assert_eq!(nodes.env, [("A".to_string(), Some("1".to_string()))]);
+            assert_eq!(nodes.env_file, Some(PathBuf::from("e")));
+            assert_eq!(nodes.ssh_args.unwrap().0, ["-p", "2222"]);
+            assert_eq!(nodes.srun_args.unwrap().0, ["--mpi=pmix"]);
+        }
+    }
+
     #[test]
     fn completions_and_manual_pages_cover_both_programs() {
         use clap_complete::Shell;

@@ -202,9 +202,11 @@ pub struct SuperviseOptions {
     #[command(flatten)]
     pub access: AccessOptions,
 
-    /// Between TERM and KILL when the nodes are stopped (after a failure, or on Ctrl-C /
-    /// SIGTERM; a second Ctrl-C kills at once). After a stall, a node whose torchrun does not
-    /// stop within it is treated as hung and left out of a re-plan
+    /// Between TERM and KILL when the job's nodes are stopped: after a failure, or when
+    /// pipette-run gets INT (Ctrl-C), TERM, HUP or QUIT (a second one kills at once; USR1
+    /// and USR2 are passed on to the script and stop nothing). After a stall, a node whose
+    /// torchrun does not stop within it is treated as hung and left out of a re-plan. The
+    /// profile's probe and the trial stop their nodes within 5 s whatever this says
     #[arg(long, value_name = "DURATION", default_value = "10s", allow_hyphen_values = true, value_parser = parse_duration)]
     pub grace: std::time::Duration,
 
