@@ -34,8 +34,9 @@ fn venv_bin() -> PathBuf {
 
 /// Runs `pipette doctor ARGS` with `path` as its PATH.
 fn doctor(args: &[&str], path: &str) -> Output {
+    // This machine's free disk is not the test's to judge (others fill it).
     cpu_job_command(env!("CARGO_BIN_EXE_pipette"))
-        .arg("doctor")
+        .args(["doctor", "--min-free", "0"])
         .args(args)
         .env("PATH", path)
         .env_remove("PIPETTE_TORCHRUN")
@@ -110,6 +111,61 @@ fn local_node_is_ready_and_without_torchrun_on_its_path_is_not() {
     );
 }
 
+/// A PATH with nothing on it (no dirname, df, date): the probe still ends, and says so.
+#[test]
+fn an_empty_path_is_reported_not_hung_on() {
+    let out = doctor(
+        &[
+            "--hosts",
+            "localhost",
+            "--env",
+            "PATH=/nonexistent",
+            "--run-dir",
+            "/nonexistent/a/b/",
+            "--timeout",
+            "20s",
+        ],
+        &venv_path(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(71), "{}", text(&out));
+    assert!(
+        stdout.contains("torchrun not found: \"torchrun\" is not on its PATH (/nonexistent)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("warning: localhost: free space where the run directory goes is unknown"),
+        "{stdout}"
+    );
+}
+
+/// Without an allocation, a cluster file's nodes are the nodes, as for pipette-run.
+#[test]
+fn a_cluster_file_s_nodes_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.json");
+    std::fs::write(&cluster, common::cpu_profile(&["n1", "n2", "n3"], 1)).unwrap();
+    let cluster = cluster.display().to_string();
+    let out = doctor(
+        &[
+            "--cluster",
+            &cluster,
+            "--launcher",
+            "local",
+            "--exclude",
+            "n2",
+        ],
+        &venv_path(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(row(&stdout, "n[1,3]").contains(" ok "), "{stdout}");
+    assert!(
+        stdout.contains("2 nodes checked over local: no problem"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn json_names_its_schema_and_carries_every_fact() {
     let out = doctor(
@@ -151,19 +207,26 @@ fn json_names_its_schema_and_carries_every_fact() {
     assert!(skew.abs() < 1.0, "this machine against itself: {skew}");
 }
 
-#[test]
-fn a_hung_node_is_reported_without_waiting_for_it() {
+/// A torchrun in a fresh directory whose python never answers; returns the directory and
+/// the torchrun.
+fn hanging_torchrun() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::Builder::new()
         .prefix("pipette-doctor-hang-")
         .tempdir()
         .unwrap();
-    // A torchrun whose python never answers.
     let python = dir.path().join("python");
     let torchrun = dir.path().join("torchrun");
     std::fs::write(&python, "#!/bin/sh\nwhile :; do sleep 1; done\n").unwrap();
     std::fs::write(&torchrun, format!("#!{}\n", python.display())).unwrap();
     make_executable(&python);
     make_executable(&torchrun);
+    (dir, torchrun)
+}
+
+#[test]
+fn a_hung_node_is_reported_without_waiting_for_it() {
+    let (dir, torchrun) = hanging_torchrun();
+    let path = venv_path();
     let start = Instant::now();
     let out = doctor(
         &[
@@ -174,7 +237,7 @@ fn a_hung_node_is_reported_without_waiting_for_it() {
             "--torchrun",
             &torchrun.display().to_string(),
         ],
-        &venv_path(),
+        &path,
     );
     let took = start.elapsed();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -188,6 +251,52 @@ fn a_hung_node_is_reported_without_waiting_for_it() {
         "{stdout}"
     );
     assert_no_process_left(&dir.path().display().to_string());
+}
+
+/// A stop signal ends the probes in order: exit 130, nothing left running.
+#[test]
+fn ctrl_c_stops_every_probe() {
+    let (dir, torchrun) = hanging_torchrun();
+    let marker = dir.path().display().to_string();
+    let child = cpu_job_command(env!("CARGO_BIN_EXE_pipette"))
+        .args([
+            "doctor",
+            "--hosts",
+            "localhost,127.0.0.1",
+            "--timeout",
+            "60s",
+        ])
+        .arg("--torchrun")
+        .arg(&torchrun)
+        .env("PATH", venv_path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let both_hung = common::eventually(Duration::from_secs(20), || {
+        common::with_marker(&marker).len() >= 2
+    });
+    assert!(both_hung, "the probes never reached the python");
+    let sent = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stopped by SIGINT"),
+        "{}",
+        text(&out)
+    );
+    assert_no_process_left(&marker);
 }
 
 /// A client key whose logins run a forced command that takes the venv's bin directory out

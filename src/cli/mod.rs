@@ -456,6 +456,11 @@ pub struct DoctorArgs {
     /// ./pipette-runs)
     #[arg(long = "run-dir", value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
+    /// Less free space than this where the run directory goes is a warning (less than
+    /// 1 GiB, or than this if smaller, a problem): room for logs, and for checkpoints when
+    /// they go beside it
+    #[arg(long = "min-free", value_name = "SIZE", default_value = "10GiB", allow_hyphen_values = true, value_parser = values::bytes)]
+    pub min_free: u64,
     /// How long each node has to answer; one that does not is reported as not answering
     #[arg(long, value_name = "DURATION", default_value = "60s", allow_hyphen_values = true, value_parser = options::parse_duration)]
     pub timeout: std::time::Duration,

@@ -45,8 +45,12 @@ else
 fi
 echo "begin nccl"; env | grep '^NCCL_'; echo "end nccl"
 # Free space where the run directory goes: the nearest directory of its path that exists.
+# (Shell built-ins only: the PATH may be anything, even one without dirname.)
 a=$d
-while [ ! -e "$a" ]; do a=$(dirname -- "$a"); done
+while [ ! -e "$a" ] && [ "$a" != / ]; do
+  a=${a%/*}
+  [ -n "$a" ] || a=/
+done
 w=no
 if [ -w "$a" ]; then w=yes; fi
 echo "disk-dir=$a"

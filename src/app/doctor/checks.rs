@@ -61,12 +61,14 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn new(transport: TransportKind) -> Limits {
+    /// A warning below `min_free` bytes free, a problem below 1 GiB (or `min_free`, if
+    /// less); clocks within 2 s.
+    pub fn with_min_free(transport: TransportKind, min_free: u64) -> Limits {
         Limits {
             transport,
             clock_tolerance_seconds: 2.0,
-            disk_problem_bytes: 1 << 30,
-            disk_warning_bytes: 10 << 30,
+            disk_problem_bytes: min_free.min(1 << 30),
+            disk_warning_bytes: min_free,
         }
     }
 }
@@ -727,7 +729,7 @@ pub(super) mod tests {
     #[test]
     fn findings_over_a_table_of_cases() {
         for (case, nodes, expected, code) in cases() {
-            let findings = diagnose(&nodes, &Limits::new(TransportKind::Ssh));
+            let findings = diagnose(&nodes, &Limits::with_min_free(TransportKind::Ssh, 10 << 30));
             let seen: Vec<String> = findings
                 .iter()
                 .map(|f| {
@@ -752,13 +754,37 @@ pub(super) mod tests {
     fn the_advice_for_an_unreachable_node_follows_the_transport() {
         let node = NodeFacts::unreached("n1", Reach::Unreachable { why: "x".into() });
         let fix = |t| {
-            diagnose(std::slice::from_ref(&node), &Limits::new(t))[0]
-                .fix
-                .clone()
+            diagnose(
+                std::slice::from_ref(&node),
+                &Limits::with_min_free(t, 10 << 30),
+            )[0]
+            .fix
+            .clone()
         };
         assert!(fix(TransportKind::Ssh).contains("ssh HOST true"));
         assert!(fix(TransportKind::Srun).contains("squeue"));
         assert!(fix(TransportKind::Local).contains("sh runs"));
+    }
+
+    #[test]
+    fn min_free_sets_the_warning_and_caps_the_problem() {
+        let mut node = good("n1");
+        node.disk = Disk::Known {
+            dir: "/scratch".into(),
+            free_bytes: 300 << 20,
+            writable: true,
+        };
+        let severities = |min_free: u64| -> Vec<Severity> {
+            let limits = Limits::with_min_free(TransportKind::Local, min_free);
+            diagnose(std::slice::from_ref(&node), &limits)
+                .iter()
+                .map(|f| f.severity)
+                .collect()
+        };
+        assert_eq!(severities(10 << 30), [Severity::Problem]);
+        assert_eq!(severities(200 << 20), Vec::<Severity>::new());
+        assert_eq!(severities(0), Vec::<Severity>::new());
+        assert_eq!(severities(500 << 20), [Severity::Problem]);
     }
 
     #[test]

@@ -17,7 +17,7 @@ mod table;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::config::{DiscoveryInputs, NodeAccess};
 use super::inputs::{allocate, discover_nodes};
@@ -90,7 +90,7 @@ fn doctor(args: &DoctorArgs, env: &Environment) -> Result<i32, Error> {
         return Err(Error::Interrupted(received.signal));
     }
     let kind = request.transport.kind();
-    let findings = diagnose(&nodes, &Limits::new(kind));
+    let findings = diagnose(&nodes, &Limits::with_min_free(kind, args.min_free));
     let code = checks::exit_code(&findings).code();
     if args.json {
         let report = serde_json::json!({
@@ -141,10 +141,10 @@ fn probe_all(request: &Request, hosts: &[String]) -> Vec<NodeFacts> {
         .collect()
 }
 
-/// The probe's command: `sh -c PROBE pipette-doctor TORCHRUN RUN_DIR nvidia-smi FACTS
+/// The probe's command: `/bin/sh -c PROBE pipette-doctor TORCHRUN RUN_DIR nvidia-smi FACTS
 /// QUERY...`, every value a word of its own.
 fn probe_command(request: &Request) -> NodeCommand {
-    let mut command = NodeCommand::new("sh")
+    let mut command = NodeCommand::new("/bin/sh")
         .args(["-c", PROBE, "pipette-doctor"])
         .arg(request.torchrun.clone())
         .arg(request.run_dir.display().to_string())
@@ -152,6 +152,44 @@ fn probe_command(request: &Request) -> NodeCommand {
         .args(GPU_QUERY_ARGS);
     command.env = request.env.clone();
     command
+}
+
+/// Runs `command` on `host` to its end, stopping it (its whole process tree, on the node
+/// too) past the time limit or as soon as a stop signal arrives.
+fn run_watched(
+    request: &Request,
+    host: &str,
+    command: &NodeCommand,
+    options: &ExecOptions,
+) -> Result<exec::Output, ExecError> {
+    let mut running = exec::spawn_with(&request.transport, host, command, options)?;
+    let deadline = Instant::now() + request.timeout;
+    loop {
+        if let Some(received) = exec::signals::stop_received() {
+            let _ = running.terminate();
+            return Err(ExecError::Interrupted {
+                signal: received.signal,
+            });
+        }
+        if running.try_status()?.is_some() {
+            return running.into_output();
+        }
+        if Instant::now() >= deadline {
+            let status = running.terminate()?;
+            let (stdout, stderr) = running.output_so_far();
+            return Err(ExecError::TimedOut {
+                host: host.to_string(),
+                command: command.label(),
+                limit: request.timeout,
+                output: Box::new(exec::Output {
+                    status,
+                    stdout,
+                    stderr,
+                }),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// One node's facts; a node that cannot be reached, or does not answer in time, says so.
@@ -170,14 +208,7 @@ fn probe(request: &Request, host: &str) -> NodeFacts {
         })),
     };
     let started = SystemTime::now();
-    let result = exec::run_with(
-        &request.transport,
-        host,
-        &probe_command(request),
-        request.timeout,
-        &options,
-    );
-    let output = match result {
+    let output = match run_watched(request, host, &probe_command(request), &options) {
         Ok(output) => output,
         Err(ExecError::TimedOut { limit, .. }) => {
             return NodeFacts::unreached(

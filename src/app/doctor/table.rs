@@ -332,7 +332,7 @@ mod tests {
         nodes[11]
             .nccl
             .insert("NCCL_DEBUG".into(), "INFO\u{1b}[31m".into());
-        let findings = diagnose(&nodes, &Limits::new(TransportKind::Ssh));
+        let findings = diagnose(&nodes, &Limits::with_min_free(TransportKind::Ssh, 10 << 30));
         let text = render(&nodes, &findings, "ssh");
         for line in text.lines().take_while(|l| !l.is_empty()) {
             assert!(line.chars().count() <= WIDTH, "{line:?}");
