@@ -117,7 +117,13 @@ fn probe_all(request: &Request, hosts: &[String]) -> Vec<NodeFacts> {
         for _ in 0..PARALLEL.min(hosts.len()) {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some(host) = hosts.get(i) else { break };
+                // After a stop signal nothing new starts.
+                let Some(host) = hosts
+                    .get(i)
+                    .filter(|_| exec::signals::stop_received().is_none())
+                else {
+                    break;
+                };
                 let facts = probe(request, host);
                 results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(facts);
             });
