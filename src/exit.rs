@@ -34,6 +34,9 @@ pub enum ExitCode {
     /// The training script failed, or did not finish in time, in the trial run; nothing
     /// was launched.
     TrialFailed = 72,
+    /// `pipette doctor` found a node that would fail a run for a reason other than these
+    /// (no PyTorch, a broken python or driver, GPU and CPU nodes mixed, a full disk).
+    NodeNotReady = 73,
     /// The job made no progress for the stall timeout and could not be re-planned (a hang
     /// has no worker exit code; this is the code `timeout` gives).
     Stalled = 124,
@@ -110,12 +113,17 @@ pub const ROWS: &[Row] = &[
     row(
         ExitCode::NoTorchrun,
         "71",
-        "torchrun not found (local launcher: not on PATH, or --torchrun is no executable); nothing ran",
+        "torchrun not found (local launcher: not on PATH, or --torchrun is no executable; or on a node, by pipette doctor); nothing ran",
     ),
     row(
         ExitCode::TrialFailed,
         "72",
         "the training script failed (or timed out) in the trial run; nothing was launched",
+    ),
+    row(
+        ExitCode::NodeNotReady,
+        "73",
+        "pipette doctor found a node not ready to run (no PyTorch, a broken python or driver, GPU and CPU nodes mixed, a full disk); its report says what to fix",
     ),
     row(
         ExitCode::Stalled,
@@ -197,7 +205,7 @@ const HELP_BYTES: [u8; HELP_LEN] = {
 mod tests {
     use super::*;
 
-    const ALL: [ExitCode; 12] = [
+    const ALL: [ExitCode; 13] = [
         ExitCode::Success,
         ExitCode::Usage,
         ExitCode::ModelArgs,
@@ -208,6 +216,7 @@ mod tests {
         ExitCode::Internal,
         ExitCode::NoTorchrun,
         ExitCode::TrialFailed,
+        ExitCode::NodeNotReady,
         ExitCode::Stalled,
         ExitCode::CannotStart,
     ];
@@ -236,7 +245,7 @@ mod tests {
             "  66     the node list is malformed (Slurm/PBS variables, --hostfile, --hosts, --include/--exclude)"
         );
         assert_eq!(
-            lines[14],
+            lines[15],
             "  other  the exit code of the first training worker that failed"
         );
         assert!(!HELP.ends_with('\n'));

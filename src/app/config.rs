@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cli::{DiscoveryOptions, ModelOptions, PlanningOptions, RunCli};
+use crate::cli::{
+    AccessOptions, DiscoveryOptions, ModelOptions, NodeOptions, PlanningOptions, RunCli,
+};
 use crate::cluster::{AllocationRequest, ClusterSpec, DiscoveryRequest, Environment, NodeSource};
 use crate::config::Settings;
 use crate::error::Error;
@@ -182,18 +184,12 @@ impl RunConfig {
             launch: LaunchConfig {
                 run_dir: cli.launch.run_dir.clone(),
                 templates: cli.launch.templates.clone(),
-                torchrun: s.torchrun.clone(),
+                torchrun: s.access.torchrun.clone(),
                 torchrun_passthrough: t.passthrough_args(),
                 master_addr: endpoint.0.or_else(|| t.master_addr.clone()),
                 master_port: endpoint.1.unwrap_or(t.master_port),
                 rdzv_id: (t.rdzv_id != "none").then(|| t.rdzv_id.clone()),
-                access: NodeAccess {
-                    launcher: s.launcher.clone(),
-                    ssh_config: s.ssh_config.clone(),
-                    agents: None,
-                    ssh_args: cli.nodes.ssh_args.clone().unwrap_or_default().0,
-                    srun_args: cli.nodes.srun_args.clone().unwrap_or_default().0,
-                },
+                access: NodeAccess::new(&s.access, &cli.nodes),
             },
             supervise: supervise::SuperviseOptions {
                 grace: s.grace,
@@ -216,10 +212,7 @@ impl RunConfig {
             },
             startup_timeout_given: s.startup_timeout.filter(|d| !d.is_zero()),
             node_env: forwarded_env(&env),
-            env_request: super::node_env::EnvRequest {
-                assignments: cli.nodes.env.clone(),
-                file: cli.nodes.env_file.clone(),
-            },
+            env_request: super::node_env::EnvRequest::new(&cli.nodes),
             discovery: DiscoveryInputs::new(&cli.discovery, env),
         }
     }
@@ -305,6 +298,17 @@ impl PlanningConfig {
 }
 
 impl NodeAccess {
+    /// `--launcher`, `--ssh-config`, `--ssh-args` and `--srun-args` as given.
+    pub(super) fn new(access: &AccessOptions, nodes: &NodeOptions) -> NodeAccess {
+        NodeAccess {
+            launcher: access.launcher.clone(),
+            ssh_config: access.ssh_config.clone(),
+            agents: None,
+            ssh_args: nodes.ssh_args.clone().unwrap_or_default().0,
+            srun_args: nodes.srun_args.clone().unwrap_or_default().0,
+        }
+    }
+
     /// How to reach these nodes, for profiling and for the launch alike: `--launcher` as
     /// asked, else [`launch::choose_transport`]'s rule; ssh with `--ssh-config` and
     /// `--ssh-args` when given, srun with `--srun-args`.

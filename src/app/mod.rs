@@ -13,11 +13,13 @@
 //!   or measured), settings — into the dry-run report's sections;
 //! - `copies`: one pipette-run per node — the leader's run over the copies' nodes, or an
 //!   agent's life;
-//! - `tools`: the other `pipette` subcommands, each one stage on its own.
+//! - `tools`: the other `pipette` subcommands, each one stage on its own;
+//! - `doctor`: `pipette doctor`, whether the nodes are ready to run.
 
 mod config;
 mod copies;
 mod decided;
+mod doctor;
 mod inputs;
 mod job;
 mod node_env;
@@ -129,10 +131,12 @@ pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Ok(cli) => cli,
         Err(e) => return clap_exit("pipette", e, &crate::cli::pipette_command(), &args),
     };
-    finish(
-        "pipette",
-        tools::pipette(&cli.command, &current_environment()),
-    )
+    let env = current_environment();
+    match &cli.command {
+        // The one subcommand whose exit code is not an error's: it reports every problem.
+        crate::cli::PipetteCommand::Doctor(args) => doctor::main(args, &env),
+        command => finish("pipette", tools::pipette(command, &env)),
+    }
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Error> {

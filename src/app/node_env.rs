@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::config::RunConfig;
+use crate::cli::NodeOptions;
 use crate::cluster::Environment;
 use crate::error::Error;
 use crate::exec::is_env_name;
@@ -28,6 +29,15 @@ pub(super) struct EnvRequest {
     pub(super) assignments: Vec<(String, Option<String>)>,
     /// `--env-file`.
     pub(super) file: Option<PathBuf>,
+}
+
+impl EnvRequest {
+    pub(super) fn new(options: &NodeOptions) -> EnvRequest {
+        EnvRequest {
+            assignments: options.env.clone(),
+            file: options.env_file.clone(),
+        }
+    }
 }
 
 /// The nodes' environment for `request` (see the module doc), and the env files read.
@@ -72,20 +82,33 @@ pub(super) fn node_env(
 /// Fills in `config.node_env` (see the module doc): reads the env files, and says on stderr
 /// which it read.
 pub(super) fn resolve_node_env(config: &mut RunConfig) -> Result<(), Error> {
-    let env = &config.discovery.environment;
+    config.node_env = announced_node_env(
+        &config.discovery.environment,
+        &config.env_request,
+        "pipette-run",
+    )?;
+    Ok(())
+}
+
+/// The nodes' environment for `request` (see the module doc), found from the working
+/// directory and `HOME`; says on stderr, as `program`, which env files it read.
+pub(super) fn announced_node_env(
+    env: &Environment,
+    request: &EnvRequest,
+    program: &str,
+) -> Result<BTreeMap<String, String>, Error> {
     let home = env.get("HOME").map(PathBuf::from);
     let cwd = std::env::current_dir()
         .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
-    let (vars, files) = node_env(env, &config.env_request, home.as_deref(), &cwd)?;
+    let (vars, files) = node_env(env, request, home.as_deref(), &cwd)?;
     if !files.is_empty() {
         let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
         eprintln!(
-            "pipette-run: environment for the nodes also from {}",
+            "{program}: environment for the nodes also from {}",
             names.join(", ")
         );
     }
-    config.node_env = vars;
-    Ok(())
+    Ok(vars)
 }
 
 /// The default env files, lowest precedence first (see the module doc).

@@ -2,13 +2,13 @@
 //! estimate, plan, profile, presets.
 
 use super::config::{
-    forwarded_env, read_calibration, DiscoveryInputs, NodeAccess, PlanningConfig, RunConfig,
-    SettingsInputs,
+    read_calibration, DiscoveryInputs, NodeAccess, PlanningConfig, RunConfig, SettingsInputs,
 };
 use super::inputs::{
     allocate, allocation_error, discover_nodes, model_section, profile_summary, read_settings,
 };
 use super::job::{calibrate, runner_up};
+use super::node_env::{announced_node_env, EnvRequest};
 use super::to_json;
 use crate::cli::{EstimateArgs, PipetteCommand};
 use crate::cluster::{AllocationRequest, ClusterProfile, Environment};
@@ -188,16 +188,14 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             for w in &found.warnings {
                 eprintln!("pipette: warning: {w}");
             }
-            let access = NodeAccess {
-                launcher: args.launcher.clone(),
-                ..NodeAccess::default()
-            };
+            let access = NodeAccess::new(&args.access, &args.nodes);
+            let env = announced_node_env(env, &EnvRequest::new(&args.nodes), "pipette")?;
             let options = ProfileOptions {
                 transport: access.transport(&spec.hosts(), &spec.source),
                 nproc_per_node: args.nproc_per_node,
-                torchrun: args.torchrun.clone(),
+                torchrun: args.access.torchrun.clone(),
                 reprofile: args.profiling.reprofile,
-                env: forwarded_env(env).into_iter().collect(),
+                env: env.into_iter().collect(),
                 ..ProfileOptions::default()
             };
             let progress = ProgressBars::new(!args.output.json);
@@ -239,6 +237,10 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
                 calibrate(&config, &args.out)
             }
         }
+        // pipette_main runs it: its exit code is its report's, not an error's.
+        PipetteCommand::Doctor(_) => Err(Error::Internal(
+            "pipette doctor reached the stage tools".to_string(),
+        )),
         PipetteCommand::Presets { output } => {
             let names = config::presets::names();
             if output.json {

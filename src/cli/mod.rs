@@ -8,8 +8,8 @@ pub mod torchrun;
 pub mod values;
 
 pub use options::{
-    DiscoveryOptions, LaunchOptions, LogOptions, ModelOptions, NodeOptions, OutputOptions,
-    PlanningOptions, ProfilingOptions, SuperviseOptions, TrialOptions,
+    AccessOptions, DiscoveryOptions, LaunchOptions, LogOptions, ModelOptions, NodeOptions,
+    OutputOptions, PlanningOptions, ProfilingOptions, SuperviseOptions, TrialOptions,
 };
 pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
 
@@ -293,6 +293,31 @@ pub enum PipetteCommand {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// Check that the nodes are ready to run, before a job does: for every node pipette-run
+    /// would use (found as it finds them, reached as it reaches them, with the environment
+    /// it gives them), whether it answers, torchrun and the python, PyTorch and
+    /// megatron-core it runs, nvidia-smi and the GPUs (or "none (CPU node)"), the NCCL_*
+    /// variables set there, its clock against this machine's, and the free space where the
+    /// run directory goes. Prints a table and, for each problem, a line saying what to
+    /// fix; exits 68 when a node cannot be reached, 71 when one lacks torchrun, 73 for any
+    /// other problem, 0 when warnings are all there is:
+    /// `pipette doctor --hostfile hosts --ssh-config ~/.ssh/cluster`
+    ///
+    /// Every node gets one probe (a fixed sh script, every value passed to it as an
+    /// argument) through the transport a launch would use, all nodes at once, each under
+    /// --timeout: a node that hangs is reported as not answering and holds up no other.
+    ///
+    /// STATUS is the worst found on a node: ok; warning (a run would go, but read the
+    /// line about it); problem (a run would fail: no PyTorch, a broken python or driver,
+    /// GPU and CPU nodes mixed, less than 1 GiB free); no torchrun; unreachable; no answer.
+    /// Nodes alike share a row. SKEW is the node's clock minus this machine's, at the
+    /// midpoint of the probe's round trip; FREE is the space where the run directory
+    /// (--run-dir) goes. --json prints the same as one object for tools.
+    ///
+    /// Examples: `pipette doctor` inside a Slurm job (over srun); `pipette doctor --hosts
+    /// gpu[01-04] --ssh-args "-p 2222"`; `pipette doctor --cluster c.json --env
+    /// NCCL_IB_HCA=mlx5_0` (the environment the launch would give)
+    Doctor(Box<DoctorArgs>),
     /// Print the manual page (roff): `pipette man | man -l -`, or
     /// `pipette man > ~/.local/share/man/man1/pipette-run.1`
     Man {
@@ -410,13 +435,8 @@ pub struct ProfileArgs {
     /// GPUs to measure per node (without GPUs: CPU processes standing in for them)
     #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N", allow_negative_numbers = true, value_parser = nproc_count)]
     pub nproc_per_node: Option<u32>,
-    /// How to reach the nodes: local, ssh or srun (default: local when every node is
-    /// this machine, srun inside Slurm, else ssh)
-    #[arg(long, value_name = "HOW", value_parser = ["local", "ssh", "srun"])]
-    pub launcher: Option<String>,
-    /// torchrun on the nodes
-    #[arg(long, value_name = "PATH", default_value = "torchrun")]
-    pub torchrun: String,
+    #[command(flatten)]
+    pub access: AccessOptions,
     #[command(flatten)]
     pub profiling: ProfilingOptions,
     /// Where to write the profile
@@ -424,6 +444,34 @@ pub struct ProfileArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub output: OutputOptions,
+    #[command(flatten)]
+    pub nodes: NodeOptions,
+}
+
+/// `pipette doctor`'s options: pipette-run's for finding and reaching the nodes.
+#[derive(Debug, Clone, Args)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    pub discovery: DiscoveryOptions,
+    #[command(flatten)]
+    pub access: AccessOptions,
+    /// Where the run directory would go (its free space is checked on every node; default:
+    /// ./pipette-runs)
+    #[arg(long = "run-dir", value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// Less free space than this where the run directory goes is a warning (less than
+    /// 1 GiB, or than this if smaller, a problem): room for logs, and for checkpoints when
+    /// they go beside it
+    #[arg(long = "min-free", value_name = "SIZE", default_value = "10GiB", allow_hyphen_values = true, value_parser = values::bytes)]
+    pub min_free: u64,
+    /// How long each node has to answer; one that does not is reported as not answering
+    #[arg(long, value_name = "DURATION", default_value = "60s", allow_hyphen_values = true, value_parser = options::parse_duration)]
+    pub timeout: std::time::Duration,
+    /// Print the facts and findings as one JSON object (schema "pipette-doctor", version 1)
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub nodes: NodeOptions,
 }
 
 /// `pipette profile --nproc-per-node`: a count, capped as pipette-run's is.
@@ -596,6 +644,54 @@ mod tests {
         assert!(long.contains("--rdzv-backend") && long.contains("--dry-run"));
         assert!(!long.contains("--help lists them all"));
         assert!(short.lines().count() * 2 < long.lines().count());
+    }
+
+    /// `pipette profile` and `pipette doctor` reach the nodes as pipette-run does: the same
+    /// launcher, ssh configuration, torchrun, environment and transport arguments.
+    #[test]
+    fn profile_and_doctor_take_pipette_run_s_node_options() {
+        let node_options = [
+            "--launcher",
+            "ssh",
+            "--ssh-config",
+            "cfg",
+            "--torchrun",
+            "/opt/tr",
+            "--env",
+            "A=1",
+            "--env-file",
+            "e",
+            "--ssh-args",
+            "-p 2222",
+            "--srun-args",
+            "--mpi=pmix",
+        ];
+        let parse = |head: &[&str]| {
+            let args: Vec<std::ffi::OsString> = ["pipette"]
+                .iter()
+                .chain(head)
+                .chain(&node_options)
+                .map(Into::into)
+                .collect();
+            parse_pipette(&args).map(|cli| cli.command)
+        };
+        let (access, nodes) = match parse(&["profile", "--out", "p.json"]) {
+            Ok(PipetteCommand::Profile(args)) => (args.access, args.nodes),
+            other => panic!("{other:?}"),
+        };
+        let (d_access, d_nodes) = match parse(&["doctor"]) {
+            Ok(PipetteCommand::Doctor(args)) => (args.access, args.nodes),
+            other => panic!("{other:?}"),
+        };
+        for (access, nodes) in [(access, nodes), (d_access, d_nodes)] {
+            assert_eq!(access.launcher.as_deref(), Some("ssh"));
+            assert_eq!(access.ssh_config, Some(PathBuf::from("cfg")));
+            assert_eq!(access.torchrun, "/opt/tr");
+            assert_eq!(nodes.env, [("A".to_string(), Some("1".to_string()))]);
+            assert_eq!(nodes.env_file, Some(PathBuf::from("e")));
+            assert_eq!(nodes.ssh_args.unwrap().0, ["-p", "2222"]);
+            assert_eq!(nodes.srun_args.unwrap().0, ["--mpi=pmix"]);
+        }
     }
 
     #[test]

@@ -223,28 +223,14 @@ fn parse_headroom(text: &str) -> Result<MemoryHeadroom, String> {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Supervision options")]
 pub struct SuperviseOptions {
-    /// How to reach the nodes: local, ssh or srun (default: local when every node is
-    /// this machine, srun inside Slurm, else ssh)
-    #[arg(long, env = "PIPETTE_LAUNCHER", value_name = "HOW", value_parser = ["local", "ssh", "srun"])]
-    pub launcher: Option<String>,
+    #[command(flatten)]
+    pub access: AccessOptions,
 
-    /// An ssh client configuration file for reaching the nodes (`ssh -F FILE`): user,
-    /// port, identity, host aliases
-    #[arg(long = "ssh-config", env = "PIPETTE_SSH_CONFIG", value_name = "FILE")]
-    pub ssh_config: Option<PathBuf>,
-
-    /// The torchrun executable on the nodes
-    #[arg(
-        long = "torchrun",
-        env = "PIPETTE_TORCHRUN",
-        value_name = "PATH",
-        default_value = "torchrun"
-    )]
-    pub torchrun: String,
-
-    /// Between TERM and KILL when the nodes are stopped (after a failure, or on Ctrl-C /
-    /// SIGTERM; a second Ctrl-C kills at once). After a stall, a node whose torchrun does not
-    /// stop within it is treated as hung and left out of a re-plan
+    /// Between TERM and KILL when the job's nodes are stopped: after a failure, or when
+    /// pipette-run gets INT (Ctrl-C), TERM, HUP or QUIT (a second one kills at once; USR1
+    /// and USR2 are passed on to the script and stop nothing). After a stall, a node whose
+    /// torchrun does not stop within it is treated as hung and left out of a re-plan. The
+    /// profile's probe and the trial stop their nodes within 5 s whatever this says
     #[arg(long, value_name = "DURATION", default_value = "10s", allow_hyphen_values = true, value_parser = parse_duration)]
     pub grace: std::time::Duration,
 
@@ -281,6 +267,31 @@ pub struct SuperviseOptions {
     /// iteration against the estimate, tokens/s per GPU, MFU, time left. `0` shows none
     #[arg(long = "progress-interval", env = "PIPETTE_PROGRESS_INTERVAL", value_name = "DURATION", default_value = "30s", allow_hyphen_values = true, value_parser = parse_duration)]
     pub progress_interval: std::time::Duration,
+}
+
+/// How the nodes are reached and what runs there: pipette-run's, `pipette profile`'s and
+/// `pipette doctor`'s alike (under the heading of whichever holds them).
+#[derive(Debug, Clone, Args)]
+pub struct AccessOptions {
+    /// How to reach the nodes: local, ssh or srun (default: local when every node is
+    /// this machine, srun inside Slurm, else ssh)
+    #[arg(long, env = "PIPETTE_LAUNCHER", value_name = "HOW", value_parser = ["local", "ssh", "srun"])]
+    pub launcher: Option<String>,
+
+    /// An ssh client configuration file for reaching the nodes (`ssh -F FILE`): user,
+    /// port, identity, host aliases
+    #[arg(long = "ssh-config", env = "PIPETTE_SSH_CONFIG", value_name = "FILE")]
+    pub ssh_config: Option<PathBuf>,
+
+    /// The torchrun executable on the nodes: a name looked up on each node's PATH, or a
+    /// path
+    #[arg(
+        long = "torchrun",
+        env = "PIPETTE_TORCHRUN",
+        value_name = "PATH",
+        default_value = "torchrun"
+    )]
+    pub torchrun: String,
 }
 
 /// What reaches the nodes besides the command: environment variables, and the options of

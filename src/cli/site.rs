@@ -184,7 +184,7 @@ mod tests {
             RunCli::from_arg_matches(&matches).unwrap()
         };
         let cli = parse(&["pipette-run", "train.py"]);
-        assert_eq!(cli.supervise.launcher.as_deref(), Some("ssh"));
+        assert_eq!(cli.supervise.access.launcher.as_deref(), Some("ssh"));
         assert_eq!(cli.supervise.stall_timeout.as_secs(), 3600);
         assert!(cli.trial.no_trial);
         assert_eq!(cli.pipette.seed, 7);
@@ -196,7 +196,7 @@ mod tests {
             "1",
             "train.py",
         ]);
-        assert_eq!(cli.supervise.launcher.as_deref(), Some("local"));
+        assert_eq!(cli.supervise.access.launcher.as_deref(), Some("local"));
         assert_eq!(cli.pipette.seed, 1);
     }
 

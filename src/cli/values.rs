@@ -26,6 +26,30 @@ impl Whole for u64 {
     const MAX: Self = u64::MAX;
 }
 
+/// An amount of bytes: `0`, `500MiB`, `10GiB`, `1.5TiB` (binary units; a bare number is
+/// bytes).
+pub fn bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let units: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    let (number, scale) = units
+        .iter()
+        .find_map(|(unit, scale)| t.strip_suffix(unit).map(|n| (n.trim(), *scale)))
+        .unwrap_or((t, 1));
+    match number.parse::<f64>() {
+        Ok(n) if n.is_finite() && n >= 0.0 && n * (scale as f64) < u64::MAX as f64 => {
+            Ok((n * scale as f64) as u64)
+        }
+        _ => Err(format!(
+            "{text:?} is not an amount of bytes (e.g. 500MiB, 10GiB, 1.5TiB)"
+        )),
+    }
+}
+
 /// A whole number from 0 to `T::MAX`.
 pub fn whole<T: Whole>(text: &str) -> Result<T, String> {
     bounded(text, 0, T::MAX.into())
@@ -99,6 +123,21 @@ pub fn duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amounts_of_bytes_take_binary_units() {
+        assert_eq!(bytes("0"), Ok(0));
+        assert_eq!(bytes("512"), Ok(512));
+        assert_eq!(bytes("500MiB"), Ok(500 << 20));
+        assert_eq!(bytes("10 GiB"), Ok(10 << 30));
+        assert_eq!(bytes("1.5TiB"), Ok(3 << 39));
+        for bad in ["-1GiB", "ten", "1e30TiB", "5GB", ""] {
+            assert!(
+                bytes(bad).unwrap_err().contains("not an amount of bytes"),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn whole_numbers_name_their_range() {

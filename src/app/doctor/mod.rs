@@ -1,0 +1,253 @@
+//! `pipette doctor`: whether the nodes are ready to run. The nodes are found as pipette-run
+//! finds them (Slurm, PBS, a hostfile, `--hosts`, `--cluster`'s nodes, or this machine) and
+//! reached as it reaches them (local, ssh, srun, with `--ssh-args`, `--srun-args` and the
+//! environment every node gets); on each, one probe ([`facts::PROBE`], a fixed `sh` script
+//! whose every value is an argument, quoted by [`crate::exec`]) reports what a run needs.
+//! The probes run in parallel under a time limit, so a node that hangs is reported as not
+//! answering and never holds up the others.
+//!
+//! - `facts`: the probe and what its output says ([`facts::NodeFacts`]);
+//! - `checks`: the judgement, a pure function from the facts to findings and an exit code;
+//! - `table`: the report for people, fitted to 80 columns.
+
+mod checks;
+mod facts;
+mod table;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::config::{DiscoveryInputs, NodeAccess};
+use super::inputs::{allocate, discover_nodes};
+use super::node_env::{announced_node_env, EnvRequest};
+use crate::cli::DoctorArgs;
+use crate::cluster::{AllocationRequest, ClusterProfile, Environment};
+use crate::error::Error;
+use crate::exec::{self, ExecError, ExecOptions, NodeCommand, Stream, Transport};
+use crate::measure::inventory::GPU_QUERY_ARGS;
+
+use checks::{diagnose, Limits};
+use facts::{parse_probe_output, NodeFacts, Reach, PROBE, PYTHON_FACTS};
+
+/// The name and version of `pipette doctor --json`'s object.
+const SCHEMA: &str = "pipette-doctor";
+const SCHEMA_VERSION: u32 = 1;
+
+/// At most this many probes run at once (each is a process here, an ssh or srun client).
+const PARALLEL: usize = 64;
+
+/// What the probes need.
+struct Request {
+    transport: Transport,
+    torchrun: String,
+    /// Where the run directory goes, absolute.
+    run_dir: PathBuf,
+    env: Vec<(String, String)>,
+    timeout: Duration,
+}
+
+/// Runs `pipette doctor`; returns the exit code.
+pub(super) fn main(args: &DoctorArgs, env: &Environment) -> i32 {
+    // A stop signal ends the probes in order (exit 128 + N), nothing left running.
+    let _signals = exec::signals::SignalGuard::install();
+    match doctor(args, env) {
+        Ok(code) => code,
+        Err(e) => super::finish("pipette", Err(e)),
+    }
+}
+
+fn doctor(args: &DoctorArgs, env: &Environment) -> Result<i32, Error> {
+    let found = discover_nodes(&DiscoveryInputs::new(&args.discovery, env.clone()))?;
+    let profile = match &args.discovery.cluster {
+        Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
+        None => None,
+    };
+    let allocation = allocate(
+        found,
+        profile.as_ref().map(|(p, c)| (p.as_path(), c)),
+        AllocationRequest::default(),
+    )?;
+    for w in &allocation.warnings {
+        eprintln!("pipette: warning: {w}");
+    }
+    let hosts: Vec<String> = allocation.hosts.iter().map(|h| h.host.clone()).collect();
+    let transport =
+        NodeAccess::new(&args.access, &args.nodes).transport(&hosts, &allocation.source);
+    let cwd = std::env::current_dir()
+        .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
+    let vars = announced_node_env(env, &EnvRequest::new(&args.nodes), "pipette")?;
+    let request = Request {
+        transport,
+        torchrun: args.access.torchrun.clone(),
+        run_dir: cwd.join(args.run_dir.as_deref().unwrap_or(Path::new("pipette-runs"))),
+        env: vars.into_iter().collect(),
+        timeout: args.timeout,
+    };
+    let nodes = probe_all(&request, &hosts);
+    if let Some(received) = exec::signals::stop_received() {
+        return Err(Error::Interrupted(received.signal));
+    }
+    let kind = request.transport.kind();
+    let findings = diagnose(&nodes, &Limits::with_min_free(kind, args.min_free));
+    let code = checks::exit_code(&findings).code();
+    if args.json {
+        let report = serde_json::json!({
+            "schema": SCHEMA,
+            "version": SCHEMA_VERSION,
+            "transport": kind.as_str(),
+            "run_dir": request.run_dir.display().to_string(),
+            "nodes": nodes,
+            "findings": findings,
+            "exit_code": code,
+        });
+        println!("{}", super::to_json(&report)?);
+    } else {
+        print!("{}", table::render(&nodes, &findings, kind.as_str()));
+    }
+    Ok(code)
+}
+
+/// Every node's facts, in the order of `hosts`: the probes run [`PARALLEL`] at a time.
+fn probe_all(request: &Request, hosts: &[String]) -> Vec<NodeFacts> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<NodeFacts>>> = Mutex::new(vec![None; hosts.len()]);
+    std::thread::scope(|scope| {
+        for _ in 0..PARALLEL.min(hosts.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                // After a stop signal nothing new starts.
+                let Some(host) = hosts
+                    .get(i)
+                    .filter(|_| exec::signals::stop_received().is_none())
+                else {
+                    break;
+                };
+                let facts = probe(request, host);
+                results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(facts);
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results
+        .into_iter()
+        .zip(hosts)
+        .map(|(facts, host)| {
+            facts.unwrap_or_else(|| {
+                NodeFacts::unreached(
+                    host,
+                    Reach::Unreachable {
+                        why: "its probe was lost (this is a bug in pipette; please report it)"
+                            .into(),
+                    },
+                )
+            })
+        })
+        .collect()
+}
+
+/// The probe's command: `/bin/sh -c PROBE pipette-doctor TORCHRUN RUN_DIR nvidia-smi FACTS
+/// QUERY...`, every value a word of its own.
+fn probe_command(request: &Request) -> NodeCommand {
+    let mut command = NodeCommand::new("/bin/sh")
+        .args(["-c", PROBE, "pipette-doctor"])
+        .arg(request.torchrun.clone())
+        .arg(request.run_dir.display().to_string())
+        .args(["nvidia-smi", PYTHON_FACTS])
+        .args(GPU_QUERY_ARGS);
+    command.env = request.env.clone();
+    command
+}
+
+/// Runs `command` on `host` to its end, stopping it (its whole process tree, on the node
+/// too) past the time limit or as soon as a stop signal arrives.
+fn run_watched(
+    request: &Request,
+    host: &str,
+    command: &NodeCommand,
+    options: &ExecOptions,
+) -> Result<exec::Output, ExecError> {
+    let mut running = exec::spawn_with(&request.transport, host, command, options)?;
+    let deadline = Instant::now() + request.timeout;
+    loop {
+        if let Some(received) = exec::signals::stop_received() {
+            let _ = running.terminate();
+            return Err(ExecError::Interrupted {
+                signal: received.signal,
+            });
+        }
+        if running.try_status()?.is_some() {
+            return running.into_output();
+        }
+        if Instant::now() >= deadline {
+            let status = running.terminate()?;
+            let (stdout, stderr) = running.output_so_far();
+            return Err(ExecError::TimedOut {
+                host: host.to_string(),
+                command: command.label(),
+                limit: request.timeout,
+                output: Box::new(exec::Output {
+                    status,
+                    stdout,
+                    stderr,
+                }),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One node's facts; a node that cannot be reached, or does not answer in time, says so.
+fn probe(request: &Request, host: &str) -> NodeFacts {
+    // The moment the clock line arrives: the node read its clock between the start and then.
+    let clock_seen: Arc<Mutex<Option<SystemTime>>> = Arc::new(Mutex::new(None));
+    let seen = Arc::clone(&clock_seen);
+    let options = ExecOptions {
+        grace: Duration::from_secs(2),
+        capture_limit: Some(1 << 20),
+        sink: Some(Arc::new(move |_: &str, stream: Stream, line: &[u8]| {
+            if stream == Stream::Stdout && line.starts_with(b"clock=") {
+                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                seen.get_or_insert_with(SystemTime::now);
+            }
+        })),
+    };
+    let started = SystemTime::now();
+    let output = match run_watched(request, host, &probe_command(request), &options) {
+        Ok(output) => output,
+        Err(ExecError::TimedOut { limit, .. }) => {
+            return NodeFacts::unreached(
+                host,
+                Reach::TimedOut {
+                    seconds: limit.as_secs_f64(),
+                },
+            )
+        }
+        Err(e) => return NodeFacts::unreached(host, Reach::Unreachable { why: e.to_string() }),
+    };
+    let stdout = output.stdout_text();
+    let arrived = *clock_seen.lock().unwrap_or_else(|e| e.into_inner());
+    let (Some(arrived), true) = (arrived, stdout.lines().any(|l| l.starts_with("clock="))) else {
+        return NodeFacts::unreached(
+            host,
+            Reach::Unreachable {
+                why: format!(
+                    "the probe ended ({}) without its report: {}",
+                    output.status,
+                    output.last_line().unwrap_or_else(|| "no output".into())
+                ),
+            },
+        );
+    };
+    let seconds = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
+    let (start, end) = (seconds(started), seconds(arrived));
+    parse_probe_output(
+        host,
+        &stdout,
+        ((start + end) / 2.0, (end - start).max(0.0) / 2.0),
+    )
+}
