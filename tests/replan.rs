@@ -644,7 +644,7 @@ fn replan_limit_reached_exits_with_the_failing_workers_code() {
         "{exit}"
     );
     assert!(
-        job.stderr().contains(
+        common::unwrapped_log(&job.stderr()).contains(
             "node-a (node rank 0): torchrun exited with exit code 1 (worker rank 0 exited with 7)"
         ),
         "{}",
@@ -807,4 +807,21 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
     .unwrap();
     assert!(!r.resharded);
     assert_eq!(r.plan.config.world_size(), 2);
+}
+
+#[test]
+fn unwrapped_log_joins_continuations_only() {
+    let log = "pipette-run: node-a (node rank 0): torchrun exited with exit code 1 (worker rank\n\
+               pipette-run:     0 exited with 7)\n\
+               [node-a r0] pipette-run:     not ours\n\
+               pipette-run:   layers per stage 2\n\
+               pipette-run:       wrapped deeper\n\
+               pipette-run:     not a continuation of the line before\n";
+    assert_eq!(
+        common::unwrapped_log(log),
+        "pipette-run: node-a (node rank 0): torchrun exited with exit code 1 (worker rank 0 exited with 7)\n\
+         [node-a r0] pipette-run:     not ours\n\
+         pipette-run:   layers per stage 2 wrapped deeper\n\
+         pipette-run:     not a continuation of the line before"
+    );
 }

@@ -1045,3 +1045,28 @@ pub fn run_python_batch(
     serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("{script_name} printed no JSON ({e}):\n{stdout}\n{tail}"))
 }
+
+/// pipette-run's log as it was before its lines were wrapped at 80 columns
+/// (`supervise::reporter::wrap`): a continuation, four columns deeper than the line it
+/// continues after `pipette-run: `, joined back to that line with one space. Lines of the
+/// nodes (`[host rN] ...`) pass as they are.
+pub fn unwrapped_log(log: &str) -> String {
+    const PREFIX: &str = "pipette-run: ";
+    let indent = |body: &str| body.len() - body.trim_start_matches(' ').len();
+    let mut lines: Vec<String> = Vec::new();
+    // The indent of the line being continued, when the last line is one of ours.
+    let mut open: Option<usize> = None;
+    for line in log.lines() {
+        match (line.strip_prefix(PREFIX), open, lines.last_mut()) {
+            (Some(body), Some(depth), Some(last)) if indent(body) == depth + 4 => {
+                last.push(' ');
+                last.push_str(body.trim_start_matches(' '));
+            }
+            (body, _, _) => {
+                open = body.map(indent);
+                lines.push(line.to_string());
+            }
+        }
+    }
+    lines.join("\n")
+}
