@@ -48,6 +48,28 @@ impl ParallelConfig {
         }
     }
 
+    /// What the configuration turns on beyond its sizes, as the reports write it after
+    /// them: `, 3 virtual stages, selective recompute, sequence parallel, distributed
+    /// optimizer` (empty when nothing is on).
+    pub fn options_text(&self) -> String {
+        let mut text = String::new();
+        if let Some(v) = self.vpp {
+            text.push_str(&format!(", {v} virtual stages"));
+        }
+        match self.recompute {
+            Recompute::None => {}
+            Recompute::Selective => text.push_str(", selective recompute"),
+            Recompute::Full { .. } => text.push_str(", full recompute"),
+        }
+        if self.sequence_parallel {
+            text.push_str(", sequence parallel");
+        }
+        if self.distributed_optimizer {
+            text.push_str(", distributed optimizer");
+        }
+        text
+    }
+
     /// Ranks in the job: tp × pp × dp.
     pub fn world_size(&self) -> u64 {
         self.tp * self.pp * self.dp

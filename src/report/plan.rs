@@ -470,25 +470,14 @@ fn terms(t: &TimeEstimate) -> [(&'static str, f64); 6] {
 
 /// `tp 2 × pp 4 × dp 4, micro-batch 1, selective recompute, ...`
 pub fn describe(c: &ParallelConfig) -> String {
-    let mut text = format!(
-        "tp {} × pp {} × dp {}, micro-batch {}",
-        c.tp, c.pp, c.dp, c.micro_batch
-    );
-    if let Some(v) = c.vpp {
-        text.push_str(&format!(", {v} virtual stages"));
-    }
-    match c.recompute {
-        Recompute::None => {}
-        Recompute::Selective => text.push_str(", selective recompute"),
-        Recompute::Full { .. } => text.push_str(", full recompute"),
-    }
-    if c.sequence_parallel {
-        text.push_str(", sequence parallel");
-    }
-    if c.distributed_optimizer {
-        text.push_str(", distributed optimizer");
-    }
-    text
+    format!(
+        "tp {} × pp {} × dp {}, micro-batch {}{}",
+        c.tp,
+        c.pp,
+        c.dp,
+        c.micro_batch,
+        c.options_text()
+    )
 }
 
 fn recompute(r: &Recompute) -> &'static str {

@@ -26,7 +26,6 @@ use super::{
     calibrate, run_trial, TrialError, TrialMeasurement, TrialReport, TrialRequest, TrialStaging,
 };
 use crate::cluster::ClusterProfile;
-use crate::config::Recompute;
 use crate::config::Settings;
 use crate::launch::LaunchError;
 use crate::measure::Progress;
@@ -455,25 +454,14 @@ fn ms_text(ms: Option<f64>) -> String {
 /// `tp 2 pp 1 dp 4 micro-batch 2, selective recompute, distributed optimizer`: as the
 /// trial's lines say a configuration, with what tells the candidates apart.
 pub fn short(c: &ParallelConfig) -> String {
-    let mut text = format!(
-        "tp {} pp {} dp {} micro-batch {}",
-        c.tp, c.pp, c.dp, c.micro_batch
-    );
-    if let Some(v) = c.vpp {
-        text.push_str(&format!(", {v} virtual stages"));
-    }
-    match c.recompute {
-        Recompute::None => {}
-        Recompute::Selective => text.push_str(", selective recompute"),
-        Recompute::Full { .. } => text.push_str(", full recompute"),
-    }
-    if c.sequence_parallel {
-        text.push_str(", sequence parallel");
-    }
-    if c.distributed_optimizer {
-        text.push_str(", distributed optimizer");
-    }
-    text
+    format!(
+        "tp {} pp {} dp {} micro-batch {}{}",
+        c.tp,
+        c.pp,
+        c.dp,
+        c.micro_batch,
+        c.options_text()
+    )
 }
 
 impl MeasuredChoice {
