@@ -21,25 +21,8 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{assert_no_process_left, cpu_job_command, cpu_profile, repo, torchrun};
+use common::{assert_no_process_left, repo, two_local_cpu_nodes};
 use serde_json::Value;
-
-/// A command of `bin` (and its subcommand) with the test environment: CPU stand-ins on loopback, no
-/// allocation from the environment.
-fn command(bin: &str, subcommand: Option<&str>, dir: &Path) -> Command {
-    let mut command = cpu_job_command(bin);
-    command.args(subcommand);
-    let profile = dir.join("cluster.json");
-    std::fs::write(&profile, cpu_profile(&["node-a", "node-b"], 1)).unwrap();
-    command
-        .arg("--cluster")
-        .arg(&profile)
-        .args(["--hosts", "node-a,node-b", "--nproc-per-node", "1"])
-        .args(["--launcher", "local", "--pin", "tp=1,pp=1,dp=2"])
-        .arg("--torchrun")
-        .arg(torchrun());
-    command
-}
 
 /// A model whose activations are a sizeable share of a rank's RSS: at micro-batch 8 about
 /// 0.8 of 1.6 GB (sequence 1024; the toy's attention keeps the 4 heads' 1024² scores).
@@ -75,7 +58,7 @@ const TINY_MODEL: &[&str] = &[
 
 fn calibrate(dir: &Path, name: &str, micro_batches: &str) -> Value {
     let out = dir.join(name);
-    let output = command(env!("CARGO_BIN_EXE_pipette"), Some("calibrate"), dir)
+    let output = two_local_cpu_nodes(env!("CARGO_BIN_EXE_pipette"), Some("calibrate"), dir)
         .arg("--out")
         .arg(&out)
         .args(["--trial-iters", "3", "--trial-micro-batches", micro_batches])
@@ -165,7 +148,7 @@ fn a_script_failing_in_the_trial_is_reported_and_nothing_is_launched() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("marker").display().to_string();
     let run_dir = dir.path().join("run");
-    let output = command(env!("CARGO_BIN_EXE_pipette-run"), None, dir.path())
+    let output = two_local_cpu_nodes(env!("CARGO_BIN_EXE_pipette-run"), None, dir.path())
         .arg("--run-dir")
         .arg(&run_dir)
         .arg("examples/train_gpt.py")
@@ -208,7 +191,7 @@ fn failing_script(dir: &Path, said: &str, error: &str) -> String {
 /// Runs pipette-run on `script` (two nodes, the tiny model's arguments); returns its exit
 /// code and standard error.
 fn run_failing(dir: &Path, script: &str, run_dir: &Path) -> (Option<i32>, String) {
-    let output = command(env!("CARGO_BIN_EXE_pipette-run"), None, dir)
+    let output = two_local_cpu_nodes(env!("CARGO_BIN_EXE_pipette-run"), None, dir)
         .arg("--run-dir")
         .arg(run_dir)
         .arg(script)
@@ -284,7 +267,7 @@ fn a_hanging_script_hits_the_trial_timeout() {
     // trial timeout would take at least this.
     let hang_seconds = 600;
     let started = std::time::Instant::now();
-    let output = command(env!("CARGO_BIN_EXE_pipette-run"), None, dir.path())
+    let output = two_local_cpu_nodes(env!("CARGO_BIN_EXE_pipette-run"), None, dir.path())
         .arg("--run-dir")
         .arg(dir.path().join("run"))
         .args(["--trial-timeout", "8s", "--grace", "2s"])
@@ -310,7 +293,7 @@ fn a_launch_trials_then_trains_and_reports_one_json_result() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("marker").display().to_string();
     let run_dir = dir.path().join("run");
-    let output = command(env!("CARGO_BIN_EXE_pipette-run"), None, dir.path())
+    let output = two_local_cpu_nodes(env!("CARGO_BIN_EXE_pipette-run"), None, dir.path())
         .arg("--json")
         .arg("--run-dir")
         .arg(&run_dir)

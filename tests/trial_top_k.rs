@@ -17,7 +17,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{assert_no_process_left, cpu_job_command, cpu_profile, torchrun};
+use common::{assert_no_process_left, two_local_cpu_nodes};
 use serde_json::Value;
 
 /// The longest trial: the rounds' trial runs them all, a candidate's stops once its
@@ -27,17 +27,9 @@ const TRIAL_ITERS: usize = 8;
 /// pipette-run on the two CPU nodes, dp 2 pinned (the toy script trains data-parallel
 /// only), the tiny GPT of the end-to-end tests; `extra` pipette options.
 fn pipette_run(dir: &Path, extra: &[&str]) -> (Command, String) {
-    let profile = dir.join("cluster.json");
-    std::fs::write(&profile, cpu_profile(&["node-a", "node-b"], 1)).unwrap();
     let marker = dir.join("marker").display().to_string();
-    let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
+    let mut command = two_local_cpu_nodes(env!("CARGO_BIN_EXE_pipette-run"), None, dir);
     command
-        .arg("--cluster")
-        .arg(&profile)
-        .args(["--hosts", "node-a,node-b", "--nproc-per-node", "1"])
-        .args(["--launcher", "local", "--pin", "tp=1,pp=1,dp=2"])
-        .arg("--torchrun")
-        .arg(torchrun())
         .arg("--json")
         .arg("--run-dir")
         .arg(dir.join("run"))

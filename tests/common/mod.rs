@@ -1070,3 +1070,22 @@ pub fn unwrapped_log(log: &str) -> String {
     }
     lines.join("\n")
 }
+
+/// A command of `bin` (and its subcommand) on two CPU nodes of this machine, `node-a` and
+/// `node-b`, one worker each, described by a cluster file written into `dir`, through the
+/// local transport with dp 2 pinned (the toy script trains data-parallel only) and the
+/// venv's torchrun: the trial tests' setting.
+pub fn two_local_cpu_nodes(bin: &str, subcommand: Option<&str>, dir: &Path) -> Command {
+    let mut command = cpu_job_command(bin);
+    command.args(subcommand);
+    let profile = dir.join("cluster.json");
+    std::fs::write(&profile, cpu_profile(&["node-a", "node-b"], 1)).unwrap();
+    command
+        .arg("--cluster")
+        .arg(&profile)
+        .args(["--hosts", "node-a,node-b", "--nproc-per-node", "1"])
+        .args(["--launcher", "local", "--pin", "tp=1,pp=1,dp=2"])
+        .arg("--torchrun")
+        .arg(torchrun());
+    command
+}
