@@ -53,7 +53,8 @@
 //! - [`app`] is the orchestrator: it runs the stages in order for each command.
 //! - [`error`] is the one top-level error, which maps every failure to an exit code (only
 //!   [`app`] and the binaries use it); [`exit`] lists every exit code with its meaning (a
-//!   leaf: it imports no stage).
+//!   leaf: it imports no stage); [`log`] writes our own lines on standard error (time
+//!   stamp, level, target filter, 80-column wrapping; a leaf too, so every stage logs).
 //!
 //! The order exec → cluster → peers → measure → config/model → plan → render → launch → trial →
 //! replan → supervise → report → cli → error → app is checked by tests/architecture.rs:
@@ -69,6 +70,7 @@ pub mod error;
 pub mod exec;
 pub mod exit;
 pub mod launch;
+pub mod log;
 pub mod measure;
 pub mod model;
 pub mod peers;

@@ -204,7 +204,8 @@ fn assert_plain_ddp_runs(hosts: &[&str], options: &[&str], transport: &str) {
     assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
     assert_eq!(rank_lines(&stdout), torchrun_ranks(hosts), "{stdout}");
     assert!(stdout.contains("ddp: step 1 world 4"), "{stdout}");
-    let off: Vec<&str> = stderr
+    let unstamped = common::unstamped_log(&stderr);
+    let off: Vec<&str> = unstamped
         .lines()
         .filter(|l| l.starts_with("pipette-run: planning is off"))
         .collect();
@@ -269,7 +270,8 @@ fn any_script_rank_raising_fails_the_job_with_its_exception() {
     assert!(find(&events, "replan").is_empty());
     assert_eq!(find(&events, "exit")[0]["code"], 1);
     assert!(
-        stderr.contains("node-b (node rank 1): torchrun exited with exit code 1"),
+        common::unwrapped_log(&stderr)
+            .contains("node-b (node rank 1): torchrun exited with exit code 1"),
         "{stderr}"
     );
     assert_no_process_left(&job.marker());
@@ -319,8 +321,8 @@ fn any_script_node_killed_relaunches_on_the_survivor() {
     );
     assert!(attempt_2.contains("ddp: step 11 world 2"), "{attempt_2}");
     assert!(
-        stderr.contains(
-            "pipette-run: relaunched: 1 node(s) left (left out node-b); world size 4 → 2"
+        common::unwrapped_log(&stderr).contains(
+            "pipette-run: warning: relaunched: 1 node(s) left (left out node-b); world size 4 → 2"
         ),
         "{stderr}"
     );
@@ -361,7 +363,9 @@ fn any_script_deepspeed_batch_that_cannot_hold_is_refused_before_launch() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(65), "{stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(stderr.lines().all(common::is_stamped), "{stderr}");
+    let unstamped = common::unstamped_log(&stderr);
+    let lines: Vec<&str> = unstamped.lines().collect();
     assert_eq!(
         lines,
         ["pipette-run: error: the DeepSpeed config ds.json cannot hold on the 4 rank(s) found: train_batch_size 16 != train_micro_batch_size_per_gpu 3 × gradient_accumulation_steps 2 × world size 4 (DeepSpeed refuses it; change the config, or run on a world size it divides into)"],

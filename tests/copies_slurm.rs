@@ -51,11 +51,28 @@ fn a_step_with_a_task_per_gpu_is_refused_before_anything_runs() {
                    runs once per node and starts the processes of every GPU itself (write the \
                    step as `srun --nodes=1 --ntasks-per-node=1 pipette-run --nproc-per-node=2 ...`)";
     assert_eq!(
-        stderr.lines().filter(|l| *l == refusal).count(),
+        common::unstamped_log(&stderr)
+            .lines()
+            .filter(|l| *l == refusal)
+            .count(),
         2,
         "each task says it, in one line:\n{stderr}"
     );
-    assert!(out.stdout.is_empty(), "nothing was planned");
+    // Under --json each task's error is also the error object on stdout, and nothing else
+    // is there: nothing was planned.
+    let objects: Vec<serde_json::Value> = serde_json::Deserializer::from_slice(&out.stdout)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("stdout is JSON objects");
+    assert_eq!(objects.len(), 2, "{objects:?}");
+    for error in &objects {
+        assert_eq!(error["schema"], "pipette-error/1");
+        assert_eq!(error["exit_code"], 66);
+        assert_eq!(
+            Some(error["error"].as_str().unwrap()),
+            refusal.strip_prefix("pipette-run: error: ")
+        );
+    }
 
     // One task: the single driver, as before.
     let out = srun_pipette(&slurm, &job, "--ntasks=1");

@@ -80,6 +80,7 @@ fn calibrated_memory_estimate_predicts_an_independent_trial_within_10_percent() 
     let dir = tempfile::tempdir().unwrap();
     // Fitted on micro-batches 2 and 8 ...
     let fitted = calibrate(dir.path(), "fit.json", "2,8");
+    assert_eq!(fitted["schema"], "pipette-trial/1");
     let trials = fitted["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 2);
     for t in trials {
@@ -322,10 +323,17 @@ fn a_launch_trials_then_trains_and_reports_one_json_result() {
         "{trial}"
     );
     assert!(trial["calibration"]["overhead_bytes"].as_u64().is_some());
-    let written: Value =
+    // trial.json is the same report under its schema name (documented in the README).
+    let mut written: Value =
         serde_json::from_str(&std::fs::read_to_string(run_dir.join("trial.json")).unwrap())
             .unwrap();
+    let schema = written.as_object_mut().unwrap().remove("schema");
+    assert_eq!(schema, Some(Value::from("pipette-trial/1")));
     assert_eq!(&written, trial);
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["schema"], "pipette-plan/1", "{plan}");
+    assert!(plan["config"]["tp"].as_u64().is_some(), "{plan}");
     assert_eq!(
         result["run_dir"].as_str(),
         Some(run_dir.display().to_string().as_str())

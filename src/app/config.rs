@@ -18,6 +18,7 @@ use crate::config::Settings;
 use crate::error::Error;
 use crate::exec::{SshOptions, Transport};
 use crate::launch;
+use crate::log;
 use crate::model::time::TimeOptions;
 use crate::model::Calibration;
 use crate::plan::PlanOptions;
@@ -62,9 +63,29 @@ pub(super) struct OutputMode {
     pub(super) dry_run: bool,
     /// `--json`: one JSON value on stdout, everything else on stderr.
     pub(super) json: bool,
-    /// `-v`: the whole plan report at launch; `-q`: none (and no progress lines).
-    pub(super) verbose: bool,
-    pub(super) quiet: bool,
+}
+
+/// Which of our lines are shown ([`log::Filter`]): `-q` warnings and errors, `-v` DEBUG
+/// too (the whole plan report), else INFO; `PIPETTE_LOG` on top (see [`crate::log`]).
+pub(super) fn log_filter(
+    options: &crate::cli::LogOptions,
+    env: &Environment,
+) -> Result<log::Filter, Error> {
+    let level = match (options.quiet, options.verbose) {
+        (true, _) => log::Level::Warn,
+        (false, true) => log::Level::Debug,
+        (false, false) => log::Level::Info,
+    };
+    let flags_chose = options.quiet || options.verbose;
+    match env.get("PIPETTE_LOG") {
+        None => Ok(log::Filter::new(level)),
+        Some(spec) => log::Filter::parse(spec, level, flags_chose).map_err(|e| {
+            Error::Usage(format!(
+                "PIPETTE_LOG={spec}: {e} (write LEVEL or TARGET=LEVEL, comma separated: \
+                 error, warn, info, debug, trace or off; e.g. `warn,progress=info`)"
+            ))
+        }),
+    }
 }
 
 /// What node discovery reads.
@@ -154,8 +175,6 @@ impl RunConfig {
             output: OutputMode {
                 dry_run: cli.pipette.dry_run,
                 json: cli.pipette.json,
-                verbose: cli.log.verbose,
-                quiet: cli.log.quiet,
             },
             script: render::ScriptInvocation {
                 program: cli.script().to_string(),

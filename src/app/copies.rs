@@ -36,12 +36,12 @@ pub(super) fn detect(
 /// nodes of every copy and hands its exit code to the agents; an agent follows the
 /// leader and exits with the job's code (or non-zero when it loses the leader).
 pub(super) fn run_copy(mut config: RunConfig, copies: Copies, drive: fn(&RunConfig) -> i32) -> i32 {
-    let fail = |e: Error| super::finish("pipette-run", Err(e));
+    let fail = |e: Error| super::finish(Err(e));
     let options = match peer_options(&config) {
         Ok(options) => options,
         Err(e) => return fail(e),
     };
-    let log: Log = Arc::new(|line: &str| eprintln!("pipette-run: {line}"));
+    let log: Log = Arc::new(|line: &str| crate::log::log(crate::log::Level::Info, "job", line));
     match copies.role() {
         Role::Agent { .. } => match peers::follow(&copies, &options, &log) {
             Ok(code) => code,

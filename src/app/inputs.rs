@@ -11,6 +11,7 @@ use crate::cluster::{self, Allocation, AllocationError, AllocationRequest, Clust
 use crate::config::{self, Settings};
 use crate::error::Error;
 use crate::launch;
+use crate::log::{self, Level};
 use crate::measure::{self, ProfileOptions, ProgressBars};
 use crate::model::time::TimeEstimate;
 use crate::model::{params, ParallelConfig};
@@ -140,14 +141,18 @@ pub(super) fn measure_nodes(
         reprofile: config.reprofile,
         ..ProfileOptions::default()
     };
-    eprintln!(
-        "pipette-run: no --cluster given: profiling the {} node(s) found",
-        spec.nodes.len()
+    log::log(
+        Level::Info,
+        "profile",
+        &format!(
+            "no --cluster given: profiling the {} node(s) found",
+            spec.nodes.len()
+        ),
     );
-    let progress = ProgressBars::new(!config.output.json);
+    let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
     let run = measure::run_profile(&spec.for_profiling(), &options, &progress)?;
     for note in &run.notes {
-        eprintln!("pipette-run: {note}");
+        log::log(Level::Info, "profile", note);
     }
     let path = run
         .cache_file

@@ -6,12 +6,13 @@ use std::time::{Duration, Instant};
 use super::config::RunConfig;
 use super::decided;
 use super::inputs::{gather_inputs, Run, NO_PROFILE_YET};
-use super::{indent_lines, local_time, to_json, unix_seconds, write_json};
+use super::{local_time, to_json, unix_seconds, write_json};
 use crate::cluster::{Allocation, ClusterProfile};
 use crate::config::Settings;
 use crate::error::Error;
 use crate::exec::{self, Transport};
 use crate::launch;
+use crate::log::{self, Level, TEXT_WIDTH};
 use crate::measure::ProgressBars;
 use crate::model::time::{self, TimeEstimate, TimeModel, TimeRequest};
 use crate::model::{ParallelConfig, Placement};
@@ -22,9 +23,9 @@ use crate::report::dry_run::{commands_to_human, ShownCommand};
 use crate::report::ledger::{job_summary, Ledger, LedgerInputs, Work};
 use crate::report::pictures;
 use crate::report::plan::{describe, plan_summary, plan_to_human, YoursReport};
-use crate::report::{wrap, WIDTH};
+use crate::report::{wrap, TrialFile, WIDTH};
 use crate::supervise;
-use crate::supervise::reporter::{config_changes, LOG_PREFIX, LOG_WIDTH};
+use crate::supervise::reporter::config_changes;
 use crate::trial::{self, choice};
 
 /// What a dry run did, when it planned.
@@ -138,7 +139,11 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             write_pictures(&first.dir, plan, profile)?;
         }
         if let Some(report) = &trial {
-            write_json(&template.run_dir.join("trial.json"), report, "--run-dir")?;
+            write_json(
+                &template.run_dir.join("trial.json"),
+                &TrialFile::new(report),
+                "--run-dir",
+            )?;
         }
         stage.ledger.preparation += preparing.elapsed();
         supervise_job(config, &template, first, trial.as_ref(), &stage.before())
@@ -243,11 +248,15 @@ pub(super) fn ending_on_signal(
     })?;
     let count = supervise::signals::stop_received().map_or(1, |r| r.count);
     let outcome = supervise::interrupted(&events, signal, count, stage.during);
-    eprintln!(
-        "pipette-run: {} received during {}: stopped it (nothing is left running); run directory {} (events.jsonl, summary.txt)",
-        supervise::signals::signal_name(signal),
-        stage.during,
-        run_dir.display()
+    log::log(
+        Level::Warn,
+        "job",
+        &format!(
+            "{} received during {}: stopped it (nothing is left running); run directory {} (events.jsonl, summary.txt)",
+            supervise::signals::signal_name(signal),
+            stage.during,
+            run_dir.display()
+        ),
     );
     let before = Before {
         ledger,
@@ -285,14 +294,14 @@ pub(super) fn supervise_job(
         ))
     })?;
     for note in &first.spec.notes {
-        eprint!("{}", indent_lines(&wrap(note, LOG_WIDTH), LOG_PREFIX));
+        log::log_wrapped(Level::Info, "job", note);
     }
     let files = match template.planning {
         launch::Planning::On(_) => "launch scripts, plan, trial.json, logs/, events.jsonl",
         launch::Planning::Off { .. } => "launch scripts, world.json, logs/, events.jsonl",
     };
     let line = format!("run directory {} ({files})", run_dir.display());
-    eprint!("{}", indent_lines(&wrap(&line, LOG_WIDTH), LOG_PREFIX));
+    log::log_wrapped(Level::Info, "job", &line);
     stop_requested()?;
     let outcome = supervise::supervise(template, first, &config.supervise, &events);
     let before = Before {
@@ -318,10 +327,12 @@ fn finish_outcome(
     let summary = job_summary(outcome, Some(&ledger));
     eprint!("{summary}");
     if let Err(e) = std::fs::write(run_dir.join("summary.txt"), &summary) {
-        eprintln!("pipette-run: warning: cannot write the summary into the run directory: {e}");
+        log::warn(&format!(
+            "cannot write the summary into the run directory: {e}"
+        ));
     }
     if let Err(e) = write_json(&run_dir.join("ledger.json"), &ledger, "--run-dir") {
-        eprintln!("pipette-run: warning: {e}");
+        log::warn(&e.to_string());
     }
     if config.output.json {
         let result = LaunchResult {
@@ -431,19 +442,18 @@ fn decided_plan(
     let runner_up = runner_up(&decision.plan, &decision.settings, &job.profile, options);
     let runner_up = runner_up.as_ref().map(|(c, t)| (c, t));
     let yours = decision.yours.as_ref();
-    match (config.output.quiet, config.output.verbose) {
-        (true, _) => {}
-        (false, false) => {
-            let report = plan_summary(&decision.plan, runner_up, yours, LOG_WIDTH);
-            eprint!("{}", indent_lines(&report, LOG_PREFIX));
-        }
+    if log::enabled("plan", Level::Debug) {
         // The dry run's report as it is (its tables take the whole 80 columns), the
         // user's configuration after it, as the summary is printed.
-        (false, true) => eprint!(
-            "{LOG_PREFIX}the plan\n{}{}",
+        log::log(Level::Debug, "plan", "the plan");
+        eprint!(
+            "{}{}",
             plan_to_human(&decision.plan, runner_up),
             wrap(&yours.map(YoursReport::to_human).unwrap_or_default(), WIDTH)
-        ),
+        );
+    } else {
+        let report = plan_summary(&decision.plan, runner_up, yours, TEXT_WIDTH);
+        log::log(Level::Info, "plan", &report);
     }
     Ok((decision.plan, decision.settings, decision.yours))
 }
@@ -528,7 +538,7 @@ pub(super) fn trial_and_replan(
         .map(|i| i.options.clone())
         .ok_or_else(|| Error::Internal("a trial of a job that is not planned".to_string()))?;
     let before = options.calibration.clone();
-    let progress = ProgressBars::new(!config.output.json);
+    let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
     let mut plan = job.plan.clone();
     let mut trials: Vec<(trial::TrialMeasurement, Placement)> = Vec::new();
     let mut report = None;
@@ -565,9 +575,13 @@ pub(super) fn trial_and_replan(
                         settings.training.global_batch_size, tried.config.dp
                     )));
                 }
-                eprintln!(
-                    "pipette-run: trial run: tp {} pp {} dp {} micro-batch {}, {} iterations",
-                    tried.config.tp, tried.config.pp, tried.config.dp, mbs, config.trial.iters
+                log::log(
+                    Level::Info,
+                    "trial",
+                    &format!(
+                        "trial run: tp {} pp {} dp {} micro-batch {}, {} iterations",
+                        tried.config.tp, tried.config.pp, tried.config.dp, mbs, config.trial.iters
+                    ),
                 );
                 let request = trial::TrialRequest {
                     plan: &tried,
@@ -591,7 +605,11 @@ pub(super) fn trial_and_replan(
             Step::RaiseOverhead { by_bytes } => {
                 options.calibration.overhead_bytes += by_bytes;
                 if let Some(e) = out_of_memory.take() {
-                    eprintln!("pipette-run: the trial ran out of memory ({e}); re-planning with a larger memory estimate");
+                    log::log(
+                        Level::Warn,
+                        "trial",
+                        &format!("the trial ran out of memory ({e}); re-planning with a larger memory estimate"),
+                    );
                 }
                 plan = plan::plan(settings, &job.profile, &options)?;
                 Seen::Replanned
@@ -605,25 +623,20 @@ pub(super) fn trial_and_replan(
                     options.time_options,
                 )?;
                 options.calibration = fitted.calibration.clone();
-                eprint!("{}", indent_lines(&fitted.to_human(), "pipette-run: "));
+                log::log(Level::Info, "trial", &fitted.to_human());
                 report = Some(fitted);
                 let replanned = plan::plan(settings, &job.profile, &options)?;
                 let changes = config_changes(&plan.config, &replanned.config);
                 let changed = !changes.is_empty();
                 if changed {
-                    eprint!(
-                        "{}",
-                        indent_lines(
-                            &wrap(
-                                &format!(
-                                    "re-planned with the calibrated estimates: {} (now {})\n",
-                                    changes.join(", "),
-                                    describe(&replanned.config)
-                                ),
-                                LOG_WIDTH
-                            ),
-                            LOG_PREFIX
-                        )
+                    log::log_wrapped(
+                        Level::Info,
+                        "plan",
+                        &format!(
+                            "re-planned with the calibrated estimates: {} (now {})",
+                            changes.join(", "),
+                            describe(&replanned.config)
+                        ),
                     );
                 }
                 plan = replanned;
@@ -660,7 +673,7 @@ pub(super) fn trial_and_replan(
         &mut trials,
         &before,
         &progress,
-        &mut |line| eprintln!("pipette-run: {line}"),
+        &mut |line| log::log(Level::Info, "trial", &line),
     )
     .map_err(|e| match e {
         choice::ChoiceError::Trial(e) => Error::from(e),
@@ -681,9 +694,9 @@ pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(),
     }
     // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
     let (_, report) = trial_and_replan(config, &job, 1, false)?;
-    write_json(out, &report, "--out")?;
+    write_json(out, &TrialFile::new(&report), "--out")?;
     if config.output.json {
-        println!("{}", to_json(&report)?);
+        println!("{}", to_json(&TrialFile::new(&report))?);
     } else {
         print!("{}", report.to_human());
         println!("written to {}", out.display());

@@ -31,6 +31,7 @@ use std::path::Path;
 
 use crate::cluster::Environment;
 use crate::error::Error;
+use crate::log;
 use crate::render;
 
 use config::RunConfig;
@@ -47,23 +48,38 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     {
         return crate::exec::agent::relay_main();
     }
-    let site = match site_config(&crate::cli::site_config_matches(&args)) {
+    log::init("pipette-run", log::Filter::new(log::Level::Info));
+    // Read as far as the command line can be: `--config`, and `--json`, so that an error
+    // found before the full parse is still one JSON object on stdout for a tool (after
+    // it, the parsed `--json` decides).
+    let early = crate::cli::site_config_matches(&args);
+    let early_finish = |result| finish_as(crate::cli::json_requested(&early, &args), result);
+    let site = match site_config(&early) {
         Ok(site) => site,
-        Err(message) => {
-            eprintln!("pipette-run: error: {message}");
-            return crate::exit::ExitCode::Usage.code();
-        }
+        Err(message) => return early_finish(Err(Error::Usage(message))),
     };
     let cli = match crate::cli::parse_run(&args, site.as_ref()) {
         Ok(cli) => cli,
-        Err(e) => return clap_exit("pipette-run", e, &crate::cli::run_command(), &args),
+        Err(e) => {
+            let command = crate::cli::run_command();
+            return match blame_environment(&e, &command, &args) {
+                Some(e) => early_finish(Err(e)),
+                None => clap_exit(e, crate::cli::json_requested(&early, &args)),
+            };
+        }
     };
-    let mut config = RunConfig::resolve(&cli, current_environment());
+    let finish = |result| finish_as(cli.pipette.json, result);
+    let env = current_environment();
+    match config::log_filter(&cli.log, &env) {
+        Ok(filter) => log::init("pipette-run", filter),
+        Err(e) => return finish(Err(e)),
+    }
+    let mut config = RunConfig::resolve(&cli, env);
     if let Err(e) = node_env::resolve_node_env(&mut config) {
-        return finish("pipette-run", Err(e));
+        return finish(Err(e));
     }
     match copies::detect(&config, cli.torchrun.local_addr.as_deref()) {
-        Err(e) => finish("pipette-run", Err(e)),
+        Err(e) => finish(Err(e)),
         Ok(Some(found)) => copies::run_copy(config, found, drive),
         Ok(None) => drive(&config),
     }
@@ -95,47 +111,58 @@ fn site_config_at(path: &Path) -> Result<Option<crate::cli::site::SiteConfig>, S
 /// signal handlers in place from here to the end (see [`crate::exec::signals`]); a dry run
 /// runs nothing on the nodes, so a signal ends it at once, as it always did.
 fn drive(config: &RunConfig) -> i32 {
-    let finish = |program: &str, result: Result<(), Error>| match result {
-        Err(e) if config.output.json => finish_json(program, e),
-        result => finish(program, result),
-    };
+    let finish = |result| finish_as(config.output.json, result);
     let _signals = (!config.output.dry_run).then(crate::exec::signals::SignalGuard::install);
     // An existing --run-dir is refused before anything runs (profiling, the trial).
     if let Some(dir) = &config.launch.run_dir {
         if let Err(e) = render::refuse_existing_run_dir(dir) {
-            return finish("pipette-run", Err(e.into()));
+            return finish(Err(e.into()));
         }
     }
     if let Some(why) = config.planning_off() {
         return match config.output.dry_run {
-            true => finish("pipette-run", unplanned::run(config, &why)),
+            true => finish(unplanned::run(config, &why)),
             false => match unplanned::launch_and_supervise(config, &why) {
                 Ok(code) => code,
-                Err(e) => finish("pipette-run", Err(e)),
+                Err(e) => finish(Err(e)),
             },
         };
     }
     if !config.output.dry_run {
         return match job::launch_and_supervise(config) {
             Ok(code) => code,
-            Err(e) => finish("pipette-run", Err(e)),
+            Err(e) => finish(Err(e)),
         };
     }
-    finish("pipette-run", job::run(config))
+    finish(job::run(config))
 }
 
 /// Runs `pipette` with these arguments; returns the process exit code.
 pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     let args: Vec<OsString> = args.into_iter().collect();
+    log::init("pipette", log::Filter::new(log::Level::Info));
     let cli = match crate::cli::parse_pipette(&args) {
         Ok(cli) => cli,
-        Err(e) => return clap_exit("pipette", e, &crate::cli::pipette_command(), &args),
+        Err(e) => {
+            return match blame_environment(&e, &crate::cli::pipette_command(), &args) {
+                Some(e) => finish(Err(e)),
+                None => clap_exit(e, false),
+            }
+        }
     };
     let env = current_environment();
+    let options = match &cli.command {
+        crate::cli::PipetteCommand::Calibrate(args) => args.run.log.clone(),
+        _ => crate::cli::LogOptions::default(),
+    };
+    match config::log_filter(&options, &env) {
+        Ok(filter) => log::init("pipette", filter),
+        Err(e) => return finish(Err(e)),
+    }
     match &cli.command {
         // The one subcommand whose exit code is not an error's: it reports every problem.
         crate::cli::PipetteCommand::Doctor(args) => doctor::main(args, &env),
-        command => finish("pipette", tools::pipette(command, &env)),
+        command => finish(tools::pipette(command, &env)),
     }
 }
 
@@ -170,12 +197,20 @@ fn local_hostname() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
+/// [`finish`], or under `--json` (`json`) [`finish_json`].
+fn finish_as(json: bool, result: Result<(), Error>) -> i32 {
+    match result {
+        Err(e) if json => finish_json(e),
+        result => finish(result),
+    }
+}
+
 /// Prints an error the way every pipette error reads, and returns its exit code.
-fn finish(program: &str, result: Result<(), Error>) -> i32 {
+fn finish(result: Result<(), Error>) -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("{program}: error: {e}");
+            log::error(&e.to_string());
             e.process_exit_code()
         }
     }
@@ -183,31 +218,45 @@ fn finish(program: &str, result: Result<(), Error>) -> i32 {
 
 /// `--json`'s error: the usual message on stderr, and on stdout, where a tool reads the
 /// result, a JSON object ([`ERROR_SCHEMA`]) with the message and the exit code.
-fn finish_json(program: &str, e: Error) -> i32 {
+fn finish_json(e: Error) -> i32 {
+    let message = e.to_string();
+    let code = finish(Err(e));
+    print_json_error(&message, code);
+    code
+}
+
+/// The error object ([`ERROR_SCHEMA`]) on stdout.
+fn print_json_error(message: &str, exit_code: i32) {
     let object = serde_json::json!({
         "schema": ERROR_SCHEMA,
-        "error": e.to_string(),
-        "exit_code": e.process_exit_code(),
+        "error": message,
+        "exit_code": exit_code,
     });
-    let code = finish(program, Err(e));
     println!("{object:#}");
-    code
 }
 
 /// The schema name and version of `--json`'s error object.
 const ERROR_SCHEMA: &str = "pipette-error/1";
 
-/// Prints clap's message (help, version, or a usage error) and returns its exit code:
-/// 0 for help and version, 2 for a malformed command line, as torchrun does. A bad value
-/// that came from an environment variable is told as the variable's.
-fn clap_exit(program: &str, e: clap::Error, command: &clap::Command, args: &[OsString]) -> i32 {
+/// A bad value clap refused that came from an environment variable, told as the
+/// variable's (a usage error).
+fn blame_environment(e: &clap::Error, command: &clap::Command, args: &[OsString]) -> Option<Error> {
     let lookup = |name: &std::ffi::OsStr| std::env::var_os(name);
-    if let Some(message) = crate::cli::env_errors::blame_environment(&e, command, args, lookup) {
-        eprintln!("{program}: error: {message}");
-        return crate::exit::ExitCode::Usage.code();
-    }
+    crate::cli::env_errors::blame_environment(e, command, args, lookup).map(Error::Usage)
+}
+
+/// Prints clap's message (help, version, or a usage error) and returns its exit code:
+/// 0 for help and version, 2 for a malformed command line, as torchrun does. A malformed
+/// one under `--json` (`json`) is also the error object on stdout.
+fn clap_exit(e: clap::Error, json: bool) -> i32 {
     let _ = e.print();
-    e.exit_code()
+    let code = e.exit_code();
+    if json && code != 0 {
+        let text = e.render().to_string();
+        let first = text.lines().next().unwrap_or_default();
+        print_json_error(first.strip_prefix("error: ").unwrap_or(first), code);
+    }
+    code
 }
 
 /// Now on the local clock (UTC when the time zone cannot be read), for run directory names.
@@ -242,8 +291,4 @@ fn unix_seconds() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-fn indent_lines(text: &str, prefix: &str) -> String {
-    text.lines().map(|l| format!("{prefix}{l}\n")).collect()
 }

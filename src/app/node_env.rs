@@ -82,20 +82,15 @@ pub(super) fn node_env(
 /// Fills in `config.node_env` (see the module doc): reads the env files, and says on stderr
 /// which it read.
 pub(super) fn resolve_node_env(config: &mut RunConfig) -> Result<(), Error> {
-    config.node_env = announced_node_env(
-        &config.discovery.environment,
-        &config.env_request,
-        "pipette-run",
-    )?;
+    config.node_env = announced_node_env(&config.discovery.environment, &config.env_request)?;
     Ok(())
 }
 
 /// The nodes' environment for `request` (see the module doc), found from the working
-/// directory and `HOME`; says on stderr, as `program`, which env files it read.
+/// directory and `HOME`; says on stderr which env files it read.
 pub(super) fn announced_node_env(
     env: &Environment,
     request: &EnvRequest,
-    program: &str,
 ) -> Result<BTreeMap<String, String>, Error> {
     let home = env.get("HOME").map(PathBuf::from);
     let cwd = std::env::current_dir()
@@ -103,9 +98,10 @@ pub(super) fn announced_node_env(
     let (vars, files) = node_env(env, request, home.as_deref(), &cwd)?;
     if !files.is_empty() {
         let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-        eprintln!(
-            "{program}: environment for the nodes also from {}",
-            names.join(", ")
+        crate::log::log(
+            crate::log::Level::Info,
+            "pipette",
+            &format!("environment for the nodes also from {}", names.join(", ")),
         );
     }
     Ok(vars)

@@ -14,6 +14,7 @@ use crate::cli::{EstimateArgs, PipetteCommand};
 use crate::cluster::{AllocationRequest, ClusterProfile, Environment};
 use crate::config::{self, Settings};
 use crate::error::Error;
+use crate::log::{self, Level};
 use crate::measure::{self, ProfileOptions, ProgressBars};
 use crate::model::memory::estimate_memory;
 use crate::model::time::{self, TimeModel, TimeOptions, TimeRequest};
@@ -68,7 +69,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             let found = discover_nodes(&DiscoveryInputs::new(discovery, env.clone()))?;
             let spec = &found.spec;
             for w in &found.warnings {
-                eprintln!("pipette: warning: {w}");
+                log::warn(&w.to_string());
             }
             if output.json {
                 println!("{}", to_json(spec)?);
@@ -161,7 +162,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             };
             let allocation = allocate(found, Some((path, &full)), request)?;
             for w in &allocation.warnings {
-                eprintln!("pipette: warning: {w}");
+                log::warn(&w.to_string());
             }
             let profile = allocation.narrow(path, &full).map_err(allocation_error)?;
             let options =
@@ -186,10 +187,10 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             let found = discover_nodes(&DiscoveryInputs::new(&args.discovery, env.clone()))?;
             let spec = &found.spec;
             for w in &found.warnings {
-                eprintln!("pipette: warning: {w}");
+                log::warn(&w.to_string());
             }
             let access = NodeAccess::new(&args.access, &args.nodes);
-            let env = announced_node_env(env, &EnvRequest::new(&args.nodes), "pipette")?;
+            let env = announced_node_env(env, &EnvRequest::new(&args.nodes))?;
             let options = ProfileOptions {
                 transport: access.transport(&spec.hosts(), &spec.source),
                 nproc_per_node: args.nproc_per_node,
@@ -198,7 +199,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
                 env: env.into_iter().collect(),
                 ..ProfileOptions::default()
             };
-            let progress = ProgressBars::new(!args.output.json);
+            let progress = ProgressBars::new(!args.output.json, measure::LINE_INTERVAL);
             let run = measure::run_profile(spec, &options, &progress)?;
             let text = run.profile.to_json_pretty();
             std::fs::write(&args.out, &text).map_err(|e| {
@@ -208,7 +209,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
                 ))
             })?;
             for note in &run.notes {
-                eprintln!("pipette: {note}");
+                log::log(Level::Info, "profile", note);
             }
             if args.output.json {
                 println!("{text}");

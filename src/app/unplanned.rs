@@ -116,7 +116,7 @@ pub(super) fn launch_and_supervise(config: &RunConfig, why: &str) -> Result<i32,
         stage.during = "the launch's preparation";
         let prepared = prepare(config, why)?;
         for note in &prepared.notes {
-            eprintln!("pipette-run: {note}");
+            crate::log::log(crate::log::Level::Info, "job", note);
         }
         let template = job_template(config, planning_off(why), &prepared.allocation)?;
         stage.run_dir = Some(template.run_dir.clone());

@@ -51,8 +51,8 @@ pub fn parse_run(
     RunCli::from_arg_matches(&matches)
 }
 
-/// `--config`/`PIPETTE_CONFIG` as far as `args` can be read (a malformed command line is
-/// reported by the full parse, with the site configuration applied).
+/// `--config`/`PIPETTE_CONFIG` (and `--json`) as far as `args` can be read (a malformed
+/// command line is reported by the full parse, with the site configuration applied).
 pub fn site_config_matches(args: &[std::ffi::OsString]) -> clap::ArgMatches {
     run_command()
         .ignore_errors(true)
@@ -60,6 +60,26 @@ pub fn site_config_matches(args: &[std::ffi::OsString]) -> clap::ArgMatches {
         .disable_version_flag(true)
         .try_get_matches_from(args)
         .unwrap_or_default()
+}
+
+/// Whether `--json` was asked for, as far as [`site_config_matches`] could read `args`:
+/// an error found before the full parse is then a JSON object too. A lenient parse stops
+/// at a malformed option, so the words before the script (all of them when the parse
+/// never reached it) are read for `--json` as well.
+pub fn json_requested(matches: &clap::ArgMatches, args: &[std::ffi::OsString]) -> bool {
+    let parsed = matches
+        .try_get_one::<bool>("json")
+        .ok()
+        .flatten()
+        .copied()
+        .unwrap_or(false);
+    let script = matches.index_of("command").unwrap_or(args.len());
+    parsed
+        || args
+            .iter()
+            .take(script)
+            .take_while(|a| *a != "--")
+            .any(|a| a == "--json")
 }
 
 /// Parses `pipette`'s arguments with [`pipette_command`].

@@ -31,13 +31,14 @@ pub struct OutputOptions {
 #[derive(Debug, Clone, Default, Args)]
 #[command(next_help_heading = "Pipette options")]
 pub struct LogOptions {
-    /// Say more: the whole plan report at launch (why it wins term by term, the top
-    /// configurations, the mapping), as the dry run shows it
+    /// Say more (DEBUG lines too): the whole plan report at launch (why it wins term by
+    /// term, the top configurations, the mapping), as the dry run shows it
     #[arg(short = 'v', long, conflicts_with = "quiet")]
     pub verbose: bool,
 
-    /// Say less: no plan report and no progress lines (warnings, failures, re-plans and
-    /// the closing summary stay)
+    /// Say less (warnings and errors only): no plan report and no progress lines
+    /// (failures, re-plans and the closing summary stay). PIPETTE_LOG sets levels per
+    /// target as RUST_LOG does: `warn,progress=info`, `plan=debug`
     #[arg(short = 'q', long)]
     pub quiet: bool,
 }
@@ -264,7 +265,9 @@ pub struct SuperviseOptions {
     pub health_timeout: std::time::Duration,
 
     /// During training, a line of ours at most this often: iteration n/N, time per
-    /// iteration against the estimate, tokens/s per GPU, MFU, time left. `0` shows none
+    /// iteration against the estimate, tokens/s per GPU, MFU, time left. Without a
+    /// terminal, profiling and the trial write one this often too (phase, done/total,
+    /// elapsed, ETA). `0` shows none
     #[arg(long = "progress-interval", env = "PIPETTE_PROGRESS_INTERVAL", value_name = "DURATION", default_value = "30s", allow_hyphen_values = true, value_parser = parse_duration)]
     pub progress_interval: std::time::Duration,
 }

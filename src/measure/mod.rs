@@ -53,7 +53,7 @@ use assemble::{assemble, NodePlan};
 pub use cache::ProfileCache;
 pub use inventory::{NodeDevices, NodeInventory};
 pub use probe::{Backend, ProbeReport, ProbeSettings};
-pub use progress::{NoProgress, Phase, Progress, ProgressBars};
+pub use progress::{NoProgress, Phase, Progress, ProgressBars, LINE_INTERVAL};
 
 /// How to profile.
 #[derive(Debug, Clone)]

@@ -101,10 +101,15 @@ pub struct RenderInput<'a> {
     pub workdir: String,
     /// Where the files will be written (absolute): DeepSpeed's config path points there.
     pub run_dir: String,
-    /// The plan, written as `plan.json` (opaque here); `null` writes the configuration
-    /// and the mapping instead.
+    /// The plan, written as `plan.json` (opaque here, [`PLAN_SCHEMA`] added); `null`
+    /// writes the configuration and the mapping instead.
     pub plan_json: serde_json::Value,
 }
+
+/// The schema name and version of `plan.json` in a run directory (its `schema` field):
+/// the planner's `Plan` as JSON, or, for a script run with planning off, the
+/// configuration and the mapping alone.
+pub const PLAN_SCHEMA: &str = "pipette-plan/1";
 
 impl<'a> RenderInput<'a> {
     /// An input with the defaults: `torchrun` with dashes on port 29500, rendezvous id
@@ -367,7 +372,7 @@ pub fn render(input: &RenderInput<'_>, templates: &Templates) -> Result<LaunchSp
     if deepspeed {
         files.extend(deepspeed_files(input, templates, megatron.zero_stage)?);
     }
-    let plan_json = match &input.plan_json {
+    let mut plan_json = match &input.plan_json {
         serde_json::Value::Null => serde_json::json!({
             "config": config,
             "node_order": input.node_order,
@@ -375,6 +380,9 @@ pub fn render(input: &RenderInput<'_>, templates: &Templates) -> Result<LaunchSp
         }),
         plan => plan.clone(),
     };
+    if let Some(object) = plan_json.as_object_mut() {
+        object.insert("schema".into(), PLAN_SCHEMA.into());
+    }
     files.push(RunFile {
         path: "plan.json".into(),
         contents: format!(

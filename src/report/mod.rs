@@ -9,12 +9,34 @@ pub mod plan;
 
 pub use dry_run::DryRunReport;
 
+/// The schema name and version of a trial report written for tools (`trial.json` in a
+/// run directory, `pipette calibrate --out` and `--json`): its `schema` field, then the
+/// fields of [`crate::trial::TrialReport`].
+pub const TRIAL_SCHEMA: &str = "pipette-trial/1";
+
+/// A trial report as written for tools: [`TRIAL_SCHEMA`] first.
+#[derive(Debug, serde::Serialize)]
+pub struct TrialFile<'a> {
+    pub schema: &'static str,
+    #[serde(flatten)]
+    pub report: &'a crate::trial::TrialReport,
+}
+
+impl<'a> TrialFile<'a> {
+    pub fn new(report: &'a crate::trial::TrialReport) -> Self {
+        TrialFile {
+            schema: TRIAL_SCHEMA,
+            report,
+        }
+    }
+}
+
 /// The terminal width our text is laid out for.
 pub const WIDTH: usize = 80;
 
-// Wrapping lives with the supervisor's lines, the earliest that need it.
-pub(crate) use crate::supervise::reporter::fill;
-pub use crate::supervise::reporter::wrap;
+// Wrapping lives with our log lines, the earliest that need it.
+pub(crate) use crate::log::fill;
+pub use crate::log::wrap;
 
 /// `6738415616` → `6,738,415,616`: parameter counts are read by people.
 pub fn thousands(n: u64) -> String {

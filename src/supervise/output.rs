@@ -12,12 +12,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::events::seconds_or_null;
-use super::reporter::{LOG_PREFIX, LOG_WIDTH};
 use crate::cluster::profile::Dtype;
 use crate::cluster::ClusterProfile;
 use crate::config::{Precision, Settings};
 use crate::exec::{OutputSink, Stream};
 use crate::launch::output_lines::{is_progress_line, parse_iteration};
+use crate::log::{self, Level, TEXT_WIDTH};
 use crate::model::flops;
 use crate::plan::Plan;
 
@@ -272,10 +272,8 @@ impl JobOutput {
             return;
         };
         if self.echo != Echo::Off {
-            let mut err = std::io::stderr().lock();
-            for text in spec.lines(n, total, ms, LOG_WIDTH) {
-                let _ = writeln!(err, "{LOG_PREFIX}{text}");
-            }
+            let text = spec.lines(n, total, ms, TEXT_WIDTH).join("\n");
+            log::log(Level::Info, "progress", &text);
         }
     }
 
@@ -500,7 +498,7 @@ mod tests {
             world_size: 16,
         };
         assert_eq!(
-            spec.lines(100, 1100, 250.0, LOG_WIDTH),
+            spec.lines(100, 1100, 250.0, TEXT_WIDTH),
             [
                 "iteration 100/1100, 250.0 ms (estimate 200.0 ms, ×1.25),",
                 "  1048576 tokens/s per GPU, MFU 200.00 %, ETA 4 min 10 s",
@@ -511,7 +509,7 @@ mod tests {
             ..ProgressSpec::default()
         };
         assert_eq!(
-            plain.lines(3, 3, 10.0, LOG_WIDTH),
+            plain.lines(3, 3, 10.0, TEXT_WIDTH),
             ["iteration 3/3, 10.0 ms, ETA 0 s"]
         );
     }

@@ -10,6 +10,7 @@ use super::output::Echo;
 use crate::config::Recompute;
 use crate::exec::format_duration;
 use crate::launch::Resume;
+use crate::log::{self, Level};
 use crate::model::parallel::ParallelConfig;
 
 /// Prints the supervisor's lines.
@@ -27,30 +28,30 @@ impl Reporter {
 
     /// The lines for an event, printed.
     pub fn event(&self, event: &Event) {
-        self.print(self.event_lines(event));
+        self.print(event_level(event), self.event_lines(event));
     }
 
     /// The line that starts the teardown after failures (their own lines came with their
     /// events).
     pub fn teardown_begins(&self, ending: &Ending) {
         if let Ending::Failed(_) = ending {
-            self.print(vec!["tearing the job down".to_string()]);
+            self.print(Level::Warn, vec!["tearing the job down".to_string()]);
         }
     }
 
     /// The last line before the exit, when the stop has one.
     pub fn stopping(&self, stop: &Stop) {
-        self.print(stop_line(stop).into_iter().collect());
+        let level = match stop {
+            Stop::Finished => Level::Info,
+            _ => Level::Warn,
+        };
+        self.print(level, stop_line(stop).into_iter().collect());
     }
 
-    /// Prints `lines` as ours, each broken to fit 80 columns.
-    fn print(&self, lines: Vec<String>) {
-        if self.echo != Echo::Off {
-            for line in lines {
-                for part in wrap(&line, LOG_WIDTH).lines() {
-                    eprintln!("{LOG_PREFIX}{part}");
-                }
-            }
+    /// Prints `lines` as ours (target `job`), each broken to fit 80 columns.
+    fn print(&self, level: Level, lines: Vec<String>) {
+        if self.echo != Echo::Off && !lines.is_empty() {
+            log::log_wrapped(level, "job", &lines.join("\n"));
         }
     }
 
@@ -131,6 +132,22 @@ impl Reporter {
             | Event::ReplanRefused { .. }
             | Event::Exit { .. } => Vec::new(),
         }
+    }
+}
+
+/// How much an event's lines matter: what went wrong (and the re-plan that follows) stays
+/// under `-q`; a launch is INFO.
+pub fn event_level(event: &Event) -> Level {
+    match event {
+        Event::Launch { .. } | Event::Progress { .. } | Event::Exit { .. } => Level::Info,
+        Event::NodeFailed { .. }
+        | Event::Stalled { .. }
+        | Event::Signal { .. }
+        | Event::SignalPassed { .. }
+        | Event::Health { .. }
+        | Event::Replan { .. }
+        | Event::ReplanRefused { .. }
+        | Event::Teardown { .. } => Level::Warn,
     }
 }
 
@@ -283,79 +300,9 @@ pub fn config_changes(from: &ParallelConfig, to: &ParallelConfig) -> Vec<String>
     out
 }
 
-/// pipette-run's own lines: this, then the text.
-pub const LOG_PREFIX: &str = "pipette-run: ";
-
-/// The width of a line of ours after [`LOG_PREFIX`], for 80 columns.
-pub const LOG_WIDTH: usize = 80 - LOG_PREFIX.len();
-
-/// `text` with every line longer than `width` columns broken at spaces, the continuation
-/// indented four columns deeper than the line (a word longer than the room stays whole).
-pub fn wrap(text: &str, width: usize) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        let (body, end) = match line.strip_suffix('\n') {
-            Some(b) => (b, "\n"),
-            None => (line, ""),
-        };
-        if body.chars().count() <= width {
-            out.push_str(line);
-            continue;
-        }
-        let indent = body.len() - body.trim_start_matches(' ').len();
-        let first = " ".repeat(indent);
-        let next = " ".repeat((indent + 4).min(width / 2));
-        let words = body.trim_start_matches(' ').split(' ');
-        out.push_str(&fill(words, width, &first, &next, 0).join("\n"));
-        out.push_str(end);
-    }
-    out
-}
-
-/// `words` laid into lines of `width` columns at most, `reserve` of them kept free at the
-/// end of every line but the last; the first line starts with `first`, the others with
-/// `next`. A word longer than the room gets a line of its own.
-pub(crate) fn fill<'a>(
-    words: impl IntoIterator<Item = &'a str>,
-    width: usize,
-    first: &str,
-    next: &str,
-    reserve: usize,
-) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut current = first.to_string();
-    let mut fresh = true;
-    for word in words {
-        if !fresh && current.chars().count() + 1 + word.chars().count() + reserve > width {
-            lines.push(std::mem::replace(&mut current, next.to_string()));
-            fresh = true;
-        }
-        if !fresh {
-            current.push(' ');
-        }
-        current.push_str(word);
-        fresh = false;
-    }
-    lines.push(current);
-    lines
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn long_lines_wrap_under_their_indent() {
-        let text = "  one two three four five\nshort\n";
-        assert_eq!(
-            wrap(text, 12),
-            "  one two\n      three\n      four\n      five\nshort\n"
-        );
-        assert_eq!(
-            wrap("unbreakable-word-here x", 5),
-            "unbreakable-word-here\n  x"
-        );
-    }
 
     use crate::supervise::health::Health;
 

@@ -1046,24 +1046,62 @@ pub fn run_python_batch(
         .unwrap_or_else(|e| panic!("{script_name} printed no JSON ({e}):\n{stdout}\n{tail}"))
 }
 
-/// pipette-run's log as it was before its lines were wrapped at 80 columns
-/// (`supervise::reporter::wrap`): a continuation, four columns deeper than the line it
-/// continues after `pipette-run: `, joined back to that line with one space. Lines of the
-/// nodes (`[host rN] ...`) pass as they are.
+/// The time stamp before each line of ours (`17:40:02Z pipette-run: ...`, see
+/// `pipette::log`), with the program after it.
+const STAMP: &str = r"^([01]\d|2[0-3]):[0-5]\d:[0-5]\dZ (pipette-run|pipette): ";
+
+/// pipette's log with the time stamps of its own lines taken off (`17:40:02Z
+/// pipette-run: text` → `pipette-run: text`); the nodes' lines (`[host rN] ...`) and what is
+/// not a log line (the summary) pass as they are.
+pub fn unstamped_log(log: &str) -> String {
+    let stamp = regex::Regex::new(STAMP).unwrap();
+    log.lines()
+        .map(|line| match stamp.find(line) {
+            Some(m) => format!(
+                "{}: {}",
+                &stamp.captures(line).unwrap()[2],
+                &line[m.end()..]
+            ),
+            None => line.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Whether `line` is one of ours with a well-formed stamp.
+pub fn is_stamped(line: &str) -> bool {
+    regex::Regex::new(STAMP).unwrap().is_match(line)
+}
+
+/// pipette-run's log as it was before its lines were stamped and wrapped at 80 columns
+/// (`pipette::log::wrap`): stamps taken off ([`unstamped_log`]), then a continuation, four
+/// columns deeper than the line it continues after `pipette-run: ` and the level's word
+/// (`warning: `), joined back to that line with one space. Lines of the nodes
+/// (`[host rN] ...`) pass as they are.
 pub fn unwrapped_log(log: &str) -> String {
     const PREFIX: &str = "pipette-run: ";
+    const WORDS: [&str; 4] = ["error: ", "warning: ", "debug: ", "trace: "];
     let indent = |body: &str| body.len() - body.trim_start_matches(' ').len();
+    // A line of ours as its level's word and the text after it.
+    let ours = |line: &str| -> Option<(String, String)> {
+        let rest = line.strip_prefix(PREFIX)?;
+        let word = WORDS.iter().find(|w| rest.starts_with(**w)).copied();
+        let word = word.unwrap_or_default();
+        Some((word.to_string(), rest[word.len()..].to_string()))
+    };
     let mut lines: Vec<String> = Vec::new();
-    // The indent of the line being continued, when the last line is one of ours.
-    let mut open: Option<usize> = None;
-    for line in log.lines() {
-        match (line.strip_prefix(PREFIX), open, lines.last_mut()) {
-            (Some(body), Some(depth), Some(last)) if indent(body) == depth + 4 => {
+    // The level's word and indent of the line being continued, when the last is ours.
+    let mut open: Option<(String, usize)> = None;
+    for line in unstamped_log(log).lines() {
+        match (ours(line), &open, lines.last_mut()) {
+            (Some((word, body)), Some((at, depth)), Some(last))
+                if word == *at && indent(&body) == depth + 4 =>
+            {
                 last.push(' ');
                 last.push_str(body.trim_start_matches(' '));
             }
-            (body, _, _) => {
-                open = body.map(indent);
+            (mine, _, _) => {
+                open = mine.map(|(word, body)| (word, indent(&body)));
                 lines.push(line.to_string());
             }
         }

@@ -54,7 +54,7 @@ pub(super) fn main(args: &DoctorArgs, env: &Environment) -> i32 {
     let _signals = exec::signals::SignalGuard::install();
     match doctor(args, env) {
         Ok(code) => code,
-        Err(e) => super::finish("pipette", Err(e)),
+        Err(e) => super::finish(Err(e)),
     }
 }
 
@@ -70,14 +70,14 @@ fn doctor(args: &DoctorArgs, env: &Environment) -> Result<i32, Error> {
         AllocationRequest::default(),
     )?;
     for w in &allocation.warnings {
-        eprintln!("pipette: warning: {w}");
+        crate::log::warn(&w.to_string());
     }
     let hosts: Vec<String> = allocation.hosts.iter().map(|h| h.host.clone()).collect();
     let transport =
         NodeAccess::new(&args.access, &args.nodes).transport(&hosts, &allocation.source);
     let cwd = std::env::current_dir()
         .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
-    let vars = announced_node_env(env, &EnvRequest::new(&args.nodes), "pipette")?;
+    let vars = announced_node_env(env, &EnvRequest::new(&args.nodes))?;
     let request = Request {
         transport,
         torchrun: args.access.torchrun.clone(),
