@@ -72,9 +72,10 @@ impl Progress for NoProgress {
     fn note(&self, _: &str) {}
 }
 
-/// One indicatif bar per phase on standard error when it is a terminal; else, every
-/// interval, a plain line per running phase. Nothing (notes neither) unless the caller
-/// asked for them (not in `--json` mode).
+/// One indicatif bar per phase on standard error when it is a terminal and the caller
+/// asked for them (not in `--json` mode; notes neither); else, every interval, a plain
+/// line per running phase, as training's progress lines come in a batch log whatever
+/// `--json` says.
 pub struct ProgressBars {
     multi: MultiProgress,
     bars: Mutex<HashMap<Phase, ProgressBar>>,
@@ -85,7 +86,7 @@ pub struct ProgressBars {
 
 impl ProgressBars {
     /// Bars on standard error when `wanted` and standard error is a terminal; plain lines
-    /// every `interval` when `wanted` and it is not (none when `interval` is zero).
+    /// every `interval` when it is not (none when `interval` is zero).
     pub fn new(wanted: bool, interval: Duration) -> Self {
         let terminal = std::io::stderr().is_terminal();
         let visible = wanted && terminal;
@@ -98,8 +99,7 @@ impl ProgressBars {
             multi: MultiProgress::with_draw_target(target),
             bars: Mutex::new(HashMap::new()),
             visible,
-            lines: (wanted && !terminal && !interval.is_zero())
-                .then(|| ProgressLines::spawn(interval)),
+            lines: (!terminal && !interval.is_zero()).then(|| ProgressLines::spawn(interval)),
         }
     }
 

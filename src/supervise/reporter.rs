@@ -1,6 +1,7 @@
-//! The supervisor's lines for people (`pipette-run: ...` on stderr), rendered from the same
-//! [`Event`]s that go to `events.jsonl` and from the [`Stop`] that ends the job. Nothing is
-//! printed when the nodes' output is not shown ([`Echo::Off`]).
+//! The supervisor's lines for people (our log lines, target `job`, see [`crate::log`]),
+//! rendered from the same [`Event`]s that go to `events.jsonl` and from the [`Stop`] that
+//! ends the job, each at its level ([`event_level`]: what went wrong is a warning). Nothing
+//! is printed when the nodes' output is not shown ([`Echo::Off`]).
 
 use std::time::Duration;
 
