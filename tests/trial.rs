@@ -298,7 +298,9 @@ fn a_launch_trials_then_trains_and_reports_one_json_result() {
         .arg("--json")
         .arg("--run-dir")
         .arg(&run_dir)
-        .args(["--trial-iters", "2"])
+        // The trial of the plan's pick alone: the measured choice among the best plans is
+        // tests/trial_top_k.rs's to test.
+        .args(["--trial-iters", "2", "--trial-top-k", "1"])
         .arg("examples/train_gpt.py")
         .args(TINY_MODEL)
         .args(["--train-iters", "4", "--data-path", &marker])
