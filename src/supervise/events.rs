@@ -73,6 +73,7 @@ pub enum Event {
     /// An act signal (SIGUSR1, SIGUSR2) arrived and was passed on to the training script's
     /// workers on every node; the job goes on.
     SignalPassed {
+        /// 0: during the trial run, before attempt 1.
         attempt: u32,
         signal: String,
         /// How many worker processes it reached, all nodes together.
