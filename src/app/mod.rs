@@ -127,7 +127,17 @@ fn drive(config: &RunConfig) -> i32 {
 /// Runs `pipette` with these arguments; returns the process exit code.
 pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     let args: Vec<OsString> = args.into_iter().collect();
-    let cli = match crate::cli::parse_pipette(&args) {
+    // `pipette calibrate` runs the trial of a pipette-run job: the site configuration
+    // gives its options' defaults as it does pipette-run's.
+    let site = match crate::cli::calibrate_site_config_matches(&args).map(|m| site_config(&m)) {
+        Some(Err(message)) => {
+            eprintln!("pipette: error: {message}");
+            return crate::exit::ExitCode::Usage.code();
+        }
+        Some(Ok(site)) => site,
+        None => None,
+    };
+    let cli = match crate::cli::parse_pipette(&args, site.as_ref()) {
         Ok(cli) => cli,
         Err(e) => return clap_exit("pipette", e, &crate::cli::pipette_command(), &args),
     };
