@@ -53,6 +53,17 @@ fn fails(cmd: &mut Command, code: i32, needles: &[&str]) -> String {
     stderr
 }
 
+/// Runs `cmd` and checks that it succeeded; returns its output.
+fn succeeds(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 fn dry_run_json(cmd: &mut Command) -> Value {
     common::json_report(&cmd.output().expect("runs"))
 }
@@ -135,16 +146,7 @@ fn defect_03_a_200k_line_hostfile_is_read() {
     let hostfile = dir.path().join("hostfile");
     let text: String = (0..200_000).map(|i| format!("n{i} slots=8\n")).collect();
     std::fs::write(&hostfile, text).unwrap();
-    let out = pipette()
-        .args(["discover", "--hostfile"])
-        .arg(&hostfile)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeds(pipette().args(["discover", "--hostfile"]).arg(&hostfile));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.lines().count(), 200_000);
     assert_eq!(stdout.lines().last(), Some("n199999 slots=8"));
@@ -160,6 +162,92 @@ fn defect_04_a_50_mb_host_name_is_refused_with_a_short_message() {
         &["line 1", "253 a DNS name may have"],
     );
     assert!(stderr.len() < 600, "{} bytes", stderr.len());
+}
+
+/// A 10,000-node profile took more than 120 s and 4.5 GB: the probe measured every node
+/// pair and the profile kept a 10^8-cell node matrix. Now the probe measures a ring sample
+/// above 32 nodes, and the profile keeps a figure per node plus the measured pairs. Not
+/// timed: the sizes must be linear, and a profile that size must read, validate and write
+/// back through the real binary with its slow node found.
+#[test]
+fn defect_05_a_10k_node_profile_is_linear_in_its_nodes() {
+    use pipette::cluster::profile::{LinkMatrix, Provenance, Source};
+    use pipette::measure::NodePairs;
+
+    let n = 10_000;
+    let pairs = NodePairs::for_nodes(n).pairs(n);
+    assert!(pairs.len() <= 3 * n, "{} node pairs probed", pairs.len());
+    assert_eq!(
+        NodePairs::for_nodes(32).pairs(32).len(),
+        32 * 31 / 2,
+        "small clusters: every pair, as before"
+    );
+
+    // What the probe measures on 10,000 nodes, node 77's links slow.
+    let figure = |a: usize, b: usize| if a == 77 || b == 77 { 1.0 } else { 20.0 };
+    let measured: Vec<(usize, usize, f64)> = pairs
+        .iter()
+        .flat_map(|&(a, b)| [(a, b, figure(a, b)), (b, a, figure(a, b))])
+        .collect();
+    let mut per_node = vec![20.0; n];
+    per_node[77] = 1.0;
+    let links = LinkMatrix::sampled(
+        per_node,
+        measured,
+        Provenance::new(Source::Measured).with_date("2026-11-24"),
+    )
+    .unwrap();
+    assert!(
+        links.stored_figures() <= 7 * n,
+        "{} figures",
+        links.stored_figures()
+    );
+    assert_eq!(
+        links.get(77, 5_000),
+        1.0,
+        "an unmeasured pair of the slow node"
+    );
+    assert_eq!(links.get(3, 5_000), 20.0);
+
+    let nodes: Vec<Value> = (0..n)
+        .map(|i| serde_json::json!({"host": format!("n{i:05}"), "gpus": "unknown"}))
+        .collect();
+    let mut doc = serde_json::json!({"schema": "pipette-cluster/1", "nodes": nodes});
+    doc["node_links"] = serde_json::json!({
+        "provenance": {"source": "measured", "date": "2026-11-24"},
+        "node_gb_per_s": links.per_endpoint().unwrap(),
+        "pairs": links.links().map(|(a, b, v)| serde_json::json!([a, b, v])).collect::<Vec<_>>(),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cluster-10k.json");
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let size = std::fs::metadata(&file).unwrap().len();
+    // A full matrix would be 10^8 cells, over 400 MB.
+    assert!(size < 1_000 * n as u64, "{size} bytes for {n} nodes");
+
+    let out = succeeds(pipette().arg("cluster").arg(&file));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("valid, 10000 nodes"), "{stdout}");
+    assert!(
+        stdout.contains("node-to-node bandwidth 1.00–20.00 GB/s"),
+        "{stdout}"
+    );
+
+    let out = succeeds(pipette().args(["cluster", "--json"]).arg(&file));
+    assert!(
+        out.stdout.len() < 1_000 * n,
+        "{} bytes written",
+        out.stdout.len()
+    );
+    let written: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        written["node_links"]["node_gb_per_s"]
+            .as_array()
+            .unwrap()
+            .len(),
+        n
+    );
+    assert!(written["node_links"].get("gb_per_s").is_none());
 }
 
 #[test]

@@ -64,6 +64,36 @@ fn argv_env_cwd_and_stdin_arrive_byte_for_byte() {
     assert_remote_io_intact(&sshd.transport(), "127.0.0.1", &work, &String::new);
 }
 
+/// `--env PATH=DIR` with a DIR lacking /usr/bin: the wrapper's own tools (setsid, mktemp,
+/// head, cat, sleep) are still found on the node's PATH, and the command on the user's
+/// (issue 15: every remote command failed, the wrapper exported PATH before using them).
+#[test]
+fn a_user_path_without_system_tools_still_runs_the_command() {
+    let sshd = Sshd::start();
+    let bin = sshd.path("user bin");
+    std::fs::create_dir(&bin).unwrap();
+    let tool = bin.join("hello");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\nprintf '%s|' \"$PATH\"; read -r line; echo \"$line\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let command = NodeCommand::new("hello")
+        .env("PATH", bin.to_str().unwrap())
+        .stdin(b"from stdin\n".to_vec());
+    let out = run(
+        &sshd.transport(),
+        "127.0.0.1",
+        &command,
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout_text(), format!("{}|from stdin\n", bin.display()));
+    assert_eq!(out.stderr_text(), "");
+}
+
 #[test]
 fn exit_codes_and_stderr_come_back() {
     let sshd = Sshd::start();

@@ -5,9 +5,9 @@
 //!
 //! - a stop signal (HUP, QUIT, TERM, INT) ends pipette-run with 128 + N, an `exit` event in
 //!   `events.jsonl`, no process of the job and no staging directory left;
-//! - USR1 in the trial or the training reaches every worker's handler and the job goes on
-//!   to exit 0; in profiling nobody runs the script yet, so it is dropped and the job
-//!   goes on.
+//! - USR1 in the trial or the training reaches every worker's handler, is recorded as a
+//!   `signal_passed` event (attempt 0 in the trial), and the job goes on to exit 0; in
+//!   profiling nobody runs the script yet, so it is dropped and the job goes on.
 //!
 //! The profiling phase is held by a torchrun wrapper that waits, before it runs the link
 //! probe, for a file the test writes; the trial or training phase by the script, which
@@ -263,7 +263,17 @@ fn case(signal: Signal, phase: Phase) {
 
     let seen = job.signals_seen();
     match (act, phase) {
-        (true, Phase::Trial) => assert_eq!(seen, ["SIGUSR1 trial 0", "SIGUSR1 trial 1"]),
+        (true, Phase::Trial) => {
+            assert_eq!(seen, ["SIGUSR1 trial 0", "SIGUSR1 trial 1"]);
+            // The trial records it too, as attempt 0 (before the job's attempt 1).
+            assert!(
+                events.iter().any(|e| e["event"] == "signal_passed"
+                    && e["signal"] == "SIGUSR1"
+                    && e["attempt"] == 0
+                    && e["workers"] == 2),
+                "{events:?}"
+            );
+        }
         (true, Phase::Training) => {
             assert_eq!(seen, ["SIGUSR1 train 0", "SIGUSR1 train 1"]);
             assert!(

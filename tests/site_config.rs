@@ -71,6 +71,56 @@ fn the_file_sets_defaults_below_the_environment_and_the_command_line() {
     assert!(shown.contains("grace = \"10s\"  # built-in"), "{shown}");
 }
 
+/// `pipette calibrate` runs a pipette-run job's trial: the file gives its options'
+/// defaults with the same precedence (issue 15: it ignored the file).
+#[test]
+fn the_file_applies_to_pipette_calibrate() {
+    let cluster = cluster_file();
+    let home = site(&format!(
+        "cluster = {:?}\ninclude = \"a100-n01\"\nmaster-port = 29511\n",
+        cluster.display().to_string()
+    ));
+    let torchrun = common::torchrun();
+    let path = format!("{}:/usr/bin:/bin", torchrun.parent().unwrap().display());
+    let calibrate = |args: &[&str], env: &[(&str, &str)]| {
+        let out = command("pipette", home.path())
+            .env("PATH", &path)
+            .envs(env.iter().copied())
+            .args(["calibrate", "--out", "c.json"])
+            .args(args)
+            .args(["--dry-run", "train.py"])
+            .args(TINY_MODEL)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let from_file = calibrate(&[], &[]);
+    assert!(
+        from_file.contains("# node rank 0 (a100-n01)"),
+        "{from_file}"
+    );
+    assert!(!from_file.contains("a100-n00"), "{from_file}");
+    assert!(from_file.contains("'--master-port=29511'"), "{from_file}");
+    // The environment beats the file, the command line beats both.
+    let from_env = calibrate(&[], &[("PET_MASTER_PORT", "29522")]);
+    assert!(from_env.contains("'--master-port=29522'"), "{from_env}");
+    let from_line = calibrate(
+        &["--include", "a100-n00", "--master-port", "29533"],
+        &[("PET_MASTER_PORT", "29522")],
+    );
+    assert!(
+        from_line.contains("# node rank 0 (a100-n00)"),
+        "{from_line}"
+    );
+    assert!(from_line.contains("'--master-port=29533'"), "{from_line}");
+}
+
 #[test]
 fn config_and_pipette_config_name_the_file() {
     let home = tempfile::tempdir().unwrap();

@@ -550,6 +550,29 @@ pub(super) fn trial_and_replan(
     let command_timeout = Duration::from_secs(60);
     let hosts: Vec<String> = job.profile.nodes.iter().map(|n| n.host.clone()).collect();
     let staging = trial::TrialStaging::new(&job.template, &hosts, command_timeout)?;
+    // USR1/USR2 passed on during the trial go into the run's event log, as the
+    // supervisor's do (attempt 0: the trial); the log is opened at the first.
+    let events = std::sync::OnceLock::new();
+    let passed = |signal: nix::sys::signal::Signal, workers: usize| {
+        let log =
+            events.get_or_init(|| supervise::events::EventLog::create(&job.template.run_dir).ok());
+        let event = supervise::events::Event::SignalPassed {
+            attempt: 0,
+            signal: signal.to_string(),
+            workers,
+        };
+        if let Some(log) = log {
+            log.write(&event);
+        }
+        crate::log::log_wrapped(
+            crate::log::Level::Warn,
+            "trial",
+            &format!(
+                "{signal} received: passed on to the training script in the trial \
+                 ({workers} worker process(es)); the trial goes on"
+            ),
+        );
+    };
     // Every trial's request but its plan.
     let base = trial::TrialRequest {
         template: &job.template,
@@ -559,6 +582,7 @@ pub(super) fn trial_and_replan(
         timeout: config.trial.timeout,
         command_timeout,
         python: "python3",
+        signals: trial::SignalObserver(&passed),
     };
     let (mut at, mut seen) = (Position::default(), Seen::Start);
     loop {

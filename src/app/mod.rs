@@ -141,7 +141,14 @@ fn drive(config: &RunConfig) -> i32 {
 pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     let args: Vec<OsString> = args.into_iter().collect();
     log::init("pipette", log::Filter::new(log::Level::Info));
-    let cli = match crate::cli::parse_pipette(&args) {
+    // `pipette calibrate` runs the trial of a pipette-run job: the site configuration
+    // gives its options' defaults as it does pipette-run's.
+    let site = match crate::cli::calibrate_site_config_matches(&args).map(|m| site_config(&m)) {
+        Some(Err(message)) => return finish(Err(Error::Usage(message))),
+        Some(Ok(site)) => site,
+        None => None,
+    };
+    let cli = match crate::cli::parse_pipette(&args, site.as_ref()) {
         Ok(cli) => cli,
         Err(e) => {
             return match blame_environment(&e, &crate::cli::pipette_command(), &args) {

@@ -82,10 +82,34 @@ pub fn json_requested(matches: &clap::ArgMatches, args: &[std::ffi::OsString]) -
             .any(|a| a == "--json")
 }
 
-/// Parses `pipette`'s arguments with [`pipette_command`].
-pub fn parse_pipette(args: &[std::ffi::OsString]) -> Result<PipetteCli, clap::Error> {
-    let matches = pipette_command().try_get_matches_from(args)?;
+/// Parses `pipette`'s arguments with [`pipette_command`], a site configuration's values as
+/// the defaults of `pipette calibrate`'s options (pipette-run's, as [`parse_run`] does).
+pub fn parse_pipette(
+    args: &[std::ffi::OsString],
+    site: Option<&site::SiteConfig>,
+) -> Result<PipetteCli, clap::Error> {
+    let command = match site {
+        Some(site) => pipette_command().mut_subcommand("calibrate", |c| site::apply(c, site)),
+        None => pipette_command(),
+    };
+    let matches = command.try_get_matches_from(args)?;
     PipetteCli::from_arg_matches(&matches)
+}
+
+/// `pipette calibrate`'s `--config`/`PIPETTE_CONFIG` as far as `args` can be read; `None`
+/// for the other subcommands, which take no pipette-run options from a site configuration.
+pub fn calibrate_site_config_matches(args: &[std::ffi::OsString]) -> Option<clap::ArgMatches> {
+    let lenient = |c: clap::Command| {
+        c.ignore_errors(true)
+            .disable_help_flag(true)
+            .disable_version_flag(true)
+    };
+    lenient(pipette_command())
+        .mut_subcommand("calibrate", lenient)
+        .try_get_matches_from(args)
+        .ok()?
+        .subcommand_matches("calibrate")
+        .cloned()
 }
 
 /// The options under torchrun's heading hidden from `-h`, and a note saying where they are.
@@ -693,7 +717,7 @@ mod tests {
                 .chain(&node_options)
                 .map(Into::into)
                 .collect();
-            parse_pipette(&args).map(|cli| cli.command)
+            parse_pipette(&args, None).map(|cli| cli.command)
         };
         let (access, nodes) = match parse(&["profile", "--out", "p.json"]) {
             Ok(PipetteCommand::Profile(args)) => (args.access, args.nodes),

@@ -10,9 +10,12 @@
 //! [`shell_quote`] for ssh, so nothing a user or a node wrote is interpreted by a shell.
 //! The wrapper
 //!
-//! 1. exports the environment and changes directory;
+//! 1. changes directory;
 //! 2. starts the command under `setsid`, so the command and everything it starts form one
-//!    process group (and session) whose id is the command's pid;
+//!    process group (and session) whose id is the command's pid; the command's environment
+//!    is exported there, in the shell that then becomes the command, so the wrapper's own
+//!    tools (`setsid`, `mktemp`, `head`, `cat`, `sleep`) are found on the node's PATH even
+//!    when the user's environment sets a PATH without them, and the command on the user's;
 //! 3. starts a watchdog that reads the wrapper's standard input until end-of-file and then
 //!    sends TERM to that group, waits the grace period and sends KILL;
 //! 4. waits for the command, kills what it left behind in its group, and exits with its
@@ -50,12 +53,13 @@ use super::{ExecError, NodeCommand};
 /// newlines inside quotes passes it on intact.
 pub const REMOTE_WRAPPER: &str = concat!(
     "g=$1 n=$2 d=$3 e=$4; shift 4; ",
-    "while [ \"$e\" -gt 0 ]; do export \"$1\" || exit 125; shift; e=$((e - 1)); done; ",
     "if [ -n \"$d\" ]; then cd -- \"$d\" || exit 125; fi; ",
     "exec 4<&0; ",
     "if [ \"$n\" -ge 0 ]; then t=$(mktemp) || exit 125; head -c \"$n\" <&4 >\"$t\" || exit 125; ",
     "exec 3<\"$t\"; rm -f -- \"$t\"; else exec 3</dev/null; fi; ",
-    "setsid -- \"$@\" <&3 3<&- 4<&- & p=$!; exec 3<&-; ",
+    "setsid -- /bin/sh -c 'e=$1; shift; ",
+    "while [ \"$e\" -gt 0 ]; do export \"$1\" || exit 125; shift; e=$((e - 1)); done; ",
+    "exec \"$@\"' pipette-env \"$e\" \"$@\" <&3 3<&- 4<&- & p=$!; exec 3<&-; ",
     "setsid -- sh -c 'cat >/dev/null; kill -s TERM -- -\"$1\" 2>/dev/null; sleep \"$2\"; ",
     "kill -s KILL -- -\"$1\" 2>/dev/null' pipette-watch \"$p\" \"$g\" <&4 4<&- >/dev/null 2>&1 & w=$!; ",
     "exec 4<&-; ",

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::cluster::profile::{
-    round_figure, Dtype, GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile,
+    median, round_figure, Dtype, GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile,
     PeakTflops, Provenance, Source,
 };
 use crate::cluster::{ClusterProfile, ClusterSpec};
@@ -215,7 +215,8 @@ pub(super) fn assemble(
     };
 
     let n = spec.nodes.len();
-    let mut node_cells = vec![0.0; n * n];
+    // Measured node links by (sender, receiver): the pairs the probe chose, not n².
+    let mut node_figures: BTreeMap<(usize, usize), f64> = BTreeMap::new();
     let mut gpu_cells: Vec<Vec<f64>> = plan
         .nproc
         .iter()
@@ -230,7 +231,9 @@ pub(super) fn assemble(
                 let p = plan.nproc[sn] as usize;
                 gpu_cells[sn][sl * p + dl] = rec.gb_per_s;
             }
-            "inter" if sn != dn => node_cells[sn * n + dn] = rec.gb_per_s,
+            "inter" if sn != dn => {
+                node_figures.insert((sn, dn), rec.gb_per_s);
+            }
             other => {
                 return Err(bad(format!(
                     "a {other:?} link from rank {} to rank {}",
@@ -242,12 +245,17 @@ pub(super) fn assemble(
     let missing = |cells: &[f64], size: usize| {
         (0..size * size).find(|k| k / size != k % size && cells[*k] <= 0.0)
     };
-    if let Some(k) = missing(&node_cells, n) {
-        return Err(bad(format!(
+    let node_pairs = probe::NodePairs::for_nodes(n);
+    let figure = |a: usize, b: usize| match node_figures.get(&(a, b)) {
+        Some(&v) if v > 0.0 => Ok(v),
+        _ => Err(bad(format!(
             "no figure from {} to {}",
-            spec.nodes[k / n].host,
-            spec.nodes[k % n].host
-        )));
+            spec.nodes[a].host, spec.nodes[b].host
+        ))),
+    };
+    for (a, b) in node_pairs.pairs(n) {
+        figure(a, b)?;
+        figure(b, a)?;
     }
 
     // Compute figures by rank and dtype.
@@ -310,18 +318,39 @@ pub(super) fn assemble(
             gpus: GpuInventory::Known { gpus, links },
         });
     }
-    let node_links = LinkMatrix::from_rows(
-        &node_cells
-            .chunks(n)
-            .map(<[f64]>::to_vec)
-            .collect::<Vec<_>>(),
-        if n > 1 {
-            measured(format!("{link_note}; between the first GPU of each node"))
-        } else {
-            measured("one node: no node pairs".into())
-        },
-    )
-    .ok_or_else(|| bad("the node matrix is not square".into()))?;
+    let node_links = match node_pairs {
+        probe::NodePairs::All => {
+            let mut cells = vec![0.0; n * n];
+            for (&(a, b), &v) in &node_figures {
+                cells[a * n + b] = v;
+            }
+            LinkMatrix::from_rows(
+                &cells.chunks(n).map(<[f64]>::to_vec).collect::<Vec<_>>(),
+                if n > 1 {
+                    measured(format!("{link_note}; between the first GPU of each node"))
+                } else {
+                    measured("one node: no node pairs".into())
+                },
+            )
+            .ok_or_else(|| bad("the node matrix is not square".into()))?
+        }
+        probe::NodePairs::Ring { strides } => sampled_node_links(
+            n,
+            &node_figures,
+            measured(format!(
+                "{link_note}; between the first GPU of each node, each node with the nodes \
+                 {} places after it around the ring of nodes; a pair not measured is taken \
+                 to attain the lesser of its nodes' figures (the median of each node's \
+                 measured links)",
+                strides
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        )
+        .ok_or_else(|| bad("a node link names a node outside the launch".into()))?,
+    };
     let kind = match inventory.first().map(|i| &i.devices) {
         Some(NodeDevices::Cpus { .. }) => "CPU processes standing in for GPUs, ",
         _ => "",
@@ -337,6 +366,24 @@ pub(super) fn assemble(
         nodes,
         node_links,
     })
+}
+
+/// Node links from a sample of measured pairs: each node's figure is the median of its
+/// measured links, sent and received, so that a slow node or NIC (slow in all of them)
+/// makes its unmeasured pairs slow too, and one slow partner does not.
+fn sampled_node_links(
+    n: usize,
+    figures: &BTreeMap<(usize, usize), f64>,
+    provenance: Provenance,
+) -> Option<LinkMatrix> {
+    let mut by_node: Vec<Vec<f64>> = vec![Vec::new(); n];
+    for (&(a, b), &v) in figures {
+        by_node.get_mut(a)?.push(v);
+        by_node.get_mut(b)?.push(v);
+    }
+    let per_node = by_node.iter().map(|v| median(v)).collect();
+    let pairs = figures.iter().map(|(&(a, b), &v)| (a, b, v)).collect();
+    LinkMatrix::sampled(per_node, pairs, provenance)
 }
 
 pub(super) fn gpu_spec(

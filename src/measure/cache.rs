@@ -35,7 +35,7 @@ pub struct CacheError {
 pub enum Lookup {
     /// A profile for these nodes, `age` old.
     Fresh {
-        profile: ClusterProfile,
+        profile: Box<ClusterProfile>,
         path: PathBuf,
         age: Duration,
     },
@@ -90,7 +90,11 @@ impl ProfileCache {
             return Lookup::Stale { path, age };
         }
         match ClusterProfile::load(&path) {
-            Ok(profile) => Lookup::Fresh { profile, path, age },
+            Ok(profile) => Lookup::Fresh {
+                profile: Box::new(profile),
+                path,
+                age,
+            },
             Err(e) => Lookup::Unreadable {
                 path,
                 reason: e.to_string(),
@@ -173,7 +177,7 @@ mod tests {
         let path = cache.store("k", &profile).unwrap();
         assert!(path.starts_with(&cache.dir));
         match cache.lookup("k", SystemTime::now()) {
-            Lookup::Fresh { profile: p, .. } => assert_eq!(p, profile),
+            Lookup::Fresh { profile: p, .. } => assert_eq!(*p, profile),
             other => panic!("{other:?}"),
         }
         let later = SystemTime::now() + Duration::from_secs(7200);

@@ -45,14 +45,13 @@ mod assemble;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use crate::cluster::profile::LinkMatrix;
 use crate::cluster::{ClusterProfile, ClusterSpec, ProfileError};
 use crate::exec::{format_duration, ExecError, Status, Transport};
 
 use assemble::{assemble, NodePlan};
 pub use cache::ProfileCache;
 pub use inventory::{NodeDevices, NodeInventory};
-pub use probe::{Backend, ProbeReport, ProbeSettings};
+pub use probe::{Backend, NodePairs, ProbeReport, ProbeSettings};
 pub use progress::{NoProgress, Phase, Progress, ProgressBars, LINE_INTERVAL};
 
 /// How to profile.
@@ -218,7 +217,7 @@ pub fn run_profile(
         if !options.reprofile {
             match cache.lookup(&key, SystemTime::now()) {
                 cache::Lookup::Fresh { profile, path, age } => {
-                    if let Some(profile) = in_spec_order(profile, spec) {
+                    if let Some(profile) = in_spec_order(*profile, spec) {
                         note(format!(
                             "using the profile measured {} ago for these nodes: {} \
                              (--reprofile measures again)",
@@ -368,22 +367,17 @@ fn in_spec_order(profile: ClusterProfile, spec: &ClusterSpec) -> Option<ClusterP
     if profile.nodes.len() != spec.nodes.len() {
         return None;
     }
+    let position: std::collections::HashMap<&str, usize> = profile
+        .hosts()
+        .enumerate()
+        .map(|(i, host)| (host, i))
+        .collect();
     let order: Vec<usize> = spec
         .nodes
         .iter()
-        .map(|n| profile.nodes.iter().position(|p| p.host == n.host))
+        .map(|n| position.get(n.host.as_str()).copied())
         .collect::<Option<_>>()?;
-    let rows: Vec<Vec<f64>> = order
-        .iter()
-        .map(|&i| {
-            order
-                .iter()
-                .map(|&j| profile.node_links.get(i, j))
-                .collect()
-        })
-        .collect();
-    let node_links = LinkMatrix::from_rows(&rows, profile.node_links.provenance.clone())?
-        .with_nics_per_node(profile.node_links.nics_per_node);
+    let node_links = profile.node_links.select(&order);
     let nodes = order.iter().map(|&i| profile.nodes[i].clone()).collect();
     Some(ClusterProfile {
         note: profile.note,
@@ -415,7 +409,9 @@ pub fn utc_date(time: SystemTime) -> String {
 mod tests {
     use super::assemble::{gpu_spec, NodePlan};
     use super::*;
-    use crate::cluster::profile::{Dtype, GpuInventory, NodeProfile, Provenance, Source};
+    use crate::cluster::profile::{
+        Dtype, GpuInventory, LinkMatrix, NodeProfile, Provenance, Source,
+    };
     use crate::cluster::{Node, NodeSource, Slots};
 
     #[test]
@@ -507,6 +503,113 @@ mod tests {
         let mut reversed = inv.clone();
         reversed.reverse();
         assert_eq!(plan.canonical(&reversed, Backend::Gloo), canonical);
+    }
+
+    /// What the probe reports on `n` one-rank CPU nodes for `pairs` (both directions),
+    /// node `slow`'s links at 0.4 GB/s, the others at 2.
+    fn ring_report(n: usize, pairs: &[(usize, usize)], slow: usize) -> ProbeReport {
+        let size = ProbeSettings::cpu().reported_size();
+        let ranks: Vec<serde_json::Value> = (0..n)
+            .map(|r| {
+                serde_json::json!({"rank": r, "node": r, "local_rank": 0, "hostname": format!("n{r}"),
+                                   "device": "cpu", "name": "cpu"})
+            })
+            .collect();
+        let links: Vec<serde_json::Value> = pairs
+            .iter()
+            .flat_map(|&(a, b)| [(a, b), (b, a)])
+            .map(|(src, dst)| {
+                let gb_per_s = if src == slow || dst == slow { 0.4 } else { 2.0 };
+                serde_json::json!({"kind": "inter", "src": src, "dst": dst, "size": size,
+                                   "iters": 1, "gb_per_s": gb_per_s})
+            })
+            .collect();
+        let compute: Vec<serde_json::Value> = (0..n)
+            .map(|r| serde_json::json!({"rank": r, "dtype": "fp32", "n": 64, "tflops": 0.01}))
+            .collect();
+        let report = serde_json::json!({"protocol": probe::PROTOCOL, "backend": "gloo",
+            "torch": "2.5", "world_size": n, "sizes": [size], "warmup": 1, "repeats": 3,
+            "ranks": ranks, "links": links, "compute": compute, "elapsed_s": 1.0});
+        probe::parse_report(&report.to_string()).unwrap()
+    }
+
+    /// Defect 5 (issue 15): a 10,000-node profile measured and kept every node pair. Above
+    /// `ALL_NODE_PAIRS_UP_TO` nodes the probe measures a ring sample, and the profile holds
+    /// a figure per node plus the measured pairs, in which a slow node still shows.
+    #[test]
+    fn defect_05_many_nodes_are_profiled_on_a_linear_sample_of_pairs() {
+        assert_eq!(
+            NodePairs::for_nodes(probe::ALL_NODE_PAIRS_UP_TO),
+            NodePairs::All
+        );
+        assert_eq!(NodePairs::All.pairs(32).len(), 32 * 31 / 2);
+        let big = NodePairs::for_nodes(10_000);
+        assert_eq!(
+            big,
+            NodePairs::Ring {
+                strides: vec![1, 2, 5_000]
+            }
+        );
+        assert_eq!(
+            big.pairs(10_000).len(),
+            25_000,
+            "linear: 2.5 pairs per node"
+        );
+
+        let n = 40;
+        let hosts: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
+        let spec = spec(&hosts.iter().map(String::as_str).collect::<Vec<_>>());
+        let options = ProfileOptions {
+            nproc_per_node: Some(1),
+            cache: None,
+            ..ProfileOptions::default()
+        };
+        let inv: Vec<_> = hosts.iter().map(|h| cpu_node(h)).collect();
+        let plan = NodePlan::new(&spec, &options, &inv);
+        let pairs = NodePairs::for_nodes(n).pairs(n);
+        assert_eq!(pairs.len(), 100);
+        let settings = ProbeSettings::cpu();
+        let report = ring_report(n, &pairs, 5);
+        let profile = assemble(&spec, &inv, &plan, &report, &settings, "2026-11-24").unwrap();
+        let links = &profile.node_links;
+        assert!(links.is_sampled());
+        assert_eq!(links.stored_figures(), n + 200);
+        assert_eq!(links.get(5, 6), 0.4, "measured");
+        assert_eq!(
+            links.get(5, 30),
+            0.4,
+            "not measured: the slow node's figure"
+        );
+        assert_eq!(links.get(30, 5), 0.4);
+        assert_eq!(links.get(10, 33), 2.0, "not measured, two healthy nodes");
+        assert_eq!(
+            links.per_endpoint().unwrap()[6],
+            2.0,
+            "one slow partner of six"
+        );
+        profile.validate("the measured profile").unwrap();
+        let slow = profile.slow_parts();
+        assert!(!slow.is_empty());
+        assert!(slow.iter().all(|p| p.finding.contains("n5")), "{slow:?}");
+        assert!(slow[0].path.starts_with("node_links.pairs["), "{slow:?}");
+        // It reads back, and a cached profile follows another order of the same hosts.
+        let again = ClusterProfile::from_json_str(&profile.to_json_pretty(), "p.json").unwrap();
+        assert_eq!(again, profile);
+        let mut reversed = hosts.clone();
+        reversed.reverse();
+        let turned = in_spec_order(
+            profile.clone(),
+            &super::tests::spec(&reversed.iter().map(String::as_str).collect::<Vec<_>>()),
+        )
+        .unwrap();
+        assert_eq!(turned.node_links.get(n - 1 - 5, 0), 0.4);
+        assert_eq!(turned.node_links.stored_figures(), n + 200);
+
+        // Every sampled pair must have been measured, both ways.
+        let mut short = ring_report(n, &pairs, 5);
+        short.links.retain(|l| (l.src, l.dst) != (7, 8));
+        let err = assemble(&spec, &inv, &plan, &short, &settings, "2026-11-24").unwrap_err();
+        assert!(err.to_string().contains("no figure from n7 to n8"), "{err}");
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!
 //! - Pairs inside a node: every pair of its ranks (GPUs); pairs across nodes: every pair of
 //!   nodes, between the first rank of each — "a GPU pair, i.e. one NIC", as `node_links`
-//!   means it.
+//!   means it. Above [`ALL_NODE_PAIRS_UP_TO`] nodes, a sample instead ([`NodePairs`]):
+//!   every pair would be n² measurements (10,000 nodes: 50 million pairs, 9,999 rounds).
 //! - Rounds of disjoint pairs from a round-robin tournament; every node's round `r` runs
 //!   at once; other ranks wait at a barrier between rounds.
 //! - Each direction separately: handshake, then the sender streams `iters` messages of one
@@ -63,6 +64,57 @@ impl Backend {
             Backend::Nccl => "nccl",
             Backend::Gloo => "gloo",
         }
+    }
+}
+
+/// Up to this many nodes the probe measures every node pair (n − 1 rounds); above, a
+/// sample of [`SAMPLE_STRIDES`] pairs per node in a few rounds.
+pub const ALL_NODE_PAIRS_UP_TO: usize = 32;
+
+/// A node is measured with the nodes 1 and 2 places after it around the ring of nodes
+/// (neighbours, which often share a switch) and the node half-way round (far across the
+/// fabric): every node takes part in six pairs, enough for a slow node or NIC to show in
+/// all of its figures.
+pub const SAMPLE_STRIDES: usize = 3;
+
+/// Which node pairs the probe measures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePairs {
+    /// Every pair (a round-robin tournament).
+    All,
+    /// Node `i` with node `(i + s) mod n` for each stride `s`.
+    Ring { strides: Vec<usize> },
+}
+
+impl NodePairs {
+    /// What the probe measures on `nodes` nodes.
+    pub fn for_nodes(nodes: usize) -> NodePairs {
+        if nodes <= ALL_NODE_PAIRS_UP_TO {
+            return NodePairs::All;
+        }
+        let mut strides = vec![1, 2, nodes / 2];
+        strides.dedup();
+        debug_assert_eq!(strides.len(), SAMPLE_STRIDES);
+        NodePairs::Ring { strides }
+    }
+
+    /// The unordered pairs `(a, b)`, `a < b`, measured (both directions) on `nodes` nodes,
+    /// sorted; every pair when [`NodePairs::All`].
+    pub fn pairs(&self, nodes: usize) -> Vec<(usize, usize)> {
+        let mut pairs: Vec<(usize, usize)> = match self {
+            NodePairs::All => (0..nodes)
+                .flat_map(|a| (a + 1..nodes).map(move |b| (a, b)))
+                .collect(),
+            NodePairs::Ring { strides } => strides
+                .iter()
+                .flat_map(|s| (0..nodes).map(move |i| (i, (i + s) % nodes)))
+                .filter(|(a, b)| a != b)
+                .map(|(a, b)| (a.min(b), a.max(b)))
+                .collect(),
+        };
+        pairs.sort_unstable();
+        pairs.dedup();
+        pairs
     }
 }
 
@@ -269,6 +321,10 @@ pub fn torchrun_command(
             "--timeout".to_owned(),
             request.timeout.as_secs().max(1).to_string(),
         ]);
+    if let NodePairs::Ring { strides } = NodePairs::for_nodes(request.nodes.len()) {
+        let strides: Vec<String> = strides.iter().map(usize::to_string).collect();
+        command = command.args(["--node-pair-strides".to_owned(), strides.join(",")]);
+    }
     if let Some(threads) = node.threads {
         command = command.args(["--threads".to_owned(), threads.to_string()]);
     }

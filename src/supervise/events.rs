@@ -73,6 +73,7 @@ pub enum Event {
     /// An act signal (SIGUSR1, SIGUSR2) arrived and was passed on to the training script's
     /// workers on every node; the job goes on.
     SignalPassed {
+        /// 0: during the trial run, before attempt 1.
         attempt: u32,
         signal: String,
         /// How many worker processes it reached, all nodes together.
@@ -237,10 +238,7 @@ impl EventLog {
         };
         let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = writeln!(file, "{line}").and_then(|()| file.flush()) {
-            eprintln!(
-                "pipette-run: warning: cannot write {}: {e}",
-                self.path.display()
-            );
+            crate::log::warn(&format!("cannot write {}: {e}", self.path.display()));
         }
     }
 }

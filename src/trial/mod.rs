@@ -138,6 +138,20 @@ pub struct TrialRequest<'a> {
     pub command_timeout: Duration,
     /// A python on node 0, for the free-port query (remote transports).
     pub python: &'a str,
+    /// Told of every act signal passed on to the script's workers during the trial.
+    pub signals: SignalObserver<'a>,
+}
+
+/// What the caller is told when an act signal (USR1, USR2) arrives during a trial and is
+/// passed on: the signal and how many worker processes it reached, all nodes together.
+/// The trial keeps no event log; the caller records it in its own (data flows one way).
+#[derive(Clone, Copy)]
+pub struct SignalObserver<'a>(pub &'a (dyn Fn(nix::sys::signal::Signal, usize) + Sync));
+
+impl std::fmt::Debug for SignalObserver<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SignalObserver")
+    }
 }
 
 /// One rank's report from the hook.
@@ -423,16 +437,20 @@ pub fn run_trial(
         request.timeout,
         || {
             for signal in acts.take() {
-                for host in &hosts {
-                    let timeout = request.command_timeout;
-                    let _ = launch::signal_workers(
-                        &template.transport,
-                        host,
-                        &template.run_id,
-                        signal,
-                        timeout,
-                    );
-                }
+                let workers: usize = hosts
+                    .iter()
+                    .map(|host| {
+                        launch::signal_workers(
+                            &template.transport,
+                            host,
+                            &template.run_id,
+                            signal,
+                            request.command_timeout,
+                        )
+                        .unwrap_or(0)
+                    })
+                    .sum();
+                (request.signals.0)(signal, workers);
             }
             for event in rx.try_iter() {
                 take(event, &mut results, &mut iterations, &mut memory_lines);

@@ -5,7 +5,10 @@ torchrun starts this on every node (static rendezvous, node-major ranks). It mea
 * the attained point-to-point bandwidth of every pair of ranks inside each node (every
   GPU pair), both directions;
 * the attained bandwidth of every pair of nodes, both directions, between the first rank
-  of each node (one GPU pair, i.e. one NIC, per node pair);
+  of each node (one GPU pair, i.e. one NIC, per node pair) — or, given
+  ``--node-pair-strides``, of each node with the nodes that many places after it around
+  the ring of nodes: a few pairs per node, enough to show a slow node or NIC on clusters
+  where every pair would take n² measurements;
 * the matrix-multiply throughput every rank attains;
 
 and rank 0 prints one line, ``PIPETTE-PROBE-RESULT {json}``, on standard output. Progress
@@ -54,6 +57,9 @@ def parse_args():
     p.add_argument("--compute-dtypes", default="auto",
                    help="comma-separated bf16, fp16, fp32, or auto")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch's default)")
+    p.add_argument("--node-pair-strides", default="",
+                   help="comma-separated; measure node i with node i + s (mod nodes) for each s "
+                        "instead of every node pair")
     p.add_argument("--timeout", type=float, default=600.0)
     return p.parse_args()
 
@@ -75,6 +81,28 @@ def tournament(players):
                 pairs.append((a, b))
         rounds.append(pairs)
         players = [players[0], players[-1]] + players[1:-1]
+    return rounds
+
+
+def ring_rounds(players, strides):
+    """Rounds of disjoint pairs covering player i with player i + s (around the ring) for
+    each stride s: a few pairs per player, each pair once, in a few rounds (each pair goes
+    to the first round where both its players are free)."""
+    n = len(players)
+    rounds, busy, seen = [], [], set()
+    for s in strides:
+        for i in range(n):
+            j = (i + s) % n
+            if i == j or (min(i, j), max(i, j)) in seen:
+                continue
+            seen.add((min(i, j), max(i, j)))
+            r = next((r for r, used in enumerate(busy) if i not in used and j not in used),
+                     len(busy))
+            if r == len(busy):
+                busy.append(set())
+                rounds.append([])
+            busy[r].update((i, j))
+            rounds[r].append((players[i], players[j]))
     return rounds
 
 
@@ -234,7 +262,8 @@ class Probe:
                  for r in range(max((len(x) for x in per_node), default=0))]
         # Across nodes: the first rank of each node stands for its node.
         leaders = [by_node[node][0]["rank"] for node in sorted(by_node)]
-        inter = tournament(leaders)
+        strides = [int(s) for s in self.args.node_pair_strides.split(",") if s]
+        inter = ring_rounds(leaders, strides) if strides else tournament(leaders)
         if self.rank == 0:
             print(PROGRESS + json.dumps({"phase": "plan", "gpu_pair_rounds": len(intra),
                                          "node_pair_rounds": len(inter)}), flush=True)

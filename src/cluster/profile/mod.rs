@@ -150,6 +150,142 @@ mod tests {
         );
     }
 
+    /// Ring pairs (i, i + 1) both ways at 20 GB/s, node 2's links at 2 GB/s.
+    fn sampled(n: usize) -> LinkMatrix {
+        let slow = |a: usize, b: usize| if a == 2 || b == 2 { 2.0 } else { 20.0 };
+        let pairs = (0..n)
+            .flat_map(|i| {
+                let j = (i + 1) % n;
+                [(i, j, slow(i, j)), (j, i, slow(i, j))]
+            })
+            .collect();
+        let mut per_node = vec![20.0; n];
+        per_node[2] = 2.0;
+        LinkMatrix::sampled(per_node, pairs, Provenance::new(Source::Measured)).unwrap()
+    }
+
+    fn unknown_nodes(n: usize) -> Vec<NodeProfile> {
+        (0..n)
+            .map(|i| NodeProfile {
+                host: format!("n{i}"),
+                gpus: GpuInventory::Unknown,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sampled_matrix_answers_every_pair_from_linear_figures() {
+        let m = sampled(6);
+        assert!(m.is_sampled());
+        assert_eq!(m.size(), 6);
+        assert_eq!(
+            m.stored_figures(),
+            6 + 12,
+            "a figure per node and the measured pairs"
+        );
+        assert_eq!(m.get(0, 1), 20.0, "measured");
+        assert_eq!(m.get(3, 2), 2.0, "measured, slow node");
+        assert_eq!(m.get(0, 3), 20.0, "unmeasured: the lesser node figure");
+        assert_eq!(m.get(5, 2), 2.0, "unmeasured, to the slow node");
+        assert_eq!(m.get(4, 4), 0.0);
+        assert_eq!(m.links().count(), 12);
+        assert_eq!((m.min_link(), m.max_link()), (Some(2.0), Some(20.0)));
+        assert_eq!(m.row(2), [2.0, 2.0, 0.0, 2.0, 2.0, 2.0]);
+
+        let mut set = m.clone();
+        set.set(0, 3, 7.5);
+        set.set(0, 0, 9.0);
+        assert_eq!(
+            (set.get(0, 3), set.get(3, 0), set.get(0, 0)),
+            (7.5, 20.0, 0.0)
+        );
+        assert_eq!(
+            set.get(1, 2),
+            2.0,
+            "the rows after the new pair still read right"
+        );
+        assert_eq!(set.links().count(), 13);
+
+        // Rows and columns follow the selection; pairs between chosen nodes are kept.
+        let picked = m.select(&[3, 2, 0]);
+        assert!(picked.is_sampled());
+        assert_eq!(picked.per_endpoint(), Some(&[20.0, 2.0, 20.0][..]));
+        assert_eq!(picked.links().count(), 2, "only 3-2 and 2-3 were measured");
+        assert_eq!((picked.get(0, 1), picked.get(0, 2)), (2.0, 20.0));
+
+        assert!(LinkMatrix::sampled(vec![1.0], vec![(0, 1, 1.0)], m.provenance.clone()).is_none());
+    }
+
+    #[test]
+    fn a_full_matrix_selects_as_before() {
+        let m = LinkMatrix::from_rows(
+            &[
+                vec![0.0, 1.0, 2.0],
+                vec![3.0, 0.0, 4.0],
+                vec![5.0, 6.0, 0.0],
+            ],
+            Provenance::new(Source::Measured),
+        )
+        .unwrap()
+        .with_nics_per_node(Some(2));
+        let picked = m.select(&[2, 0]);
+        assert!(!picked.is_sampled());
+        assert_eq!(picked.row(0), [0.0, 5.0]);
+        assert_eq!(picked.row(1), [2.0, 0.0]);
+        assert_eq!(picked.nics_per_node, Some(2));
+        assert_eq!(m.stored_figures(), 9);
+    }
+
+    #[test]
+    fn sampled_node_links_are_written_and_read_back() {
+        let mut profile = two_nodes();
+        profile.nodes = unknown_nodes(6);
+        profile.node_links = sampled(6).with_nics_per_node(Some(4));
+        let text = profile.to_json_pretty();
+        assert!(
+            text.starts_with("{\n  \"schema\": \"pipette-cluster/1\",\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\"node_gb_per_s\": [20.0, 20.0, 2.0, 20.0, 20.0, 20.0]"),
+            "{text}"
+        );
+        assert!(text.contains("\n      [0, 1, 20.0],\n"), "{text}");
+        assert!(!text.contains("\"gb_per_s\""), "{text}");
+        let again = ClusterProfile::from_json_str(&text, "t.json").unwrap();
+        assert_eq!(again, profile);
+        assert_eq!(again.subset(&[]).unwrap().nodes.len(), 0);
+    }
+
+    #[test]
+    fn sampled_node_links_are_checked_with_their_paths() {
+        let mut profile = two_nodes();
+        profile.nodes = unknown_nodes(3);
+        profile.node_links = sampled(3);
+        let text = profile.to_json_pretty();
+        let error = |from: &str, to: &str| {
+            assert!(text.contains(from), "{from} not in {text}");
+            ClusterProfile::from_json_str(&text.replacen(from, to, 1), "s.json")
+                .unwrap_err()
+                .to_string()
+        };
+        let cases = [
+            ("[0, 1, 20.0]", "[0, 1, -1.0]", "s.json: node_links.pairs[0][2] is -1"),
+            ("[0, 1, 20.0]", "[0, 7, 20.0]", "s.json: node_links.pairs[0] names node 7, but there are 3 nodes"),
+            ("[0, 1, 20.0]", "[1, 1, 20.0]", "s.json: node_links.pairs[0] is a node paired with itself"),
+            ("[0, 1, 20.0]", "[0, 2, 2.0]", "s.json: node_links.pairs[1] repeats the pair from \"n0\" to \"n2\", already at node_links.pairs[0]"),
+            ("[0, 1, 20.0]", "[0, 1]", "s.json: node_links.pairs[0] is"),
+            ("[20.0, 20.0, 2.0]", "[20.0, 2.0]", "s.json: node_links.node_gb_per_s has 2 figures but there are 3 nodes"),
+            ("[20.0, 20.0, 2.0]", "[20.0, 0.0, 2.0]", "s.json: node_links.node_gb_per_s[1] is 0"),
+            ("\"node_gb_per_s\"", "\"gb_per_s\": [], \"node_gb_per_s\"", "s.json: node_links.gb_per_s is given beside node_gb_per_s or pairs"),
+            ("\"node_gb_per_s\": [20.0, 20.0, 2.0],", "", "s.json: node_links.node_gb_per_s is missing"),
+        ];
+        for (from, to, want) in cases {
+            let err = error(from, to);
+            assert!(err.starts_with(want), "{from} -> {to}: {err}");
+        }
+    }
+
     #[test]
     fn pretty_output_reads_back_equal() {
         let profile = two_nodes();

@@ -362,6 +362,14 @@ fn native_place(steps: &[Step], names: &[&str], found: &Value) -> Place {
         ))
         .or_missing("give the bandwidths in GB/s, one row per sender, one column per receiver"),
         [.., "gb_per_s", "[]"] => expect(&format!("a row of bandwidths, one per {per}")),
+        [.., "node_gb_per_s"] => expect("a list of bandwidths in GB/s, one per node"),
+        [.., "node_gb_per_s", "[]"] => number("in GB/s", found),
+        [.., "pairs"] => expect("a list of measured pairs, each [from node, to node, GB/s]"),
+        [.., "pairs", "[]"] => expect("a measured pair: [from node, to node, GB/s]"),
+        [.., "pairs", "[]", "[]"] => match steps.last() {
+            Some(Step::Index(2)) => number("in GB/s", found),
+            _ => expect("a node's position in nodes, from 0"),
+        },
         [.., "gb_per_s", "[]", "[]"] => {
             let diagonal = matches!(steps, [.., Step::Index(i), Step::Index(j)] if i == j);
             if diagonal {

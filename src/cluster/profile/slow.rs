@@ -48,15 +48,11 @@ impl ClusterProfile {
                     let index = node.gpus().map_or(g as u32, |gpus| gpus[g].index);
                     format!("GPU {index} of {}", node.host)
                 };
-                slow.extend(slow_links(
-                    links,
-                    &format!("nodes[{n}].gpu_links.gb_per_s"),
-                    label,
-                ));
+                slow.extend(slow_links(links, &format!("nodes[{n}].gpu_links"), label));
             }
         }
         let host = |i: usize| self.nodes[i].host.clone();
-        slow.extend(slow_links(&self.node_links, "node_links.gb_per_s", host));
+        slow.extend(slow_links(&self.node_links, "node_links", host));
         slow
     }
 
@@ -97,16 +93,21 @@ impl ClusterProfile {
                 }
             }
         }
+        // The peers of every GPU model, found once (80,000 GPUs are one model's peers).
+        let mut by_model: std::collections::HashMap<&str, Vec<f64>> =
+            std::collections::HashMap::new();
+        for (_, name, _, tflops) in &figures {
+            by_model.entry(name).or_default().push(*tflops);
+        }
+        let peers: std::collections::HashMap<&str, Peers> = by_model
+            .into_iter()
+            .map(|(name, figures)| (name, Peers::of(figures)))
+            .collect();
         let mut slow = Vec::new();
         for (path, name, label, tflops) in &figures {
-            let peers: Vec<f64> = figures
-                .iter()
-                .filter(|f| f.1 == *name)
-                .map(|f| f.3)
-                .collect();
             if let Some(why) = judge(
                 *tflops,
-                &peers,
+                &peers[name],
                 TFLOPS_RANGE.0,
                 "TFLOPS",
                 "GPUs of its model",
@@ -144,15 +145,17 @@ impl ClusterProfile {
     }
 }
 
-/// The slow links of one measured matrix; `label` names an endpoint.
+/// The slow links of one measured matrix at `path`; `label` names an endpoint. Of a
+/// sampled matrix, the measured pairs are judged (the other links take their figures).
 fn slow_links(matrix: &LinkMatrix, path: &str, label: impl Fn(usize) -> String) -> Vec<SlowPart> {
     if matrix.provenance.source != Source::Measured {
         return Vec::new();
     }
-    let peers: Vec<f64> = matrix.links().map(|(_, _, v)| v).collect();
+    let peers = Peers::of(matrix.links().map(|(_, _, v)| v).collect());
     matrix
         .links()
-        .filter_map(|(from, to, v)| {
+        .enumerate()
+        .filter_map(|(k, (from, to, v))| {
             let why = judge(
                 v,
                 &peers,
@@ -161,7 +164,11 @@ fn slow_links(matrix: &LinkMatrix, path: &str, label: impl Fn(usize) -> String) 
                 "links of its matrix",
             )?;
             Some(SlowPart {
-                path: format!("{path}[{from}][{to}]"),
+                path: if matrix.is_sampled() {
+                    format!("{path}.pairs[{k}][2]")
+                } else {
+                    format!("{path}.gb_per_s[{from}][{to}]")
+                },
                 finding: format!(
                     "{} to {} attains {} GB/s, {why}",
                     label(from),
@@ -173,17 +180,32 @@ fn slow_links(matrix: &LinkMatrix, path: &str, label: impl Fn(usize) -> String) 
         .collect()
 }
 
-/// Why `value` is slow among `peers` (itself included), if it is.
-fn judge(value: f64, peers: &[f64], floor: f64, unit: &str, whose: &str) -> Option<String> {
-    let median = median(peers);
+/// The figures a figure is judged against (itself included): how many, and their median,
+/// found once for all of them (a median per figure would be quadratic in the links).
+struct Peers {
+    count: usize,
+    median: f64,
+}
+
+impl Peers {
+    fn of(figures: Vec<f64>) -> Peers {
+        Peers {
+            count: figures.len(),
+            median: median(&figures),
+        }
+    }
+}
+
+/// Why `value` is slow among `peers`, if it is.
+fn judge(value: f64, peers: &Peers, floor: f64, unit: &str, whose: &str) -> Option<String> {
+    let Peers { count, median } = *peers;
     if value < floor {
         Some(format!(
             "below {floor} {unit}, less than any working part attains (is the node loaded, throttled or broken?)"
         ))
-    } else if peers.len() >= MIN_PEERS && value < SLOW_FRACTION * median {
+    } else if count >= MIN_PEERS && value < SLOW_FRACTION * median {
         Some(format!(
-            "under a quarter of the median of the {} {whose} ({} {unit})",
-            peers.len(),
+            "under a quarter of the median of the {count} {whose} ({} {unit})",
             show(median)
         ))
     } else {

@@ -226,6 +226,10 @@ impl fmt::Display for Source {
 /// A square matrix of attained bandwidths in GB/s (10^9 bytes per second), row = sender,
 /// column = receiver, with where the figures came from. The diagonal is unused and is 0.
 /// Figures are kept to [`SIGNIFICANT_DIGITS`] significant digits.
+///
+/// Held in full (every cell), or — node links of a large cluster, where every pair would be
+/// n² figures to measure, store and read — sampled: a figure per endpoint and the pairs that
+/// were measured ([`LinkMatrix::sampled`]). Both answer [`LinkMatrix::get`] for every pair.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkMatrix {
     pub provenance: Provenance,
@@ -234,7 +238,24 @@ pub struct LinkMatrix {
     /// `None`: unknown, taken as one.
     pub nics_per_node: Option<u32>,
     size: usize,
-    cells: Vec<f64>,
+    cells: Cells,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Cells {
+    /// `size * size` figures, row-major.
+    Full(Vec<f64>),
+    Sampled {
+        /// Per endpoint: what its links attain where no pair of it was measured.
+        per_endpoint: Vec<f64>,
+        /// The measured links `(from, to, GB/s)`, sorted by `(from, to)`, each pair once,
+        /// none on the diagonal.
+        pairs: Vec<(u32, u32, f64)>,
+        /// `pairs[starts[i]..starts[i + 1]]` are the links from endpoint `i`: a lookup
+        /// searches a row of a few pairs, not all of them (the planner looks up links
+        /// millions of times).
+        starts: Vec<u32>,
+    },
 }
 
 impl LinkMatrix {
@@ -266,8 +287,55 @@ impl LinkMatrix {
             provenance,
             nics_per_node: None,
             size,
-            cells,
+            cells: Cells::Full(cells),
         }
+    }
+
+    /// A matrix measured on a sample of pairs: the link from `a` to `b` attains the figure
+    /// measured for it in `pairs` (`(from, to, GB/s)`), else the lesser of `per_endpoint[a]`
+    /// and `per_endpoint[b]` — the slower end's NIC bounds a pair. It holds `size` figures
+    /// plus the pairs, not `size²`. Pairs on the diagonal are dropped; a pair given twice
+    /// keeps its last figure. `None` when a pair names an endpoint past `per_endpoint`.
+    pub fn sampled(
+        per_endpoint: Vec<f64>,
+        pairs: Vec<(usize, usize, f64)>,
+        provenance: Provenance,
+    ) -> Option<Self> {
+        let size = per_endpoint.len();
+        if pairs.iter().any(|&(a, b, _)| a >= size || b >= size) {
+            return None;
+        }
+        let mut pairs: Vec<(u32, u32, f64)> = pairs
+            .into_iter()
+            .filter(|(a, b, _)| a != b)
+            .map(|(a, b, v)| (a as u32, b as u32, round_figure(v)))
+            .collect();
+        // Stable, so that of a repeated pair the last figure comes last and is kept.
+        pairs.sort_by_key(|&(a, b, _)| (a, b));
+        let mut kept: Vec<(u32, u32, f64)> = Vec::with_capacity(pairs.len());
+        for pair in pairs {
+            match kept.last_mut() {
+                Some(last) if (last.0, last.1) == (pair.0, pair.1) => *last = pair,
+                _ => kept.push(pair),
+            }
+        }
+        let mut starts = vec![0u32; size + 1];
+        for &(from, _, _) in &kept {
+            starts[from as usize + 1] += 1;
+        }
+        for i in 0..size {
+            starts[i + 1] += starts[i];
+        }
+        Some(LinkMatrix {
+            provenance,
+            nics_per_node: None,
+            size,
+            cells: Cells::Sampled {
+                per_endpoint: per_endpoint.into_iter().map(round_figure).collect(),
+                pairs: kept,
+                starts,
+            },
+        })
     }
 
     /// The same matrix with `nics_per_node` set (a node-link matrix rebuilt from another
@@ -282,6 +350,32 @@ impl LinkMatrix {
         self.size
     }
 
+    /// Whether the matrix was measured on a sample of pairs ([`LinkMatrix::sampled`]).
+    pub fn is_sampled(&self) -> bool {
+        matches!(self.cells, Cells::Sampled { .. })
+    }
+
+    /// How many figures the matrix holds: `size²` in full, `size` plus the measured
+    /// pairs when sampled.
+    pub fn stored_figures(&self) -> usize {
+        match &self.cells {
+            Cells::Full(cells) => cells.len(),
+            Cells::Sampled {
+                per_endpoint,
+                pairs,
+                ..
+            } => per_endpoint.len() + pairs.len(),
+        }
+    }
+
+    /// A sampled matrix's figure per endpoint (see [`LinkMatrix::sampled`]); `None` in full.
+    pub fn per_endpoint(&self) -> Option<&[f64]> {
+        match &self.cells {
+            Cells::Full(_) => None,
+            Cells::Sampled { per_endpoint, .. } => Some(per_endpoint),
+        }
+    }
+
     /// Attained bandwidth from `from` to `to`, GB/s (0 when `from == to`).
     ///
     /// # Panics
@@ -292,10 +386,22 @@ impl LinkMatrix {
             "link ({from}, {to}) outside a {n}x{n} matrix",
             n = self.size
         );
-        self.cells[from * self.size + to]
+        match &self.cells {
+            Cells::Full(cells) => cells[from * self.size + to],
+            Cells::Sampled { .. } if from == to => 0.0,
+            Cells::Sampled {
+                per_endpoint,
+                pairs,
+                starts,
+            } => match pair_position(pairs, starts, from, to) {
+                Ok(k) => pairs[k].2,
+                Err(_) => per_endpoint[from].min(per_endpoint[to]),
+            },
+        }
     }
 
-    /// Sets the bandwidth from `from` to `to` (ignored on the diagonal).
+    /// Sets the bandwidth from `from` to `to` (ignored on the diagonal); in a sampled
+    /// matrix the pair counts as measured from then on.
     ///
     /// # Panics
     /// When either index is not below [`LinkMatrix::size`].
@@ -305,33 +411,130 @@ impl LinkMatrix {
             "link ({from}, {to}) outside a {n}x{n} matrix",
             n = self.size
         );
-        if from != to {
-            self.cells[from * self.size + to] = round_figure(gb_per_s);
+        if from == to {
+            return;
+        }
+        let figure = round_figure(gb_per_s);
+        match &mut self.cells {
+            Cells::Full(cells) => cells[from * self.size + to] = figure,
+            Cells::Sampled { pairs, starts, .. } => match pair_position(pairs, starts, from, to) {
+                Ok(k) => pairs[k].2 = figure,
+                Err(k) => {
+                    pairs.insert(k, (from as u32, to as u32, figure));
+                    for start in &mut starts[from + 1..] {
+                        *start += 1;
+                    }
+                }
+            },
         }
     }
 
     /// One row: bandwidth from `from` to every endpoint.
-    pub fn row(&self, from: usize) -> &[f64] {
-        &self.cells[from * self.size..(from + 1) * self.size]
+    pub fn row(&self, from: usize) -> Vec<f64> {
+        match &self.cells {
+            Cells::Full(cells) => cells[from * self.size..(from + 1) * self.size].to_vec(),
+            Cells::Sampled { .. } => (0..self.size).map(|to| self.get(from, to)).collect(),
+        }
     }
 
-    /// Every off-diagonal link as `(from, to, gb_per_s)`, row by row.
-    pub fn links(&self) -> impl Iterator<Item = (usize, usize, f64)> + '_ {
+    /// Every off-diagonal link given as a figure, as `(from, to, gb_per_s)`, row by row:
+    /// all of them in full, the measured pairs when sampled.
+    pub fn links(&self) -> Box<dyn Iterator<Item = (usize, usize, f64)> + '_> {
         let n = self.size;
-        (0..n * n)
-            .filter(move |k| k / n != k % n)
-            .map(move |k| (k / n, k % n, self.cells[k]))
+        match &self.cells {
+            Cells::Full(cells) => Box::new(
+                (0..n * n)
+                    .filter(move |k| k / n != k % n)
+                    .map(move |k| (k / n, k % n, cells[k])),
+            ),
+            Cells::Sampled { pairs, .. } => {
+                Box::new(pairs.iter().map(|&(a, b, v)| (a as usize, b as usize, v)))
+            }
+        }
     }
 
     /// The slowest off-diagonal link, GB/s; `None` for a 1x1 (or empty) matrix.
     pub fn min_link(&self) -> Option<f64> {
-        self.links().map(|(_, _, v)| v).reduce(f64::min)
+        self.extreme(f64::min)
     }
 
     /// The fastest off-diagonal link, GB/s; `None` for a 1x1 (or empty) matrix.
     pub fn max_link(&self) -> Option<f64> {
-        self.links().map(|(_, _, v)| v).reduce(f64::max)
+        self.extreme(f64::max)
     }
+
+    /// The extreme of the measured links and, when sampled, of what the unmeasured ones
+    /// are taken to attain (the lesser endpoint figure of some pair).
+    fn extreme(&self, pick: fn(f64, f64) -> f64) -> Option<f64> {
+        if self.size < 2 {
+            return None;
+        }
+        let measured = self.links().map(|(_, _, v)| v).reduce(pick);
+        match &self.cells {
+            Cells::Full(_) => measured,
+            Cells::Sampled { per_endpoint, .. } => {
+                // The least pair minimum is the least endpoint figure; the greatest is the
+                // second greatest (the best pair's slower end).
+                let mut sorted = per_endpoint.clone();
+                sorted.sort_by(f64::total_cmp);
+                let unmeasured = if pick(0.0, 1.0) == 0.0 {
+                    sorted[0]
+                } else {
+                    sorted[sorted.len() - 2]
+                };
+                Some(measured.map_or(unmeasured, |m| pick(m, unmeasured)))
+            }
+        }
+    }
+
+    /// The links among `order`'s endpoints, in that order: row and column `k` of the result
+    /// are `order[k]`'s. A sampled matrix stays sampled, with the pairs between chosen
+    /// endpoints.
+    pub fn select(&self, order: &[usize]) -> LinkMatrix {
+        let matrix = match &self.cells {
+            Cells::Full(_) => {
+                let cells = order
+                    .iter()
+                    .flat_map(|a| order.iter().map(move |b| self.get(*a, *b)))
+                    .collect();
+                LinkMatrix::from_cells(order.len(), cells, self.provenance.clone())
+            }
+            Cells::Sampled {
+                per_endpoint,
+                pairs,
+                ..
+            } => {
+                let mut position = vec![None; self.size];
+                for (k, &i) in order.iter().enumerate() {
+                    position[i] = Some(k);
+                }
+                let pairs = pairs
+                    .iter()
+                    .filter_map(|&(a, b, v)| {
+                        Some((position[a as usize]?, position[b as usize]?, v))
+                    })
+                    .collect();
+                let per_endpoint = order.iter().map(|&i| per_endpoint[i]).collect();
+                LinkMatrix::sampled(per_endpoint, pairs, self.provenance.clone())
+                    .expect("positions lie in the selection")
+            }
+        };
+        matrix.with_nics_per_node(self.nics_per_node)
+    }
+}
+
+/// Where `(from, to)` is in sorted `pairs` (rows beginning at `starts`), or where it would go.
+fn pair_position(
+    pairs: &[(u32, u32, f64)],
+    starts: &[u32],
+    from: usize,
+    to: usize,
+) -> Result<usize, usize> {
+    let (begin, end) = (starts[from] as usize, starts[from + 1] as usize);
+    pairs[begin..end]
+        .binary_search_by_key(&(to as u32), |&(_, b, _)| b)
+        .map(|k| begin + k)
+        .map_err(|k| begin + k)
 }
 
 impl NodeProfile {
@@ -441,8 +644,13 @@ impl ClusterProfile {
     pub fn subset(&self, wanted: &[NodeSelection<'_>]) -> Result<ClusterProfile, String> {
         let mut nodes = Vec::with_capacity(wanted.len());
         let mut index = Vec::with_capacity(wanted.len());
+        // One lookup table, not a scan per host: allocations may hold thousands of nodes.
+        let mut position = std::collections::HashMap::with_capacity(self.nodes.len());
+        for (i, host) in self.hosts().enumerate() {
+            position.entry(host).or_insert(i);
+        }
         for want in wanted {
-            let Some(i) = self.node_index(want.host) else {
+            let Some(&i) = position.get(want.host) else {
                 return Err(format!("has no node {:?}", want.host));
             };
             let node = &self.nodes[i];
@@ -465,17 +673,9 @@ impl ClusterProfile {
                             positions
                         }
                     };
-                    let cells = positions
-                        .iter()
-                        .flat_map(|a| positions.iter().map(move |b| links.get(*a, *b)))
-                        .collect();
                     GpuInventory::Known {
                         gpus: positions.iter().map(|p| gpus[*p].clone()).collect(),
-                        links: LinkMatrix::from_cells(
-                            positions.len(),
-                            cells,
-                            links.provenance.clone(),
-                        ),
+                        links: links.select(&positions),
                     }
                 }
             };
@@ -485,19 +685,10 @@ impl ClusterProfile {
             });
             index.push(i);
         }
-        let cells = index
-            .iter()
-            .flat_map(|a| index.iter().map(move |b| self.node_links.get(*a, *b)))
-            .collect();
         Ok(ClusterProfile {
             note: self.note.clone(),
             nodes,
-            node_links: LinkMatrix::from_cells(
-                index.len(),
-                cells,
-                self.node_links.provenance.clone(),
-            )
-            .with_nics_per_node(self.node_links.nics_per_node),
+            node_links: self.node_links.select(&index),
         })
     }
 
@@ -539,14 +730,22 @@ pub(crate) enum GpusFile {
     List(Vec<GpuSpec>),
 }
 
-/// A link matrix as written: cells are numbers, and the unused diagonal may be null.
+/// A link matrix as written: in full, `gb_per_s` (cells are numbers, and the unused
+/// diagonal may be null); or sampled (`node_links` only, see [`LinkMatrix::sampled`]),
+/// `node_gb_per_s` (one figure per node) and `pairs` (`[from, to, GB/s]` measured).
+/// Validation says when neither or both are given.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct LinksFile {
     pub provenance: Provenance,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nics_per_node: Option<u32>,
-    pub gb_per_s: Vec<Vec<Option<f64>>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gb_per_s: Option<Vec<Vec<Option<f64>>>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_gb_per_s: Option<Vec<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pairs: Option<Vec<(usize, usize, f64)>>,
 }
 
 impl Serialize for GpusFile {
@@ -590,12 +789,39 @@ impl<'de> Deserialize<'de> for GpusFile {
 
 impl From<&LinkMatrix> for LinksFile {
     fn from(matrix: &LinkMatrix) -> Self {
+        let (gb_per_s, node_gb_per_s, pairs) = match &matrix.cells {
+            Cells::Full(cells) => (
+                Some(
+                    cells
+                        .chunks(matrix.size.max(1))
+                        .take(matrix.size)
+                        .map(|row| row.iter().map(|&x| Some(x)).collect())
+                        .collect(),
+                ),
+                None,
+                None,
+            ),
+            Cells::Sampled {
+                per_endpoint,
+                pairs,
+                ..
+            } => (
+                None,
+                Some(per_endpoint.clone()),
+                Some(
+                    pairs
+                        .iter()
+                        .map(|&(a, b, v)| (a as usize, b as usize, v))
+                        .collect(),
+                ),
+            ),
+        };
         LinksFile {
             provenance: matrix.provenance.clone(),
             nics_per_node: matrix.nics_per_node,
-            gb_per_s: (0..matrix.size)
-                .map(|i| matrix.row(i).iter().map(|&x| Some(x)).collect())
-                .collect(),
+            gb_per_s,
+            node_gb_per_s,
+            pairs,
         }
     }
 }

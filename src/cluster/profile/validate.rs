@@ -132,7 +132,8 @@ pub(crate) fn check(file: ProfileFile, origin: &str) -> Result<ClusterProfile, P
 }
 
 /// A link matrix of `shape`, every off-diagonal cell a bandwidth checked as its provenance
-/// says; `labels` name the endpoints in the messages.
+/// says; `labels` name the endpoints in the messages. In full (`gb_per_s`) anywhere;
+/// sampled (`node_gb_per_s` and `pairs`) in `node_links` only.
 fn link_matrix(
     origin: &str,
     path: &str,
@@ -142,19 +143,61 @@ fn link_matrix(
 ) -> Result<LinkMatrix, ProfileError> {
     check_provenance(origin, &field_path(path, "provenance"), &links.provenance)?;
     let cells_path = field_path(path, "gb_per_s");
-    let read = |at: &str, cell: &Option<f64>| {
-        cell.ok_or_else(|| wrong_type(origin, at, &Value::Null, "a number in GB/s"))
+    let check = (Unit::GbPerS, Check::of(&links.provenance));
+    let matrix = match (links.gb_per_s, links.node_gb_per_s, links.pairs) {
+        (Some(rows), None, None) => {
+            let read = |at: &str, cell: &Option<f64>| {
+                cell.ok_or_else(|| wrong_type(origin, at, &Value::Null, "a number in GB/s"))
+            };
+            let cells = bandwidth_cells(origin, &cells_path, &rows, shape, check, labels, read)?;
+            LinkMatrix::from_cells(shape.size, cells, links.provenance)
+        }
+        (None, None, None) => {
+            return Err(missing(
+                origin,
+                &cells_path,
+                "give the bandwidths in GB/s, one row per sender, one column per receiver".into(),
+            ))
+        }
+        (Some(_), _, _) => {
+            return Err(invalid(
+                origin,
+                &cells_path,
+                "is given beside node_gb_per_s or pairs (give the whole matrix, or a figure per \
+                 node and the measured pairs, not both)"
+                    .into(),
+            ))
+        }
+        (None, per_node, pairs) => {
+            if path != "node_links" {
+                let field = if per_node.is_some() {
+                    "node_gb_per_s"
+                } else {
+                    "pairs"
+                };
+                return Err(invalid(
+                    origin,
+                    &field_path(path, field),
+                    "belongs to node_links only (give the GPU pairs in gb_per_s)".into(),
+                ));
+            }
+            let Some(per_node) = per_node else {
+                return Err(missing(
+                    origin,
+                    &field_path(path, "node_gb_per_s"),
+                    "beside pairs, give each node's bandwidth in GB/s, in the order of nodes: \
+                     what its pairs not listed attain"
+                        .into(),
+                ));
+            };
+            let sample = Sample {
+                per_node,
+                pairs: pairs.unwrap_or_default(),
+                provenance: links.provenance,
+            };
+            sampled_links(origin, path, sample, shape, check, labels)?
+        }
     };
-    let check = Check::of(&links.provenance);
-    let cells = bandwidth_cells(
-        origin,
-        &cells_path,
-        &links.gb_per_s,
-        shape,
-        (Unit::GbPerS, check),
-        labels,
-        read,
-    )?;
     let nics_at = field_path(path, "nics_per_node");
     let problem = match links.nics_per_node {
         Some(_) if path != "node_links" => Some("belongs to node_links only (remove it here)"),
@@ -168,8 +211,96 @@ fn link_matrix(
             problem: problem.to_string(),
         });
     }
-    Ok(LinkMatrix::from_cells(shape.size, cells, links.provenance)
-        .with_nics_per_node(links.nics_per_node))
+    Ok(matrix.with_nics_per_node(links.nics_per_node))
+}
+
+/// Sampled node links as a file gives them.
+struct Sample {
+    per_node: Vec<f64>,
+    pairs: Vec<(usize, usize, f64)>,
+    provenance: Provenance,
+}
+
+/// Sampled links: one figure per endpoint, then each measured pair `[from, to, GB/s]` with
+/// endpoints in range, distinct and listed once. Linear in the endpoints and pairs: a
+/// path is written only for a message.
+fn sampled_links(
+    origin: &str,
+    path: &str,
+    sample: Sample,
+    shape: &MatrixShape,
+    (unit, check): (Unit, Check),
+    labels: &[String],
+) -> Result<LinkMatrix, ProfileError> {
+    let per_path = field_path(path, "node_gb_per_s");
+    if sample.per_node.len() != shape.size {
+        return Err(ProfileError::MatrixShape {
+            origin: origin.into(),
+            path: per_path,
+            problem: format!(
+                "has {} but {} (one figure per {}, in the order of {})",
+                count(sample.per_node.len(), "figure"),
+                shape.count,
+                shape.per,
+                shape.order
+            ),
+        });
+    }
+    for (i, &value) in sample.per_node.iter().enumerate() {
+        if check_bandwidth(origin, "", value, unit, check, &labels[i], "any node").is_err() {
+            let at = index_path(&per_path, i);
+            check_bandwidth(origin, &at, value, unit, check, &labels[i], "any node")?;
+        }
+    }
+    let pairs_path = field_path(path, "pairs");
+    let mut seen = std::collections::HashMap::with_capacity(sample.pairs.len());
+    for (k, &(from, to, value)) in sample.pairs.iter().enumerate() {
+        let at = || index_path(&pairs_path, k);
+        let endpoint = |i: usize| (i < shape.size).then(|| labels[i].as_str());
+        let (Some(a), Some(b)) = (endpoint(from), endpoint(to)) else {
+            return Err(invalid(
+                origin,
+                &at(),
+                format!(
+                    "names {} {}, but {} (number them from 0 in the order of {})",
+                    shape.per,
+                    from.max(to),
+                    shape.count,
+                    shape.order
+                ),
+            ));
+        };
+        if from == to {
+            return Err(invalid(
+                origin,
+                &at(),
+                format!(
+                    "is a {} paired with itself (list pairs of distinct {}s)",
+                    shape.per, shape.per
+                ),
+            ));
+        }
+        if let Some(first) = seen.insert((from, to), k) {
+            return Err(invalid(
+                origin,
+                &at(),
+                format!(
+                    "repeats the pair from {a} to {b}, already at {} (list each pair once)",
+                    index_path(&pairs_path, first)
+                ),
+            ));
+        }
+        if check_bandwidth(origin, "", value, unit, check, a, b).is_err() {
+            check_bandwidth(origin, &index_path(&at(), 2), value, unit, check, a, b)?;
+        }
+    }
+    LinkMatrix::sampled(sample.per_node, sample.pairs, sample.provenance).ok_or_else(|| {
+        invalid(
+            origin,
+            &pairs_path,
+            "names a node outside the profile".into(),
+        )
+    })
 }
 
 /// A GPU's own figures: a name, memory, TFLOPS in range, real dates.

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use crate::cluster::profile::{Dtype, GpuInventory};
+use crate::cluster::profile::{Dtype, GpuInventory, LinkMatrix};
 use crate::cluster::ClusterProfile;
 use crate::config::Precision;
 use crate::model::calibration::Calibration;
@@ -89,8 +89,8 @@ struct NodeSlots {
 #[derive(Debug, Clone)]
 pub struct ClusterFabric {
     node_count: usize,
-    /// Row-major node × node, GB/s.
-    node_links: Vec<f64>,
+    /// Node to node, GB/s.
+    node_links: LinkMatrix,
     slots: Vec<NodeSlots>,
     /// Each node's GPU × GPU matrix, row-major, one after another.
     gpu_links: Vec<f64>,
@@ -114,10 +114,8 @@ impl ClusterFabric {
     ) -> Result<Self, TimeError> {
         super::check_calibration(calibration)?;
         let node_count = cluster.nodes.len();
-        let mut node_links = Vec::with_capacity(node_count * node_count);
-        for from in 0..node_count {
-            node_links.extend_from_slice(cluster.node_links.row(from));
-        }
+        // Not flattened: a sampled matrix holds a figure per node, not one per node pair.
+        let node_links = cluster.node_links.clone();
         let mut slots = Vec::with_capacity(node_count);
         let mut gpu_links = Vec::new();
         let mut ms_per_gflop = Vec::new();
@@ -136,7 +134,7 @@ impl ClusterFabric {
                 gpus: gpus.len(),
             });
             for from in 0..gpus.len() {
-                gpu_links.extend_from_slice(links.row(from));
+                gpu_links.extend(links.row(from));
             }
             slowest_intra.push(links.min_link().unwrap_or(f64::INFINITY));
             for gpu in gpus {
@@ -192,6 +190,12 @@ impl ClusterFabric {
         self.throughput[self.slots[device.node].device_base + device.gpu]
     }
 
+    /// Whether the node links were measured on a sample of pairs (see
+    /// [`LinkMatrix::sampled`]): a figure per node, not per pair.
+    pub fn node_links_sampled(&self) -> bool {
+        self.node_links.is_sampled()
+    }
+
     /// The slowest GPU pair inside `node`, GB/s (infinite for a one-GPU node).
     pub fn slowest_intra_node(&self, node: usize) -> f64 {
         self.slowest_intra[node]
@@ -205,7 +209,7 @@ impl Fabric for ClusterFabric {
             let slot = self.slots[from.node];
             self.gpu_links[slot.link_base + from.gpu * slot.gpus + to.gpu]
         } else {
-            self.node_links[from.node * self.node_count + to.node]
+            self.node_links.get(from.node, to.node)
         }
     }
 

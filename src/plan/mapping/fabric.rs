@@ -16,6 +16,14 @@ pub struct PairFabric<'a> {
 
 impl<'a> PairFabric<'a> {
     pub fn new(inner: &'a ClusterFabric) -> Self {
+        // A sampled profile's links are a figure per node plus a few pairs: a table of
+        // every pair would be the n² the sample avoids (10,000 nodes: 800 MB).
+        if inner.node_links_sampled() {
+            return PairFabric {
+                inner,
+                pairs: Vec::new(),
+            };
+        }
         let n = inner.node_count();
         let first = |node| Device { node, gpu: 0 };
         let mut pairs = Vec::with_capacity(n * n.saturating_sub(1) / 2);
@@ -34,7 +42,7 @@ impl<'a> PairFabric<'a> {
 impl Fabric for PairFabric<'_> {
     #[inline]
     fn gb_per_s(&self, from: Device, to: Device) -> f64 {
-        if from.node == to.node {
+        if from.node == to.node || self.pairs.is_empty() {
             return self.inner.gb_per_s(from, to);
         }
         let (lo, hi, way) = if from.node < to.node {
