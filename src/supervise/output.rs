@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use super::events::seconds_or_null;
 use super::reporter::{LOG_PREFIX, LOG_WIDTH};
-use crate::cluster::profile::Dtype;
+use super::stragglers::{self, ReportLine};
+use crate::cluster::profile::{median, Dtype};
 use crate::cluster::ClusterProfile;
 use crate::config::{Precision, Settings};
 use crate::exec::{OutputSink, Stream};
@@ -43,7 +44,18 @@ pub struct JobOutput {
     /// Milliseconds after `start` of our last progress line.
     last_report_ms: AtomicU64,
     echo: Echo,
+    /// Straggler report lines not yet taken by the watch (none unless asked for).
+    straggler_lines: Option<Mutex<Vec<ReportLine>>>,
+    /// The iteration of the last checkpoint saved or loaded (0: none seen).
+    checkpoint_iteration: AtomicU64,
+    /// The last few times per iteration Megatron reported, ms.
+    recent_ms: Mutex<std::collections::VecDeque<f64>>,
+    /// The lowest median of [`RECENT`] consecutive reported times so far, ms (0: none).
+    best_recent_ms: Mutex<f64>,
 }
+
+/// How many reported iteration times [`JobOutput::recent_iteration_ms`] looks at.
+const RECENT: usize = 5;
 
 /// What our progress line during training says besides the job's own lines: one line per
 /// `interval` at most, at an iteration line, with the iteration, its time against the
@@ -244,7 +256,53 @@ impl JobOutput {
             progress: None,
             last_report_ms: AtomicU64::new(0),
             echo,
+            straggler_lines: None,
+            checkpoint_iteration: AtomicU64::new(0),
+            recent_ms: Mutex::new(std::collections::VecDeque::new()),
+            best_recent_ms: Mutex::new(0.0),
         })
+    }
+
+    /// Keeps the lines of the training script's straggler report for
+    /// [`JobOutput::take_straggler_lines`].
+    pub fn with_straggler_report(mut self) -> JobOutput {
+        self.straggler_lines = Some(Mutex::new(Vec::new()));
+        self
+    }
+
+    /// The straggler report's lines since the last call, in order.
+    pub fn take_straggler_lines(&self) -> Vec<ReportLine> {
+        self.straggler_lines.as_ref().map_or_else(Vec::new, |l| {
+            std::mem::take(&mut *l.lock().unwrap_or_else(|p| p.into_inner()))
+        })
+    }
+
+    /// The iteration of the last checkpoint the job said it saved or loaded.
+    pub fn checkpoint_iteration(&self) -> Option<u64> {
+        Some(self.checkpoint_iteration.load(Ordering::Relaxed)).filter(|i| *i > 0)
+    }
+
+    /// The median of the last few times per iteration the job reported, ms: its pace now.
+    pub fn recent_iteration_ms(&self) -> Option<f64> {
+        let recent = self.recent_ms.lock().unwrap_or_else(|p| p.into_inner());
+        (!recent.is_empty()).then(|| median(&recent.iter().copied().collect::<Vec<_>>()))
+    }
+
+    /// The job's best pace in this attempt: the lowest median of 5 consecutive reported
+    /// iteration times, ms (what it ran at before a node slowed down).
+    pub fn best_iteration_ms(&self) -> Option<f64> {
+        Some(
+            *self
+                .best_recent_ms
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
+        .filter(|b| *b > 0.0)
+    }
+
+    /// The total of iterations the lines give (`--train-iters`).
+    pub fn total_iterations(&self) -> Option<u64> {
+        Some(self.total_iterations.load(Ordering::Relaxed)).filter(|t| *t > 0)
     }
 
     /// Shows our progress line during training (see [`ProgressSpec`]).
@@ -348,6 +406,21 @@ impl JobOutput {
             clock.first_iteration_ms.get_or_insert(now);
             clock.last_iteration_ms = Some(now);
             if let Some(ms) = reported_iteration_ms(line) {
+                let mut recent = self.recent_ms.lock().unwrap_or_else(|p| p.into_inner());
+                if recent.len() == RECENT {
+                    recent.pop_front();
+                }
+                recent.push_back(ms);
+                if recent.len() == RECENT {
+                    let now = median(&recent.iter().copied().collect::<Vec<_>>());
+                    let mut best = self
+                        .best_recent_ms
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if *best == 0.0 || now < *best {
+                        *best = now;
+                    }
+                }
                 if clock.first_reported_ms.is_none() {
                     clock.first_reported_ms = Some(ms);
                 } else {
@@ -374,6 +447,14 @@ impl JobOutput {
 
     fn mark(&self, line: &str) {
         let now = self.start.elapsed().as_millis() as u64;
+        if let Some(lines) = &self.straggler_lines {
+            if let Some(report) = stragglers::parse_line(line) {
+                lines.lock().unwrap_or_else(|p| p.into_inner()).push(report);
+            }
+        }
+        if let Some(at) = checkpoint_line_iteration(line) {
+            self.checkpoint_iteration.store(at, Ordering::Relaxed);
+        }
         self.last_line_ms.fetch_max(now, Ordering::Relaxed);
         let parsed = parse_iteration(line);
         self.clock_line(line, now, parsed.is_some());
@@ -434,6 +515,24 @@ fn reported_iteration_ms(line: &str) -> Option<f64> {
         .parse::<f64>()
         .ok()
         .filter(|v| v.is_finite() && *v >= 0.0)
+}
+
+/// The iteration of Megatron's `successfully saved checkpoint from iteration N to ...` and
+/// `successfully loaded checkpoint from ... at iteration N` lines.
+fn checkpoint_line_iteration(line: &str) -> Option<u64> {
+    let rest = if let Some(at) = line.find("successfully saved checkpoint from iteration") {
+        &line[at + "successfully saved checkpoint from iteration".len()..]
+    } else {
+        let at = line.find("successfully loaded checkpoint")?;
+        let rest = &line[at..];
+        &rest[rest.find("at iteration")? + "at iteration".len()..]
+    };
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }
 
 /// `DIR/<host>.log`, the host made safe as a file name.

@@ -126,6 +126,7 @@ impl Reporter {
             })
             .chain(notes.iter().map(|n| format!("  {n}")))
             .collect(),
+            Event::Straggler { .. } => super::stragglers::event_lines(event),
             Event::Progress { .. }
             | Event::Teardown { .. }
             | Event::ReplanRefused { .. }
