@@ -15,6 +15,7 @@
 use std::time::Duration;
 
 use super::signals::signal_name;
+use super::stragglers::Costed;
 use super::{FailureReason, NodeFailure};
 use crate::exec::format_duration;
 use crate::exit::{self, ExitCode};
@@ -33,7 +34,7 @@ pub enum Ending {
     Signal(i32),
     /// The supervisor stopped a running job to move work off a straggler
     /// ([`super::stragglers`]).
-    Straggler(StragglerAct),
+    Straggler(Box<StragglerAct>),
 }
 
 /// What the supervisor does about a straggler: re-map around it (on the cluster with its
@@ -45,6 +46,8 @@ pub struct StragglerAct {
     pub choice: super::stragglers::Choice,
     /// The profile the re-plan runs on: the straggler's GPUs slowed, for a re-map.
     pub profile: Option<crate::cluster::ClusterProfile>,
+    /// The choices as they were costed (for the summary).
+    pub choices: Vec<super::stragglers::Costed>,
 }
 
 impl Ending {
@@ -176,9 +179,16 @@ pub fn decide(facts: &Facts<'_>) -> Decision {
                 super::stragglers::Choice::Remap => "re-mapped around",
                 super::stragglers::Choice::Keep => "kept",
             };
+            let predicted: Vec<String> = act.choices.iter().map(Costed::short).collect();
             let end = format!(
-                "straggler {} ({:.2}× slower than the others) {what}",
-                act.host, act.slowdown
+                "straggler {} ({:.2}× slower than the others) {what}{}",
+                act.host,
+                act.slowdown,
+                if predicted.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (per iteration: {})", predicted.join(", "))
+                }
             );
             (end, ExitCode::Internal.code())
         }
@@ -302,6 +312,7 @@ pub fn blamed(failures: &[NodeFailure]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::supervise::stragglers::Choice;
 
     const SIGINT: i32 = 2;
 
@@ -373,12 +384,29 @@ mod tests {
         Ending::Failed(vec![f])
     }
 
-    fn straggler(choice: super::super::stragglers::Choice) -> StragglerAct {
+    fn straggler(choice: Choice) -> StragglerAct {
         StragglerAct {
             host: "b".into(),
             slowdown: 2.0,
             choice,
             profile: None,
+            choices: vec![
+                Costed {
+                    choice: Choice::Keep,
+                    predicted_ms: Some(300.0),
+                    detail: String::new(),
+                },
+                Costed {
+                    choice: Choice::Remap,
+                    predicted_ms: None,
+                    detail: String::new(),
+                },
+                Costed {
+                    choice: Choice::LeaveOut,
+                    predicted_ms: Some(200.0),
+                    detail: String::new(),
+                },
+            ],
         }
     }
 
@@ -572,23 +600,23 @@ mod tests {
             },
             Case {
                 name: "a straggler left out: re-planned without it, resumed, no health check",
-                ending: Ending::Straggler(straggler(super::super::stragglers::Choice::LeaveOut)),
+                ending: Ending::Straggler(Box::new(straggler(Choice::LeaveOut))),
                 save: Some("/ck"),
                 checkpoint: Some(CheckpointState::At(8)),
                 exit_code: ExitCode::Internal.code(),
                 left_out: &["b"],
                 next: replan(CheckpointState::At(8), Some(("/ck", Some(8)))),
-                end: "straggler b (2.00× slower than the others) left out",
+                end: "straggler b (2.00× slower than the others) left out (per iteration: keep 300.0 ms, re-map not possible, leave out 200.0 ms)",
                 ..BASE
             },
             Case {
                 name: "a straggler re-mapped around: every node stays",
-                ending: Ending::Straggler(straggler(super::super::stragglers::Choice::Remap)),
+                ending: Ending::Straggler(Box::new(straggler(Choice::Remap))),
                 save: Some("/ck"),
                 checkpoint: Some(CheckpointState::At(8)),
                 exit_code: ExitCode::Internal.code(),
                 next: replan(CheckpointState::At(8), Some(("/ck", Some(8)))),
-                end: "straggler b (2.00× slower than the others) re-mapped around",
+                end: "straggler b (2.00× slower than the others) re-mapped around (per iteration: keep 300.0 ms, re-map not possible, leave out 200.0 ms)",
                 ..BASE
             },
             Case {

@@ -195,7 +195,7 @@ impl Driver<'_> {
                 .collect();
             found.into_iter().find_map(|s| {
                 self.straggler(attempt, &output, &s, teardown)
-                    .map(Ending::Straggler)
+                    .map(|act| Ending::Straggler(Box::new(act)))
             })
         };
         let (ending, detected_at) = watch(
@@ -401,7 +401,7 @@ impl Driver<'_> {
             straggler: straggler.clone(),
             iteration,
             measured_ms: measured,
-            choices,
+            choices: choices.clone(),
             remaining_iterations: remaining,
             restart: Some(restart),
             verdict,
@@ -416,6 +416,7 @@ impl Driver<'_> {
             slowdown: straggler.slowdown,
             choice: action,
             profile: (action == Choice::Remap).then_some(remap_profile).flatten(),
+            choices,
         })
     }
 
@@ -551,10 +552,7 @@ impl Driver<'_> {
             (Layout::Planned { plan, profile }, Planning::On(inputs)) => {
                 // A re-map around a straggler plans on the cluster with its GPUs slowed.
                 let profile = match ending {
-                    Ending::Straggler(StragglerAct {
-                        profile: Some(slowed),
-                        ..
-                    }) => slowed,
+                    Ending::Straggler(act) => act.profile.as_ref().unwrap_or(profile),
                     _ => profile,
                 };
                 let replanned = replan(

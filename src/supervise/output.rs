@@ -659,4 +659,50 @@ mod tests {
         assert!(t.first_iteration.unwrap() <= t.last_iteration.unwrap());
         assert!(t.last_iteration.unwrap() + Duration::from_millis(20) <= output.start.elapsed());
     }
+
+    #[test]
+    fn the_lines_give_the_checkpoint_the_pace_and_the_straggler_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = vec![("a".to_string(), 0)];
+        let output = JobOutput::new(&nodes, dir.path(), Echo::Off)
+            .unwrap()
+            .with_straggler_report();
+        assert_eq!(output.checkpoint_iteration(), None);
+        assert_eq!(output.recent_iteration_ms(), None);
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"  successfully loaded checkpoint from /ck [ t 1/1, p 1/1 ] at iteration 8",
+        );
+        assert_eq!(output.checkpoint_iteration(), Some(8));
+        let iteration = |n: u64, ms: f64| {
+            format!(" iteration {n:8}/     90 | elapsed time per iteration (ms): {ms:.1} | x |")
+        };
+        // Steady at 100 ms (one outlier), then slowed to 250 ms.
+        for (n, ms) in [100.0, 100.0, 900.0, 100.0, 100.0, 250.0, 250.0, 250.0]
+            .iter()
+            .enumerate()
+        {
+            output.line("a", Stream::Stdout, iteration(9 + n as u64, *ms).as_bytes());
+        }
+        assert_eq!(output.best_iteration_ms(), Some(100.0));
+        assert_eq!(output.recent_iteration_ms(), Some(250.0));
+        assert_eq!(output.total_iterations(), Some(90));
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"  successfully saved checkpoint from iteration      16 to /ck",
+        );
+        assert_eq!(output.checkpoint_iteration(), Some(16));
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"[x] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 2.00ms/1 | MnEtpt/Rnk: 1.00TF/1 | MxEtpt/Rnk: 2.00TF/0",
+        );
+        assert_eq!(
+            output.take_straggler_lines(),
+            [ReportLine::Summary(vec![(1, 1.0), (0, 2.0)])]
+        );
+        assert!(output.take_straggler_lines().is_empty());
+    }
 }

@@ -254,6 +254,17 @@ pub enum Choice {
     LeaveOut,
 }
 
+impl Choice {
+    /// In words, as the lines and the summary say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Keep => "keep",
+            Choice::Remap => "re-map",
+            Choice::LeaveOut => "leave out",
+        }
+    }
+}
+
 /// A choice with the iteration time predicted for it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Costed {
@@ -262,6 +273,16 @@ pub struct Costed {
     pub predicted_ms: Option<f64>,
     /// What it is (the plan), or why it is not possible.
     pub detail: String,
+}
+
+impl Costed {
+    /// `keep 473.0 ms`, `re-map not possible`.
+    pub fn short(&self) -> String {
+        let ms = self
+            .predicted_ms
+            .map_or("not possible".to_string(), |ms| format!("{ms:.1} ms"));
+        format!("{} {ms}", self.choice.name())
+    }
 }
 
 /// What a restart costs, as measured on this job.
@@ -397,15 +418,7 @@ pub fn event_lines(event: &super::events::Event) -> Vec<String> {
             .unwrap_or_default()
     )];
     for c in choices {
-        let name = match c.choice {
-            Choice::Keep => "keep",
-            Choice::Remap => "re-map",
-            Choice::LeaveOut => "leave out",
-        };
-        let ms = c
-            .predicted_ms
-            .map_or("not possible".to_string(), |ms| format!("{ms:.1} ms"));
-        lines.push(format!("  {name}: {ms} ({})", c.detail));
+        lines.push(format!("  {} ({})", c.short(), c.detail));
     }
     let action = match verdict.action {
         Choice::Keep => "keeping the plan".to_string(),
