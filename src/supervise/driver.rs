@@ -179,6 +179,7 @@ impl Driver<'_> {
             .attempts
             .last()
             .map_or(options.grace, |a| a.timing.teardown + a.timing.restart);
+        let replans_left = options.max_replans.saturating_sub(outcome.replans);
         let mut detector = watch_stragglers.then(|| {
             Detector::new(
                 hosts.clone(),
@@ -194,7 +195,7 @@ impl Driver<'_> {
                 .filter_map(|line| detector.line(line))
                 .collect();
             found.into_iter().find_map(|s| {
-                self.straggler(attempt, &output, &s, teardown)
+                self.straggler(attempt, &output, &s, teardown, replans_left)
                     .map(|act| Ending::Straggler(Box::new(act)))
             })
         };
@@ -298,6 +299,7 @@ impl Driver<'_> {
         output: &JobOutput,
         straggler: &Straggler,
         teardown: Duration,
+        replans_left: u32,
     ) -> Option<StragglerAct> {
         let options = &self.options.stragglers;
         let hosts: Vec<String> = attempt.spec.nodes.iter().map(|n| n.host.clone()).collect();
@@ -394,6 +396,7 @@ impl Driver<'_> {
             checkpoint,
             since_last_action: self.straggler_acted.get().map(|t| t.elapsed()),
             cooldown: options.cooldown,
+            replans_left,
         });
         let action = verdict.action;
         self.emit(Event::Straggler {

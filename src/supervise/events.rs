@@ -1,5 +1,5 @@
 //! `events.jsonl` in the run directory: one JSON object per line for every launch, failure,
-//! stall, teardown, health check, re-plan, signal and the exit, so tools (and people after
+//! stall, straggler, teardown, health check, re-plan, signal and the exit, so tools (and people after
 //! the fact) can follow what the supervisor did without parsing logs.
 //!
 //! Every line starts with `time` (UTC, RFC 3339 with milliseconds), `unix_ms`, `elapsed_s`

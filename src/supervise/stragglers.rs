@@ -312,6 +312,8 @@ pub struct ActFacts<'a> {
     /// Since the last straggler action, and the cooldown.
     pub since_last_action: Option<Duration>,
     pub cooldown: Duration,
+    /// Re-plans left under `--max-replans` (an action is one).
+    pub replans_left: u32,
 }
 
 /// The decision: the action (`Keep`: none) and why.
@@ -336,7 +338,8 @@ impl RestartCost {
 
 /// Whether to act on a straggler, and how (see the module doc): the choice that saves the
 /// most time over the remaining iterations, when that beats the restart's cost, in `act`
-/// mode, with a checkpoint to resume from, and not within the cooldown of the last action.
+/// mode, with a checkpoint to resume from, a re-plan left under `--max-replans`, and not
+/// within the cooldown of the last action.
 pub fn decide(facts: &ActFacts<'_>) -> Verdict {
     let measured = facts.measured_ms;
     let cost_s = facts.restart.seconds(measured);
@@ -371,6 +374,9 @@ pub fn decide(facts: &ActFacts<'_>) -> Verdict {
     }
     if facts.checkpoint.is_none() {
         return keep("no checkpoint to resume from yet".into());
+    }
+    if facts.replans_left == 0 {
+        return keep("no re-plan left (--max-replans)".into());
     }
     if let Some(since) = facts.since_last_action.filter(|s| *s < facts.cooldown) {
         return keep(format!(
@@ -551,6 +557,7 @@ mod tests {
         lost: u64,
         checkpoint: Option<u64>,
         since_last_action: Option<Duration>,
+        replans_left: u32,
         action: Choice,
         why: &'static str,
     }
@@ -564,6 +571,7 @@ mod tests {
         lost: 0,
         checkpoint: Some(40),
         since_last_action: None,
+        replans_left: 3,
         action: Choice::LeaveOut,
         why: "saves 100.0 s",
     };
@@ -608,6 +616,13 @@ mod tests {
                 since_last_action: Some(Duration::from_secs(60)),
                 action: Choice::Keep,
                 why: "within the cooldown: the last action was 1 min ago",
+                ..BASE
+            },
+            Case {
+                name: "no re-plan left",
+                replans_left: 0,
+                action: Choice::Keep,
+                why: "no re-plan left",
                 ..BASE
             },
             Case {
@@ -668,6 +683,7 @@ mod tests {
                 checkpoint: case.checkpoint,
                 since_last_action: case.since_last_action,
                 cooldown: Duration::from_secs(1800),
+                replans_left: case.replans_left,
             });
             assert_eq!(verdict.action, case.action, "{}: {verdict:?}", case.name);
             assert!(
