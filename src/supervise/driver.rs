@@ -181,8 +181,11 @@ impl Driver<'_> {
             .map_or(options.grace, |a| a.timing.teardown + a.timing.restart);
         let replans_left = options.max_replans.saturating_sub(outcome.replans);
         let mut detector = watch_stragglers.then(|| {
+            // Rank r runs on node rank r / nproc (static rendezvous): hosts by node rank.
+            let mut by_rank = nodes.clone();
+            by_rank.sort_by_key(|(_, rank)| *rank);
             Detector::new(
-                hosts.clone(),
+                by_rank.into_iter().map(|(host, _)| host).collect(),
                 attempt.spec.nproc_per_node,
                 &options.stragglers,
             )

@@ -155,7 +155,8 @@ pub fn slow_node(nodes: &[Option<f64>], threshold: f64) -> Option<(usize, f64)> 
 /// configured windows (once per run of slow windows).
 #[derive(Debug, Clone)]
 pub struct Detector {
-    /// Hosts in node-rank order; rank r runs on node r / `nproc`.
+    /// Hosts in node-rank order (`hosts[n]` has node rank n); rank r runs on node
+    /// r / `nproc`.
     hosts: Vec<String>,
     nproc: u64,
     threshold: f64,
