@@ -36,6 +36,23 @@ Toy-only arguments (Megatron has no such options): `--toy-iteration-seconds S` m
 iteration last at least S seconds (so a test can act mid-run); `--toy-fail-at-iteration N`
 makes rank `--toy-fail-rank` (default 0) exit with `--toy-fail-code` (default 3) at the
 end of iteration N (after its collectives, so the other ranks notice at the next one).
+
+Megatron's straggler report (`--log-straggler`, `--straggler-minmax-count N`): every
+`--log-interval` iterations each rank's compute time (forward and backward) over the interval
+is gathered and rank 0 prints the lines Megatron's StragglerDetector prints (megatron/core/
+utils.py): `[date] | MnRtt/Rnk: 12.30ms/4 | MxRtt/Rnk: 25.10ms/1 | MnEtpt/Rnk: ...TF/1 |
+MxEtpt/Rnk: ...TF/4`, and with 1 < N < world size `^^^^ Bottom N Ranks with lowest  Etpt(TF):
+v/r, ...,` and `^^^^ Top    N Ranks with highest Etpt(TF): v/r, ...,`. Megatron prints
+`Etpt` (estimated TFLOP/s of the rank: the interval's model FLOPs / world size / its compute
+time) with two decimals; a CPU toy's figures are far below 0.01 TF, so they are printed with
+six (a reader must take any decimal). Megatron's power, temperature, utilisation and clock
+fields need a GPU and are left out.
+
+A stand-in for a throttled GPU: `--toy-micro-batch-seconds S` makes each micro-batch's compute
+last at least S seconds (like a GPU kernel's fixed time, steadier than a shared CPU), and while
+the file `--toy-slow-file PATH` exists (`{host}` in it replaced by the node's `PIPETTE_HOST`,
+so one node can be slowed) each micro-batch's compute time is multiplied by
+`--toy-slow-factor` (default 2: half speed) by sleeping the difference.
 """
 
 import argparse
@@ -64,6 +81,7 @@ def parse_args(argv):
     a("--micro-batch-size", type=int, default=1)
     a("--global-batch-size", type=int, default=None)
     a("--train-iters", type=int, default=20)
+    a("--exit-interval", type=int, default=None)
     a("--lr", type=float, default=1e-3)
     a("--seed", type=int, default=1234)
     a("--save", default=None)
@@ -76,6 +94,11 @@ def parse_args(argv):
     a("--toy-fail-at-iteration", type=int, default=None)
     a("--toy-fail-rank", type=int, default=0)
     a("--toy-fail-code", type=int, default=3)
+    a("--toy-micro-batch-seconds", type=float, default=0.0)
+    a("--toy-slow-file", default=None)
+    a("--toy-slow-factor", type=float, default=2.0)
+    a("--log-straggler", action="store_true")
+    a("--straggler-minmax-count", type=int, default=1)
     args, unknown = p.parse_known_args(argv)
     args.ignored = unknown
     if args.max_position_embeddings is None:
@@ -178,6 +201,39 @@ def load_checkpoint(args, rank, model, optimizer):
     return iteration
 
 
+def slow_file(args):
+    """The trigger file of this node, or None."""
+    if not args.toy_slow_file:
+        return None
+    return args.toy_slow_file.replace("{host}", os.environ.get("PIPETTE_HOST", "localhost"))
+
+
+def straggler_report(args, rank, world, compute_ms, flops):
+    """Megatron's StragglerDetector lines for one log interval (see the module doc):
+    `compute_ms` this rank's compute time over it, `flops` the model FLOPs of the interval."""
+    mine = torch.tensor([compute_ms / args.log_interval], dtype=torch.float64)
+    every = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(every, mine)
+    if rank != 0:
+        return
+    ms = [t.item() for t in every]
+    tf = [flops / args.log_interval / (max(m, 1e-9) * 1e9 * world) for m in ms]
+    lo_ms, hi_ms = min(range(world), key=ms.__getitem__), max(range(world), key=ms.__getitem__)
+    order = sorted(range(world), key=tf.__getitem__)
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    print(
+        f"[{now}] | MnRtt/Rnk: {ms[lo_ms]:.2f}ms/{lo_ms} | MxRtt/Rnk: {ms[hi_ms]:.2f}ms/{hi_ms} |"
+        f" MnEtpt/Rnk: {tf[order[0]]:.6f}TF/{order[0]} | MxEtpt/Rnk: {tf[order[-1]]:.6f}TF/{order[-1]}",
+        flush=True,
+    )
+    n = args.straggler_minmax_count
+    if 1 < n < world:
+        low = "".join(f" {tf[r]:.6f}/{r}," for r in order[:n])
+        high = "".join(f" {tf[r]:.6f}/{r}," for r in order[world - n :])
+        print(f"^^^^ Bottom {n} Ranks with lowest  Etpt(TF):{low}", flush=True)
+        print(f"^^^^ Top    {n} Ranks with highest Etpt(TF):{high}", flush=True)
+
+
 def main():
     args = parse_args(sys.argv[1:])
     torch.set_num_threads(1)
@@ -214,19 +270,29 @@ def main():
         print(f"resuming training at iteration {iteration + 1}", flush=True)
 
     started = time.time()
+    n_params = sum(p.numel() for p in model.parameters())
+    compute_ms = 0.0
     while iteration < args.train_iters:
         t0 = time.time()
         iteration += 1
         optimizer.zero_grad()
         total = torch.zeros(1)
         first = (iteration - 1) * gbs + rank * micro_batches * args.micro_batch_size
+        slow = slow_file(args)
+        factor = args.toy_slow_factor if slow and os.path.exists(slow) else 1.0
         for m in range(micro_batches):
+            c0 = time.time()
             base = first + m * args.micro_batch_size
             batch = torch.stack([sample(args, base + i) for i in range(args.micro_batch_size)])
             logits = model(batch[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
             (loss / micro_batches).backward()
             total += loss.detach() / micro_batches
+            spent = max(time.time() - c0, args.toy_micro_batch_seconds) * factor
+            rest = spent - (time.time() - c0)
+            if rest > 0:
+                time.sleep(rest)
+            compute_ms += spent * 1000
         for p in model.parameters():
             dist.all_reduce(p.grad)
             p.grad /= dp
@@ -251,8 +317,15 @@ def main():
                 f" number of skipped iterations:   0 | number of nan iterations:   0 |",
                 flush=True,
             )
+        if args.log_straggler and iteration % args.log_interval == 0:
+            flops = 6.0 * n_params * gbs * args.seq_length * args.log_interval
+            straggler_report(args, rank, world, compute_ms, flops)
+            compute_ms = 0.0
         if args.save and args.save_interval and iteration % args.save_interval == 0:
             save_checkpoint(args, rank, model, optimizer, iteration)
+        if args.exit_interval and iteration % args.exit_interval == 0:
+            # Megatron's --exit-interval: stop here (a chunk of a longer run), saved.
+            break
     if args.save and not (args.save_interval and iteration % args.save_interval == 0):
         save_checkpoint(args, rank, model, optimizer, iteration)
     if rank == 0:

@@ -227,6 +227,16 @@ impl RunConfig {
                 } else {
                     supervise::Echo::Streams
                 },
+                stragglers: supervise::stragglers::StragglerOptions {
+                    mode: match s.stragglers.as_str() {
+                        "off" => supervise::stragglers::StragglerMode::Off,
+                        "act" => supervise::stragglers::StragglerMode::Act,
+                        _ => supervise::stragglers::StragglerMode::Report,
+                    },
+                    threshold: s.straggler_threshold,
+                    windows: s.straggler_windows,
+                    cooldown: s.straggler_cooldown,
+                },
                 ..supervise::SuperviseOptions::default()
             },
             startup_timeout_given: s.startup_timeout.filter(|d| !d.is_zero()),

@@ -270,6 +270,26 @@ pub struct SuperviseOptions {
     /// elapsed, ETA). `0` shows none
     #[arg(long = "progress-interval", env = "PIPETTE_PROGRESS_INTERVAL", value_name = "DURATION", default_value = "30s", allow_hyphen_values = true, value_parser = parse_duration)]
     pub progress_interval: std::time::Duration,
+
+    /// What to do about a straggler (a node slower than the others, read from the
+    /// training script's `--log-straggler` report): off; report it with the choices the
+    /// model costs (keep the plan, re-map around it, leave it out); or act: take the best
+    /// choice through a re-plan and a resume from the last checkpoint when its gain over the
+    /// remaining iterations beats the measured cost of a restart
+    #[arg(long = "stragglers", env = "PIPETTE_STRAGGLERS", value_name = "MODE", default_value = "report", value_parser = ["off", "report", "act"])]
+    pub stragglers: String,
+
+    /// A node is slow below this share of the other nodes' median throughput
+    #[arg(long = "straggler-threshold", value_name = "SHARE", default_value_t = 0.7, value_parser = parse_share)]
+    pub straggler_threshold: f64,
+
+    /// ... for this many consecutive straggler reports (log intervals)
+    #[arg(long = "straggler-windows", value_name = "N", default_value_t = 3, allow_negative_numbers = true, value_parser = positive::<u32>)]
+    pub straggler_windows: u32,
+
+    /// At most one straggler action per this long
+    #[arg(long = "straggler-cooldown", value_name = "DURATION", default_value = "30min", allow_hyphen_values = true, value_parser = parse_duration)]
+    pub straggler_cooldown: std::time::Duration,
 }
 
 /// How the nodes are reached and what runs there: pipette-run's, `pipette profile`'s and
@@ -358,6 +378,21 @@ fn parse_words(text: &str) -> Result<Words, String> {
 /// [`super::values::duration`].
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     super::values::duration(text)
+}
+
+/// A share in (0, 1).
+fn parse_share(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number (give a share, e.g. 0.7)"))?;
+    if value > 0.0 && value < 1.0 {
+        Ok(value)
+    } else {
+        Err(format!(
+            "{text} is out of range (give a share above 0 and below 1)"
+        ))
+    }
 }
 
 /// A percentage in [0, 100).

@@ -6,7 +6,10 @@
 //!   trial ran out of memory, when to stop;
 //! - after a failure, the plan for the survivors ([`failure`]): the global batch kept,
 //!   tp × pp kept when a checkpoint exists so that it loads as it is, changed only when
-//!   the checkpoint format can be resharded.
+//!   the checkpoint format can be resharded;
+//! - while training, the plans a straggler leaves ([`straggler`]): the running plan on the
+//!   cluster with the straggler at its measured speed, a re-map on every node, a re-plan
+//!   without it, each timed by the model.
 //!
 //! Both are pure: [`trials::next_step`] answers what the trial loop saw with its next step,
 //! [`failure::replan`] plans on the survivors from the checkpoint state it is given. The
@@ -19,4 +22,5 @@
 //! and the launch stage's checkpoint state, and is imported by the supervisor and the app.
 
 pub mod failure;
+pub mod straggler;
 pub mod trials;

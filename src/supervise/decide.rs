@@ -8,11 +8,14 @@
 //! 1. the nodes whose failure was seen first, the most severe kind only ([`blamed`]);
 //! 2. after a stall, every node whose torchrun did not stop within the grace period after
 //!    TERM (a failure with a culprit does not count it: see [`suspects`]);
-//! 3. every node that failed its health check.
+//! 3. every node that failed its health check;
+//! 4. a straggler the supervisor chose to leave out ([`Ending::Straggler`]; no health check
+//!    follows: the job did not fail).
 
 use std::time::Duration;
 
 use super::signals::signal_name;
+use super::stragglers::Costed;
 use super::{FailureReason, NodeFailure};
 use crate::exec::format_duration;
 use crate::exit::{self, ExitCode};
@@ -29,6 +32,22 @@ pub enum Ending {
     Stalled(Duration),
     /// SIGINT or SIGTERM (its number): the user's stop.
     Signal(i32),
+    /// The supervisor stopped a running job to move work off a straggler
+    /// ([`super::stragglers`]).
+    Straggler(Box<StragglerAct>),
+}
+
+/// What the supervisor does about a straggler: re-map around it (on the cluster with its
+/// GPUs at their measured speed) or leave it out.
+#[derive(Debug, Clone)]
+pub struct StragglerAct {
+    pub host: String,
+    pub slowdown: f64,
+    pub choice: super::stragglers::Choice,
+    /// The profile the re-plan runs on: the straggler's GPUs slowed, for a re-map.
+    pub profile: Option<crate::cluster::ClusterProfile>,
+    /// The choices as they were costed (for the summary).
+    pub choices: Vec<super::stragglers::Costed>,
 }
 
 impl Ending {
@@ -153,6 +172,26 @@ pub fn decide(facts: &Facts<'_>) -> Decision {
             let end = format!("no progress for {}{hung}", format_duration(*silent));
             (end, ExitCode::Stalled.code())
         }
+        // Not a failure: if the re-plan then fails, that is ours.
+        Ending::Straggler(act) => {
+            let what = match act.choice {
+                super::stragglers::Choice::LeaveOut => "left out",
+                super::stragglers::Choice::Remap => "re-mapped around",
+                super::stragglers::Choice::Keep => "kept",
+            };
+            let predicted: Vec<String> = act.choices.iter().map(Costed::short).collect();
+            let end = format!(
+                "straggler {} ({:.2}× slower than the others) {what}{}",
+                act.host,
+                act.slowdown,
+                if predicted.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (per iteration: {})", predicted.join(", "))
+                }
+            );
+            (end, ExitCode::Internal.code())
+        }
         Ending::Failed(failures) => {
             let blamed = blamed(failures);
             let first = failures
@@ -249,7 +288,10 @@ pub fn suspects(ending: &Ending, unresponsive: &[String]) -> Vec<String> {
     match ending {
         Ending::Failed(failures) => blamed(failures),
         Ending::Stalled(_) => unresponsive.to_vec(),
-        Ending::Finished | Ending::Signal(_) => Vec::new(),
+        Ending::Straggler(act) if act.choice == super::stragglers::Choice::LeaveOut => {
+            vec![act.host.clone()]
+        }
+        Ending::Finished | Ending::Signal(_) | Ending::Straggler(_) => Vec::new(),
     }
 }
 
@@ -270,6 +312,7 @@ pub fn blamed(failures: &[NodeFailure]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::supervise::stragglers::Choice;
 
     const SIGINT: i32 = 2;
 
@@ -339,6 +382,32 @@ mod tests {
         f.status = Some("exit code 1".into());
         f.worker_rank = Some(5);
         Ending::Failed(vec![f])
+    }
+
+    fn straggler(choice: Choice) -> StragglerAct {
+        StragglerAct {
+            host: "b".into(),
+            slowdown: 2.0,
+            choice,
+            profile: None,
+            choices: vec![
+                Costed {
+                    choice: Choice::Keep,
+                    predicted_ms: Some(300.0),
+                    detail: String::new(),
+                },
+                Costed {
+                    choice: Choice::Remap,
+                    predicted_ms: None,
+                    detail: String::new(),
+                },
+                Costed {
+                    choice: Choice::LeaveOut,
+                    predicted_ms: Some(200.0),
+                    detail: String::new(),
+                },
+            ],
+        }
     }
 
     fn replan(checkpoint: CheckpointState, resume: Option<(&str, Option<u64>)>) -> Next {
@@ -527,6 +596,27 @@ mod tests {
                 left_out: &["b"],
                 next: replan(CheckpointState::Unknown, Some(("/ck", None))),
                 end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)",
+                ..BASE
+            },
+            Case {
+                name: "a straggler left out: re-planned without it, resumed, no health check",
+                ending: Ending::Straggler(Box::new(straggler(Choice::LeaveOut))),
+                save: Some("/ck"),
+                checkpoint: Some(CheckpointState::At(8)),
+                exit_code: ExitCode::Internal.code(),
+                left_out: &["b"],
+                next: replan(CheckpointState::At(8), Some(("/ck", Some(8)))),
+                end: "straggler b (2.00× slower than the others) left out (per iteration: keep 300.0 ms, re-map not possible, leave out 200.0 ms)",
+                ..BASE
+            },
+            Case {
+                name: "a straggler re-mapped around: every node stays",
+                ending: Ending::Straggler(Box::new(straggler(Choice::Remap))),
+                save: Some("/ck"),
+                checkpoint: Some(CheckpointState::At(8)),
+                exit_code: ExitCode::Internal.code(),
+                next: replan(CheckpointState::At(8), Some(("/ck", Some(8)))),
+                end: "straggler b (2.00× slower than the others) re-mapped around (per iteration: keep 300.0 ms, re-map not possible, leave out 200.0 ms)",
                 ..BASE
             },
             Case {

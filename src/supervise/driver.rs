@@ -6,12 +6,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::decide::{self, decide, Decision, Ending, Facts, Next, Stop};
+use super::decide::{self, decide, Decision, Ending, Facts, Next, Stop, StragglerAct};
 use super::events::{Event, EventLog, NodeRef, StopRecord};
 use super::health::{self, Health};
 use super::output::{JobOutput, ProgressSpec};
-use super::reporter::{relaunch_text, replan_text, Reporter};
+use super::reporter::{layout_text, relaunch_text, replan_text, Reporter};
 use super::signals::{ActSignals, SignalGuard};
+use super::stragglers::{
+    self, ActFacts, Choice, Costed, Detector, RestartCost, Straggler, StragglerMode,
+};
 use super::watch::{watch, WatchSignals};
 use super::{AttemptSummary, AttemptTiming, Outcome, SuperviseOptions};
 use crate::exec::format_duration;
@@ -21,6 +24,7 @@ use crate::launch::{
     Resume, RunningJob,
 };
 use crate::replan::failure::{checkpoint_format, replan, ReplanError};
+use crate::replan::straggler::choices as straggler_choices;
 
 /// What the driver shares across attempts.
 struct Driver<'a> {
@@ -33,6 +37,8 @@ struct Driver<'a> {
     _stopping: super::signals::Stopping,
     /// Act signals not yet passed on to the training script (see [`ActSignals`]).
     acts: std::cell::RefCell<ActSignals>,
+    /// When the last straggler action was taken (for the cooldown).
+    straggler_acted: std::cell::Cell<Option<Instant>>,
 }
 
 /// How an attempt handed over.
@@ -58,6 +64,7 @@ pub fn run(
         signals: SignalGuard::install().ok(),
         _stopping: super::signals::Stopping::new(),
         acts: std::cell::RefCell::new(ActSignals::new()),
+        straggler_acted: std::cell::Cell::new(None),
     };
     let mut outcome = Outcome {
         exit_code: 0,
@@ -121,7 +128,13 @@ impl Driver<'_> {
             .collect();
         let hosts: Vec<String> = nodes.iter().map(|(h, _)| h.clone()).collect();
         let logs = attempt.dir.join("logs");
+        let watch_stragglers = options.stragglers.mode != StragglerMode::Off;
         let output = match JobOutput::new(&nodes, &logs, options.echo) {
+            Ok(output) if watch_stragglers => Arc::new(
+                output
+                    .with_progress(self.progress_spec(attempt))
+                    .with_straggler_report(),
+            ),
             Ok(output) => Arc::new(output.with_progress(self.progress_spec(attempt))),
             Err(e) => {
                 let dir = logs.display().to_string();
@@ -160,8 +173,44 @@ impl Driver<'_> {
             acts: &mut acts,
             pass_on: &pass_on,
         };
-        let (ending, detected_at) =
-            watch(&mut job, &output, signals, options, &record, attempt.number);
+        // A restart's teardown as this job measured it (the last one, with its re-plan),
+        // else the grace period, the longest a teardown takes.
+        let teardown = outcome
+            .attempts
+            .last()
+            .map_or(options.grace, |a| a.timing.teardown + a.timing.restart);
+        let replans_left = options.max_replans.saturating_sub(outcome.replans);
+        let mut detector = watch_stragglers.then(|| {
+            // Rank r runs on node rank r / nproc (static rendezvous): hosts by node rank.
+            let mut by_rank = nodes.clone();
+            by_rank.sort_by_key(|(_, rank)| *rank);
+            Detector::new(
+                by_rank.into_iter().map(|(host, _)| host).collect(),
+                attempt.spec.nproc_per_node,
+                &options.stragglers,
+            )
+        });
+        let mut stragglers = || {
+            let detector = detector.as_mut()?;
+            let found: Vec<Straggler> = output
+                .take_straggler_lines()
+                .into_iter()
+                .filter_map(|line| detector.line(line))
+                .collect();
+            found.into_iter().find_map(|s| {
+                self.straggler(attempt, &output, &s, teardown, replans_left)
+                    .map(|act| Ending::Straggler(Box::new(act)))
+            })
+        };
+        let (ending, detected_at) = watch(
+            &mut job,
+            &output,
+            signals,
+            options,
+            &record,
+            attempt.number,
+            &mut stragglers,
+        );
         drop(acts);
         let (unresponsive, unhealthy) =
             self.stop_and_check(attempt, &hosts, &mut job, &output, &ending);
@@ -225,23 +274,156 @@ impl Driver<'_> {
                 Next::Replan { checkpoint, resume } => {
                     let mut summary = summary(&decision);
                     let code = decision.exit_code;
-                    let handover = match self.relaunch(attempt, decision, checkpoint, resume) {
-                        Ok((next, replan)) => {
-                            summary.replan = Some(replan);
-                            summary.timing.restart = stopped.elapsed();
-                            Handover::Relaunch(Box::new(next), detected_at)
-                        }
-                        Err(stop) => {
-                            summary.replan = Some(stop.reason());
-                            summary.timing.restart = stopped.elapsed();
-                            Handover::Stop(stop, code)
-                        }
-                    };
+                    let handover =
+                        match self.relaunch(attempt, &ending, decision, checkpoint, resume) {
+                            Ok((next, replan)) => {
+                                summary.replan = Some(replan);
+                                summary.timing.restart = stopped.elapsed();
+                                Handover::Relaunch(Box::new(next), detected_at)
+                            }
+                            Err(stop) => {
+                                summary.replan = Some(stop.reason());
+                                summary.timing.restart = stopped.elapsed();
+                                Handover::Stop(stop, code)
+                            }
+                        };
                     outcome.attempts.push(summary);
                     return handover;
                 }
             }
         }
+    }
+
+    /// A straggler was found: costs the choices with the model, decides, records it.
+    /// Returns the action when the decision is to act.
+    fn straggler(
+        &self,
+        attempt: &Attempt,
+        output: &JobOutput,
+        straggler: &Straggler,
+        teardown: Duration,
+        replans_left: u32,
+    ) -> Option<StragglerAct> {
+        let options = &self.options.stragglers;
+        let hosts: Vec<String> = attempt.spec.nodes.iter().map(|n| n.host.clone()).collect();
+        let iteration = output.iterations().map(|(_, last)| last);
+        let remaining = output
+            .total_iterations()
+            .zip(iteration)
+            .map_or(0, |(total, at)| total.saturating_sub(at));
+        let checkpoint = output.checkpoint_iteration().filter(|_| {
+            self.template
+                .planning
+                .settings()
+                .is_some_and(|s| s.training.save.is_some())
+        });
+        let restart = RestartCost {
+            teardown,
+            startup: output.timing().first_iteration.unwrap_or_default(),
+            lost_iterations: iteration
+                .zip(checkpoint)
+                .map_or(0, |(at, saved)| at.saturating_sub(saved)),
+        };
+        let measured = output.recent_iteration_ms();
+        let mut remap_profile = None;
+        let choices: Vec<Costed> = match (&attempt.layout, &self.template.planning) {
+            (Layout::Planned { plan, profile }, Planning::On(inputs)) => {
+                let state = match checkpoint {
+                    Some(at) => CheckpointState::At(at),
+                    None => CheckpointState::None,
+                };
+                let model = straggler_choices(
+                    &inputs.settings,
+                    profile,
+                    plan,
+                    &hosts,
+                    &straggler.host,
+                    straggler.slowdown,
+                    &inputs.options,
+                    state,
+                    &checkpoint_format(&self.template.script.args),
+                );
+                // The model's times scaled to what the job measured: a plan on the slowed
+                // cluster by its pace now, a plan without the straggler by its pace before.
+                let ratio =
+                    |measured: Option<f64>, model: &Result<f64, String>| match (measured, model) {
+                        (Some(m), Ok(t)) if *t > 0.0 => m / t,
+                        _ => 1.0,
+                    };
+                let slowed_scale = ratio(measured, &model.keep_ms);
+                let healthy_scale = ratio(output.best_iteration_ms(), &model.healthy_ms);
+                let keep = Costed {
+                    choice: Choice::Keep,
+                    predicted_ms: measured.or(model.keep_ms.as_ref().ok().copied()),
+                    detail: layout_text(Some(&plan.config), plan.config.world_size()),
+                };
+                let costed =
+                    |choice, scale: f64, r: &Result<(f64, crate::replan::failure::Replanned), String>| match r {
+                        Ok((ms, r)) => Costed {
+                            choice,
+                            predicted_ms: Some(ms * scale),
+                            detail: format!(
+                                "{} on {}",
+                                layout_text(Some(&r.plan.config), r.plan.config.world_size()),
+                                r.profile
+                                    .nodes
+                                    .iter()
+                                    .map(|n| n.host.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                        },
+                        Err(why) => Costed {
+                            choice,
+                            predicted_ms: None,
+                            detail: why.clone(),
+                        },
+                    };
+                let remap = costed(Choice::Remap, slowed_scale, &model.remap);
+                let leave_out = costed(Choice::LeaveOut, healthy_scale, &model.leave_out);
+                remap_profile = model.remap.ok().map(|(_, r)| r.profile);
+                vec![keep, remap, leave_out]
+            }
+            _ => vec![Costed {
+                choice: Choice::Keep,
+                predicted_ms: measured,
+                detail: "planning is off: nothing to re-plan".into(),
+            }],
+        };
+        let verdict = stragglers::decide(&ActFacts {
+            mode: options.mode,
+            measured_ms: measured.unwrap_or(0.0),
+            choices: &choices,
+            remaining_iterations: remaining,
+            restart,
+            checkpoint,
+            since_last_action: self.straggler_acted.get().map(|t| t.elapsed()),
+            cooldown: options.cooldown,
+            replans_left,
+        });
+        let action = verdict.action;
+        self.emit(Event::Straggler {
+            attempt: attempt.number,
+            straggler: straggler.clone(),
+            iteration,
+            measured_ms: measured,
+            choices: choices.clone(),
+            remaining_iterations: remaining,
+            restart: Some(restart),
+            verdict,
+            mode: options.mode,
+        });
+        if action == Choice::Keep {
+            return None;
+        }
+        self.straggler_acted.set(Some(Instant::now()));
+        Some(StragglerAct {
+            host: straggler.host.clone(),
+            slowdown: straggler.slowdown,
+            choice: action,
+            profile: (action == Choice::Remap).then_some(remap_profile).flatten(),
+            choices,
+        })
     }
 
     /// What the attempt's progress line says besides the job's lines.
@@ -345,6 +527,7 @@ impl Driver<'_> {
     fn relaunch(
         &self,
         attempt: &Attempt,
+        ending: &Ending,
         decision: Decision,
         checkpoint: CheckpointState,
         resume: Option<Resume>,
@@ -373,6 +556,11 @@ impl Driver<'_> {
                 )
             }
             (Layout::Planned { plan, profile }, Planning::On(inputs)) => {
+                // A re-map around a straggler plans on the cluster with its GPUs slowed.
+                let profile = match ending {
+                    Ending::Straggler(act) => act.profile.as_ref().unwrap_or(profile),
+                    _ => profile,
+                };
                 let replanned = replan(
                     &inputs.settings,
                     profile,

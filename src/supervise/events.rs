@@ -1,5 +1,5 @@
 //! `events.jsonl` in the run directory: one JSON object per line for every launch, failure,
-//! stall, teardown, health check, re-plan, signal and the exit, so tools (and people after
+//! stall, straggler, teardown, health check, re-plan, signal and the exit, so tools (and people after
 //! the fact) can follow what the supervisor did without parsing logs.
 //!
 //! Every line starts with `time` (UTC, RFC 3339 with milliseconds), `unix_ms`, `elapsed_s`
@@ -23,7 +23,7 @@ use crate::launch::{NodeStop, Resume};
 use crate::model::parallel::ParallelConfig;
 
 /// The version of the events' schema, written as `schema` on every line.
-pub const SCHEMA: u32 = 3;
+pub const SCHEMA: u32 = 4;
 
 /// One thing the supervisor did or saw.
 #[derive(Debug, Clone, Serialize)]
@@ -78,6 +78,28 @@ pub enum Event {
         signal: String,
         /// How many worker processes it reached, all nodes together.
         workers: usize,
+    },
+    /// A node stayed slower than the others for the configured windows of the straggler
+    /// report, and what the supervisor made of it.
+    Straggler {
+        attempt: u32,
+        /// `host`, `node_rank`, `slowdown` (2.0: half speed), `windows`, `ranks`.
+        #[serde(flatten)]
+        straggler: super::stragglers::Straggler,
+        /// The iteration it was found at.
+        iteration: Option<u64>,
+        /// The time per iteration now, ms.
+        measured_ms: Option<f64>,
+        /// `keep`, `remap` and `leave_out` with their predicted ms per iteration (null
+        /// when not possible) and what they are.
+        choices: Vec<super::stragglers::Costed>,
+        remaining_iterations: u64,
+        /// `teardown_s`, `startup_s`, `lost_iterations`.
+        restart: Option<super::stragglers::RestartCost>,
+        /// `action` (`keep`, `remap`, `leave_out`), `gain_s`, `cost_s`, `why`.
+        verdict: super::stragglers::Verdict,
+        /// `report` or `act`.
+        mode: super::stragglers::StragglerMode,
     },
     /// Every node of an attempt was stopped.
     Teardown {

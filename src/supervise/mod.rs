@@ -55,6 +55,8 @@
 //!
 //! # The parts
 //!
+//! - [`stragglers`]: a node that keeps the job at its pace, read from the training script's
+//!   straggler report; whether re-mapping around it or leaving it out beats a restart;
 //! - [`decide`]: what follows an attempt (blame, survivors, exit code, stop or re-plan), a
 //!   pure function of what the driver saw;
 //! - [`crate::replan::failure`]: which plan the survivors get (the checkpoint policy),
@@ -75,6 +77,7 @@ pub mod health;
 pub mod output;
 pub mod reporter;
 pub use crate::exec::signals;
+pub mod stragglers;
 mod watch;
 
 use std::time::Duration;
@@ -108,6 +111,8 @@ pub struct SuperviseOptions {
     /// Where the nodes' output is shown; pipette-run's own messages go to stderr unless
     /// this is [`Echo::Off`].
     pub echo: Echo,
+    /// Finding slow nodes during training, and acting on them ([`stragglers`]).
+    pub stragglers: stragglers::StragglerOptions,
 }
 
 impl Default for SuperviseOptions {
@@ -121,6 +126,7 @@ impl Default for SuperviseOptions {
             poll: Duration::from_millis(50),
             progress_interval: Duration::from_secs(30),
             echo: Echo::Streams,
+            stragglers: stragglers::StragglerOptions::default(),
         }
     }
 }

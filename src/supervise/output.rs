@@ -12,7 +12,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::events::seconds_or_null;
-use crate::cluster::profile::Dtype;
+use super::stragglers::{self, ReportLine};
+use crate::cluster::profile::{median, Dtype};
 use crate::cluster::ClusterProfile;
 use crate::config::{Precision, Settings};
 use crate::exec::{OutputSink, Stream};
@@ -43,7 +44,18 @@ pub struct JobOutput {
     /// Milliseconds after `start` of our last progress line.
     last_report_ms: AtomicU64,
     echo: Echo,
+    /// Straggler report lines not yet taken by the watch (none unless asked for).
+    straggler_lines: Option<Mutex<Vec<ReportLine>>>,
+    /// The iteration of the last checkpoint saved or loaded (0: none seen).
+    checkpoint_iteration: AtomicU64,
+    /// The last few times per iteration Megatron reported, ms.
+    recent_ms: Mutex<std::collections::VecDeque<f64>>,
+    /// The lowest median of [`RECENT`] consecutive reported times so far, ms (0: none).
+    best_recent_ms: Mutex<f64>,
 }
+
+/// How many reported iteration times [`JobOutput::recent_iteration_ms`] looks at.
+const RECENT: usize = 5;
 
 /// What our progress line during training says besides the job's own lines: one line per
 /// `interval` at most, at an iteration line, with the iteration, its time against the
@@ -244,7 +256,53 @@ impl JobOutput {
             progress: None,
             last_report_ms: AtomicU64::new(0),
             echo,
+            straggler_lines: None,
+            checkpoint_iteration: AtomicU64::new(0),
+            recent_ms: Mutex::new(std::collections::VecDeque::new()),
+            best_recent_ms: Mutex::new(0.0),
         })
+    }
+
+    /// Keeps the lines of the training script's straggler report for
+    /// [`JobOutput::take_straggler_lines`].
+    pub fn with_straggler_report(mut self) -> JobOutput {
+        self.straggler_lines = Some(Mutex::new(Vec::new()));
+        self
+    }
+
+    /// The straggler report's lines since the last call, in order.
+    pub fn take_straggler_lines(&self) -> Vec<ReportLine> {
+        self.straggler_lines.as_ref().map_or_else(Vec::new, |l| {
+            std::mem::take(&mut *l.lock().unwrap_or_else(|p| p.into_inner()))
+        })
+    }
+
+    /// The iteration of the last checkpoint the job said it saved or loaded.
+    pub fn checkpoint_iteration(&self) -> Option<u64> {
+        Some(self.checkpoint_iteration.load(Ordering::Relaxed)).filter(|i| *i > 0)
+    }
+
+    /// The median of the last few times per iteration the job reported, ms: its pace now.
+    pub fn recent_iteration_ms(&self) -> Option<f64> {
+        let recent = self.recent_ms.lock().unwrap_or_else(|p| p.into_inner());
+        (!recent.is_empty()).then(|| median(&recent.iter().copied().collect::<Vec<_>>()))
+    }
+
+    /// The job's best pace in this attempt: the lowest median of 5 consecutive reported
+    /// iteration times, ms (what it ran at before a node slowed down).
+    pub fn best_iteration_ms(&self) -> Option<f64> {
+        Some(
+            *self
+                .best_recent_ms
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
+        .filter(|b| *b > 0.0)
+    }
+
+    /// The total of iterations the lines give (`--train-iters`).
+    pub fn total_iterations(&self) -> Option<u64> {
+        Some(self.total_iterations.load(Ordering::Relaxed)).filter(|t| *t > 0)
     }
 
     /// Shows our progress line during training (see [`ProgressSpec`]).
@@ -346,6 +404,21 @@ impl JobOutput {
             clock.first_iteration_ms.get_or_insert(now);
             clock.last_iteration_ms = Some(now);
             if let Some(ms) = reported_iteration_ms(line) {
+                let mut recent = self.recent_ms.lock().unwrap_or_else(|p| p.into_inner());
+                if recent.len() == RECENT {
+                    recent.pop_front();
+                }
+                recent.push_back(ms);
+                if recent.len() == RECENT {
+                    let now = median(&recent.iter().copied().collect::<Vec<_>>());
+                    let mut best = self
+                        .best_recent_ms
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if *best == 0.0 || now < *best {
+                        *best = now;
+                    }
+                }
                 if clock.first_reported_ms.is_none() {
                     clock.first_reported_ms = Some(ms);
                 } else {
@@ -372,6 +445,14 @@ impl JobOutput {
 
     fn mark(&self, line: &str) {
         let now = self.start.elapsed().as_millis() as u64;
+        if let Some(lines) = &self.straggler_lines {
+            if let Some(report) = stragglers::parse_line(line) {
+                lines.lock().unwrap_or_else(|p| p.into_inner()).push(report);
+            }
+        }
+        if let Some(at) = checkpoint_line_iteration(line) {
+            self.checkpoint_iteration.store(at, Ordering::Relaxed);
+        }
         self.last_line_ms.fetch_max(now, Ordering::Relaxed);
         let parsed = parse_iteration(line);
         self.clock_line(line, now, parsed.is_some());
@@ -432,6 +513,24 @@ fn reported_iteration_ms(line: &str) -> Option<f64> {
         .parse::<f64>()
         .ok()
         .filter(|v| v.is_finite() && *v >= 0.0)
+}
+
+/// The iteration of Megatron's `successfully saved checkpoint from iteration N to ...` and
+/// `successfully loaded checkpoint from ... at iteration N` lines.
+fn checkpoint_line_iteration(line: &str) -> Option<u64> {
+    let rest = if let Some(at) = line.find("successfully saved checkpoint from iteration") {
+        &line[at + "successfully saved checkpoint from iteration".len()..]
+    } else {
+        let at = line.find("successfully loaded checkpoint")?;
+        let rest = &line[at..];
+        &rest[rest.find("at iteration")? + "at iteration".len()..]
+    };
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }
 
 /// `DIR/<host>.log`, the host made safe as a file name.
@@ -557,5 +656,51 @@ mod tests {
         assert!(saving >= Duration::from_millis(50), "{saving:?}");
         assert!(t.first_iteration.unwrap() <= t.last_iteration.unwrap());
         assert!(t.last_iteration.unwrap() + Duration::from_millis(20) <= output.start.elapsed());
+    }
+
+    #[test]
+    fn the_lines_give_the_checkpoint_the_pace_and_the_straggler_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = vec![("a".to_string(), 0)];
+        let output = JobOutput::new(&nodes, dir.path(), Echo::Off)
+            .unwrap()
+            .with_straggler_report();
+        assert_eq!(output.checkpoint_iteration(), None);
+        assert_eq!(output.recent_iteration_ms(), None);
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"  successfully loaded checkpoint from /ck [ t 1/1, p 1/1 ] at iteration 8",
+        );
+        assert_eq!(output.checkpoint_iteration(), Some(8));
+        let iteration = |n: u64, ms: f64| {
+            format!(" iteration {n:8}/     90 | elapsed time per iteration (ms): {ms:.1} | x |")
+        };
+        // Steady at 100 ms (one outlier), then slowed to 250 ms.
+        for (n, ms) in [100.0, 100.0, 900.0, 100.0, 100.0, 250.0, 250.0, 250.0]
+            .iter()
+            .enumerate()
+        {
+            output.line("a", Stream::Stdout, iteration(9 + n as u64, *ms).as_bytes());
+        }
+        assert_eq!(output.best_iteration_ms(), Some(100.0));
+        assert_eq!(output.recent_iteration_ms(), Some(250.0));
+        assert_eq!(output.total_iterations(), Some(90));
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"  successfully saved checkpoint from iteration      16 to /ck",
+        );
+        assert_eq!(output.checkpoint_iteration(), Some(16));
+        output.line(
+            "a",
+            Stream::Stdout,
+            b"[x] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 2.00ms/1 | MnEtpt/Rnk: 1.00TF/1 | MxEtpt/Rnk: 2.00TF/0",
+        );
+        assert_eq!(
+            output.take_straggler_lines(),
+            [ReportLine::Summary(vec![(1, 1.0), (0, 2.0)])]
+        );
+        assert!(output.take_straggler_lines().is_empty());
     }
 }

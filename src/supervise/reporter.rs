@@ -128,6 +128,7 @@ impl Reporter {
             })
             .chain(notes.iter().map(|n| format!("  {n}")))
             .collect(),
+            Event::Straggler { .. } => super::stragglers::event_lines(event),
             Event::Progress { .. }
             | Event::Teardown { .. }
             | Event::ReplanRefused { .. }
@@ -148,7 +149,8 @@ pub fn event_level(event: &Event) -> Level {
         | Event::Health { .. }
         | Event::Replan { .. }
         | Event::ReplanRefused { .. }
-        | Event::Teardown { .. } => Level::Warn,
+        | Event::Teardown { .. }
+        | Event::Straggler { .. } => Level::Warn,
     }
 }
 

@@ -24,7 +24,7 @@ pub struct WatchSignals<'a> {
 
 /// Polls `job` until it ends; returns how, and when the end was seen. Every failure,
 /// stall, stop signal and the first iteration go to `record`; act signals are passed on as
-/// they come.
+/// they come; `stragglers` is asked at every poll whether a straggler ends the attempt.
 pub fn watch(
     job: &mut RunningJob,
     output: &JobOutput,
@@ -32,6 +32,7 @@ pub fn watch(
     options: &SuperviseOptions,
     record: &dyn Fn(Event),
     attempt: u32,
+    stragglers: &mut dyn FnMut() -> Option<Ending>,
 ) -> (Ending, Instant) {
     let failed = |failures: Vec<NodeFailure>| {
         let at = Instant::now();
@@ -94,6 +95,9 @@ pub fn watch(
                     first_iteration: first,
                 });
             }
+        }
+        if let Some(ending) = stragglers() {
+            return (ending, Instant::now());
         }
         if let Some(silent) = stalled(output, options) {
             record(Event::Stalled {

@@ -1,0 +1,166 @@
+//! The plans a straggler leaves us: keep the plan, re-map on every node with the straggler
+//! at its measured speed, or leave it out. Each is planned and timed by the model on the
+//! cluster as it now is (the straggler's GPUs slowed by the measured factor), so that the
+//! supervisor ([`crate::supervise::stragglers`]) can weigh them against a restart. Pure.
+//!
+//! Both re-plans follow the failure rule ([`super::failure::replan`]): the global batch is
+//! kept, and tp × pp too when a checkpoint exists, so the checkpoint loads as it is.
+
+use crate::cluster::profile::GpuInventory;
+use crate::cluster::ClusterProfile;
+use crate::config::Settings;
+use crate::launch::CheckpointState;
+use crate::model::time::estimate_time;
+use crate::plan::{Plan, PlanOptions};
+
+use super::failure::{replan, CheckpointFormat, Replanned};
+
+/// `profile` with every GPU of `host` `slowdown` times slower (its peak and measured
+/// throughput divided by it): the cluster as the straggler report measured it.
+pub fn slowed(profile: &ClusterProfile, host: &str, slowdown: f64) -> ClusterProfile {
+    let mut profile = profile.clone();
+    let factor = slowdown.max(1.0);
+    for node in profile.nodes.iter_mut().filter(|n| n.host == host) {
+        if let GpuInventory::Known { gpus, .. } = &mut node.gpus {
+            for gpu in gpus {
+                gpu.peak_tflops.fp16 /= factor;
+                gpu.peak_tflops.bf16 = gpu.peak_tflops.bf16.map(|t| t / factor);
+                if let Some(m) = gpu.measured_tflops.as_mut() {
+                    m.tflops /= factor;
+                }
+            }
+        }
+    }
+    profile
+}
+
+/// The three choices as the model sees them.
+#[derive(Debug, Clone)]
+pub struct StragglerChoices {
+    /// The running plan on the cluster as it was profiled, ms per iteration (the model's).
+    pub healthy_ms: Result<f64, String>,
+    /// The running plan on the slowed cluster, ms per iteration (the model's; `Err`: why
+    /// the model could not time it).
+    pub keep_ms: Result<f64, String>,
+    /// Re-planned on every node of the slowed cluster, and its time by the same model.
+    pub remap: Result<(f64, Replanned), String>,
+    /// Re-planned without the straggler, and its time.
+    pub leave_out: Result<(f64, Replanned), String>,
+}
+
+/// What the running `plan` (on `profile`, the nodes `hosts`) can become with `host`
+/// `slowdown` times slower.
+#[allow(clippy::too_many_arguments)]
+pub fn choices(
+    settings: &Settings,
+    profile: &ClusterProfile,
+    plan: &Plan,
+    hosts: &[String],
+    host: &str,
+    slowdown: f64,
+    options: &PlanOptions,
+    checkpoint: CheckpointState,
+    format: &CheckpointFormat,
+) -> StragglerChoices {
+    let slow = slowed(profile, host, slowdown);
+    // Every choice timed by the same model and options, so that their ratios hold whatever
+    // the planner's own time model: the supervisor scales them to the measured pace.
+    let time = |plan: &Plan, cluster: &ClusterProfile| {
+        estimate_time(
+            &settings.model,
+            &settings.training,
+            &plan.config,
+            cluster,
+            &plan.placement,
+            &options.calibration,
+        )
+        .map(|e| e.iteration_ms)
+        .map_err(|e| e.to_string())
+    };
+    let healthy_ms = time(plan, profile);
+    let keep_ms = time(plan, &slow);
+    let timed = |r: Result<Replanned, super::failure::ReplanError>| {
+        let r = r.map_err(|e| e.to_string())?;
+        Ok((time(&r.plan, &r.profile)?, r))
+    };
+    let remap = timed(replan(
+        settings,
+        &slow,
+        hosts,
+        &plan.config,
+        options,
+        checkpoint,
+        format,
+    ));
+    let rest: Vec<String> = hosts.iter().filter(|h| *h != host).cloned().collect();
+    let leave_out = timed(replan(
+        settings,
+        profile,
+        &rest,
+        &plan.config,
+        options,
+        checkpoint,
+        format,
+    ));
+    StragglerChoices {
+        healthy_ms,
+        keep_ms,
+        remap,
+        leave_out,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::profile::{
+        GpuSpec, LinkMatrix, NodeProfile, PeakTflops, Provenance, Source,
+    };
+
+    fn node(host: &str) -> NodeProfile {
+        let gpu = |index| GpuSpec {
+            index,
+            name: "A100-SXM4-80GB".into(),
+            memory_bytes: 85_899_345_920,
+            peak_tflops: PeakTflops {
+                bf16: Some(312.0),
+                fp16: 312.0,
+            },
+            measured_tflops: None,
+            provenance: Provenance::new(Source::Datasheet),
+        };
+        NodeProfile {
+            host: host.into(),
+            gpus: GpuInventory::Known {
+                gpus: vec![gpu(0), gpu(1)],
+                links: LinkMatrix::uniform(2, 240.0, Provenance::new(Source::Estimated)),
+            },
+        }
+    }
+
+    #[test]
+    fn only_the_stragglers_gpus_are_slowed() {
+        let profile = ClusterProfile {
+            note: None,
+            nodes: vec![node("a"), node("b")],
+            node_links: LinkMatrix::uniform(2, 25.0, Provenance::new(Source::Estimated)),
+        };
+        let slow = slowed(&profile, "b", 2.0);
+        let peaks = |p: &ClusterProfile, n: usize| -> Vec<f64> {
+            p.nodes[n]
+                .gpus()
+                .unwrap()
+                .iter()
+                .map(|g| g.peak_tflops.fp16)
+                .collect()
+        };
+        assert_eq!(peaks(&slow, 0), [312.0, 312.0]);
+        assert_eq!(peaks(&slow, 1), [156.0, 156.0]);
+        assert_eq!(
+            slow.nodes[1].gpus().unwrap()[0].peak_tflops.bf16,
+            Some(156.0)
+        );
+        // A "slowdown" below 1 (a node faster than the rest) changes nothing.
+        assert_eq!(peaks(&slowed(&profile, "b", 0.5), 1), [312.0, 312.0]);
+    }
+}

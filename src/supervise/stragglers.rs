@@ -1,0 +1,698 @@
+//! Stragglers: a node that keeps the whole synchronous job at its pace. This module owns
+//! reading the training script's straggler report, judging it (which node, how much
+//! slower, for how long) and the decision whether to act, all pure; the driver
+//! ([`super::driver`]) gathers the facts, costs the choices with the model
+//! ([`crate::replan::straggler`]) and carries an action out through the normal re-plan path.
+//!
+//! # What is read
+//!
+//! Megatron's `--log-straggler` (its `StragglerDetector`, megatron/core/utils.py) makes
+//! rank 0 print, every log interval, one line
+//! `[date] | MnRtt/Rnk: 3453.08ms/8 | MxRtt/Rnk: 3468.20ms/0 | ... | MnEtpt/Rnk: 296.02TF/0 |
+//! MxEtpt/Rnk: 297.32TF/8`, and with `--straggler-minmax-count N` (1 < N < world size) two
+//! more, `^^^^ Bottom N Ranks with lowest  Etpt(TF): 296.02/0, ...,` and
+//! `^^^^ Top    N Ranks with highest Etpt(TF): ...,`. `Etpt` is a rank's estimated
+//! throughput over the interval (TFLOP/s): every rank does the same work, so a lower one
+//! means a slower rank. A window is one interval's lines; the ranks it names are all that is
+//! known of it (two with the default count: the slowest and the fastest).
+//!
+//! # When a node is a straggler
+//!
+//! A node's throughput in a window is its slowest named rank's (a node with a throttled GPU
+//! is as slow as that GPU). The slowest node is a straggler in the window when it is below
+//! `threshold` × the median of the other named nodes (the median, not the mean, so one fast
+//! outlier does not make the rest look slow). It is reported after `windows` consecutive
+//! windows naming the same node, with its slowdown (the median over those windows of the
+//! others' median ÷ its own): a single slow window (a checkpoint save, a garbage collection,
+//! a noisy neighbour) never is.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::cluster::profile::median;
+
+/// What pipette-run does about stragglers (`--stragglers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StragglerMode {
+    /// Nothing is read.
+    Off,
+    /// Detected stragglers and the costed choices are reported; the job goes on as it is.
+    #[default]
+    Report,
+    /// ... and the best choice is taken when its gain beats the cost of a restart.
+    Act,
+}
+
+/// How stragglers are found and when they are acted on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StragglerOptions {
+    pub mode: StragglerMode,
+    /// A node below this share of the others' median throughput is slow.
+    pub threshold: f64,
+    /// For this many consecutive windows (log intervals).
+    pub windows: u32,
+    /// At most one action per cooldown.
+    pub cooldown: Duration,
+}
+
+impl Default for StragglerOptions {
+    fn default() -> Self {
+        StragglerOptions {
+            mode: StragglerMode::Report,
+            threshold: 0.7,
+            windows: 3,
+            cooldown: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// A line of the straggler report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReportLine {
+    /// The summary line (`MnEtpt/Rnk`, `MxEtpt/Rnk`): a new window, with the slowest and
+    /// the fastest rank's throughput.
+    Summary(Vec<(u64, f64)>),
+    /// A `Bottom N` or `Top N` line: more ranks of the current window.
+    Ranks(Vec<(u64, f64)>),
+}
+
+/// Reads a line of Megatron's straggler report (see the module doc); `None` for any other.
+pub fn parse_line(line: &str) -> Option<ReportLine> {
+    if line.contains("MnEtpt/Rnk:") {
+        let field = |name: &str| -> Option<(u64, f64)> {
+            let rest = line[line.find(name)? + name.len()..].trim_start();
+            let value = rest.split(['|', ' ']).next()?;
+            let (tf, rank) = value.split_once("TF/")?;
+            Some((rank.trim().parse().ok()?, finite(tf)?))
+        };
+        let ranks: Vec<(u64, f64)> = [field("MnEtpt/Rnk:"), field("MxEtpt/Rnk:")]
+            .into_iter()
+            .flatten()
+            .collect();
+        return (!ranks.is_empty()).then_some(ReportLine::Summary(ranks));
+    }
+    if line.contains("^^^^") && line.contains("Etpt(TF):") {
+        let list = &line[line.find("Etpt(TF):")? + "Etpt(TF):".len()..];
+        let ranks: Vec<(u64, f64)> = list
+            .split(',')
+            .filter_map(|item| {
+                let (tf, rank) = item.trim().split_once('/')?;
+                Some((rank.trim().parse().ok()?, finite(tf)?))
+            })
+            .collect();
+        return (!ranks.is_empty()).then_some(ReportLine::Ranks(ranks));
+    }
+    None
+}
+
+fn finite(text: &str) -> Option<f64> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+}
+
+/// A node found slow for the configured windows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Straggler {
+    pub host: String,
+    pub node_rank: u64,
+    /// How many times slower than the others' median (2.0: half speed).
+    pub slowdown: f64,
+    /// Consecutive windows it was slow in.
+    pub windows: u32,
+    /// Its ranks named slow in the last window.
+    pub ranks: Vec<u64>,
+}
+
+/// The slowest node of one window when it is below `threshold` × the others' median:
+/// its index in `nodes` and its slowdown. `nodes[i]`: node i's throughput (its slowest named
+/// rank), `None` when the window names none of its ranks.
+pub fn slow_node(nodes: &[Option<f64>], threshold: f64) -> Option<(usize, f64)> {
+    let named: Vec<(usize, f64)> = nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| v.map(|v| (i, v)))
+        .collect();
+    let (slowest, value) = named.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))?;
+    let others: Vec<f64> = named
+        .iter()
+        .filter(|(i, _)| *i != slowest)
+        .map(|(_, v)| *v)
+        .collect();
+    if others.is_empty() {
+        return None;
+    }
+    let reference = median(&others);
+    (reference > 0.0 && value < threshold * reference)
+        .then(|| (slowest, reference / value.max(f64::MIN_POSITIVE)))
+}
+
+/// Reads the report's lines window by window and says when a node has been slow for the
+/// configured windows (once per run of slow windows).
+#[derive(Debug, Clone)]
+pub struct Detector {
+    /// Hosts in node-rank order (`hosts[n]` has node rank n); rank r runs on node
+    /// r / `nproc`.
+    hosts: Vec<String>,
+    nproc: u64,
+    threshold: f64,
+    windows: u32,
+    /// The window being read: throughput by rank.
+    current: Option<BTreeMap<u64, f64>>,
+    /// The node slow in the last windows, and its slowdown in each.
+    streak: Option<(usize, Vec<f64>, Vec<u64>)>,
+    reported: bool,
+}
+
+impl Detector {
+    pub fn new(hosts: Vec<String>, nproc: u64, options: &StragglerOptions) -> Detector {
+        Detector {
+            hosts,
+            nproc: nproc.max(1),
+            threshold: options.threshold,
+            windows: options.windows.max(1),
+            current: None,
+            streak: None,
+            reported: false,
+        }
+    }
+
+    /// Takes one line of the report; returns a straggler when the window this line closes
+    /// makes one (a window is judged when the next begins, once all its lines are in).
+    pub fn line(&mut self, line: ReportLine) -> Option<Straggler> {
+        match line {
+            ReportLine::Ranks(ranks) => {
+                if let Some(window) = self.current.as_mut() {
+                    window.extend(ranks);
+                }
+                None
+            }
+            ReportLine::Summary(ranks) => {
+                let closed = self.current.replace(ranks.into_iter().collect());
+                closed.and_then(|window| self.judge(&window))
+            }
+        }
+    }
+
+    fn judge(&mut self, window: &BTreeMap<u64, f64>) -> Option<Straggler> {
+        let mut nodes: Vec<Option<f64>> = vec![None; self.hosts.len()];
+        for (rank, tf) in window {
+            let Some(node) = nodes.get_mut((rank / self.nproc) as usize) else {
+                continue;
+            };
+            *node = Some(node.map_or(*tf, |v: f64| v.min(*tf)));
+        }
+        let Some((node, slowdown)) = slow_node(&nodes, self.threshold) else {
+            self.streak = None;
+            self.reported = false;
+            return None;
+        };
+        let ranks: Vec<u64> = window
+            .keys()
+            .copied()
+            .filter(|r| (r / self.nproc) as usize == node)
+            .collect();
+        match self.streak.as_mut() {
+            Some((n, slowdowns, last)) if *n == node => {
+                slowdowns.push(slowdown);
+                *last = ranks;
+            }
+            _ => {
+                self.streak = Some((node, vec![slowdown], ranks));
+                self.reported = false;
+            }
+        }
+        let (node, slowdowns, ranks) = self.streak.as_ref()?;
+        if self.reported || (slowdowns.len() as u32) < self.windows {
+            return None;
+        }
+        self.reported = true;
+        let recent = &slowdowns[slowdowns.len() - self.windows as usize..];
+        Some(Straggler {
+            host: self.hosts[*node].clone(),
+            node_rank: *node as u64,
+            slowdown: median(recent),
+            windows: slowdowns.len() as u32,
+            ranks: ranks.clone(),
+        })
+    }
+}
+
+/// A way to go on with a straggler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Choice {
+    /// Keep the plan: the job goes on at the straggler's pace.
+    Keep,
+    /// Plan again on every node with the straggler at its measured speed (it takes the
+    /// ranks where it hurts least: a lighter pipeline stage, another node order).
+    Remap,
+    /// Leave it out and plan again on the rest.
+    LeaveOut,
+}
+
+impl Choice {
+    /// In words, as the lines and the summary say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Keep => "keep",
+            Choice::Remap => "re-map",
+            Choice::LeaveOut => "leave out",
+        }
+    }
+}
+
+/// A choice with the iteration time predicted for it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Costed {
+    pub choice: Choice,
+    /// Predicted time per iteration, ms; `None` when the choice is not possible.
+    pub predicted_ms: Option<f64>,
+    /// What it is (the plan), or why it is not possible.
+    pub detail: String,
+}
+
+impl Costed {
+    /// `keep 473.0 ms`, `re-map not possible`.
+    pub fn short(&self) -> String {
+        let ms = self
+            .predicted_ms
+            .map_or("not possible".to_string(), |ms| format!("{ms:.1} ms"));
+        format!("{} {ms}", self.choice.name())
+    }
+}
+
+/// What a restart costs, as measured on this job.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RestartCost {
+    /// Tearing the nodes down (a past teardown of this job, else the grace period).
+    #[serde(rename = "teardown_s", serialize_with = "super::events::seconds")]
+    pub teardown: Duration,
+    /// From the launch to the first iteration: starting torchrun, loading the checkpoint.
+    #[serde(rename = "startup_s", serialize_with = "super::events::seconds")]
+    pub startup: Duration,
+    /// Iterations done since the last checkpoint: done again after the restart.
+    pub lost_iterations: u64,
+}
+
+/// What the decision is made from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActFacts<'a> {
+    pub mode: StragglerMode,
+    /// The time per iteration now (the straggler's pace), ms.
+    pub measured_ms: f64,
+    pub choices: &'a [Costed],
+    pub remaining_iterations: u64,
+    pub restart: RestartCost,
+    /// The iteration of the last checkpoint this attempt can resume from.
+    pub checkpoint: Option<u64>,
+    /// Since the last straggler action, and the cooldown.
+    pub since_last_action: Option<Duration>,
+    pub cooldown: Duration,
+    /// Re-plans left under `--max-replans` (an action is one).
+    pub replans_left: u32,
+}
+
+/// The decision: the action (`Keep`: none) and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    pub action: Choice,
+    /// The best other choice's predicted gain over the remaining iterations, and the
+    /// restart's cost, seconds.
+    pub gain_s: f64,
+    pub cost_s: f64,
+    pub why: String,
+}
+
+impl RestartCost {
+    /// In seconds, at `ms` per iteration for the lost ones.
+    pub fn seconds(&self, ms: f64) -> f64 {
+        self.teardown.as_secs_f64()
+            + self.startup.as_secs_f64()
+            + self.lost_iterations as f64 * ms / 1000.0
+    }
+}
+
+/// Whether to act on a straggler, and how (see the module doc): the choice that saves the
+/// most time over the remaining iterations, when that beats the restart's cost, in `act`
+/// mode, with a checkpoint to resume from, a re-plan left under `--max-replans`, and not
+/// within the cooldown of the last action.
+pub fn decide(facts: &ActFacts<'_>) -> Verdict {
+    let measured = facts.measured_ms;
+    let cost_s = facts.restart.seconds(measured);
+    let best = facts
+        .choices
+        .iter()
+        .filter(|c| c.choice != Choice::Keep)
+        .filter_map(|c| c.predicted_ms.map(|ms| (c.choice, ms)))
+        .map(|(choice, ms)| {
+            let gain = (measured - ms) * facts.remaining_iterations as f64 / 1000.0;
+            (choice, gain)
+        })
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let gain_s = best.map_or(0.0, |(_, g)| g).max(0.0);
+    let keep = |why: String| Verdict {
+        action: Choice::Keep,
+        gain_s,
+        cost_s,
+        why,
+    };
+    let Some((choice, gain)) = best else {
+        return keep("no other choice is possible".into());
+    };
+    if gain <= cost_s {
+        return keep(format!(
+            "the best choice would save {gain_s:.1} s over the remaining {} iterations, less than a restart costs ({cost_s:.1} s)",
+            facts.remaining_iterations
+        ));
+    }
+    if facts.mode != StragglerMode::Act {
+        return keep("reported only (--stragglers act would act)".into());
+    }
+    if facts.checkpoint.is_none() {
+        return keep("no checkpoint to resume from yet".into());
+    }
+    if facts.replans_left == 0 {
+        return keep("no re-plan left (--max-replans)".into());
+    }
+    if let Some(since) = facts.since_last_action.filter(|s| *s < facts.cooldown) {
+        return keep(format!(
+            "within the cooldown: the last action was {} ago (--straggler-cooldown {})",
+            crate::exec::format_duration(since),
+            crate::exec::format_duration(facts.cooldown)
+        ));
+    }
+    Verdict {
+        action: choice,
+        gain_s,
+        cost_s,
+        why: format!(
+            "saves {gain:.1} s over the remaining {} iterations, more than a restart costs ({cost_s:.1} s)",
+            facts.remaining_iterations
+        ),
+    }
+}
+
+/// The lines people read for a [`super::events::Event::Straggler`] (none for another event).
+pub fn event_lines(event: &super::events::Event) -> Vec<String> {
+    let super::events::Event::Straggler {
+        straggler: s,
+        iteration,
+        measured_ms,
+        choices,
+        verdict,
+        ..
+    } = event
+    else {
+        return Vec::new();
+    };
+    let at = iteration
+        .map(|i| format!(" at iteration {i}"))
+        .unwrap_or_default();
+    let mut lines = vec![format!(
+        "straggler: {} (node rank {}) runs at {:.0} % of the others' speed ({:.2}× slower) for {} windows{at}{}",
+        s.host,
+        s.node_rank,
+        100.0 / s.slowdown,
+        s.slowdown,
+        s.windows,
+        measured_ms
+            .map(|ms| format!(", {ms:.1} ms per iteration"))
+            .unwrap_or_default()
+    )];
+    for c in choices {
+        lines.push(format!("  {} ({})", c.short(), c.detail));
+    }
+    let action = match verdict.action {
+        Choice::Keep => "keeping the plan".to_string(),
+        Choice::Remap => format!("re-mapping around {}", s.host),
+        Choice::LeaveOut => format!("leaving {} out", s.host),
+    };
+    lines.push(format!("  {action}: {}", verdict.why));
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn megatron_report_lines_are_read() {
+        // As megatron/core/README_STRAGGLER.md shows it, after a logger prefix.
+        let line = " 0: INFO:megatron.core.utils:[2024-03-14 23:07:56] | MnRtt/Rnk: 3453.08ms/8 | MxRtt/Rnk: 3468.20ms/0 | MnPwr/Rnk: 601796W/8 | MxPwr/Rnk: 683801W/18 | MnTmp/Rnk: 52C/0 | MxTmp/Rnk: 65C/21 | MnUtl/Rnk: 97%/8 | MxUtl/Rnk: 100%/6 | MnClk/Rnk: 1950MHz/28 | MxClk/Rnk: 1980MHz/0 | MnDRtt/Rnk: 14.27ms/23 | MxDRtt/Rnk: 34.65ms/3 | MnEtpt/Rnk: 296.02TF/0 | MxEtpt/Rnk: 297.32TF/8";
+        assert_eq!(
+            parse_line(line),
+            Some(ReportLine::Summary(vec![(0, 296.02), (8, 297.32)]))
+        );
+        assert_eq!(
+            parse_line("^^^^ Bottom 2 Ranks with lowest  Etpt(TF): 296.02/0, 296.50/3,"),
+            Some(ReportLine::Ranks(vec![(0, 296.02), (3, 296.5)]))
+        );
+        assert_eq!(
+            parse_line("^^^^ Top    2 Ranks with highest Etpt(TF): 0.000466/1, 0.000802/2,"),
+            Some(ReportLine::Ranks(vec![(1, 0.000466), (2, 0.000802)]))
+        );
+        assert_eq!(parse_line(" iteration 5/20 | lm loss: 1 |"), None);
+        assert_eq!(parse_line("MnEtpt/Rnk: nan TF/x"), None);
+    }
+
+    fn options(windows: u32) -> StragglerOptions {
+        StragglerOptions {
+            windows,
+            ..StragglerOptions::default()
+        }
+    }
+
+    /// Feeds windows of throughput by rank (3 nodes × 2 ranks) and returns what was found
+    /// after each.
+    fn feed(windows: &[[f64; 6]], k: u32) -> Vec<Option<Straggler>> {
+        let hosts = ["a", "b", "c"].map(String::from).to_vec();
+        let mut detector = Detector::new(hosts, 2, &options(k));
+        let mut found = Vec::new();
+        for w in windows {
+            let mut order: Vec<(u64, f64)> =
+                w.iter().enumerate().map(|(r, v)| (r as u64, *v)).collect();
+            order.sort_by(|a, b| a.1.total_cmp(&b.1));
+            let summary = vec![order[0], order[5]];
+            assert_eq!(detector.line(ReportLine::Ranks(vec![])), None);
+            found.push(detector.line(ReportLine::Summary(summary)));
+            detector.line(ReportLine::Ranks(order[..3].to_vec()));
+            detector.line(ReportLine::Ranks(order[3..].to_vec()));
+        }
+        // The last window is judged when the next begins.
+        found.push(detector.line(ReportLine::Summary(vec![(0, 1.0)])));
+        found.remove(0);
+        found
+    }
+
+    #[test]
+    fn a_node_slow_for_k_windows_is_found_once() {
+        let even = [100.0, 98.0, 101.0, 99.0, 100.0, 102.0];
+        let slow = [100.0, 98.0, 50.0, 99.0, 100.0, 102.0];
+        let found = feed(&[even, slow, slow, slow, slow, even, slow], 3);
+        let hits: Vec<usize> = found
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| f.as_ref().map(|_| i))
+            .collect();
+        assert_eq!(hits, [3], "{found:?}");
+        let s = found[3].clone().unwrap();
+        assert_eq!((s.host.as_str(), s.node_rank, s.windows), ("b", 1, 3));
+        assert_eq!(s.ranks, [2, 3]);
+        assert!((s.slowdown - 100.0 / 50.0).abs() < 0.05, "{}", s.slowdown);
+    }
+
+    #[test]
+    fn noise_alone_never_makes_a_straggler() {
+        // ±25 % jitter on every rank, a single deep dip, a dip that moves from node to
+        // node, and two slow windows broken by a normal one: none is k=3 windows of the
+        // same node below 0.7 × the others' median.
+        let table: [[f64; 6]; 10] = [
+            [100.0, 75.0, 125.0, 90.0, 110.0, 80.0],
+            [80.0, 120.0, 100.0, 76.0, 124.0, 100.0],
+            [100.0, 100.0, 30.0, 100.0, 100.0, 100.0],
+            [60.0, 100.0, 100.0, 100.0, 100.0, 100.0],
+            [100.0, 100.0, 60.0, 100.0, 100.0, 100.0],
+            [100.0, 100.0, 100.0, 100.0, 60.0, 100.0],
+            [100.0, 100.0, 60.0, 100.0, 100.0, 100.0],
+            [100.0, 100.0, 60.0, 100.0, 100.0, 100.0],
+            [100.0, 100.0, 75.0, 100.0, 100.0, 100.0],
+            [100.0, 100.0, 60.0, 100.0, 100.0, 100.0],
+        ];
+        assert!(feed(&table, 3).iter().all(Option::is_none));
+        // k = 1 finds the single dip: the windows are what filters noise.
+        assert!(feed(&table[2..3], 1)[0].is_some());
+    }
+
+    #[test]
+    fn the_slowest_node_is_judged_against_the_median_of_the_others() {
+        assert_eq!(
+            slow_node(&[Some(1.0), Some(0.5), Some(1.0)], 0.7),
+            Some((1, 2.0))
+        );
+        // One fast outlier does not make the rest slow.
+        assert_eq!(
+            slow_node(&[Some(1.0), Some(1.0), Some(3.0), Some(0.95)], 0.7),
+            None
+        );
+        assert_eq!(slow_node(&[Some(1.0), None, None], 0.7), None);
+        assert_eq!(
+            slow_node(&[Some(0.6), None, Some(1.0)], 0.7),
+            Some((0, 1.0 / 0.6))
+        );
+    }
+
+    /// One row of the decision table: what differs from a straggler that costs 100 ms of
+    /// 300 per iteration, 1000 iterations left, leaving it out predicted at 200 ms, a
+    /// restart of 30 s, a checkpoint, act mode, no action before.
+    struct Case {
+        name: &'static str,
+        mode: StragglerMode,
+        leave_out_ms: Option<f64>,
+        remap_ms: Option<f64>,
+        remaining: u64,
+        lost: u64,
+        checkpoint: Option<u64>,
+        since_last_action: Option<Duration>,
+        replans_left: u32,
+        action: Choice,
+        why: &'static str,
+    }
+
+    const BASE: Case = Case {
+        name: "",
+        mode: StragglerMode::Act,
+        leave_out_ms: Some(200.0),
+        remap_ms: None,
+        remaining: 1000,
+        lost: 0,
+        checkpoint: Some(40),
+        since_last_action: None,
+        replans_left: 3,
+        action: Choice::LeaveOut,
+        why: "saves 100.0 s",
+    };
+
+    #[test]
+    fn decisions_follow_the_table() {
+        let cases = [
+            Case {
+                name: "gain beats the restart",
+                ..BASE
+            },
+            Case {
+                name: "re-mapping saves more than leaving out",
+                remap_ms: Some(150.0),
+                action: Choice::Remap,
+                why: "saves 150.0 s",
+                ..BASE
+            },
+            Case {
+                name: "gain below the restart cost",
+                remaining: 250,
+                action: Choice::Keep,
+                why: "save 25.0 s over the remaining 250 iterations, less than a restart costs (30.0 s)",
+                ..BASE
+            },
+            Case {
+                name: "iterations lost since the checkpoint count in the cost",
+                lost: 800,
+                action: Choice::Keep,
+                why: "less than a restart costs (270.0 s)",
+                ..BASE
+            },
+            Case {
+                name: "no checkpoint",
+                checkpoint: None,
+                action: Choice::Keep,
+                why: "no checkpoint to resume from",
+                ..BASE
+            },
+            Case {
+                name: "cooldown active",
+                since_last_action: Some(Duration::from_secs(60)),
+                action: Choice::Keep,
+                why: "within the cooldown: the last action was 1 min ago",
+                ..BASE
+            },
+            Case {
+                name: "no re-plan left",
+                replans_left: 0,
+                action: Choice::Keep,
+                why: "no re-plan left",
+                ..BASE
+            },
+            Case {
+                name: "cooldown over",
+                since_last_action: Some(Duration::from_secs(3600)),
+                ..BASE
+            },
+            Case {
+                name: "report mode only reports",
+                mode: StragglerMode::Report,
+                action: Choice::Keep,
+                why: "reported only",
+                ..BASE
+            },
+            Case {
+                name: "nothing else possible",
+                leave_out_ms: None,
+                action: Choice::Keep,
+                why: "no other choice is possible",
+                ..BASE
+            },
+            Case {
+                name: "a choice slower than keeping is never taken",
+                leave_out_ms: Some(350.0),
+                action: Choice::Keep,
+                why: "save 0.0 s",
+                ..BASE
+            },
+        ];
+        for case in cases {
+            let choices = [
+                Costed {
+                    choice: Choice::Keep,
+                    predicted_ms: Some(300.0),
+                    detail: String::new(),
+                },
+                Costed {
+                    choice: Choice::Remap,
+                    predicted_ms: case.remap_ms,
+                    detail: String::new(),
+                },
+                Costed {
+                    choice: Choice::LeaveOut,
+                    predicted_ms: case.leave_out_ms,
+                    detail: String::new(),
+                },
+            ];
+            let verdict = decide(&ActFacts {
+                mode: case.mode,
+                measured_ms: 300.0,
+                choices: &choices,
+                remaining_iterations: case.remaining,
+                restart: RestartCost {
+                    teardown: Duration::from_secs(10),
+                    startup: Duration::from_secs(20),
+                    lost_iterations: case.lost,
+                },
+                checkpoint: case.checkpoint,
+                since_last_action: case.since_last_action,
+                cooldown: Duration::from_secs(1800),
+                replans_left: case.replans_left,
+            });
+            assert_eq!(verdict.action, case.action, "{}: {verdict:?}", case.name);
+            assert!(
+                verdict.why.contains(case.why),
+                "{}: {}",
+                case.name,
+                verdict.why
+            );
+        }
+    }
+}
