@@ -162,6 +162,7 @@ mod tests {
             ttl: Duration::from_secs(3600),
         };
         let profile = ClusterProfile {
+            measured_perf: Vec::new(),
             note: None,
             nodes: vec![NodeProfile {
                 host: "n1".into(),

@@ -10,7 +10,10 @@
 //! 2. reuses a cached profile for the same hosts and inventory unless asked not to, or it
 //!    is older than the time-to-live ([`cache`]);
 //! 3. runs the probe with torchrun on every node ([`probe`]): bandwidth of every GPU pair
-//!    inside each node and of every node pair, and matrix-multiply throughput;
+//!    inside each node and of every node pair, and matrix-multiply throughput; with
+//!    [`ProfileOptions::sweep`], the performance tables of the planned model's shapes
+//!    (GEMMs, attention, memory bandwidth, collectives), kept in the profile's
+//!    `measured_perf` per kind of GPU (the sweep's shapes are part of the cache key);
 //! 4. assembles, validates and caches the profile.
 //!
 //! All node I/O goes through [`crate::exec`], so the same code runs on a cluster (ssh,
@@ -52,7 +55,7 @@ use crate::exec::{format_duration, ExecError, Status, Transport};
 use assemble::{assemble, NodePlan};
 pub use cache::ProfileCache;
 pub use inventory::{NodeDevices, NodeInventory};
-pub use probe::{Backend, ProbeReport, ProbeSettings};
+pub use probe::{Backend, ProbeReport, ProbeSettings, SweepShapes, SweepSpec};
 pub use progress::{NoProgress, Phase, Progress, ProgressBars};
 
 /// How to profile.
@@ -87,6 +90,9 @@ pub struct ProfileOptions {
     pub reprofile: bool,
     /// Where cached profiles live (`None`: no cache).
     pub cache: Option<ProfileCache>,
+    /// The performance sweep's shapes (the model being planned), if one is to run; its
+    /// sizes and budget follow the kind of node ([`probe::SweepSpec::for_backend`]).
+    pub sweep: Option<SweepShapes>,
 }
 
 /// Cached profiles count for a week by default.
@@ -112,6 +118,7 @@ impl Default for ProfileOptions {
                 dir,
                 ttl: DEFAULT_TTL,
             }),
+            sweep: None,
         }
     }
 }
@@ -212,7 +219,18 @@ pub fn run_profile(
     }
     let backend = backend_of(&inventory)?;
     let plan = NodePlan::new(spec, options, &inventory);
-    let key = cache::key_of(&plan.canonical(&inventory, backend));
+    let sweep = options
+        .sweep
+        .clone()
+        .map(|shapes| SweepSpec::for_backend(shapes, backend));
+    // A profile measured for other shapes (or none) is not this one.
+    let key = cache::key_of(&format!(
+        "{}{}",
+        plan.canonical(&inventory, backend),
+        sweep
+            .as_ref()
+            .map_or(String::new(), |s| format!("sweep {}\n", s.to_json()))
+    ));
 
     if let Some(cache) = options.cache.as_ref() {
         if !options.reprofile {
@@ -274,10 +292,20 @@ pub fn run_profile(
         timeout: options.probe_timeout,
         command_timeout: options.command_timeout,
         grace: options.grace,
+        sweep: sweep.clone(),
     };
     let report = probe::run_probe(&request, progress)?;
     let today = utc_date(SystemTime::now());
     let mut profile = assemble(spec, &inventory, &plan, &report, &settings, &today)?;
+    profile.measured_perf = assemble::measured_perf(&profile, &report, sweep.as_ref(), &today)?;
+    for record in report.sweep.iter().filter(|r| r.skipped > 0) {
+        note(format!(
+            "the performance sweep on {} left {} shape(s) out after its {} s budget",
+            record.name,
+            record.skipped,
+            sweep.as_ref().map_or(0, |s| s.budget_s)
+        ));
+    }
     // A slow figure is kept (it is what the node did) and said so, in the file and here.
     for part in profile.mark_slow() {
         note(part.to_string());
@@ -387,6 +415,7 @@ fn in_spec_order(profile: ClusterProfile, spec: &ClusterSpec) -> Option<ClusterP
     let nodes = order.iter().map(|&i| profile.nodes[i].clone()).collect();
     Some(ClusterProfile {
         note: profile.note,
+        measured_perf: profile.measured_perf,
         nodes,
         node_links,
     })
@@ -454,6 +483,7 @@ mod tests {
         )
         .unwrap();
         let profile = ClusterProfile {
+            measured_perf: Vec::new(),
             note: None,
             nodes: ["a", "b", "c"]
                 .iter()

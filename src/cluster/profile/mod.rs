@@ -27,8 +27,9 @@ mod write;
 pub use error::ProfileError;
 pub use slow::SlowPart;
 pub use types::{
-    round_figure, ClusterProfile, DeviceSelection, Dtype, GpuInventory, GpuSpec, LinkMatrix,
-    MeasuredTflops, NodeProfile, NodeSelection, PeakTflops, Provenance, Source,
+    round_figure, AttentionFigure, AttentionShape, ClusterProfile, CollectiveFigure,
+    DeviceSelection, Dtype, GemmFigure, GemmLayout, GemmShape, GpuInventory, GpuSpec, LinkMatrix,
+    MeasuredPerf, MeasuredTflops, NodeProfile, NodeSelection, PeakTflops, Provenance, Source,
 };
 
 pub(crate) use error::{count, field_path, index_path, invalid, quote, wrong_type};
@@ -92,6 +93,7 @@ mod tests {
             links: LinkMatrix::uniform(2, 240.0, Provenance::new(Source::Estimated)),
         };
         ClusterProfile {
+            measured_perf: Vec::new(),
             note: Some("two nodes".into()),
             nodes: vec![
                 NodeProfile {

@@ -119,6 +119,8 @@ pub use evaluate::{placement_kinds, StageSync};
 pub use fabric::{
     ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis, FP32_SHARE_OF_FP16_PEAK,
 };
+pub use ops::{sweep_shapes, MAX_SWEEP_GEMMS};
+pub use perf::PerfTables;
 
 use std::fmt;
 use std::str::FromStr;
@@ -473,12 +475,13 @@ pub fn estimate(
         request.training.precision,
         request.calibration,
     )?;
-    let costs = ConfigCosts::new(
+    let costs = ConfigCosts::with_tables(
         request.model,
         request.training,
         request.config,
         request.calibration,
         &request.options,
+        fabric.tables(),
     )?;
     check_placement(&fabric, request, &request.placement.devices)?;
     let devices = &request.placement.devices;
