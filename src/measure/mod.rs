@@ -446,6 +446,7 @@ mod tests {
     use super::*;
     use crate::cluster::profile::{Dtype, GpuInventory, NodeProfile, Provenance, Source};
     use crate::cluster::{Node, NodeSource, Slots};
+    use probe::SweepSpec;
 
     #[test]
     fn dates_are_civil_utc() {
@@ -574,5 +575,97 @@ mod tests {
         let spec = gpu_spec(&known, None, Some(101.0), "2024-05-31");
         assert_eq!(spec.peak_tflops.fp16, 125.0);
         assert_eq!(spec.measured_tflops.unwrap().dtype, Dtype::Fp16);
+    }
+
+    #[test]
+    fn the_sweep_report_becomes_the_profiles_section() {
+        use crate::cluster::profile::tests::two_nodes;
+        use crate::cluster::profile::{GemmLayout, GemmShape};
+        let report = probe::parse_report(
+            r#"{"protocol": 1, "backend": "nccl", "torch": "2.9", "world_size": 4,
+            "sizes": [1], "warmup": 1, "repeats": 1, "compute": [], "links": [],
+            "elapsed_s": 9.0,
+            "ranks": [
+              {"rank": 0, "node": 0, "local_rank": 0, "hostname": "n0", "device": "cuda", "name": "NVIDIA A100-SXM4-80GB"},
+              {"rank": 1, "node": 0, "local_rank": 1, "hostname": "n0", "device": "cuda", "name": "NVIDIA A100-SXM4-80GB"},
+              {"rank": 2, "node": 1, "local_rank": 0, "hostname": "n1", "device": "cuda", "name": "NVIDIA A100-SXM4-80GB"},
+              {"rank": 3, "node": 1, "local_rank": 1, "hostname": "n1", "device": "cuda", "name": "NVIDIA A100-SXM4-80GB"}],
+            "sweep": [{"rank": 2, "name": "NVIDIA A100-SXM4-80GB", "dtype": "bf16",
+              "gemms": [{"m": 4096, "n": 1536, "k": 4096, "layout": "fwd", "tflops": 245.33333333333334}],
+              "attention": [{"batch_heads": 32, "seq": 2048, "head_dim": 128, "tflops": 180.0}],
+              "hbm_gb_per_s": 1650.0, "skipped": 2}],
+            "collectives": [{"op": "all_reduce", "ranks": 2, "bytes": 1024, "us": 30.0},
+                            {"op": "all_gather", "ranks": 4, "bytes": 1024, "us": 25.0}],
+            "collectives_skipped": 1}"#,
+        )
+        .unwrap();
+        let profile = two_nodes();
+        let shapes = SweepShapes {
+            dtype: Dtype::Bf16,
+            gemms: vec![GemmShape {
+                m: 4096,
+                n: 1536,
+                k: 4096,
+                layout: GemmLayout::Fwd,
+            }],
+            attention: vec![],
+        };
+        let sweep = SweepSpec::for_backend(shapes, Backend::Nccl);
+        let perf = assemble::measured_perf(&profile, &report, Some(&sweep), "2026-11-24").unwrap();
+        assert_eq!(perf.len(), 1);
+        // Named as the profile names rank 2's GPU (node 1, local 0), not as torch does.
+        assert_eq!(perf[0].gpu, "A100-SXM4-80GB");
+        assert_eq!(perf[0].gemms[0].tflops, 245.333333333);
+        assert_eq!(perf[0].attention[0].batch_heads, 32);
+        assert_eq!(perf[0].hbm_gb_per_s, Some(1650.0));
+        assert_eq!(perf[0].collectives.len(), 2);
+        assert_eq!(perf[0].shape_set, cache::key_of(&sweep.to_json()));
+        let note = perf[0].provenance.note.as_deref().unwrap();
+        assert!(
+            note.ends_with("3 shape(s) left out past the 60 s budget"),
+            "{note}"
+        );
+        let mut checked = profile.clone();
+        checked.measured_perf = perf;
+        checked.validate("swept").unwrap();
+        // No sweep asked for: no section, whatever the report holds.
+        assert!(
+            assemble::measured_perf(&profile, &report, None, "2026-11-24")
+                .unwrap()
+                .is_empty()
+        );
+        // A sweep record of a rank outside the profile is the probe's bug.
+        let mut stray = report.clone();
+        stray.sweep[0].rank = 9;
+        assert!(assemble::measured_perf(&profile, &stray, Some(&sweep), "2026-11-24").is_err());
+    }
+
+    #[test]
+    fn the_sweep_goes_to_the_template_with_the_backends_sizes() {
+        use crate::cluster::profile::{AttentionShape, GemmLayout, GemmShape};
+        let shapes = SweepShapes {
+            dtype: Dtype::Bf16,
+            gemms: vec![GemmShape {
+                m: 128,
+                n: 384,
+                k: 128,
+                layout: GemmLayout::Wgrad,
+            }],
+            attention: vec![AttentionShape {
+                batch_heads: 4,
+                seq: 128,
+                head_dim: 32,
+            }],
+        };
+        let cpu = SweepSpec::for_backend(shapes.clone(), Backend::Gloo);
+        assert_eq!(cpu.collective_sizes, [1 << 10, 16 << 10, 256 << 10]);
+        assert_eq!(cpu.budget_s, 3);
+        assert_eq!(
+            cpu.to_json(),
+            r#"{"attention":[[4,128,32]],"budget_s":3,"collective_sizes":[1024,16384,262144],"dtype":"bf16","gemms":[[128,384,128,"wgrad"]],"hbm_bytes":67108864,"repeats":3}"#
+        );
+        let gpu = SweepSpec::for_backend(shapes, Backend::Nccl);
+        assert_eq!(gpu.collective_sizes.last(), Some(&(64 << 20)));
+        assert!(probe::TEMPLATE.contains("\"--sweep\""));
     }
 }

@@ -640,6 +640,19 @@ mod tests {
         let c = torchrun_command(&r, 1, "/tmp/pipette-probe.abc", 29500);
         assert!(c.args.contains(&"--node-rank=1".to_owned()));
         assert!(!c.args.contains(&"--threads".to_owned()));
+        assert!(!c.args.contains(&"--sweep".to_owned()));
+        let shapes = SweepShapes {
+            dtype: Dtype::Bf16,
+            gemms: vec![],
+            attention: vec![],
+        };
+        let swept = ProbeRequest {
+            sweep: Some(SweepSpec::for_backend(shapes, Backend::Gloo)),
+            ..r
+        };
+        let c = torchrun_command(&swept, 1, "/tmp/pipette-probe.abc", 29500);
+        let at = c.args.iter().position(|a| a == "--sweep").unwrap();
+        assert_eq!(c.args[at + 1], swept.sweep.as_ref().unwrap().to_json());
     }
 
     #[test]

@@ -575,4 +575,71 @@ mod tests {
         assert!((sixteen.reduce_scatter / sixteen.all_reduce - ratio).abs() < 1e-12);
         assert_eq!(PerfTable::get(GpuKind::V100).peak_tflops, 125.0);
     }
+
+    #[test]
+    fn a_profiles_measured_table_replaces_the_shipped_one_of_its_kind_only() {
+        use crate::cluster::profile::tests::{swept, two_nodes};
+        let mut cluster = two_nodes();
+        cluster.measured_perf.push(swept("A100-SXM4-80GB"));
+        let tables = PerfTables::for_cluster(&cluster, Some(Dtype::Bf16));
+        let a100 = tables.get(GpuKind::A100);
+        let source = a100
+            .measured
+            .as_deref()
+            .expect("the A100's table is measured");
+        assert!(
+            source.starts_with("the profile's sweep on A100-SXM4-80GB (3 GEMM shape(s)"),
+            "{source}"
+        );
+        // A measured shape reads back as its share of the 312 TFLOPS peak; another
+        // lies between the measured ones.
+        let e = a100.gemm_efficiency(128.0, 256.0, 128.0, Layout::Dgrad);
+        assert_eq!(e.value, 140.0 / 312.0);
+        assert!(!e.interpolated);
+        let between = a100.gemm_efficiency(256.0, 256.0, 128.0, Layout::Wgrad);
+        assert!(between.interpolated);
+        assert_eq!(
+            between.value,
+            200.0 / 312.0,
+            "one wgrad point governs alone"
+        );
+        assert_eq!(a100.best_efficiency, 200.0 / 312.0);
+        assert_eq!(a100.hbm_gb_per_s, 1500.0);
+        // Attention by its own points, not as a GEMM.
+        let att = a100.attention_efficiency(8.0, 1024.0, 128.0);
+        assert_eq!(att.value, 100.0 / 312.0);
+        // The all-reduce's latency at 2 GPUs is the intercept; beyond, the ring's steps.
+        assert!((a100.collective_latency(2).all_reduce - 20.0).abs() < 1e-9);
+        assert!((a100.collective_latency(4).all_reduce - 60.0).abs() < 1e-9);
+        // The fixed cost per kernel was not measured: the shipped one stays.
+        let shipped = PerfTable::get(GpuKind::A100);
+        assert_eq!(a100.memory_kernel_us, shipped.memory_kernel_us);
+        // Other kinds, and another dtype, keep the shipped tables.
+        assert!(tables.get(GpuKind::H100).measured.is_none());
+        let fp16 = PerfTables::for_cluster(&cluster, Some(Dtype::Fp16));
+        assert!(fp16.get(GpuKind::A100).measured.is_none());
+        assert!(PerfTables::for_cluster(&cluster, None)
+            .get(GpuKind::A100)
+            .measured
+            .is_none());
+        // A section for a GPU the profile does not have has no peak to measure against.
+        let mut stray = two_nodes();
+        stray.measured_perf.push(swept("NVIDIA A100-PCIE-40GB"));
+        assert!(PerfTables::for_cluster(&stray, Some(Dtype::Bf16))
+            .get(GpuKind::A100)
+            .measured
+            .is_none());
+        // The shipped table's lookups are not mixed up with the measured one's.
+        let shipped_e = shipped.gemm_efficiency(128.0, 256.0, 128.0, Layout::Dgrad);
+        assert_ne!(shipped_e.value, e.value);
+    }
+
+    #[test]
+    fn shipped_attention_is_priced_as_its_gemm() {
+        let a100 = PerfTable::get(GpuKind::A100);
+        assert_eq!(
+            a100.attention_efficiency(32.0, 2048.0, 128.0),
+            a100.gemm_efficiency(32.0 * 2048.0, 2048.0, 128.0, Layout::Fwd)
+        );
+    }
 }
