@@ -241,6 +241,16 @@ class Probe:
             times.append((time.perf_counter() - start) / inner)
         return statistics.median(times)
 
+    def attempt(self, measure):
+        """measure(), or None when the device refused the shape (out of memory, no kernel
+        for it): the sweep goes on without it."""
+        try:
+            return measure()
+        except RuntimeError:
+            if self.cuda:
+                torch.cuda.empty_cache()
+            return None
+
     def sweep_device(self, spec, deadline):
         """GEMMs, attention and a large copy on this rank's device."""
         dtype = DTYPES[spec["dtype"]]
@@ -252,40 +262,56 @@ class Probe:
             if time.perf_counter() > deadline:
                 out["skipped"] += 1
                 continue
-            # fwd: x (m x k) times W^T (W: n x k); dgrad: dy (m x k) times W (k x n);
-            # wgrad: dy^T (dy: k x m) times x (k x n).
-            if layout == "fwd":
-                a = torch.randn(m, k, device=dev, dtype=dtype)
-                b = torch.randn(n, k, device=dev, dtype=dtype).t()
-            elif layout == "dgrad":
-                a = torch.randn(m, k, device=dev, dtype=dtype)
-                b = torch.randn(k, n, device=dev, dtype=dtype)
-            else:
-                a = torch.randn(k, m, device=dev, dtype=dtype).t()
-                b = torch.randn(k, n, device=dev, dtype=dtype)
             flops = 2.0 * m * n * k
-            seconds = self.timed(lambda: torch.matmul(a, b), flops, repeats)
-            out["gemms"].append({"m": m, "n": n, "k": k, "layout": layout,
-                                 "tflops": flops / seconds / 1e12})
-            del a, b
+
+            def gemm(m=m, n=n, k=k, layout=layout, flops=flops):
+                # fwd: x (m x k) times W^T (W: n x k); dgrad: dy (m x k) times W (k x n);
+                # wgrad: dy^T (dy: k x m) times x (k x n).
+                if layout == "fwd":
+                    a = torch.randn(m, k, device=dev, dtype=dtype)
+                    b = torch.randn(n, k, device=dev, dtype=dtype).t()
+                elif layout == "dgrad":
+                    a = torch.randn(m, k, device=dev, dtype=dtype)
+                    b = torch.randn(k, n, device=dev, dtype=dtype)
+                else:
+                    a = torch.randn(k, m, device=dev, dtype=dtype).t()
+                    b = torch.randn(k, n, device=dev, dtype=dtype)
+                return self.timed(lambda: torch.matmul(a, b), flops, repeats)
+
+            seconds = self.attempt(gemm)
+            if seconds is None:
+                out["skipped"] += 1
+            else:
+                out["gemms"].append({"m": m, "n": n, "k": k, "layout": layout,
+                                     "tflops": flops / seconds / 1e12})
         sdpa = torch.nn.functional.scaled_dot_product_attention
         for heads, seq, dim in spec.get("attention", []):
             if time.perf_counter() > deadline:
                 out["skipped"] += 1
                 continue
-            q, k_, v = (torch.randn(1, heads, seq, dim, device=dev, dtype=dtype) for _ in range(3))
             flops = 2.0 * heads * seq * seq * dim
-            seconds = self.timed(lambda: sdpa(q, k_, v, is_causal=True), flops, repeats)
-            out["attention"].append({"batch_heads": heads, "seq": seq, "head_dim": dim,
-                                     "tflops": flops / seconds / 1e12})
-            del q, k_, v
+
+            def attention(heads=heads, seq=seq, dim=dim, flops=flops):
+                q, k_, v = (torch.randn(1, heads, seq, dim, device=dev, dtype=dtype)
+                            for _ in range(3))
+                return self.timed(lambda: sdpa(q, k_, v, is_causal=True), flops, repeats)
+
+            seconds = self.attempt(attention)
+            if seconds is None:
+                out["skipped"] += 1
+            else:
+                out["attention"].append({"batch_heads": heads, "seq": seq, "head_dim": dim,
+                                         "tflops": flops / seconds / 1e12})
         size = int(spec.get("hbm_bytes", 0))
         if size > 0 and time.perf_counter() <= deadline:
-            src = torch.empty(size, dtype=torch.uint8, device=dev)
-            dst = torch.empty_like(src)
-            seconds = self.timed(lambda: dst.copy_(src), 1e12, repeats)
-            out["hbm_gb_per_s"] = 2.0 * size / seconds / 1e9
-            del src, dst
+            def copy():
+                src = torch.empty(size, dtype=torch.uint8, device=dev)
+                dst = torch.empty_like(src)
+                return self.timed(lambda: dst.copy_(src), 1e12, repeats)
+
+            seconds = self.attempt(copy)
+            if seconds is not None:
+                out["hbm_gb_per_s"] = 2.0 * size / seconds / 1e9
         return out
 
     def sweep_collectives(self, spec, deadline):
