@@ -37,7 +37,9 @@
 //!   splits make the slots nearly equal, where the two agree.
 //! - **Compute**: per operation ([`ops`]): each linear layer's three GEMMs with Megatron's
 //!   shapes at the efficiency the GPU kind's table ([`perf`], published measurements in
-//!   `data/perf`) gives for that shape and layout, the attention core likewise, and the
+//!   `data/perf`, or the profile's own sweep of the model's shapes when it has one:
+//!   [`perf::PerfTables::for_cluster`]) gives for that shape and layout, the attention core
+//!   likewise, and the
 //!   memory-bound kernels (norms, bias-dropout-add, activation, rotary, embedding,
 //!   cross-entropy) as bytes ÷ attained HBM bandwidth + a fixed cost per kernel;
 //!   recomputation re-costs what it redoes, in the backward pass. A GEMM's rate is the
