@@ -296,6 +296,7 @@ fn mixed_cluster(kinds: &[(usize, usize)]) -> ClusterProfile {
     }
     let count = nodes.len();
     ClusterProfile {
+        measured_perf: Vec::new(),
         note: None,
         nodes,
         node_links: LinkMatrix::uniform(count, 20.0, Provenance::new(Source::Estimated)),

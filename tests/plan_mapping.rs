@@ -119,6 +119,7 @@ fn random_cluster(
         })
         .collect();
     ClusterProfile {
+        measured_perf: Vec::new(),
         note: None,
         nodes,
         node_links,

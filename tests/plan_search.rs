@@ -315,6 +315,7 @@ fn profiles_the_planner_cannot_use_are_errors() {
     );
 
     let empty = ClusterProfile {
+        measured_perf: Vec::new(),
         note: None,
         nodes: Vec::new(),
         node_links: pipette::cluster::profile::LinkMatrix::uniform(

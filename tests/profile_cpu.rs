@@ -7,12 +7,14 @@
 //! Needs the venv of `scripts/setup-megatron-venv` (PyTorch with torchrun);
 //! `PIPETTE_MEGATRON_PYTHON` picks another python. Fails, never skips, without it.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pipette::cluster::profile::{Dtype, Source};
-use pipette::cluster::{ClusterProfile, ClusterSpec, Node, NodeSource, Slots};
+use pipette::cluster::ClusterProfile;
 use pipette::config::settings_from_megatron_args;
 use pipette::exec::Transport;
 use pipette::measure::progress::RecordedProgress;
@@ -54,20 +56,6 @@ fn torchrun() -> String {
     torchrun.to_string_lossy().into_owned()
 }
 
-fn spec(hosts: &[&str]) -> ClusterSpec {
-    ClusterSpec {
-        nodes: hosts
-            .iter()
-            .map(|h| Node {
-                host: (*h).to_owned(),
-                slots: Slots::Unknown,
-            })
-            .collect(),
-        source: NodeSource::Hosts,
-        job_id: None,
-    }
-}
-
 fn options(torchrun: &str, cache_dir: PathBuf) -> ProfileOptions {
     ProfileOptions {
         transport: Transport::Local,
@@ -102,7 +90,8 @@ fn three_local_nodes_profile_each_other_with_gloo() {
     let progress = RecordedProgress::default();
 
     let start = Instant::now();
-    let run = run_profile(&spec(&hosts), &options, &progress).unwrap_or_else(|e| panic!("{e}"));
+    let run = run_profile(&common::host_spec(&hosts), &options, &progress)
+        .unwrap_or_else(|e| panic!("{e}"));
     let took = start.elapsed();
     let profile = &run.profile;
     profile.validate("cpu profile").unwrap();
@@ -206,7 +195,7 @@ fn three_local_nodes_profile_each_other_with_gloo() {
 
     // The same nodes in another order: the cache answers, in the new order.
     let reordered = ["node-c", "node-a", "node-b"];
-    let again = run_profile(&spec(&reordered), &options, &NoProgress).unwrap();
+    let again = run_profile(&common::host_spec(&reordered), &options, &NoProgress).unwrap();
     assert!(again.report.is_none(), "expected the cached profile");
     assert!(
         again.notes[0].starts_with("using the profile measured"),
@@ -265,8 +254,8 @@ fn a_single_process_profiles_alone() {
     let mut options = options(&torchrun, cache.path().to_path_buf());
     options.nproc_per_node = None;
     options.cache = None;
-    let run =
-        run_profile(&spec(&["localhost"]), &options, &NoProgress).unwrap_or_else(|e| panic!("{e}"));
+    let run = run_profile(&common::host_spec(&["localhost"]), &options, &NoProgress)
+        .unwrap_or_else(|e| panic!("{e}"));
     run.profile.validate("one node").unwrap();
     assert_eq!(run.profile.node_links.size(), 1);
     let gpus = run.profile.nodes[0].gpus().unwrap();

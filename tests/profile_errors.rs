@@ -3,27 +3,14 @@
 //! a probe that hangs (stopped at the time limit), and in every case the probe's temporary
 //! directories removed and no process left behind. A stand-in torchrun plays the probe.
 
+mod common;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use pipette::cluster::{ClusterSpec, Node, NodeSource, Slots};
 use pipette::exec::{SshOptions, Transport};
 use pipette::measure::{run_profile, NoProgress, ProfileOptions, ProfileRunError};
-
-fn spec(hosts: &[&str]) -> ClusterSpec {
-    ClusterSpec {
-        nodes: hosts
-            .iter()
-            .map(|h| Node {
-                host: (*h).to_owned(),
-                slots: Slots::Unknown,
-            })
-            .collect(),
-        source: NodeSource::Hosts,
-        job_id: None,
-    }
-}
 
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -111,7 +98,7 @@ fn a_failing_node_stops_the_others_and_is_named() {
     let options = options(&torchrun);
     let start = Instant::now();
     let err = run_profile(
-        &spec(&["node-a", "node-b", "node-c"]),
+        &common::host_spec(&["node-a", "node-b", "node-c"]),
         &options,
         &NoProgress,
     )
@@ -142,7 +129,12 @@ fn a_hung_probe_is_stopped_at_the_time_limit() {
     let mut options = options(&torchrun);
     options.probe_timeout = Duration::from_secs(2);
     let start = Instant::now();
-    let err = run_profile(&spec(&["node-a", "node-b"]), &options, &NoProgress).unwrap_err();
+    let err = run_profile(
+        &common::host_spec(&["node-a", "node-b"]),
+        &options,
+        &NoProgress,
+    )
+    .unwrap_err();
     // Far below the hang: the probe was stopped at its limit, not waited for (how soon
     // after the limit depends on how busy the machine is).
     assert!(
@@ -166,7 +158,7 @@ fn a_hung_probe_is_stopped_at_the_time_limit() {
 fn a_missing_torchrun_says_so() {
     let mut options = options(Path::new("/nonexistent/torchrun"));
     options.probe_timeout = Duration::from_secs(20);
-    let err = run_profile(&spec(&["node-a"]), &options, &NoProgress).unwrap_err();
+    let err = run_profile(&common::host_spec(&["node-a"]), &options, &NoProgress).unwrap_err();
     assert!(
         err.to_string()
             .starts_with("cannot start /nonexistent/torchrun for node-a: "),
@@ -190,7 +182,7 @@ fn an_unreachable_node_is_reported_as_such() {
         cache: None,
         ..ProfileOptions::default()
     };
-    let err = run_profile(&spec(&["127.0.0.1"]), &options, &NoProgress).unwrap_err();
+    let err = run_profile(&common::host_spec(&["127.0.0.1"]), &options, &NoProgress).unwrap_err();
     assert!(err.is_unreachable(), "{err}");
     assert_eq!(
         err.to_string(),

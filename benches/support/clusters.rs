@@ -111,6 +111,7 @@ pub fn mixed(kinds: &[NodeKind], per_node: usize, seed: u64) -> ClusterProfile {
         })
         .collect();
     ClusterProfile {
+        measured_perf: Vec::new(),
         note: Some("generated for the planner benchmark".into()),
         nodes,
         node_links,

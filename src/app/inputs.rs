@@ -48,7 +48,7 @@ pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Er
     }
     let profile = match &config.discovery.cluster_file {
         Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
-        None if measure => Some(measure_nodes(config, &found.spec)?),
+        None if measure => Some(measure_nodes(config, &found.spec, &settings)?),
         None => None,
     };
     let profile = profile.as_ref().map(|(p, c)| (p.as_path(), c));
@@ -124,11 +124,13 @@ fn find_executable(program: &str, path: &std::ffi::OsStr) -> Option<PathBuf> {
         .find(|candidate| runnable(candidate))
 }
 
-/// Profiles the discovered nodes (or reuses the cached profile of the same nodes); returns
-/// the cache file's path (or a description) and the profile.
+/// Profiles the discovered nodes (or reuses the cached profile of the same nodes), the
+/// performance sweep at the shapes of the model in `settings` included; returns the cache
+/// file's path (or a description) and the profile.
 pub(super) fn measure_nodes(
     config: &RunConfig,
     spec: &cluster::ClusterSpec,
+    settings: &Settings,
 ) -> Result<(PathBuf, ClusterProfile), Error> {
     let options = ProfileOptions {
         transport: config.launch.access.transport(&spec.hosts(), &spec.source),
@@ -139,6 +141,7 @@ pub(super) fn measure_nodes(
         torchrun: config.launch.torchrun.clone(),
         env: config.node_env.clone().into_iter().collect(),
         reprofile: config.reprofile,
+        sweep: sweep_shapes(settings, config.allocation.nproc_per_node),
         ..ProfileOptions::default()
     };
     log::log(
@@ -159,6 +162,31 @@ pub(super) fn measure_nodes(
         .clone()
         .unwrap_or_else(|| "the measured profile".into());
     Ok((path, run.profile))
+}
+
+/// The sweep's shapes for the model in `settings`: tensor-parallel sizes 1, 2, 4, 8 (up to
+/// the processes per node when given), micro-batches 1, 2 and 4; none for fp32 training
+/// (no tensor-core table to measure).
+fn sweep_shapes(
+    settings: &Settings,
+    nproc_per_node: Option<NprocPerNode>,
+) -> Option<measure::SweepShapes> {
+    let dtype = match settings.training.precision {
+        config::Precision::Bf16 => cluster::profile::Dtype::Bf16,
+        config::Precision::Fp16 => cluster::profile::Dtype::Fp16,
+        config::Precision::Fp32 => return None,
+    };
+    let most = match nproc_per_node {
+        Some(NprocPerNode::Count(n)) => u64::from(n).clamp(1, 8),
+        _ => 8,
+    };
+    let tps: Vec<u64> = [1, 2, 4, 8].into_iter().filter(|t| *t <= most).collect();
+    let (gemms, attention) = crate::model::time::sweep_shapes(&settings.model, &tps, &[1, 2, 4]);
+    Some(measure::SweepShapes {
+        dtype,
+        gemms,
+        attention,
+    })
 }
 
 /// The hosts, their workers and GPUs ([`cluster::allocate`]), its errors as pipette's.

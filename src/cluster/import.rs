@@ -249,6 +249,7 @@ fn finish(
     what: &str,
 ) -> Result<ClusterProfile, ProfileError> {
     let profile = ClusterProfile {
+        measured_perf: Vec::new(),
         note: Some(format!(
             "imported from {origin} ({what}): node links only; GPUs unknown until profiled or given defaults"
         )),

@@ -5,15 +5,15 @@
 use std::collections::BTreeMap;
 
 use crate::cluster::profile::{
-    median, round_figure, Dtype, GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile,
-    PeakTflops, Provenance, Source,
+    median, round_figure, AttentionFigure, CollectiveFigure, Dtype, GemmFigure, GpuInventory,
+    GpuSpec, LinkMatrix, MeasuredPerf, MeasuredTflops, NodeProfile, PeakTflops, Provenance, Source,
 };
 use crate::cluster::{ClusterProfile, ClusterSpec};
 use crate::exec::{is_local_host, Transport};
 
 use super::{
-    inventory, probe, Backend, NodeDevices, NodeInventory, ProbeReport, ProbeSettings,
-    ProfileOptions, ProfileRunError,
+    cache, inventory, probe, Backend, NodeDevices, NodeInventory, ProbeReport, ProbeSettings,
+    ProfileOptions, ProfileRunError, SweepSpec,
 };
 
 /// How many processes each node runs, and what the CPU stand-ins get.
@@ -365,6 +365,7 @@ pub(super) fn assemble(
         )),
         nodes,
         node_links,
+        measured_perf: Vec::new(),
     })
 }
 
@@ -384,6 +385,102 @@ fn sampled_node_links(
     let per_node = by_node.iter().map(|v| median(v)).collect();
     let pairs = figures.iter().map(|(&(a, b), &v)| (a, b, v)).collect();
     LinkMatrix::sampled(per_node, pairs, provenance)
+}
+
+/// The sweep's section of the profile: one [`MeasuredPerf`] per device name that the
+/// report measured, named as the profile names that rank's GPU, with every collective.
+pub(super) fn measured_perf(
+    profile: &ClusterProfile,
+    report: &ProbeReport,
+    sweep: Option<&SweepSpec>,
+    today: &str,
+) -> Result<Vec<MeasuredPerf>, ProfileRunError> {
+    let Some(sweep) = sweep else {
+        return Ok(Vec::new());
+    };
+    let bad = |detail: String| ProfileRunError::BadResult { detail };
+    let rank_info = |rank: usize| report.ranks.iter().find(|r| r.rank == rank);
+    let collectives: Vec<CollectiveFigure> = report
+        .collectives
+        .iter()
+        .map(|c| CollectiveFigure {
+            op: c.op.clone(),
+            ranks: c.ranks,
+            bytes: c.bytes,
+            us: round_figure(c.us),
+        })
+        .collect();
+    let shape_set = cache::key_of(&sweep.to_json());
+    let mut out: Vec<MeasuredPerf> = Vec::new();
+    for record in &report.sweep {
+        let info = rank_info(record.rank)
+            .ok_or_else(|| bad(format!("the sweep names rank {}", record.rank)))?;
+        let gpu = profile
+            .nodes
+            .get(info.node)
+            .and_then(|n| n.gpus())
+            .and_then(|g| g.get(info.local_rank))
+            .ok_or_else(|| {
+                bad(format!(
+                    "the sweep's rank {} is not a GPU of the profile",
+                    record.rank
+                ))
+            })?;
+        let dtype = match record.dtype.as_str() {
+            "bf16" => Dtype::Bf16,
+            "fp16" => Dtype::Fp16,
+            other => return Err(bad(format!("the sweep ran in {other:?}"))),
+        };
+        if out.iter().any(|p| p.gpu == gpu.name && p.dtype == dtype) {
+            continue;
+        }
+        let gemms: Vec<GemmFigure> = record
+            .gemms
+            .iter()
+            .map(|g| GemmFigure {
+                tflops: round_figure(g.tflops),
+                ..*g
+            })
+            .collect();
+        let attention: Vec<AttentionFigure> = record
+            .attention
+            .iter()
+            .map(|a| AttentionFigure {
+                tflops: round_figure(a.tflops),
+                ..*a
+            })
+            .collect();
+        let skipped = record.skipped + report.collectives_skipped;
+        out.push(MeasuredPerf {
+            gpu: gpu.name.clone(),
+            dtype,
+            shape_set: shape_set.clone(),
+            gemms,
+            attention,
+            hbm_gb_per_s: record.hbm_gb_per_s.map(round_figure),
+            collectives: collectives.clone(),
+            provenance: Provenance::new(Source::Measured)
+                .with_date(today)
+                .with_tool(probe::TOOL)
+                .with_note(format!(
+                    "median of {} on rank {} alone ({} backend); copy of {} MiB counted as \
+                     read + write; collectives timed on rank 0{}",
+                    sweep.repeats,
+                    record.rank,
+                    report.backend,
+                    sweep.hbm_bytes >> 20,
+                    if skipped > 0 {
+                        format!(
+                            "; {skipped} shape(s) left out past the {} s budget",
+                            sweep.budget_s
+                        )
+                    } else {
+                        String::new()
+                    }
+                )),
+        });
+    }
+    Ok(out)
 }
 
 pub(super) fn gpu_spec(

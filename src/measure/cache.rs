@@ -2,9 +2,11 @@
 //! `~/.cache/...`), one `pipette-cluster/1` file per set of hosts and GPU inventory.
 //!
 //! The key is a hash of the sorted host names and what the inventory found on each (GPU
-//! models, memory, PCI addresses; or the CPU stand-ins), so the same nodes with the same
-//! GPUs reuse a profile in any order, and a node whose GPUs changed is measured again. A
-//! profile older than the time-to-live (by file modification time) is measured again too.
+//! models, memory, PCI addresses; or the CPU stand-ins), and of the performance sweep asked
+//! for (its shapes, sizes and budget), so the same nodes with the same GPUs reuse a profile
+//! in any order, a node whose GPUs changed is measured again, and so is a profile measured
+//! for another model's shapes (or without a sweep). A profile older than the time-to-live
+//! (by file modification time) is measured again too.
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -166,6 +168,7 @@ mod tests {
             ttl: Duration::from_secs(3600),
         };
         let profile = ClusterProfile {
+            measured_perf: Vec::new(),
             note: None,
             nodes: vec![NodeProfile {
                 host: "n1".into(),

@@ -10,7 +10,10 @@
 //! 2. reuses a cached profile for the same hosts and inventory unless asked not to, or it
 //!    is older than the time-to-live ([`cache`]);
 //! 3. runs the probe with torchrun on every node ([`probe`]): bandwidth of every GPU pair
-//!    inside each node and of every node pair, and matrix-multiply throughput;
+//!    inside each node and of every node pair, and matrix-multiply throughput; with
+//!    [`ProfileOptions::sweep`], the performance tables of the planned model's shapes
+//!    (GEMMs, attention, memory bandwidth, collectives), kept in the profile's
+//!    `measured_perf` per kind of GPU (the sweep's shapes are part of the cache key);
 //! 4. assembles, validates and caches the profile.
 //!
 //! All node I/O goes through [`crate::exec`], so the same code runs on a cluster (ssh,
@@ -51,7 +54,7 @@ use crate::exec::{format_duration, ExecError, Status, Transport};
 use assemble::{assemble, NodePlan};
 pub use cache::ProfileCache;
 pub use inventory::{NodeDevices, NodeInventory};
-pub use probe::{Backend, NodePairs, ProbeReport, ProbeSettings};
+pub use probe::{Backend, NodePairs, ProbeReport, ProbeSettings, SweepShapes, SweepSpec};
 pub use progress::{NoProgress, Phase, Progress, ProgressBars, LINE_INTERVAL};
 
 /// How to profile.
@@ -86,6 +89,9 @@ pub struct ProfileOptions {
     pub reprofile: bool,
     /// Where cached profiles live (`None`: no cache).
     pub cache: Option<ProfileCache>,
+    /// The performance sweep's shapes (the model being planned), if one is to run; its
+    /// sizes and budget follow the kind of node ([`probe::SweepSpec::for_backend`]).
+    pub sweep: Option<SweepShapes>,
 }
 
 /// Cached profiles count for a week by default.
@@ -111,6 +117,7 @@ impl Default for ProfileOptions {
                 dir,
                 ttl: DEFAULT_TTL,
             }),
+            sweep: None,
         }
     }
 }
@@ -211,7 +218,18 @@ pub fn run_profile(
     }
     let backend = backend_of(&inventory)?;
     let plan = NodePlan::new(spec, options, &inventory);
-    let key = cache::key_of(&plan.canonical(&inventory, backend));
+    let sweep = options
+        .sweep
+        .clone()
+        .map(|shapes| SweepSpec::for_backend(shapes, backend));
+    // A profile measured for other shapes (or none) is not this one.
+    let key = cache::key_of(&format!(
+        "{}{}",
+        plan.canonical(&inventory, backend),
+        sweep
+            .as_ref()
+            .map_or(String::new(), |s| format!("sweep {}\n", s.to_json()))
+    ));
 
     if let Some(cache) = options.cache.as_ref() {
         if !options.reprofile {
@@ -273,10 +291,20 @@ pub fn run_profile(
         timeout: options.probe_timeout,
         command_timeout: options.command_timeout,
         grace: options.grace,
+        sweep: sweep.clone(),
     };
     let report = probe::run_probe(&request, progress)?;
     let today = utc_date(SystemTime::now());
     let mut profile = assemble(spec, &inventory, &plan, &report, &settings, &today)?;
+    profile.measured_perf = assemble::measured_perf(&profile, &report, sweep.as_ref(), &today)?;
+    for record in report.sweep.iter().filter(|r| r.skipped > 0) {
+        note(format!(
+            "the performance sweep on {} left {} shape(s) out after its {} s budget",
+            record.name,
+            record.skipped,
+            sweep.as_ref().map_or(0, |s| s.budget_s)
+        ));
+    }
     // A slow figure is kept (it is what the node did) and said so, in the file and here.
     for part in profile.mark_slow() {
         note(part.to_string());
@@ -381,6 +409,7 @@ fn in_spec_order(profile: ClusterProfile, spec: &ClusterSpec) -> Option<ClusterP
     let nodes = order.iter().map(|&i| profile.nodes[i].clone()).collect();
     Some(ClusterProfile {
         note: profile.note,
+        measured_perf: profile.measured_perf,
         nodes,
         node_links,
     })
@@ -413,6 +442,7 @@ mod tests {
         Dtype, GpuInventory, LinkMatrix, NodeProfile, Provenance, Source,
     };
     use crate::cluster::{Node, NodeSource, Slots};
+    use probe::SweepSpec;
 
     #[test]
     fn dates_are_civil_utc() {
@@ -450,6 +480,7 @@ mod tests {
         )
         .unwrap();
         let profile = ClusterProfile {
+            measured_perf: Vec::new(),
             note: None,
             nodes: ["a", "b", "c"]
                 .iter()
@@ -647,5 +678,97 @@ mod tests {
         let spec = gpu_spec(&known, None, Some(101.0), "2024-05-31");
         assert_eq!(spec.peak_tflops.fp16, 125.0);
         assert_eq!(spec.measured_tflops.unwrap().dtype, Dtype::Fp16);
+    }
+
+    #[test]
+    fn the_sweep_report_becomes_the_profiles_section() {
+        use crate::cluster::profile::tests::two_nodes;
+        use crate::cluster::profile::{GemmLayout, GemmShape};
+        let report = probe::parse_report(
+            r#"{"protocol": 1, "backend": "nccl", "torch": "2.9", "world_size": 4,
+            "sizes": [1], "warmup": 1, "repeats": 1, "compute": [], "links": [],
+            "elapsed_s": 9.0,
+            "ranks": [
+              {"rank": 0, "node": 0, "local_rank": 0, "hostname": "n0", "device": "cuda", "name": "NVIDIA A100-SXM4-80GB"},
+              {"rank": 1, "node": 0, "local_rank": 1, "hostname": "n0", "device": "cuda", "name": "NVIDIA A100-SXM4-80GB"},
+              {"rank": 2, "node": 1, "local_rank": 0, "hostname": "n1", "device": "cuda", "name": "NVIDIA A100-SXM4-80GB"},
+              {"rank": 3, "node": 1, "local_rank": 1, "hostname": "n1", "device": "cuda", "name": "NVIDIA A100-SXM4-80GB"}],
+            "sweep": [{"rank": 2, "name": "NVIDIA A100-SXM4-80GB", "dtype": "bf16",
+              "gemms": [{"m": 4096, "n": 1536, "k": 4096, "layout": "fwd", "tflops": 245.33333333333334}],
+              "attention": [{"batch_heads": 32, "seq": 2048, "head_dim": 128, "tflops": 180.0}],
+              "hbm_gb_per_s": 1650.0, "skipped": 2}],
+            "collectives": [{"op": "all_reduce", "ranks": 2, "bytes": 1024, "us": 30.0},
+                            {"op": "all_gather", "ranks": 4, "bytes": 1024, "us": 25.0}],
+            "collectives_skipped": 1}"#,
+        )
+        .unwrap();
+        let profile = two_nodes();
+        let shapes = SweepShapes {
+            dtype: Dtype::Bf16,
+            gemms: vec![GemmShape {
+                m: 4096,
+                n: 1536,
+                k: 4096,
+                layout: GemmLayout::Fwd,
+            }],
+            attention: vec![],
+        };
+        let sweep = SweepSpec::for_backend(shapes, Backend::Nccl);
+        let perf = assemble::measured_perf(&profile, &report, Some(&sweep), "2026-11-24").unwrap();
+        assert_eq!(perf.len(), 1);
+        // Named as the profile names rank 2's GPU (node 1, local 0), not as torch does.
+        assert_eq!(perf[0].gpu, "A100-SXM4-80GB");
+        assert_eq!(perf[0].gemms[0].tflops, 245.333333333);
+        assert_eq!(perf[0].attention[0].batch_heads, 32);
+        assert_eq!(perf[0].hbm_gb_per_s, Some(1650.0));
+        assert_eq!(perf[0].collectives.len(), 2);
+        assert_eq!(perf[0].shape_set, cache::key_of(&sweep.to_json()));
+        let note = perf[0].provenance.note.as_deref().unwrap();
+        assert!(
+            note.ends_with("3 shape(s) left out past the 60 s budget"),
+            "{note}"
+        );
+        let mut checked = profile.clone();
+        checked.measured_perf = perf;
+        checked.validate("swept").unwrap();
+        // No sweep asked for: no section, whatever the report holds.
+        assert!(
+            assemble::measured_perf(&profile, &report, None, "2026-11-24")
+                .unwrap()
+                .is_empty()
+        );
+        // A sweep record of a rank outside the profile is the probe's bug.
+        let mut stray = report.clone();
+        stray.sweep[0].rank = 9;
+        assert!(assemble::measured_perf(&profile, &stray, Some(&sweep), "2026-11-24").is_err());
+    }
+
+    #[test]
+    fn the_sweep_goes_to_the_template_with_the_backends_sizes() {
+        use crate::cluster::profile::{AttentionShape, GemmLayout, GemmShape};
+        let shapes = SweepShapes {
+            dtype: Dtype::Bf16,
+            gemms: vec![GemmShape {
+                m: 128,
+                n: 384,
+                k: 128,
+                layout: GemmLayout::Wgrad,
+            }],
+            attention: vec![AttentionShape {
+                batch_heads: 4,
+                seq: 128,
+                head_dim: 32,
+            }],
+        };
+        let cpu = SweepSpec::for_backend(shapes.clone(), Backend::Gloo);
+        assert_eq!(cpu.collective_sizes, [1 << 10, 16 << 10, 256 << 10]);
+        assert_eq!(cpu.budget_s, 3);
+        assert_eq!(
+            cpu.to_json(),
+            r#"{"attention":[[4,128,32]],"budget_s":3,"collective_sizes":[1024,16384,262144],"dtype":"bf16","gemms":[[128,384,128,"wgrad"]],"hbm_bytes":67108864,"repeats":3}"#
+        );
+        let gpu = SweepSpec::for_backend(shapes, Backend::Nccl);
+        assert_eq!(gpu.collective_sizes.last(), Some(&(64 << 20)));
+        assert!(probe::TEMPLATE.contains("\"--sweep\""));
     }
 }

@@ -23,12 +23,18 @@
 //! - Compute: every rank at once multiplies `n × n` matrices (bf16 on GPUs of compute
 //!   capability 8 and up, fp16 below; fp32 and bf16 on CPUs) and reports the median
 //!   `2n³ / time`.
+//! - Sweep (with a [`SweepSpec`]): the first rank of every device name times GEMMs at
+//!   the given shapes and layouts, causal attention, and a large copy, alone; then rank 0
+//!   times all-reduce and all-gather over message sizes for groups of the first 2, 4, ...
+//!   ranks and all of them. Each part stops starting shapes past the time budget.
 
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::profile::{AttentionFigure, AttentionShape, Dtype, GemmFigure, GemmShape};
 
 use crate::exec::staged::{self, JobError, StageError, StagedFile};
 use crate::exec::{ExecOptions, NodeCommand, Status, Stream, Transport};
@@ -174,6 +180,79 @@ impl ProbeSettings {
     }
 }
 
+/// What the sweep measures: the shapes come from the model being planned (the caller
+/// chooses them), the sizes and budget from the kind of node ([`SweepSpec::for_backend`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SweepSpec {
+    /// The dtype the model trains in.
+    pub dtype: Dtype,
+    pub gemms: Vec<GemmShape>,
+    pub attention: Vec<AttentionShape>,
+    /// Bytes of the memory-bandwidth copy.
+    pub hbm_bytes: u64,
+    /// Collective message sizes, bytes per rank.
+    pub collective_sizes: Vec<u64>,
+    pub repeats: u32,
+    /// Seconds each part (devices, collectives) may take before it stops starting shapes.
+    pub budget_s: u32,
+}
+
+/// The shapes of a sweep, as the caller (who knows the model) gives them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SweepShapes {
+    pub dtype: Dtype,
+    pub gemms: Vec<GemmShape>,
+    pub attention: Vec<AttentionShape>,
+}
+
+impl SweepSpec {
+    /// `shapes` with the sizes of `backend`: on GPUs a 1 GiB copy, 1 KiB to 64 MiB
+    /// messages, median of 5, 60 s a part; on CPU stand-ins a 64 MiB copy, 1 KiB to 1 MiB
+    /// messages, median of 3, 3 s a part (a CPU is slow, and the stand-ins share it).
+    pub fn for_backend(shapes: SweepShapes, backend: Backend) -> Self {
+        let (hbm_bytes, top, repeats, budget_s) = match backend {
+            Backend::Nccl => (1u64 << 30, 64u64 << 20, 5, 60),
+            Backend::Gloo => (64 << 20, 1 << 20, 3, 3),
+        };
+        let collective_sizes = std::iter::successors(Some(1u64 << 10), |s| Some(s * 16))
+            .take_while(|s| *s <= top)
+            .collect();
+        SweepSpec {
+            dtype: shapes.dtype,
+            gemms: shapes.gemms,
+            attention: shapes.attention,
+            hbm_bytes,
+            collective_sizes,
+            repeats,
+            budget_s,
+        }
+    }
+
+    /// The argument of the template's `--sweep`.
+    pub fn to_json(&self) -> String {
+        let gemms: Vec<(u64, u64, u64, &str)> = self
+            .gemms
+            .iter()
+            .map(|g| (g.m, g.n, g.k, g.layout.as_str()))
+            .collect();
+        let attention: Vec<(u64, u64, u64)> = self
+            .attention
+            .iter()
+            .map(|a| (a.batch_heads, a.seq, a.head_dim))
+            .collect();
+        serde_json::json!({
+            "dtype": self.dtype.as_str(),
+            "gemms": gemms,
+            "attention": attention,
+            "hbm_bytes": self.hbm_bytes,
+            "collective_sizes": self.collective_sizes,
+            "repeats": self.repeats,
+            "budget_s": self.budget_s,
+        })
+        .to_string()
+    }
+}
+
 /// One node's part of the probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeNode {
@@ -203,6 +282,8 @@ pub struct ProbeRequest<'a> {
     /// For staging, port query and cleanup commands.
     pub command_timeout: Duration,
     pub grace: Duration,
+    /// The performance sweep, if any.
+    pub sweep: Option<SweepSpec>,
 }
 
 /// What the probe measured, as rank 0 printed it.
@@ -219,6 +300,38 @@ pub struct ProbeReport {
     pub links: Vec<LinkRecord>,
     pub compute: Vec<ComputeRecord>,
     pub elapsed_s: f64,
+    /// The sweep per device name (empty without one).
+    #[serde(default)]
+    pub sweep: Vec<SweepRecord>,
+    /// The sweep's collectives, as rank 0 timed them.
+    #[serde(default)]
+    pub collectives: Vec<CollectiveRecord>,
+    #[serde(default)]
+    pub collectives_skipped: u32,
+}
+
+/// What the sweep measured on the first rank of one device name.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct SweepRecord {
+    pub rank: usize,
+    /// The device name (`cpu` for stand-ins).
+    pub name: String,
+    /// `bf16` or `fp16`.
+    pub dtype: String,
+    pub gemms: Vec<GemmFigure>,
+    pub attention: Vec<AttentionFigure>,
+    pub hbm_gb_per_s: Option<f64>,
+    /// Shapes left out when the budget ran out.
+    pub skipped: u32,
+}
+
+/// One collective's median time.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CollectiveRecord {
+    pub op: String,
+    pub ranks: u32,
+    pub bytes: u64,
+    pub us: f64,
 }
 
 /// One rank: where it ran and on what.
@@ -327,6 +440,9 @@ pub fn torchrun_command(
     }
     if let Some(threads) = node.threads {
         command = command.args(["--threads".to_owned(), threads.to_string()]);
+    }
+    if let Some(sweep) = &request.sweep {
+        command = command.args(["--sweep".to_owned(), sweep.to_json()]);
     }
     for (name, value) in &node.env {
         command = command.env(name, value);
@@ -548,6 +664,7 @@ mod tests {
             timeout: Duration::from_secs(90),
             command_timeout: Duration::from_secs(10),
             grace: Duration::from_secs(1),
+            sweep: None,
         }
     }
 
@@ -579,6 +696,19 @@ mod tests {
         let c = torchrun_command(&r, 1, "/tmp/pipette-probe.abc", 29500);
         assert!(c.args.contains(&"--node-rank=1".to_owned()));
         assert!(!c.args.contains(&"--threads".to_owned()));
+        assert!(!c.args.contains(&"--sweep".to_owned()));
+        let shapes = SweepShapes {
+            dtype: Dtype::Bf16,
+            gemms: vec![],
+            attention: vec![],
+        };
+        let swept = ProbeRequest {
+            sweep: Some(SweepSpec::for_backend(shapes, Backend::Gloo)),
+            ..r
+        };
+        let c = torchrun_command(&swept, 1, "/tmp/pipette-probe.abc", 29500);
+        let at = c.args.iter().position(|a| a == "--sweep").unwrap();
+        assert_eq!(c.args[at + 1], swept.sweep.as_ref().unwrap().to_json());
     }
 
     #[test]

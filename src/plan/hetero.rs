@@ -317,6 +317,7 @@ mod tests {
     fn cluster(nodes: &[(&str, u64, f64)]) -> ClusterProfile {
         let p = Provenance::new(Source::Estimated);
         ClusterProfile {
+            measured_perf: Vec::new(),
             note: None,
             nodes: nodes
                 .iter()

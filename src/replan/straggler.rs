@@ -144,6 +144,7 @@ mod tests {
             note: None,
             nodes: vec![node("a"), node("b")],
             node_links: LinkMatrix::uniform(2, 25.0, Provenance::new(Source::Estimated)),
+            measured_perf: Vec::new(),
         };
         let slow = slowed(&profile, "b", 2.0);
         let peaks = |p: &ClusterProfile, n: usize| -> Vec<f64> {

@@ -37,6 +37,18 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
     if let Some((config, r)) = runner_up {
         out.push_str(&format!("  {}\n", runner_up_text(t, config, r)));
     }
+    // Which tables priced the plan, when the profile's sweep measured them (the shipped
+    // ones otherwise, as the estimate's JSON notes say).
+    for note in t
+        .notes
+        .iter()
+        .filter(|n| n.contains("measured, not shipped"))
+    {
+        out.push_str(&crate::log::wrap(
+            &format!("  Time model: {note}\n"),
+            80,
+        ));
+    }
 
     out.push_str("\nTop configurations (memory and time per iteration)\n");
     let mut table = Table::new();

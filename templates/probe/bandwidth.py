@@ -10,6 +10,12 @@ torchrun starts this on every node (static rendezvous, node-major ranks). It mea
   the ring of nodes: a few pairs per node, enough to show a slow node or NIC on clusters
   where every pair would take n² measurements;
 * the matrix-multiply throughput every rank attains;
+* with ``--sweep``, the performance tables of the model being planned: on the first rank
+  of every kind of device, GEMMs at the given shapes in the three layouts of a linear
+  layer, causal ``scaled_dot_product_attention`` at the given shapes, and the bandwidth of
+  a large device copy; then all-reduce and all-gather times over message sizes for groups
+  of the first 2, 4, ... ranks and of all of them. Each part stops starting new shapes
+  after the time budget (what it skipped is counted);
 
 and rank 0 prints one line, ``PIPETTE-PROBE-RESULT {json}``, on standard output. Progress
 goes to standard output as ``PIPETTE-PROBE-PROGRESS {json}`` lines (rank 0 only).
@@ -60,6 +66,9 @@ def parse_args():
     p.add_argument("--node-pair-strides", default="",
                    help="comma-separated; measure node i with node i + s (mod nodes) for each s "
                         "instead of every node pair")
+    p.add_argument("--sweep", default="",
+                   help="JSON: dtype, gemms [[m, n, k, layout]], attention [[heads, seq, dim]], "
+                        "hbm_bytes, collective_sizes, repeats, budget_s")
     p.add_argument("--timeout", type=float, default=600.0)
     return p.parse_args()
 
@@ -245,6 +254,150 @@ class Probe:
             records.append({"rank": self.rank, "dtype": name, "n": n,
                             "tflops": 2.0 * n ** 3 / median / 1e12, "samples_s": times})
 
+    def timed(self, fn, flops_hint, repeats):
+        """Median seconds of one call of fn: one warm-up, then repeats timed runs of enough
+        calls to take about a millisecond each on a GPU."""
+        inner = max(1, min(20, int(2e11 / max(flops_hint, 1.0)))) if self.cuda else 1
+        fn()
+        self.sync()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            self.sync()
+            times.append((time.perf_counter() - start) / inner)
+        return statistics.median(times)
+
+    def attempt(self, measure):
+        """measure(), or None when the device refused the shape (out of memory, no kernel
+        for it): the sweep goes on without it."""
+        try:
+            return measure()
+        except RuntimeError:
+            if self.cuda:
+                torch.cuda.empty_cache()
+            return None
+
+    def sweep_device(self, spec, deadline):
+        """GEMMs, attention and a large copy on this rank's device."""
+        dtype = DTYPES[spec["dtype"]]
+        repeats = int(spec.get("repeats", 3))
+        dev = self.device
+        out = {"rank": self.rank, "dtype": spec["dtype"], "gemms": [], "attention": [],
+               "hbm_gb_per_s": None, "skipped": 0}
+        for m, n, k, layout in spec.get("gemms", []):
+            if time.perf_counter() > deadline:
+                out["skipped"] += 1
+                continue
+            flops = 2.0 * m * n * k
+
+            def gemm(m=m, n=n, k=k, layout=layout, flops=flops):
+                # fwd: x (m x k) times W^T (W: n x k); dgrad: dy (m x k) times W (k x n);
+                # wgrad: dy^T (dy: k x m) times x (k x n).
+                if layout == "fwd":
+                    a = torch.randn(m, k, device=dev, dtype=dtype)
+                    b = torch.randn(n, k, device=dev, dtype=dtype).t()
+                elif layout == "dgrad":
+                    a = torch.randn(m, k, device=dev, dtype=dtype)
+                    b = torch.randn(k, n, device=dev, dtype=dtype)
+                else:
+                    a = torch.randn(k, m, device=dev, dtype=dtype).t()
+                    b = torch.randn(k, n, device=dev, dtype=dtype)
+                return self.timed(lambda: torch.matmul(a, b), flops, repeats)
+
+            seconds = self.attempt(gemm)
+            if seconds is None:
+                out["skipped"] += 1
+            else:
+                out["gemms"].append({"m": m, "n": n, "k": k, "layout": layout,
+                                     "tflops": flops / seconds / 1e12})
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        for heads, seq, dim in spec.get("attention", []):
+            if time.perf_counter() > deadline:
+                out["skipped"] += 1
+                continue
+            flops = 2.0 * heads * seq * seq * dim
+
+            def attention(heads=heads, seq=seq, dim=dim, flops=flops):
+                q, k_, v = (torch.randn(1, heads, seq, dim, device=dev, dtype=dtype)
+                            for _ in range(3))
+                return self.timed(lambda: sdpa(q, k_, v, is_causal=True), flops, repeats)
+
+            seconds = self.attempt(attention)
+            if seconds is None:
+                out["skipped"] += 1
+            else:
+                out["attention"].append({"batch_heads": heads, "seq": seq, "head_dim": dim,
+                                         "tflops": flops / seconds / 1e12})
+        size = int(spec.get("hbm_bytes", 0))
+        if size > 0 and time.perf_counter() <= deadline:
+            def copy():
+                src = torch.empty(size, dtype=torch.uint8, device=dev)
+                dst = torch.empty_like(src)
+                return self.timed(lambda: dst.copy_(src), 1e12, repeats)
+
+            seconds = self.attempt(copy)
+            if seconds is not None:
+                out["hbm_gb_per_s"] = 2.0 * size / seconds / 1e9
+        return out
+
+    def sweep_collectives(self, spec, deadline):
+        """All-reduce and all-gather over the first 2, 4, ... ranks and all of them."""
+        sizes = [int(s) for s in spec.get("collective_sizes", [])]
+        repeats = int(spec.get("repeats", 3))
+        groups = []
+        g = 2
+        while g < self.world:
+            groups.append(g)
+            g *= 2
+        if self.world >= 2:
+            groups.append(self.world)
+        records = []
+        skipped = 0
+        for g in groups:
+            # Every rank creates every group (torch requires it); members measure.
+            group = dist.new_group(list(range(g))) if g < self.world else None
+            for size in sizes:
+                # Rank 0 decides for everyone whether time is left, so all stop together.
+                go = torch.tensor([1 if time.perf_counter() <= deadline else 0],
+                                  dtype=torch.int32, device=self.device)
+                dist.broadcast(go, 0)
+                if not go.item():
+                    skipped += 1
+                    continue
+                if self.rank < g:
+                    buf = torch.ones(max(1, size // 4), dtype=torch.float32, device=self.device)
+                    parts = [torch.empty_like(buf) for _ in range(g)]
+                    ar = self.timed(lambda: dist.all_reduce(buf, group=group), 1e12, repeats)
+                    ag = self.timed(lambda: dist.all_gather(parts, buf, group=group), 1e12, repeats)
+                    if self.rank == 0:
+                        records.append({"op": "all_reduce", "ranks": g, "bytes": buf.numel() * 4,
+                                        "us": ar * 1e6})
+                        records.append({"op": "all_gather", "ranks": g, "bytes": buf.numel() * 4,
+                                        "us": ag * 1e6})
+                dist.barrier()
+        return records, skipped
+
+    def sweep(self, ranks):
+        spec = json.loads(self.args.sweep)
+        deadline = time.perf_counter() + float(spec.get("budget_s", 60))
+        # The first rank of every kind of device measures it; the others wait.
+        first = {}
+        for info in ranks:
+            first.setdefault(info["name"], info["rank"])
+        mine = None
+        if first.get(ranks[self.rank]["name"]) == self.rank:
+            mine = self.sweep_device(spec, deadline)
+            mine["name"] = ranks[self.rank]["name"]
+        dist.barrier()
+        self.progress("sweep", 1, 2)
+        # The collectives get a budget of their own.
+        collectives, skipped = self.sweep_collectives(
+            spec, time.perf_counter() + float(spec.get("budget_s", 60)))
+        self.progress("sweep", 2, 2)
+        return mine, collectives, skipped
+
     def run(self):
         started = time.perf_counter()
         self.sizes = [int(s) for s in self.args.sizes.split(",") if s]
@@ -276,9 +429,12 @@ class Probe:
         self.compute(compute)
         dist.barrier()
         self.progress("compute", 1, 1)
+        devices, collectives, skipped = None, [], 0
+        if self.args.sweep:
+            devices, collectives, skipped = self.sweep(ranks)
 
         gathered = [None] * self.world
-        dist.all_gather_object(gathered, {"links": links, "compute": compute})
+        dist.all_gather_object(gathered, {"links": links, "compute": compute, "sweep": devices})
         if self.rank == 0:
             result = {
                 "protocol": PROTOCOL,
@@ -291,6 +447,9 @@ class Probe:
                 "ranks": ranks,
                 "links": [rec for part in gathered for rec in part["links"]],
                 "compute": [rec for part in gathered for rec in part["compute"]],
+                "sweep": [part["sweep"] for part in gathered if part["sweep"]],
+                "collectives": collectives,
+                "collectives_skipped": skipped,
                 "elapsed_s": time.perf_counter() - started,
             }
             print(RESULT + json.dumps(result), flush=True)

@@ -77,6 +77,22 @@ pub fn torchrun() -> PathBuf {
     torchrun
 }
 
+/// Nodes by host name, as a host list names them (no slot counts).
+pub fn host_spec(hosts: &[&str]) -> pipette::cluster::ClusterSpec {
+    use pipette::cluster::{ClusterSpec, Node, NodeSource, Slots};
+    ClusterSpec {
+        nodes: hosts
+            .iter()
+            .map(|h| Node {
+                host: (*h).to_owned(),
+                slots: Slots::Unknown,
+            })
+            .collect(),
+        source: NodeSource::Hosts,
+        job_id: None,
+    }
+}
+
 /// The repository root (the tests run the example script from there).
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

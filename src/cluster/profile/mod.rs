@@ -27,8 +27,9 @@ mod write;
 pub use error::ProfileError;
 pub use slow::SlowPart;
 pub use types::{
-    round_figure, ClusterProfile, DeviceSelection, Dtype, GpuInventory, GpuSpec, LinkMatrix,
-    MeasuredTflops, NodeProfile, NodeSelection, PeakTflops, Provenance, Source,
+    round_figure, AttentionFigure, AttentionShape, ClusterProfile, CollectiveFigure,
+    DeviceSelection, Dtype, GemmFigure, GemmLayout, GemmShape, GpuInventory, GpuSpec, LinkMatrix,
+    MeasuredPerf, MeasuredTflops, NodeProfile, NodeSelection, PeakTflops, Provenance, Source,
 };
 
 pub(crate) use error::{count, field_path, index_path, invalid, quote, wrong_type};
@@ -69,7 +70,7 @@ pub const SIGNIFICANT_DIGITS: usize = 12;
 pub const MAX_GPUS_PER_NODE: usize = 256;
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn a100(index: u32) -> GpuSpec {
@@ -86,12 +87,14 @@ mod tests {
         }
     }
 
-    fn two_nodes() -> ClusterProfile {
+    /// Two nodes of two A100s each.
+    pub(crate) fn two_nodes() -> ClusterProfile {
         let gpus = GpuInventory::Known {
             gpus: vec![a100(0), a100(1)],
             links: LinkMatrix::uniform(2, 240.0, Provenance::new(Source::Estimated)),
         };
         ClusterProfile {
+            measured_perf: Vec::new(),
             note: Some("two nodes".into()),
             nodes: vec![
                 NodeProfile {
@@ -458,5 +461,106 @@ mod tests {
             Some(Source::Imported)
         );
         assert!(serde_json::from_str::<Source>("\"guess\"").is_err());
+    }
+
+    /// A sweep section as the probe writes it: one GEMM in each layout, one attention
+    /// shape, a copy, all-reduces of two sizes over two ranks.
+    pub(crate) fn swept(gpu: &str) -> MeasuredPerf {
+        let gemm = |m, layout, tflops| GemmFigure {
+            m,
+            n: 256,
+            k: 128,
+            layout,
+            tflops,
+        };
+        let reduce = |bytes, us| CollectiveFigure {
+            op: "all_reduce".into(),
+            ranks: 2,
+            bytes,
+            us,
+        };
+        MeasuredPerf {
+            gpu: gpu.into(),
+            dtype: Dtype::Bf16,
+            shape_set: "0123456789abcdef".into(),
+            gemms: vec![
+                gemm(128, GemmLayout::Fwd, 150.0),
+                gemm(128, GemmLayout::Dgrad, 140.0),
+                gemm(512, GemmLayout::Wgrad, 200.0),
+            ],
+            attention: vec![AttentionFigure {
+                batch_heads: 8,
+                seq: 1024,
+                head_dim: 128,
+                tflops: 100.0,
+            }],
+            hbm_gb_per_s: Some(1500.0),
+            // 20 µs + 1 µs per KB.
+            collectives: vec![reduce(1000, 21.0), reduce(64_000, 84.0)],
+            provenance: Provenance::new(Source::Measured).with_date("2026-11-24"),
+        }
+    }
+
+    #[test]
+    fn the_sweep_section_reads_back_and_older_files_lack_it() {
+        let old = two_nodes();
+        let text = old.to_json_pretty();
+        assert!(!text.contains("measured_perf"), "no empty section written");
+        assert_eq!(
+            ClusterProfile::from_json_str(&text, "old.json").unwrap(),
+            old
+        );
+
+        let mut swept = two_nodes();
+        swept.measured_perf.push(swept_section());
+        let text = swept.to_json_pretty();
+        assert!(text.contains("\"layout\": \"dgrad\""), "{text}");
+        assert_eq!(
+            ClusterProfile::from_json_str(&text, "swept.json").unwrap(),
+            swept
+        );
+        // Narrowing the profile to some nodes keeps the section.
+        let some = swept
+            .subset(&[NodeSelection {
+                host: "n1",
+                devices: DeviceSelection::All,
+            }])
+            .unwrap();
+        assert_eq!(some.measured_perf, swept.measured_perf);
+    }
+
+    fn swept_section() -> MeasuredPerf {
+        swept("A100-SXM4-80GB")
+    }
+
+    #[test]
+    fn a_broken_sweep_figure_is_named_by_its_path() {
+        let mut swept = two_nodes();
+        let mut perf = swept_section();
+        perf.gemms[1].tflops = 0.0;
+        swept.measured_perf.push(perf);
+        let text = swept.to_json_pretty();
+        let err = ClusterProfile::from_json_str(&text, "swept.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("measured_perf[0].gemms[1].tflops"), "{err}");
+        let mut perf = swept_section();
+        perf.collectives[0].us = -1.0;
+        swept.measured_perf = vec![perf];
+        let err = swept.validate("built").unwrap_err().to_string();
+        assert!(err.contains("measured_perf[0].collectives[0].us"), "{err}");
+        let unknown = text.replace("\"shape_set\"", "\"shapes\"");
+        assert!(ClusterProfile::from_json_str(&unknown, "x.json").is_err());
+    }
+
+    #[test]
+    fn all_reduce_latency_is_the_intercept_over_message_size() {
+        let perf = swept_section();
+        let latency = perf.all_reduce_latency_us(2).unwrap();
+        assert!((latency - 20.0).abs() < 1e-9, "{latency}");
+        assert_eq!(perf.all_reduce_latency_us(4), None, "no group of 4");
+        let mut one = perf.clone();
+        one.collectives.truncate(1);
+        assert_eq!(one.all_reduce_latency_us(2), None, "one size: no line");
     }
 }

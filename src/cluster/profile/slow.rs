@@ -260,6 +260,7 @@ mod tests {
     fn cluster(hosts_tflops: &[(&str, f64)], node_links: Provenance) -> ClusterProfile {
         let n = hosts_tflops.len();
         ClusterProfile {
+            measured_perf: Vec::new(),
             note: None,
             nodes: hosts_tflops
                 .iter()

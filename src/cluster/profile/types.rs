@@ -29,6 +29,156 @@ pub struct ClusterProfile {
     /// Attained bandwidth from node to node (row = sender, column = receiver), GB/s: what one
     /// GPU pair (one NIC) attains across the network. The diagonal is unused and kept at 0.
     pub node_links: LinkMatrix,
+    /// What the profile's sweep measured, per kind of GPU (empty when no sweep ran: older
+    /// profiles, imported ones, profiles written by hand).
+    pub measured_perf: Vec<MeasuredPerf>,
+}
+
+/// The profile's performance sweep on one kind of GPU (one device name): matrix
+/// multiplies at the shapes of the model being planned, attention, memory bandwidth and
+/// collectives, as the time model's tables want them. Written under `"measured_perf"`;
+/// optional, so profiles without it still read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredPerf {
+    /// The device name as the GPUs of the profile carry it (`NVIDIA A100-SXM4-80GB`, `cpu`).
+    pub gpu: String,
+    /// The dtype the matrix multiplies and attention ran in.
+    pub dtype: Dtype,
+    /// What the shapes were chosen for (the model's shape list, as the cache key holds it).
+    pub shape_set: String,
+    /// Matrix multiplies `m × n × k` (2·m·n·k FLOPs) in one of a linear layer's layouts.
+    pub gemms: Vec<GemmFigure>,
+    /// Fused attention (`scaled_dot_product_attention`, causal).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention: Vec<AttentionFigure>,
+    /// Attained memory bandwidth of a large device-to-device copy (bytes read + written
+    /// per second), GB/s.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_figure"
+    )]
+    pub hbm_gb_per_s: Option<f64>,
+    /// Collective times by operation, group size and message size.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collectives: Vec<CollectiveFigure>,
+    pub provenance: Provenance,
+}
+
+/// Which of a linear layer's three GEMMs a figure is (`fwd`: `y = x·Wᵀ`; `dgrad`:
+/// `dx = dy·W`; `wgrad`: `dW = dyᵀ·x`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GemmLayout {
+    Fwd,
+    Dgrad,
+    Wgrad,
+}
+
+impl GemmLayout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GemmLayout::Fwd => "fwd",
+            GemmLayout::Dgrad => "dgrad",
+            GemmLayout::Wgrad => "wgrad",
+        }
+    }
+}
+
+/// A GEMM shape of the sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmShape {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub layout: GemmLayout,
+}
+
+/// One measured GEMM.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmFigure {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub layout: GemmLayout,
+    #[serde(deserialize_with = "figure")]
+    pub tflops: f64,
+}
+
+impl GemmFigure {
+    pub fn shape(&self) -> GemmShape {
+        GemmShape {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            layout: self.layout,
+        }
+    }
+}
+
+/// An attention shape of the sweep: `batch_heads` heads (micro-batch × heads per GPU) of
+/// `seq` tokens, `head_dim` wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionShape {
+    pub batch_heads: u64,
+    pub seq: u64,
+    pub head_dim: u64,
+}
+
+/// One measured attention forward pass; `tflops` counts the causal half of the scores and
+/// context products (2·bh·s²·d FLOPs), as the time model prices it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionFigure {
+    pub batch_heads: u64,
+    pub seq: u64,
+    pub head_dim: u64,
+    #[serde(deserialize_with = "figure")]
+    pub tflops: f64,
+}
+
+/// One collective over `ranks` processes with a message of `bytes` (per rank): the median
+/// time, microseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectiveFigure {
+    /// `all_reduce` or `all_gather`.
+    pub op: String,
+    pub ranks: u32,
+    pub bytes: u64,
+    #[serde(deserialize_with = "figure")]
+    pub us: f64,
+}
+
+impl MeasuredPerf {
+    /// The all-reduce latency over `ranks` processes, µs: the intercept of the
+    /// least-squares line `time = latency + bytes / bandwidth` through the measured sizes
+    /// (as the shipped A100 table derives vTrain's), never below zero; `None` with fewer
+    /// than two sizes.
+    pub fn all_reduce_latency_us(&self, ranks: u32) -> Option<f64> {
+        let points: Vec<(f64, f64)> = self
+            .collectives
+            .iter()
+            .filter(|c| c.op == "all_reduce" && c.ranks == ranks)
+            .map(|c| (c.bytes as f64, c.us))
+            .collect();
+        if points.len() < 2 {
+            return None;
+        }
+        let n = points.len() as f64;
+        let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+        let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+        let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+        if sxx == 0.0 {
+            return None;
+        }
+        let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        Some((my - sxy / sxx * mx).max(0.0))
+    }
 }
 
 /// A node an allocation may use, for [`ClusterProfile::subset`].
@@ -689,6 +839,7 @@ impl ClusterProfile {
             note: self.note.clone(),
             nodes,
             node_links: self.node_links.select(&index),
+            measured_perf: self.measured_perf.clone(),
         })
     }
 
@@ -711,6 +862,8 @@ pub(crate) struct ProfileFile {
     pub note: Option<String>,
     pub nodes: Vec<NodeFile>,
     pub node_links: LinksFile,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured_perf: Vec<MeasuredPerf>,
 }
 
 /// A node as written: its GPUs and their links side by side.
@@ -848,6 +1001,7 @@ impl From<&ClusterProfile> for ProfileFile {
                 })
                 .collect(),
             node_links: (&profile.node_links).into(),
+            measured_perf: profile.measured_perf.clone(),
         }
     }
 }

@@ -18,8 +18,8 @@ use super::error::{
 };
 use super::types::{GpusFile, LinksFile, ProfileFile};
 use super::{
-    ClusterProfile, GpuInventory, GpuSpec, LinkMatrix, NodeProfile, ProfileError, Provenance,
-    Source, MAX_PLAUSIBLE_GB_PER_S, MIN_MEASURABLE_GB_PER_S, MIN_MEASURABLE_TFLOPS,
+    ClusterProfile, GpuInventory, GpuSpec, LinkMatrix, MeasuredPerf, NodeProfile, ProfileError,
+    Provenance, Source, MAX_PLAUSIBLE_GB_PER_S, MIN_MEASURABLE_GB_PER_S, MIN_MEASURABLE_TFLOPS,
     MIN_PLAUSIBLE_GB_PER_S, TFLOPS_RANGE,
 };
 
@@ -124,11 +124,61 @@ pub(crate) fn check(file: ProfileFile, origin: &str) -> Result<ClusterProfile, P
     };
     let labels: Vec<String> = hosts.iter().map(|h| quote(h)).collect();
     let node_links = link_matrix(origin, "node_links", file.node_links, &shape, &labels)?;
+    for (i, perf) in file.measured_perf.iter().enumerate() {
+        check_measured_perf(origin, &index_path("measured_perf", i), perf)?;
+    }
     Ok(ClusterProfile {
         note: file.note,
         nodes,
         node_links,
+        measured_perf: file.measured_perf,
     })
+}
+
+/// A sweep section: a GPU name, and every figure a positive throughput, bandwidth or time.
+fn check_measured_perf(origin: &str, path: &str, perf: &MeasuredPerf) -> Result<(), ProfileError> {
+    if perf.gpu.trim().is_empty() {
+        return Err(invalid(
+            origin,
+            &field_path(path, "gpu"),
+            "is empty (give the device name the GPUs of this profile carry)".into(),
+        ));
+    }
+    let check = Check::of(&perf.provenance);
+    for (i, g) in perf.gemms.iter().enumerate() {
+        let at = index_path(&field_path(path, "gemms"), i);
+        if g.m == 0 || g.n == 0 || g.k == 0 {
+            return Err(invalid(
+                origin,
+                &at,
+                "has a zero dimension (m, n and k are at least 1)".into(),
+            ));
+        }
+        check_tflops(origin, &field_path(&at, "tflops"), g.tflops, check)?;
+    }
+    for (i, a) in perf.attention.iter().enumerate() {
+        let at = index_path(&field_path(path, "attention"), i);
+        check_tflops(origin, &field_path(&at, "tflops"), a.tflops, check)?;
+    }
+    let positive = |at: String, x: f64, what: &str| {
+        if x.is_finite() && x > 0.0 {
+            Ok(())
+        } else {
+            Err(invalid(
+                origin,
+                &at,
+                format!("is {} (give a positive {what})", show_number(x)),
+            ))
+        }
+    };
+    if let Some(hbm) = perf.hbm_gb_per_s {
+        positive(field_path(path, "hbm_gb_per_s"), hbm, "bandwidth in GB/s")?;
+    }
+    for (i, c) in perf.collectives.iter().enumerate() {
+        let at = index_path(&field_path(path, "collectives"), i);
+        positive(field_path(&at, "us"), c.us, "time in microseconds")?;
+    }
+    check_provenance(origin, &field_path(path, "provenance"), &perf.provenance)
 }
 
 /// A link matrix of `shape`, every off-diagonal cell a bandwidth checked as its provenance

@@ -12,7 +12,7 @@ use crate::model::parallel::ParallelConfig;
 use crate::model::params::ParameterBreakdown;
 
 use super::ops::{KindOps, OpCost, OpShape, StageOps, StageShape};
-use super::perf::{GpuKind, PerfTable};
+use super::perf::{GpuKind, PerfTables};
 use super::{TimeError, TimeOptions};
 
 /// Bytes per element of the training dtype (activations, parameters).
@@ -79,18 +79,42 @@ pub struct ConfigCosts {
     pub(super) precision: Precision,
     /// Fixed notes on how the inputs were read.
     pub(super) notes: Vec<String>,
+    /// Per GPU kind: the table priced with is another kind's stand-in.
+    pub(super) borrowed: [bool; GpuKind::ALL.len()],
+    /// Per GPU kind: where a measured table came from, and whether some shape was
+    /// interpolated (or lay outside its shapes); `None`: the shipped table.
+    pub(super) measured: [Option<(String, bool, bool)>; GpuKind::ALL.len()],
 }
 
 impl ConfigCosts {
     /// Costs `config` for `model` trained as `training` says (global batch, precision;
     /// micro-batch, recomputation, sequence parallelism and the distributed optimizer come
-    /// from `config`).
+    /// from `config`), with the shipped tables.
     pub fn new(
         model: &ModelSpec,
         training: &TrainingSettings,
         config: &ParallelConfig,
         calibration: &Calibration,
         options: &TimeOptions,
+    ) -> Result<Self, TimeError> {
+        Self::with_tables(
+            model,
+            training,
+            config,
+            calibration,
+            options,
+            PerfTables::shipped(),
+        )
+    }
+
+    /// [`ConfigCosts::new`] with `tables` (a cluster's: [`super::ClusterFabric::tables`]).
+    pub fn with_tables(
+        model: &ModelSpec,
+        training: &TrainingSettings,
+        config: &ParallelConfig,
+        calibration: &Calibration,
+        options: &TimeOptions,
+        tables: &PerfTables,
     ) -> Result<Self, TimeError> {
         super::check_calibration(calibration)?;
         check_config(model, training, config)?;
@@ -163,6 +187,8 @@ impl ConfigCosts {
             optimizer_ms: Vec::with_capacity(pp * GpuKind::ALL.len()),
             precision,
             notes: Vec::new(),
+            borrowed: GpuKind::ALL.map(|k| tables.get(k).borrowed),
+            measured: Default::default(),
         };
         costs.p2p_mb = costs.p2p_bytes / 1e6;
 
@@ -250,7 +276,7 @@ impl ConfigCosts {
             ));
         }
         for kind in GpuKind::ALL {
-            let hbm_gb_per_s = PerfTable::get(kind).hbm_gb_per_s;
+            let hbm_gb_per_s = tables.get(kind).hbm_gb_per_s;
             for s in 0..pp {
                 costs
                     .optimizer_ms
@@ -260,7 +286,7 @@ impl ConfigCosts {
 
         // Collective latencies by GPU kind and tp group size, scaled by the calibration.
         for kind in GpuKind::ALL {
-            let latency = PerfTable::get(kind).collective_latency(tp);
+            let latency = tables.get(kind).collective_latency(tp);
             let us = calibration.collective_latency_scale / 1e3;
             let (ar, ag, rs) = (
                 latency.all_reduce * us,
@@ -277,7 +303,14 @@ impl ConfigCosts {
             );
             costs.p2p_latency_ms[kind.index()] = latency.p2p * us;
         }
-        costs.price_ops(model, config, calibration, act_bytes, options.attention);
+        costs.price_ops(
+            model,
+            config,
+            calibration,
+            act_bytes,
+            options.attention,
+            tables,
+        );
         if precision == Precision::Fp32 {
             costs.notes.push(
                 "fp32 training: GPUs taken at 1/16 of their fp16 tensor peak (CUDA cores)".into(),
@@ -299,6 +332,7 @@ impl ConfigCosts {
         calibration: &Calibration,
         act_bytes: f64,
         attention: AttentionKernel,
+        tables: &PerfTables,
     ) {
         let shape = OpShape {
             model,
@@ -310,7 +344,8 @@ impl ConfigCosts {
         };
         let chunks = config.vpp.unwrap_or(1).max(1);
         for kind in GpuKind::ALL {
-            let kind_ops = KindOps::new(&shape, kind, calibration);
+            let table = tables.get(kind);
+            let kind_ops = KindOps::new(&shape, table, calibration);
             for s in 0..self.pp {
                 let layers = self.layers[s];
                 let recomputed_layers = match &config.recompute {
@@ -330,7 +365,10 @@ impl ConfigCosts {
                 self.ops.push(stage);
                 self.slot_ops.push(stage.slot());
             }
-            if kind == GpuKind::A100 && kind_ops.extrapolated {
+            if let Some(source) = &table.measured {
+                self.measured[kind.index()] =
+                    Some((source.clone(), kind_ops.interpolated, kind_ops.extrapolated));
+            } else if kind == GpuKind::A100 && kind_ops.extrapolated {
                 self.notes.push("some GEMM shapes lie outside the measured tables (data/perf): their efficiencies are interpolated from the nearest measured shapes".into());
             }
         }

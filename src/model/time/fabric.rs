@@ -13,7 +13,7 @@ use crate::config::Precision;
 use crate::model::calibration::Calibration;
 use crate::model::parallel::Device;
 
-use super::perf::{GpuKind, PerfTable};
+use super::perf::{GpuKind, PerfTables};
 use super::TimeError;
 
 /// fp32 training runs on CUDA cores, not tensor cores (PyTorch leaves TF32 off for matrix
@@ -102,6 +102,8 @@ pub struct ClusterFabric {
     slowest_intra: Vec<f64>,
     /// NICs per node (`node_links.nics_per_node`), if the profile knows them.
     nics_per_node: Option<f64>,
+    /// The tables of every GPU kind: the profile's measured ones where it has them.
+    tables: PerfTables,
 }
 
 impl ClusterFabric {
@@ -122,6 +124,7 @@ impl ClusterFabric {
         let mut throughput = Vec::new();
         let mut perf = Vec::new();
         let mut slowest_intra = Vec::with_capacity(node_count);
+        let tables = PerfTables::for_cluster(cluster, tensor_dtype(precision));
         for node in &cluster.nodes {
             let GpuInventory::Known { gpus, links } = &node.gpus else {
                 return Err(TimeError::UnknownGpus {
@@ -145,7 +148,7 @@ impl ClusterFabric {
                     f64::INFINITY
                 });
                 throughput.push(t);
-                perf.push(gpu_perf(gpu, t, precision, calibration));
+                perf.push(gpu_perf(gpu, t, precision, calibration, &tables));
             }
         }
         Ok(ClusterFabric {
@@ -158,7 +161,13 @@ impl ClusterFabric {
             perf,
             slowest_intra,
             nics_per_node: cluster.node_links.nics_per_node.map(f64::from),
+            tables,
         })
+    }
+
+    /// The tables every GPU kind is priced with ([`PerfTables::for_cluster`]).
+    pub fn tables(&self) -> &PerfTables {
+        &self.tables
     }
 
     /// Nodes in the cluster.
@@ -234,19 +243,22 @@ impl Fabric for ClusterFabric {
 
 /// The per-operation rate of one GPU: its datasheet peak for the training dtype (fp32: the
 /// CUDA-core share of the fp16 peak) times the calibration's `gemm_scale`, or a measured
-/// best-shape throughput mapped onto the table's best efficiency.
+/// best-shape throughput mapped onto the table's best efficiency. With a measured table
+/// the efficiencies are shares of the peak the table was measured against, so that peak
+/// is the rate: the sweep's own throughputs govern.
 fn gpu_perf(
     gpu: &crate::cluster::profile::GpuSpec,
     t: GpuThroughput,
     precision: Precision,
     calibration: &Calibration,
+    tables: &PerfTables,
 ) -> GpuPerf {
     let kind = GpuKind::of(&gpu.name);
+    let table = tables.get(kind);
     let peak = match t.basis {
         ThroughputBasis::Unsupported => 0.0,
-        ThroughputBasis::Measured => {
-            t.tflops / PerfTable::get(kind).best_efficiency * calibration.gemm_scale
-        }
+        _ if table.measured.is_some() => table.peak_tflops * calibration.gemm_scale,
+        ThroughputBasis::Measured => t.tflops / table.best_efficiency * calibration.gemm_scale,
         ThroughputBasis::Fp32FromFp16Peak => {
             gpu.peak_tflops.fp16 * FP32_SHARE_OF_FP16_PEAK * calibration.gemm_scale
         }

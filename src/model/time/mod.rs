@@ -37,7 +37,9 @@
 //!   splits make the slots nearly equal, where the two agree.
 //! - **Compute**: per operation ([`ops`]): each linear layer's three GEMMs with Megatron's
 //!   shapes at the efficiency the GPU kind's table ([`perf`], published measurements in
-//!   `data/perf`) gives for that shape and layout, the attention core likewise, and the
+//!   `data/perf`, or the profile's own sweep of the model's shapes when it has one:
+//!   [`perf::PerfTables::for_cluster`]) gives for that shape and layout, the attention core
+//!   likewise, and the
 //!   memory-bound kernels (norms, bias-dropout-add, activation, rotary, embedding,
 //!   cross-entropy) as bytes ÷ attained HBM bandwidth + a fixed cost per kernel;
 //!   recomputation re-costs what it redoes, in the backward pass. A GEMM's rate is the
@@ -119,6 +121,8 @@ pub use evaluate::{placement_kinds, StageSync};
 pub use fabric::{
     ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis, FP32_SHARE_OF_FP16_PEAK,
 };
+pub use ops::{sweep_shapes, MAX_SWEEP_GEMMS};
+pub use perf::PerfTables;
 
 use std::fmt;
 use std::str::FromStr;
@@ -473,12 +477,13 @@ pub fn estimate(
         request.training.precision,
         request.calibration,
     )?;
-    let costs = ConfigCosts::new(
+    let costs = ConfigCosts::with_tables(
         request.model,
         request.training,
         request.config,
         request.calibration,
         &request.options,
+        fabric.tables(),
     )?;
     check_placement(&fabric, request, &request.placement.devices)?;
     let devices = &request.placement.devices;

@@ -1,6 +1,7 @@
 //! Per-operation compute costs of one pipeline stage and micro-batch on one GPU kind: every
 //! linear layer's three GEMMs with Megatron's shapes, the attention core, and the
-//! memory-bound kernels, priced with the shipped tables ([`super::perf`]).
+//! memory-bound kernels, priced with the kind's table ([`super::perf`]: shipped, or measured
+//! by the profile's sweep).
 //!
 //! Shapes, for micro-batch `b`, sequence `s`, tokens `T = s·b`, hidden `h`, ffn `f`, query
 //! width `q`, key/value width `kv`, tensor-parallel size `t` and padded vocabulary `V`:
@@ -25,13 +26,14 @@
 //! Every figure is independent of the placement, so the time model computes it once per
 //! configuration and GPU kind.
 
+use crate::cluster::profile::{AttentionShape, GemmLayout, GemmShape};
 use crate::config::{ModelSpec, PositionEmbedding};
 use crate::model::calibration::Calibration;
 use crate::model::flops::{AttentionMask, LayerFlops};
 use crate::model::memory::AttentionKernel;
 use crate::model::params::padded_vocab_size;
 
-use super::perf::{GpuKind, Layout, PerfTable};
+use super::perf::{Layout, PerfTable};
 
 /// Compute of one stage for one micro-batch on one GPU: GEMM work in GFLOP at 100 % of the
 /// table (FLOPs ÷ efficiency; multiply by the GPU's ms per peak GFLOP) and memory-bound
@@ -97,6 +99,87 @@ pub struct OpShape<'a> {
     pub attention: AttentionKernel,
 }
 
+/// One transformer layer's linear layers on one GPU of a tp group of `t`, as (in, out):
+/// QKV, attention output, MLP up (gate and up with SwiGLU), MLP down.
+fn layer_linears(model: &ModelSpec, t: f64) -> [(f64, f64); 4] {
+    let h = model.hidden_size as f64;
+    let f = model.ffn_hidden_size as f64;
+    let q = (model.num_attention_heads * model.kv_channels) as f64;
+    let kv = (model.num_query_groups * model.kv_channels) as f64;
+    let up = if model.swiglu { 2.0 * f / t } else { f / t };
+    [(h, (q + 2.0 * kv) / t), (q / t, h), (h, up), (f / t, h)]
+}
+
+/// The most GEMM shapes a profile's sweep measures: on a GPU each takes milliseconds, and
+/// the probe's time budget stops it anyway.
+pub const MAX_SWEEP_GEMMS: usize = 96;
+
+/// The shapes the time model prices `model` with, for a profile's sweep: for every
+/// tensor-parallel size in `tps` (those that divide the heads and query groups) and
+/// micro-batch in `micro_batches`, the three GEMMs of every linear layer (and the logits')
+/// as [`KindOps::new`] prices them, and the attention core. Micro-batch by micro-batch,
+/// so that the smallest are kept when there are more than [`MAX_SWEEP_GEMMS`].
+pub fn sweep_shapes(
+    model: &ModelSpec,
+    tps: &[u64],
+    micro_batches: &[u64],
+) -> (Vec<GemmShape>, Vec<AttentionShape>) {
+    let mut gemms: Vec<GemmShape> = Vec::new();
+    let mut attention: Vec<AttentionShape> = Vec::new();
+    let whole = |x: f64| (x.round() as u64).max(1);
+    for &b in micro_batches {
+        for &tp in tps.iter().filter(|&&tp| {
+            tp >= 1 && model.num_attention_heads % tp == 0 && model.num_query_groups % tp == 0
+        }) {
+            let t = tp as f64;
+            let tokens = model.seq_length * b;
+            let mut linears = layer_linears(model, t).to_vec();
+            if model.vocab_size > 0 {
+                linears.push((
+                    model.hidden_size as f64,
+                    padded_vocab_size(model, tp) as f64 / t,
+                ));
+            }
+            for (input, output) in linears {
+                let (i, o) = (whole(input), whole(output));
+                for shape in [
+                    GemmShape {
+                        m: tokens,
+                        n: o,
+                        k: i,
+                        layout: GemmLayout::Fwd,
+                    },
+                    GemmShape {
+                        m: tokens,
+                        n: i,
+                        k: o,
+                        layout: GemmLayout::Dgrad,
+                    },
+                    GemmShape {
+                        m: o,
+                        n: i,
+                        k: tokens,
+                        layout: GemmLayout::Wgrad,
+                    },
+                ] {
+                    if !gemms.contains(&shape) && gemms.len() < MAX_SWEEP_GEMMS {
+                        gemms.push(shape);
+                    }
+                }
+            }
+            let heads = AttentionShape {
+                batch_heads: b * model.num_attention_heads / tp,
+                seq: model.seq_length,
+                head_dim: model.kv_channels,
+            };
+            if !attention.contains(&heads) {
+                attention.push(heads);
+            }
+        }
+    }
+    (gemms, attention)
+}
+
 /// Costs of one transformer layer and the stage extras on one GPU kind.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KindOps {
@@ -113,9 +196,8 @@ pub struct KindOps {
 }
 
 impl KindOps {
-    /// The per-layer and per-stage costs of `shape` on `kind`.
-    pub fn new(shape: &OpShape<'_>, kind: GpuKind, calibration: &Calibration) -> Self {
-        let table = PerfTable::get(kind);
+    /// The per-layer and per-stage costs of `shape` on the GPU kind of `table`.
+    pub fn new(shape: &OpShape<'_>, table: &PerfTable, calibration: &Calibration) -> Self {
         let model = shape.model;
         let t = shape.tp as f64;
         let tokens = (model.seq_length * shape.micro_batch) as f64;
@@ -144,8 +226,7 @@ impl KindOps {
                 + gemm(output, input, tokens, Layout::Wgrad);
             (fwd, bwd)
         };
-        let up = if model.swiglu { 2.0 * f / t } else { f / t };
-        for (input, output) in [(h, (q + 2.0 * kv) / t), (q / t, h), (h, up), (f / t, h)] {
+        for (input, output) in layer_linears(model, t) {
             let (fwd, bwd) = linear(input, output);
             ops.layer_fwd.gflop += fwd;
             ops.layer_bwd.gflop += bwd;
@@ -166,7 +247,7 @@ impl KindOps {
             AttentionKernel::Unfused => AttentionMask::Full,
         };
         let core_gflop = LayerFlops::new(model, shape.micro_batch, mask).attention_core / t / 1e9;
-        let core_eff = table.gemm_efficiency(heads * s, s, model.kv_channels as f64, Layout::Fwd);
+        let core_eff = table.attention_efficiency(heads, s, model.kv_channels as f64);
         flags.0 |= core_eff.interpolated;
         flags.1 |= core_eff.extrapolated;
         ops.attention_fwd.gflop = core_gflop / core_eff.value;

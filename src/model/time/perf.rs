@@ -18,12 +18,26 @@
 //! A shape outside a table is interpolated ([`PerfTable::gemm_efficiency`]: inverse-distance
 //! weighting of the four nearest measured shapes of the same layout in log₂(m, n, k) space);
 //! the caller records that it happened, and the estimate's notes say so.
+//!
+//! **Measured tables.** A cluster profile whose sweep ran ([`MeasuredPerf`]: GEMMs at the
+//! planned model's shapes, attention, a large copy, collectives) has a table of its own for
+//! each kind of GPU it measured, and [`PerfTables::for_cluster`] prefers it to the shipped
+//! one: the GEMM and attention efficiencies are the measured throughputs as shares of the
+//! GPU's peak (interpolated between measured shapes exactly as the shipped points are),
+//! the memory bandwidth is the measured copy's, the all-reduce latency by group size the
+//! intercept of the measured times over message size. What the sweep did not measure (the
+//! fixed cost of a memory-bound kernel, the other collectives' ratios to the all-reduce)
+//! stays the shipped table's. The trial's calibration scales either alike.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use serde::Deserialize;
+
+use crate::cluster::profile::{Dtype, GemmLayout, MeasuredPerf};
+use crate::cluster::ClusterProfile;
 
 /// The GPU families with their own figures. The time model precomputes every stage for each
 /// kind, so the planner never recomputes per placement.
@@ -134,10 +148,85 @@ pub struct PerfTable {
     range: [(f64, f64); 3],
     /// The table is another kind's stand-in.
     pub borrowed: bool,
+    /// Measured attention points: log₂ (heads, sequence, head width), efficiency; empty:
+    /// attention is priced as a GEMM of its shape.
+    attention: Vec<([f64; 3], f64)>,
+    /// Where a measured table came from, for the estimate's notes; `None`: shipped.
+    pub measured: Option<String>,
+    /// Tells tables apart in the lookup cache (shipped: the kind's index).
+    id: u64,
 }
 
-/// A looked-up shape: kind, m, n, k (as bits), layout.
-type ShapeKey = (usize, u64, u64, u64, u8);
+/// A looked-up shape: table, m, n, k (as bits), layout.
+type ShapeKey = (u64, u64, u64, u64, u8);
+
+/// The table of every GPU kind a time estimate uses: the shipped ones, or those a cluster
+/// profile's sweep measured where it has them.
+#[derive(Debug, Clone)]
+pub struct PerfTables {
+    tables: [Arc<PerfTable>; 4],
+}
+
+impl PerfTables {
+    /// The shipped tables (`data/perf`).
+    pub fn shipped() -> &'static PerfTables {
+        static SHIPPED: OnceLock<PerfTables> = OnceLock::new();
+        SHIPPED.get_or_init(|| PerfTables {
+            tables: shipped_tables().clone(),
+        })
+    }
+
+    /// The tables for `cluster` in `precision`'s tensor dtype: for each GPU kind, the
+    /// profile's measured table when its sweep measured a GPU of that kind in that dtype
+    /// (the first such section), else the shipped one.
+    pub fn for_cluster(cluster: &ClusterProfile, dtype: Option<Dtype>) -> PerfTables {
+        let mut tables = shipped_tables().clone();
+        for perf in &cluster.measured_perf {
+            if Some(perf.dtype) != dtype {
+                continue;
+            }
+            let kind = GpuKind::of(&perf.gpu);
+            if tables[kind.index()].measured.is_some() {
+                continue;
+            }
+            let peak = cluster
+                .nodes
+                .iter()
+                .filter_map(|n| n.gpus())
+                .flatten()
+                .find(|g| g.name == perf.gpu)
+                .and_then(|g| g.peak_tflops.get(perf.dtype));
+            if let Some(table) = peak.and_then(|p| PerfTable::measured(kind, perf, p)) {
+                tables[kind.index()] = Arc::new(table);
+            }
+        }
+        PerfTables { tables }
+    }
+
+    /// The table of `kind`.
+    pub fn get(&self, kind: GpuKind) -> &PerfTable {
+        &self.tables[kind.index()]
+    }
+}
+
+fn shipped_tables() -> &'static [Arc<PerfTable>; 4] {
+    static TABLES: OnceLock<[Arc<PerfTable>; 4]> = OnceLock::new();
+    TABLES.get_or_init(|| {
+        let a100 = parse(A100_JSON);
+        let h100 = parse(H100_JSON);
+        [
+            Arc::new(PerfTable::new(GpuKind::A100, &a100, None, false)),
+            Arc::new(PerfTable::new(GpuKind::H100, &h100, None, false)),
+            Arc::new(PerfTable::new(
+                GpuKind::V100,
+                &a100,
+                Some((V100_PEAK_TFLOPS, V100_HBM_GB_PER_S)),
+                true,
+            )),
+            Arc::new(PerfTable::new(GpuKind::Other, &a100, None, true)),
+        ]
+    })
+}
 
 /// A GEMM's efficiency and whether the shape was measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -158,24 +247,118 @@ const V100_HBM_GB_PER_S: f64 = 900.0;
 const V100_PEAK_TFLOPS: f64 = 125.0;
 
 impl PerfTable {
-    /// The table for `kind` (parsed once).
+    /// The shipped table for `kind` (parsed once).
     pub fn get(kind: GpuKind) -> &'static PerfTable {
-        static TABLES: OnceLock<[PerfTable; 4]> = OnceLock::new();
-        &TABLES.get_or_init(|| {
-            let a100 = parse(A100_JSON);
-            let h100 = parse(H100_JSON);
-            [
-                PerfTable::new(GpuKind::A100, &a100, None, false),
-                PerfTable::new(GpuKind::H100, &h100, None, false),
-                PerfTable::new(
-                    GpuKind::V100,
-                    &a100,
-                    Some((V100_PEAK_TFLOPS, V100_HBM_GB_PER_S)),
-                    true,
-                ),
-                PerfTable::new(GpuKind::Other, &a100, None, true),
-            ]
-        })[kind.index()]
+        &shipped_tables()[kind.index()]
+    }
+
+    /// The table `perf` measured on a GPU of `kind` whose peak in `perf.dtype` is `peak`
+    /// TFLOPS: efficiencies are the measured throughputs' shares of it. `None` without a
+    /// measured GEMM (nothing to price matrix multiplies with).
+    pub fn measured(kind: GpuKind, perf: &MeasuredPerf, peak: f64) -> Option<PerfTable> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(GpuKind::ALL.len() as u64);
+        if perf.gemms.is_empty() || !(peak.is_finite() && peak > 0.0) {
+            return None;
+        }
+        let shipped = PerfTable::get(kind);
+        let log2 = |x: u64| (x.max(1) as f64).log2();
+        let points: Vec<([f64; 3], Layout, f64)> = perf
+            .gemms
+            .iter()
+            .map(|g| {
+                let layout = match g.layout {
+                    GemmLayout::Fwd => Layout::Fwd,
+                    GemmLayout::Dgrad => Layout::Dgrad,
+                    GemmLayout::Wgrad => Layout::Wgrad,
+                };
+                ([log2(g.m), log2(g.n), log2(g.k)], layout, g.tflops / peak)
+            })
+            .collect();
+        let attention = perf
+            .attention
+            .iter()
+            .map(|a| {
+                (
+                    [log2(a.batch_heads), log2(a.seq), log2(a.head_dim)],
+                    a.tflops / peak,
+                )
+            })
+            .collect();
+        let mut by_group: Vec<(usize, f64)> = perf
+            .collectives
+            .iter()
+            .map(|c| c.ranks)
+            .filter(|&r| r >= 2)
+            .collect::<std::collections::BTreeSet<u32>>()
+            .into_iter()
+            .filter_map(|r| Some((r as usize, perf.all_reduce_latency_us(r)?)))
+            .collect();
+        by_group.sort_by_key(|e| e.0);
+        let source = format!(
+            "the profile's sweep on {} ({} GEMM shape(s), {} attention shape(s){}{}; measured{}{})",
+            perf.gpu,
+            points.len(),
+            perf.attention.len(),
+            if perf.hbm_gb_per_s.is_some() {
+                ", memory bandwidth"
+            } else {
+                ""
+            },
+            if by_group.is_empty() {
+                ""
+            } else {
+                ", all-reduce latency"
+            },
+            perf.provenance
+                .tool
+                .as_deref()
+                .map_or(String::new(), |t| format!(" by {t}")),
+            perf.provenance
+                .date
+                .as_deref()
+                .map_or(String::new(), |d| format!(" on {d}"))
+        );
+        let mut table = PerfTable {
+            kind,
+            peak_tflops: peak,
+            hbm_gb_per_s: perf.hbm_gb_per_s.unwrap_or(shipped.hbm_gb_per_s),
+            memory_kernel_us: shipped.memory_kernel_us,
+            collective_latency_us: shipped.collective_latency_us,
+            all_reduce_by_group: if by_group.is_empty() {
+                shipped.all_reduce_by_group.clone()
+            } else {
+                by_group
+            },
+            best_efficiency: points.iter().map(|p| p.2).fold(0.0, f64::max),
+            range: ranges(&points),
+            points,
+            borrowed: false,
+            attention,
+            measured: Some(source),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        };
+        // A group measured at 8 sets the 8-GPU figure the other collectives scale by.
+        if let Some(&(_, eight)) = table.all_reduce_by_group.iter().find(|e| e.0 == 8) {
+            let l = table.collective_latency_us;
+            table.collective_latency_us = CollectiveLatency {
+                all_reduce: eight,
+                all_gather: eight * l.all_gather / l.all_reduce,
+                reduce_scatter: eight * l.reduce_scatter / l.all_reduce,
+                p2p: l.p2p,
+            };
+        }
+        Some(table)
+    }
+
+    /// The efficiency of the attention core of `heads` heads of `s` tokens, `d` wide: from
+    /// the measured attention points when the table has them, else as the GEMM
+    /// `heads·s × s × d` (how the shipped tables price it).
+    pub fn attention_efficiency(&self, heads: f64, s: f64, d: f64) -> Efficiency {
+        if self.attention.is_empty() {
+            return self.gemm_efficiency(heads * s, s, d, Layout::Fwd);
+        }
+        let x = [heads.max(1.0).log2(), s.max(1.0).log2(), d.max(1.0).log2()];
+        nearest_mean(self.attention.iter().map(|(p, e)| (*p, *e)), x, None)
     }
 
     fn new(kind: GpuKind, file: &PerfFile, own: Option<(f64, f64)>, borrowed: bool) -> Self {
@@ -195,13 +378,7 @@ impl PerfTable {
                 )
             })
             .collect();
-        let mut range = [(f64::INFINITY, f64::NEG_INFINITY); 3];
-        for (x, _, _) in &points {
-            for d in 0..3 {
-                range[d].0 = range[d].0.min(x[d]);
-                range[d].1 = range[d].1.max(x[d]);
-            }
-        }
+        let range = ranges(&points);
         PerfTable {
             kind,
             peak_tflops: peak,
@@ -213,6 +390,9 @@ impl PerfTable {
             points,
             range,
             borrowed,
+            attention: Vec::new(),
+            measured: None,
+            id: kind.index() as u64,
         }
     }
 
@@ -263,13 +443,7 @@ impl PerfTable {
             static SEEN: RefCell<HashMap<ShapeKey, Efficiency>> =
                 RefCell::new(HashMap::new());
         }
-        let key = (
-            self.kind.index(),
-            m.to_bits(),
-            n.to_bits(),
-            k.to_bits(),
-            layout as u8,
-        );
+        let key = (self.id, m.to_bits(), n.to_bits(), k.to_bits(), layout as u8);
         if let Some(e) = SEEN.with(|seen| seen.borrow().get(&key).copied()) {
             return e;
         }
@@ -286,35 +460,67 @@ impl PerfTable {
 
     fn interpolate(&self, m: f64, n: f64, k: f64, layout: Layout) -> Efficiency {
         let x = [m.max(1.0).log2(), n.max(1.0).log2(), k.max(1.0).log2()];
-        let extrapolated = (0..3).any(|d| x[d] < self.range[d].0 || x[d] > self.range[d].1);
-        let mut nearest = [(f64::INFINITY, 0.0f64); 4];
-        for (p, l, e) in &self.points {
-            if *l != layout && *l != Layout::Any {
-                continue;
-            }
-            let d2 = (0..3).map(|d| (p[d] - x[d]).powi(2)).sum::<f64>();
-            if d2 < nearest[3].0 {
-                nearest[3] = (d2, *e);
-                nearest.sort_by(|a, b| a.0.total_cmp(&b.0));
-            }
+        let points = self
+            .points
+            .iter()
+            .filter(|(_, l, _)| *l == layout || *l == Layout::Any)
+            .map(|(p, _, e)| (*p, *e));
+        nearest_mean(points, x, Some(&self.range))
+    }
+}
+
+/// Per dimension, the smallest and largest log₂ among `points`.
+fn ranges(points: &[([f64; 3], Layout, f64)]) -> [(f64, f64); 3] {
+    let mut range = [(f64::INFINITY, f64::NEG_INFINITY); 3];
+    for (x, _, _) in points {
+        for d in 0..3 {
+            range[d].0 = range[d].0.min(x[d]);
+            range[d].1 = range[d].1.max(x[d]);
         }
-        if nearest[0].0 == 0.0 {
-            return Efficiency {
-                value: nearest[0].1,
-                interpolated: false,
-                extrapolated: false,
-            };
+    }
+    range
+}
+
+/// The value at `x` among `points` (log₂ coordinates, value): a point's own value when `x`
+/// is one, else the inverse-square-distance mean of the four nearest. `range` (when given)
+/// tells whether `x` lies outside the points; without it, `x` outside every point's
+/// coordinates counts as outside.
+fn nearest_mean(
+    points: impl Iterator<Item = ([f64; 3], f64)>,
+    x: [f64; 3],
+    range: Option<&[(f64, f64); 3]>,
+) -> Efficiency {
+    let mut nearest = [(f64::INFINITY, 0.0f64); 4];
+    let mut own_range = [(f64::INFINITY, f64::NEG_INFINITY); 3];
+    for (p, e) in points {
+        for d in 0..3 {
+            own_range[d].0 = own_range[d].0.min(p[d]);
+            own_range[d].1 = own_range[d].1.max(p[d]);
         }
-        let (mut sum, mut weight) = (0.0, 0.0);
-        for (d2, e) in nearest.iter().filter(|n| n.0.is_finite()) {
-            sum += e / d2;
-            weight += 1.0 / d2;
+        let d2 = (0..3).map(|d| (p[d] - x[d]).powi(2)).sum::<f64>();
+        if d2 < nearest[3].0 {
+            nearest[3] = (d2, e);
+            nearest.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
-        Efficiency {
-            value: sum / weight,
-            interpolated: true,
-            extrapolated,
-        }
+    }
+    let range = range.unwrap_or(&own_range);
+    let extrapolated = (0..3).any(|d| x[d] < range[d].0 || x[d] > range[d].1);
+    if nearest[0].0 == 0.0 {
+        return Efficiency {
+            value: nearest[0].1,
+            interpolated: false,
+            extrapolated: false,
+        };
+    }
+    let (mut sum, mut weight) = (0.0, 0.0);
+    for (d2, e) in nearest.iter().filter(|n| n.0.is_finite()) {
+        sum += e / d2;
+        weight += 1.0 / d2;
+    }
+    Efficiency {
+        value: sum / weight,
+        interpolated: true,
+        extrapolated,
     }
 }
 
@@ -368,5 +574,72 @@ mod tests {
         let ratio = eight.reduce_scatter / eight.all_reduce;
         assert!((sixteen.reduce_scatter / sixteen.all_reduce - ratio).abs() < 1e-12);
         assert_eq!(PerfTable::get(GpuKind::V100).peak_tflops, 125.0);
+    }
+
+    #[test]
+    fn a_profiles_measured_table_replaces_the_shipped_one_of_its_kind_only() {
+        use crate::cluster::profile::tests::{swept, two_nodes};
+        let mut cluster = two_nodes();
+        cluster.measured_perf.push(swept("A100-SXM4-80GB"));
+        let tables = PerfTables::for_cluster(&cluster, Some(Dtype::Bf16));
+        let a100 = tables.get(GpuKind::A100);
+        let source = a100
+            .measured
+            .as_deref()
+            .expect("the A100's table is measured");
+        assert!(
+            source.starts_with("the profile's sweep on A100-SXM4-80GB (3 GEMM shape(s)"),
+            "{source}"
+        );
+        // A measured shape reads back as its share of the 312 TFLOPS peak; another
+        // lies between the measured ones.
+        let e = a100.gemm_efficiency(128.0, 256.0, 128.0, Layout::Dgrad);
+        assert_eq!(e.value, 140.0 / 312.0);
+        assert!(!e.interpolated);
+        let between = a100.gemm_efficiency(256.0, 256.0, 128.0, Layout::Wgrad);
+        assert!(between.interpolated);
+        assert_eq!(
+            between.value,
+            200.0 / 312.0,
+            "one wgrad point governs alone"
+        );
+        assert_eq!(a100.best_efficiency, 200.0 / 312.0);
+        assert_eq!(a100.hbm_gb_per_s, 1500.0);
+        // Attention by its own points, not as a GEMM.
+        let att = a100.attention_efficiency(8.0, 1024.0, 128.0);
+        assert_eq!(att.value, 100.0 / 312.0);
+        // The all-reduce's latency at 2 GPUs is the intercept; beyond, the ring's steps.
+        assert!((a100.collective_latency(2).all_reduce - 20.0).abs() < 1e-9);
+        assert!((a100.collective_latency(4).all_reduce - 60.0).abs() < 1e-9);
+        // The fixed cost per kernel was not measured: the shipped one stays.
+        let shipped = PerfTable::get(GpuKind::A100);
+        assert_eq!(a100.memory_kernel_us, shipped.memory_kernel_us);
+        // Other kinds, and another dtype, keep the shipped tables.
+        assert!(tables.get(GpuKind::H100).measured.is_none());
+        let fp16 = PerfTables::for_cluster(&cluster, Some(Dtype::Fp16));
+        assert!(fp16.get(GpuKind::A100).measured.is_none());
+        assert!(PerfTables::for_cluster(&cluster, None)
+            .get(GpuKind::A100)
+            .measured
+            .is_none());
+        // A section for a GPU the profile does not have has no peak to measure against.
+        let mut stray = two_nodes();
+        stray.measured_perf.push(swept("NVIDIA A100-PCIE-40GB"));
+        assert!(PerfTables::for_cluster(&stray, Some(Dtype::Bf16))
+            .get(GpuKind::A100)
+            .measured
+            .is_none());
+        // The shipped table's lookups are not mixed up with the measured one's.
+        let shipped_e = shipped.gemm_efficiency(128.0, 256.0, 128.0, Layout::Dgrad);
+        assert_ne!(shipped_e.value, e.value);
+    }
+
+    #[test]
+    fn shipped_attention_is_priced_as_its_gemm() {
+        let a100 = PerfTable::get(GpuKind::A100);
+        assert_eq!(
+            a100.attention_efficiency(32.0, 2048.0, 128.0),
+            a100.gemm_efficiency(32.0 * 2048.0, 2048.0, 128.0, Layout::Fwd)
+        );
     }
 }

@@ -6,7 +6,7 @@ use crate::model::parallel::Device;
 
 use super::costs::ConfigCosts;
 use super::evaluate::{hop, ring_bottleneck};
-use super::perf::{GpuKind, PerfTable};
+use super::perf::GpuKind;
 use super::{
     gpu_ref, link_ref, ClusterFabric, DataParallelComm, Fabric, HopTime, LinkRef, PipelineComm,
     RingLink, StageTime, TimeEstimate, TimeModel,
@@ -46,11 +46,24 @@ impl ConfigCosts {
             + data_parallel.param_gather_exposed_ms
             + optimizer_ms;
         let mut notes = self.notes.clone();
-        let mut borrowed: Vec<GpuKind> = Vec::new();
+        let mut seen: Vec<GpuKind> = Vec::new();
         for d in devices {
             let kind = fabric.gpu_perf(*d).kind;
-            if PerfTable::get(kind).borrowed && !borrowed.contains(&kind) {
-                borrowed.push(kind);
+            if seen.contains(&kind) {
+                continue;
+            }
+            seen.push(kind);
+            if let Some((source, interpolated, extrapolated)) = &self.measured[kind.index()] {
+                notes.push(format!(
+                    "{} figures measured, not shipped: {source}{}",
+                    kind.as_str(),
+                    match (interpolated, extrapolated) {
+                        (_, true) => "; some shapes lie outside the measured ones: the nearest measured shapes govern them",
+                        (true, false) => "; shapes between the measured ones are interpolated (inverse-distance, log2 of the shape) as in the shipped tables",
+                        (false, false) => "",
+                    }
+                ));
+            } else if self.borrowed[kind.index()] {
                 notes.push(format!(
                     "no published GEMM table for the {}: the A100's measured efficiencies (data/perf/a100.json) stand in, at its own peak and memory bandwidth",
                     kind.as_str()

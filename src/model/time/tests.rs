@@ -33,6 +33,7 @@ fn a100() -> GpuSpec {
 fn cluster(nodes: usize, per_node: usize, intra: f64, inter: f64) -> ClusterProfile {
     let p = Provenance::new(Source::Estimated);
     ClusterProfile {
+        measured_perf: Vec::new(),
         note: None,
         nodes: (0..nodes)
             .map(|n| NodeProfile {

@@ -219,6 +219,7 @@ fn random_cluster(rng: &mut ChaCha8Rng, nodes: usize, g: usize) -> ClusterProfil
         }
     }
     ClusterProfile {
+        measured_perf: Vec::new(),
         note: None,
         nodes: (0..nodes)
             .map(|n| {

@@ -10,7 +10,7 @@ use super::rank::{config_key, cost, stage_needs};
 use crate::config::{ModelSpec, Settings};
 use crate::model::parallel::{Device, ParallelConfig};
 use crate::model::time::{
-    placement_kinds, ClusterFabric, ConfigCosts, Fabric, StageSync, TimeModel,
+    placement_kinds, ClusterFabric, ConfigCosts, Fabric, PerfTables, StageSync, TimeModel,
 };
 use crate::plan::hetero::Arrangement;
 use crate::plan::layers::{balance_layers, refine_split, BalancedSplit, SpeedOrder};
@@ -35,6 +35,8 @@ pub(super) struct StageTables<'a> {
     costs: Option<Vec<OnceCell<ConfigCosts>>>,
     settings: &'a Settings,
     options: &'a PlanOptions,
+    /// The cluster's tables the costs are priced with.
+    perf: &'a PerfTables,
 }
 
 impl<'a> StageTables<'a> {
@@ -44,6 +46,7 @@ impl<'a> StageTables<'a> {
         settings: &'a Settings,
         base: &ParallelConfig,
         options: &'a PlanOptions,
+        perf: &'a PerfTables,
         with_costs: bool,
     ) -> Option<Self> {
         let pp = base.pp as usize;
@@ -67,6 +70,7 @@ impl<'a> StageTables<'a> {
             costs: None,
             settings,
             options,
+            perf,
         };
         if with_costs && most >= 1 {
             let first = OnceCell::new();
@@ -85,12 +89,13 @@ impl<'a> StageTables<'a> {
             num_layers: l * self.base.pp,
             ..self.settings.model.clone()
         };
-        ConfigCosts::new(
+        ConfigCosts::with_tables(
             &model,
             &self.settings.training,
             &with_split(&self.base, vec![l; pp]),
             &self.options.calibration,
             &self.options.time_options,
+            self.perf,
         )
         .ok()
     }
@@ -299,11 +304,15 @@ pub(super) fn balanced_configs(
     bases.sort_by(|a, b| config_key(a).cmp(&config_key(b)));
     bases.dedup();
     let layers = settings.model.num_layers;
+    // Every arrangement is the same cluster's: one set of tables serves them all.
+    let Some(perf) = arrangements.first().map(|a| a.fabric.tables()) else {
+        return Vec::new();
+    };
     bases
         .par_iter()
         .flat_map_iter(|base| {
             let mut out: Vec<(ParallelConfig, usize)> = Vec::new();
-            let Some(tables) = StageTables::new(settings, base, options, true) else {
+            let Some(tables) = StageTables::new(settings, base, options, perf, true) else {
                 return out;
             };
             let known = layer_splits(layers, base.pp, true);
@@ -381,12 +390,13 @@ fn refine_balanced(
             return Some(split_costs.cost(split));
         }
         let candidate = with_split(config, split.to_vec());
-        let costs = ConfigCosts::new(
+        let costs = ConfigCosts::with_tables(
             &settings.model,
             &settings.training,
             &candidate,
             &options.calibration,
             &options.time_options,
+            arrangement.fabric.tables(),
         )
         .ok()?;
         Some(cost(
@@ -471,7 +481,8 @@ mod tests {
             )
             .unwrap();
             for base in &bases {
-                let tables = StageTables::new(&settings, base, &options, true).unwrap();
+                let perf = arrangement.fabric.tables();
+                let tables = StageTables::new(&settings, base, &options, perf, true).unwrap();
                 let pieces = SplitCosts::new(&tables, &arrangement.fabric, &identity).unwrap();
                 let pp = base.pp as usize;
                 let even = base.layers_per_stage.clone();
@@ -490,12 +501,13 @@ mod tests {
                 }
                 for split in splits {
                     let config = with_split(base, split.clone());
-                    let costs = ConfigCosts::new(
+                    let costs = ConfigCosts::with_tables(
                         &settings.model,
                         &settings.training,
                         &config,
                         &options.calibration,
                         &options.time_options,
+                        perf,
                     )
                     .unwrap();
                     let whole = costs.evaluate(&arrangement.fabric, &identity);

@@ -184,12 +184,13 @@ pub fn plan(
         .par_iter()
         .map(|&p| {
             let (c, a) = pairs[p];
-            let costs = ConfigCosts::new(
+            let costs = ConfigCosts::with_tables(
                 &settings.model,
                 &settings.training,
                 &configs[c],
                 &options.calibration,
                 &options.time_options,
+                arrangements[a].fabric.tables(),
             )?;
             let ms = cost(
                 settings,

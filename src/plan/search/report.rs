@@ -181,7 +181,13 @@ pub(super) fn stage_plans(
     time: &TimeEstimate,
 ) -> Vec<StagePlan> {
     let usable = stage_usables(arrangement, config);
-    let tables = StageTables::new(settings, &with_split(config, Vec::new()), options, false);
+    let tables = StageTables::new(
+        settings,
+        &with_split(config, Vec::new()),
+        options,
+        arrangement.fabric.tables(),
+        false,
+    );
     (0..config.pp as usize)
         .map(|s| StagePlan {
             stage: s,
