@@ -113,26 +113,14 @@ pub fn choices(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::profile::{
-        GpuSpec, LinkMatrix, NodeProfile, PeakTflops, Provenance, Source,
-    };
+    use crate::cluster::profile::tests::a100;
+    use crate::cluster::profile::{LinkMatrix, NodeProfile, Provenance, Source};
 
     fn node(host: &str) -> NodeProfile {
-        let gpu = |index| GpuSpec {
-            index,
-            name: "A100-SXM4-80GB".into(),
-            memory_bytes: 85_899_345_920,
-            peak_tflops: PeakTflops {
-                bf16: Some(312.0),
-                fp16: 312.0,
-            },
-            measured_tflops: None,
-            provenance: Provenance::new(Source::Datasheet),
-        };
         NodeProfile {
             host: host.into(),
             gpus: GpuInventory::Known {
-                gpus: vec![gpu(0), gpu(1)],
+                gpus: vec![a100(0), a100(1)],
                 links: LinkMatrix::uniform(2, 240.0, Provenance::new(Source::Estimated)),
             },
         }

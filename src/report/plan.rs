@@ -44,10 +44,7 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
         .iter()
         .filter(|n| n.contains("measured, not shipped"))
     {
-        out.push_str(&crate::log::wrap(
-            &format!("  Time model: {note}\n"),
-            80,
-        ));
+        out.push_str(&crate::log::wrap(&format!("  Time model: {note}\n"), 80));
     }
 
     out.push_str("\nTop configurations (memory and time per iteration)\n");

@@ -73,7 +73,8 @@ pub const MAX_GPUS_PER_NODE: usize = 256;
 pub(crate) mod tests {
     use super::*;
 
-    fn a100(index: u32) -> GpuSpec {
+    /// An A100-SXM4-80GB at its datasheet peaks: the GPU of most profile tests.
+    pub(crate) fn a100(index: u32) -> GpuSpec {
         GpuSpec {
             index,
             name: "A100-SXM4-80GB".into(),

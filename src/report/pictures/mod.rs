@@ -200,6 +200,7 @@ mod tests {
                 })
                 .collect(),
             node_links: links(nodes),
+            measured_perf: Vec::new(),
         };
         (plan, profile)
     }
