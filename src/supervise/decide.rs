@@ -312,6 +312,7 @@ pub fn blamed(failures: &[NodeFailure]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::supervise::stragglers::tests::three_choices;
     use crate::supervise::stragglers::Choice;
 
     const SIGINT: i32 = 2;
@@ -390,23 +391,7 @@ mod tests {
             slowdown: 2.0,
             choice,
             profile: None,
-            choices: vec![
-                Costed {
-                    choice: Choice::Keep,
-                    predicted_ms: Some(300.0),
-                    detail: String::new(),
-                },
-                Costed {
-                    choice: Choice::Remap,
-                    predicted_ms: None,
-                    detail: String::new(),
-                },
-                Costed {
-                    choice: Choice::LeaveOut,
-                    predicted_ms: Some(200.0),
-                    detail: String::new(),
-                },
-            ],
+            choices: three_choices(Some(300.0), None, Some(200.0)),
         }
     }
 

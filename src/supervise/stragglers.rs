@@ -437,8 +437,28 @@ pub fn event_lines(event: &super::events::Event) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Keep, re-map and leave out at these predicted times, without details.
+    pub(crate) fn three_choices(
+        keep_ms: Option<f64>,
+        remap_ms: Option<f64>,
+        leave_out_ms: Option<f64>,
+    ) -> Vec<Costed> {
+        [
+            (Choice::Keep, keep_ms),
+            (Choice::Remap, remap_ms),
+            (Choice::LeaveOut, leave_out_ms),
+        ]
+        .into_iter()
+        .map(|(choice, predicted_ms)| Costed {
+            choice,
+            predicted_ms,
+            detail: String::new(),
+        })
+        .collect()
+    }
 
     #[test]
     fn megatron_report_lines_are_read() {
@@ -654,23 +674,7 @@ mod tests {
             },
         ];
         for case in cases {
-            let choices = [
-                Costed {
-                    choice: Choice::Keep,
-                    predicted_ms: Some(300.0),
-                    detail: String::new(),
-                },
-                Costed {
-                    choice: Choice::Remap,
-                    predicted_ms: case.remap_ms,
-                    detail: String::new(),
-                },
-                Costed {
-                    choice: Choice::LeaveOut,
-                    predicted_ms: case.leave_out_ms,
-                    detail: String::new(),
-                },
-            ];
+            let choices = three_choices(Some(300.0), case.remap_ms, case.leave_out_ms);
             let verdict = decide(&ActFacts {
                 mode: case.mode,
                 measured_ms: 300.0,
