@@ -11,7 +11,10 @@ use crate::model::memory::AttentionKernel;
 use crate::model::parallel::ParallelConfig;
 use crate::model::params::ParameterBreakdown;
 
-use super::ops::{KindOps, OpCost, OpShape, StageOps, StageShape};
+use super::ops::{
+    fused_softmax_available, KindOps, OpCost, OpShape, StageOps, StageShape,
+    FALLBACK_SOFTMAX_EXTRA_KERNELS, MEGATRON_LAYER_PASS_OPS,
+};
 use super::perf::{GpuKind, PerfTables};
 use super::{TimeError, TimeOptions};
 
@@ -192,6 +195,8 @@ impl ConfigCosts {
         };
         costs.p2p_mb = costs.p2p_bytes / 1e6;
 
+        let slow_softmax = options.attention == AttentionKernel::Unfused
+            && !fused_softmax_available(model, config.micro_batch, config.tp);
         // Per stage: (all-reduce pairs, single collectives) of the tp latencies.
         let mut tp_pairs: Vec<(f64, f64)> = Vec::with_capacity(pp);
         for s in 0..pp {
@@ -203,11 +208,18 @@ impl ConfigCosts {
                 .bwd_gflop
                 .push((flops.backward + flops.recompute) / t / 1e9);
             costs.recompute_gflop.push(flops.recompute / t / 1e9);
-            // Forward, backward (twice the forward's kernels) and the recomputed forwards.
-            costs.host_ms.push(
-                (3 * config.layers_per_stage[s] + flops.recomputed_layers) as f64
-                    * calibration.host_layer_pass_ms,
-            );
+            // Forward, backward (twice the forward's kernels) and the recomputed forwards;
+            // PyTorch's softmax path issues more operations each way.
+            let layers = config.layers_per_stage[s] as f64;
+            let recomputed = flops.recomputed_layers as f64;
+            let mut host_passes = 3.0 * layers + recomputed;
+            if slow_softmax {
+                host_passes += (2.0 * layers + recomputed) * FALLBACK_SOFTMAX_EXTRA_KERNELS
+                    / MEGATRON_LAYER_PASS_OPS;
+            }
+            costs
+                .host_ms
+                .push(host_passes * calibration.host_layer_pass_ms);
 
             // Tensor-parallel collectives in units of (t − 1)/t · message: per layer 4 each
             // way (2 all-reduces, or 2 all-gathers + 2 reduce-scatters with SP); the
@@ -215,7 +227,6 @@ impl ConfigCosts {
             // reduce-scatter forward, an all-gather backward); the output layer all-reduces
             // its input gradient backward (SP: an all-gather forward, a reduce-scatter
             // backward); full recomputation redoes the forward collectives.
-            let layers = config.layers_per_stage[s] as f64;
             let mut fwd_units = 4.0 * layers;
             let mut bwd_units = 4.0 * layers + 4.0 * flops.recomputed_layers as f64;
             if first {
@@ -311,6 +322,15 @@ impl ConfigCosts {
             options.attention,
             tables,
         );
+        if slow_softmax {
+            costs.notes.push(format!(
+                "unfused attention at micro-batch {} with {} heads per GPU: Megatron's fused \
+                 softmax needs a multiple of 4 score matrices per GPU and at most 4096 keys, so \
+                 PyTorch's fp32 softmax is costed",
+                config.micro_batch,
+                model.num_attention_heads / config.tp.max(1)
+            ));
+        }
         if precision == Precision::Fp32 {
             costs.notes.push(
                 "fp32 training: GPUs taken at 1/16 of their fp16 tensor peak (CUDA cores)".into(),
@@ -341,6 +361,7 @@ impl ConfigCosts {
             sequence_parallel: config.sequence_parallel,
             act_bytes,
             attention,
+            fused_softmax: fused_softmax_available(model, config.micro_batch, config.tp),
         };
         let chunks = config.vpp.unwrap_or(1).max(1);
         for kind in GpuKind::ALL {

@@ -21,7 +21,9 @@
 //! forward. Memory-bound kernels (norms, bias-dropout-add, the activation, rotary
 //! embedding, embedding lookup, cross-entropy) cost bytes ÷ attained HBM bandwidth plus the
 //! table's fixed cost per kernel; their backward moves about twice the bytes in as many
-//! kernels. With sequence parallelism the norms and dropouts see `T/t` tokens.
+//! kernels. With sequence parallelism the norms and dropouts see `T/t` tokens. Unfused
+//! attention's scores go through Megatron's fused softmax where its kernel runs, else
+//! through PyTorch's fp32 softmax, five kernels each way ([`fused_softmax_available`]).
 //!
 //! Every figure is independent of the placement, so the time model computes it once per
 //! configuration and GPU kind.
@@ -97,6 +99,9 @@ pub struct OpShape<'a> {
     /// Bytes per activation element.
     pub act_bytes: f64,
     pub attention: AttentionKernel,
+    /// Unfused attention runs Megatron's fused softmax kernel
+    /// ([`fused_softmax_available`]), not PyTorch's.
+    pub fused_softmax: bool,
 }
 
 /// One transformer layer's linear layers on one GPU of a tp group of `t`, as (in, out):
@@ -178,6 +183,39 @@ pub fn sweep_shapes(
         }
     }
     (gemms, attention)
+}
+
+/// Kernels PyTorch's softmax path runs beyond the fused kernel it replaces, each way
+/// (to fp32, scale, mask, softmax, back: five instead of one).
+pub const FALLBACK_SOFTMAX_EXTRA_KERNELS: f64 = 4.0;
+
+/// The operations the host issues in one forward pass of a Megatron GPT layer (unfused
+/// attention, tensor parallel, Megatron's fusions on), which the calibration's
+/// `host_layer_pass_ms` pays for: input norm, QKV GEMM, scores (baddbmm), fused softmax,
+/// attention dropout, context (bmm), the permute's copy, projection GEMM, its all-reduce,
+/// bias-dropout-add, second norm, MLP up GEMM, bias-GeLU, MLP down GEMM, its all-reduce,
+/// bias-dropout-add, and the two buffer allocations Megatron makes for the scores and the
+/// context (counted from `megatron/model/transformer.py` `ParallelTransformerLayer`). An
+/// extra operation costs the host a share of a layer pass.
+pub const MEGATRON_LAYER_PASS_OPS: f64 = 18.0;
+
+/// Whether Megatron's fused causal scale-mask-softmax kernel runs for unfused attention at
+/// this micro-batch and tensor-parallel size. Megatron checks, per call,
+/// `16 < sk <= 4096`, `sq % 4 == 0`, `sk % 4 == 0` and that the `b · heads/t` score
+/// matrices are a multiple of 4 (the kernel's batches per block for `sk > 128`; 8 at or
+/// below 128 keys) and otherwise falls back to PyTorch's softmax in fp32
+/// (Megatron-LM `megatron/core/fusions/fused_softmax.py` `FusedScaleMaskSoftmax.
+/// is_kernel_available` and `forward_torch_softmax`, and the legacy
+/// `megatron/model/fused_softmax.py`; fp32 because query-key layer scaling, on by default
+/// before Megatron core, turns `attention_softmax_in_fp32` on). So micro-batch 1 with two
+/// heads per GPU (16 heads at tp 8) runs the slow path: vTrain's one-node A100 runs show it
+/// (../shared/data/vtrain/ground_truth_single.csv: at tp 8 a micro-batch of 1 costs more
+/// per layer than one of 2).
+pub fn fused_softmax_available(model: &ModelSpec, micro_batch: u64, tp: u64) -> bool {
+    let s = model.seq_length;
+    let batches = micro_batch * (model.num_attention_heads / tp.max(1));
+    let per_block = if s <= 128 { 8 } else { 4 };
+    16 < s && s <= 4096 && s % 4 == 0 && batches % per_block == 0
 }
 
 /// Costs of one transformer layer and the stage extras on one GPU kind.
@@ -282,11 +320,25 @@ impl KindOps {
             // reads the gradient and its output and writes (2e + 1 + 3e). Two kernels each
             // way; the attention core is redone with the forward in recomputation.
             let scores = heads * s * s;
-            let unfused_fwd = memory(scores * (4.0 * e + 1.0), 2.0);
+            let (mut fwd_bytes, mut fwd_kernels) = (4.0 * e + 1.0, 2.0);
+            let (mut bwd_bytes, mut bwd_kernels) = (5.0 * e + 1.0, 2.0);
+            if !shape.fused_softmax {
+                // PyTorch's softmax instead of the fused kernel (see
+                // [`fused_softmax_available`]): in fp32, five kernels each way in place of
+                // one. Forward: to fp32 (e in, 4 out), scale (4, 4), mask (4, 4), softmax
+                // (4, 4), back to e (4, e): 28 + 2e bytes per score instead of 2e; backward
+                // the same chain with the softmax's gradient reading its output too:
+                // 36 + 2e instead of 3e.
+                fwd_bytes += 28.0;
+                fwd_kernels += FALLBACK_SOFTMAX_EXTRA_KERNELS;
+                bwd_bytes += 36.0 - e;
+                bwd_kernels += FALLBACK_SOFTMAX_EXTRA_KERNELS;
+            }
+            let unfused_fwd = memory(scores * fwd_bytes, fwd_kernels);
             ops.attention_fwd.add(unfused_fwd, 1.0);
             ops.layer_fwd.add(unfused_fwd, 1.0);
             ops.layer_bwd
-                .add(memory(scores * (5.0 * e + 1.0), 2.0), 1.0);
+                .add(memory(scores * bwd_bytes, bwd_kernels), 1.0);
         }
 
         // First stage: embedding lookup (and positions); last: final norm, logits and the

@@ -821,3 +821,83 @@ fn host_floor_bounds_tiny_slots() {
         })
     ));
 }
+
+#[test]
+fn megatron_softmax_runs_fused_only_on_multiples_of_four_score_matrices() {
+    use super::ops::fused_softmax_available;
+    // 16 heads of 1024 tokens: tp 8 leaves 2 heads per GPU.
+    let model = gpt();
+    assert!(!fused_softmax_available(&model, 1, 8));
+    assert!(fused_softmax_available(&model, 2, 8));
+    assert!(fused_softmax_available(&model, 1, 4));
+    assert!(!fused_softmax_available(&model, 3, 8));
+    let long = ModelSpec {
+        seq_length: 8192,
+        max_position_embeddings: 8192,
+        ..gpt()
+    };
+    assert!(!fused_softmax_available(&long, 4, 1), "over 4096 keys");
+}
+
+#[test]
+fn pytorch_softmax_costs_bytes_kernels_and_host_time() {
+    use super::ops::{
+        KindOps, OpShape, StageShape, FALLBACK_SOFTMAX_EXTRA_KERNELS, MEGATRON_LAYER_PASS_OPS,
+    };
+    let model = gpt();
+    let table = PerfTable::get(GpuKind::A100);
+    let calibration = Calibration::default();
+    let shape = |fused_softmax| OpShape {
+        model: &model,
+        micro_batch: 1,
+        tp: 8,
+        sequence_parallel: false,
+        act_bytes: 2.0,
+        attention: AttentionKernel::Unfused,
+        fused_softmax,
+    };
+    let stage = StageShape {
+        layers: 1,
+        first: false,
+        last: false,
+        recomputed_layers: 0,
+        selective: false,
+    };
+    let fused = KindOps::new(&shape(true), table, &calibration).stage(&stage);
+    let torch = KindOps::new(&shape(false), table, &calibration).stage(&stage);
+    // 2 heads of 1024 × 1024 scores; 28 more bytes per score forward, 34 more backward
+    // (36 + 2e instead of 3e at e = 2), four more kernels each way.
+    let scores = 2.0 * 1024.0 * 1024.0;
+    let kernel_ms = table.memory_kernel_us * calibration.kernel_cost_scale / 1e3;
+    let hbm = table.hbm_gb_per_s * 1e6;
+    assert_eq!(torch.forward.gflop, fused.forward.gflop);
+    assert!(close(
+        torch.forward.fixed_ms - fused.forward.fixed_ms,
+        scores * 28.0 / hbm + FALLBACK_SOFTMAX_EXTRA_KERNELS * kernel_ms
+    ));
+    assert!(close(
+        torch.backward.fixed_ms - fused.backward.fixed_ms,
+        scores * 34.0 / hbm + FALLBACK_SOFTMAX_EXTRA_KERNELS * kernel_ms
+    ));
+
+    // The host issues the extra operations too: at micro-batch 1 and tp 8 (two heads per
+    // GPU) a layer's forward and backward add 4 + 4 operations to its 3 passes of 18.
+    let mut case = Case::new(
+        cluster(1, 8, 240.0, 23.5),
+        ParallelConfig::even(8, 8, 1, 1, 1),
+        4,
+    );
+    case.options.attention = AttentionKernel::Unfused;
+    case.calibration.host_layer_pass_ms = 1.0;
+    let slow = case.run(TimeModel::Pipette);
+    let extra = 2.0 * FALLBACK_SOFTMAX_EXTRA_KERNELS / MEGATRON_LAYER_PASS_OPS;
+    assert!(close(slow.stages[0].host_ms, 8.0 * (3.0 + extra)));
+    assert!(slow
+        .notes
+        .iter()
+        .any(|n| n.contains("PyTorch's fp32 softmax")));
+    case.config = ParallelConfig::even(8, 8, 1, 1, 2);
+    let fast = case.run(TimeModel::Pipette);
+    assert!(close(fast.stages[0].host_ms, 8.0 * 3.0));
+    assert!(!fast.notes.iter().any(|n| n.contains("softmax")));
+}
