@@ -170,10 +170,7 @@ pub fn stop_line(stop: &Stop) -> Option<String> {
 /// What an attempt runs, in words: the plan's sizes, or the world when planning is off.
 pub fn layout_text(config: Option<&ParallelConfig>, world_size: u64) -> String {
     match config {
-        Some(c) => format!(
-            "tp={} pp={} dp={} micro-batch {}",
-            c.tp, c.pp, c.dp, c.micro_batch
-        ),
+        Some(c) => c.sizes_text(),
         None => format!("world size {world_size} (planning off)"),
     }
 }
