@@ -13,7 +13,9 @@ use super::health::{self, Health};
 use super::output::{JobOutput, ProgressSpec};
 use super::reporter::{relaunch_text, replan_text, Reporter};
 use super::signals::{ActSignals, SignalGuard};
-use super::stragglers::{self, Choice, Detector, Found, Progress, Straggler, StragglerMode};
+use super::stragglers::{
+    self, Choice, Detector, Found, Progress, Straggler, StragglerMode, StragglerState,
+};
 use super::watch::{watch, WatchSignals};
 use super::{AttemptSummary, AttemptTiming, Outcome, SuperviseOptions};
 use crate::exec::format_duration;
@@ -194,7 +196,19 @@ impl Driver<'_> {
             let found: Vec<Straggler> = output
                 .take_straggler_lines()
                 .into_iter()
-                .filter_map(|line| detector.line(line))
+                .filter_map(|line| {
+                    let found = detector.line(line);
+                    if let Some(recovery) = detector.take_recovery() {
+                        self.emit(Event::StragglerRecovered {
+                            attempt: attempt.number,
+                            recovery,
+                            state: StragglerState::Recovered,
+                            iteration: output.iterations().map(|(_, last)| last),
+                            measured_ms: output.recent_iteration_ms(),
+                        });
+                    }
+                    found
+                })
                 .collect();
             found.into_iter().find_map(|s| {
                 self.straggler(attempt, &output, &s, teardown, replans_left)
@@ -344,6 +358,7 @@ impl Driver<'_> {
         self.emit(Event::Straggler {
             attempt: attempt.number,
             straggler: straggler.clone(),
+            state: StragglerState::Detected,
             iteration: progress.iteration,
             measured_ms: progress.recent_ms,
             choices: weighed.choices.clone(),

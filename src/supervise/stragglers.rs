@@ -26,7 +26,8 @@
 //! outlier does not make the rest look slow). It is reported after `windows` consecutive
 //! windows naming the same node, with its slowdown (the median over those windows of the
 //! others' median ÷ its own): a single slow window (a checkpoint save, a garbage collection,
-//! a noisy neighbour) never is.
+//! a noisy neighbour) never is. A reported node that the job went on with has recovered
+//! when it has not been the straggler for as many consecutive windows; that is said once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -157,8 +158,29 @@ pub fn slow_node(nodes: &[Option<f64>], threshold: f64) -> Option<(usize, f64)> 
         .then(|| (slowest, reference / value.max(f64::MIN_POSITIVE)))
 }
 
+/// A straggler reported before that kept up with the others again for the configured
+/// windows (the job went on with it: an action ends the attempt).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Recovery {
+    pub host: String,
+    pub node_rank: u64,
+    /// Consecutive windows it was not the straggler in.
+    pub windows: u32,
+}
+
+/// Whether a `straggler` event tells of a straggler found or of one that recovered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StragglerState {
+    Detected,
+    Recovered,
+}
+
 /// Reads the report's lines window by window and says when a node has been slow for the
-/// configured windows (once per run of slow windows).
+/// configured windows (once per run of slow windows), and when a node it reported has not
+/// been the straggler for as many windows since (its recovery). A window that names none
+/// of its ranks counts for its recovery: the report names the slowest rank, so its ranks
+/// were no slower, and the window was judged without finding it slow.
 #[derive(Debug, Clone)]
 pub struct Detector {
     /// Hosts in node-rank order (`hosts[n]` has node rank n); rank r runs on node
@@ -172,6 +194,10 @@ pub struct Detector {
     /// The node slow in the last windows, and its slowdown in each.
     streak: Option<(usize, Vec<f64>, Vec<u64>)>,
     reported: bool,
+    /// The node reported last, and the windows since in which it was not the straggler.
+    recovering: Option<(usize, u32)>,
+    /// A recovery found and not yet taken ([`Detector::take_recovery`]).
+    recovered: Option<Recovery>,
 }
 
 impl Detector {
@@ -184,6 +210,35 @@ impl Detector {
             current: None,
             streak: None,
             reported: false,
+            recovering: None,
+            recovered: None,
+        }
+    }
+
+    /// The recovery the last line found, if any (apart from [`Detector::line`]'s answer: the
+    /// window in which one node recovers may be the one that finds another slow).
+    pub fn take_recovery(&mut self) -> Option<Recovery> {
+        self.recovered.take()
+    }
+
+    /// Counts a window for the recovery of the node reported last; `slow`: the window's
+    /// straggler, if any.
+    fn watch_recovery(&mut self, slow: Option<usize>) {
+        let Some((node, normal)) = self.recovering.as_mut() else {
+            return;
+        };
+        if slow == Some(*node) {
+            *normal = 0;
+            return;
+        }
+        *normal += 1;
+        if *normal >= self.windows {
+            self.recovered = Some(Recovery {
+                host: self.hosts[*node].clone(),
+                node_rank: *node as u64,
+                windows: *normal,
+            });
+            self.recovering = None;
         }
     }
 
@@ -212,7 +267,9 @@ impl Detector {
             };
             *node = Some(node.map_or(*tf, |v: f64| v.min(*tf)));
         }
-        let Some((node, slowdown)) = slow_node(&nodes, self.threshold) else {
+        let slow = slow_node(&nodes, self.threshold);
+        self.watch_recovery(slow.map(|(node, _)| node));
+        let Some((node, slowdown)) = slow else {
             self.streak = None;
             self.reported = false;
             return None;
@@ -237,6 +294,7 @@ impl Detector {
             return None;
         }
         self.reported = true;
+        self.recovering = Some((*node, 0));
         let recent = &slowdowns[slowdowns.len() - self.windows as usize..];
         Some(Straggler {
             host: self.hosts[*node].clone(),
@@ -551,32 +609,48 @@ fn cost(
     )
 }
 
-/// The lines people read for a [`super::events::Event::Straggler`] (none for another event).
+/// The lines people read for a [`super::events::Event::Straggler`] or
+/// [`super::events::Event::StragglerRecovered`] (none for another event).
 pub fn event_lines(event: &super::events::Event) -> Vec<String> {
-    let super::events::Event::Straggler {
-        straggler: s,
-        iteration,
-        measured_ms,
-        choices,
-        verdict,
-        ..
-    } = event
-    else {
-        return Vec::new();
+    // ` at iteration 230, 1000.0 ms per iteration`
+    let when = |iteration: &Option<u64>, measured_ms: &Option<f64>| {
+        let at = iteration.map(|i| format!(" at iteration {i}"));
+        let ms = measured_ms.map(|ms| format!(", {ms:.1} ms per iteration"));
+        format!("{}{}", at.unwrap_or_default(), ms.unwrap_or_default())
     };
-    let at = iteration
-        .map(|i| format!(" at iteration {i}"))
-        .unwrap_or_default();
+    let (s, iteration, measured_ms, choices, verdict) = match event {
+        super::events::Event::Straggler {
+            straggler,
+            iteration,
+            measured_ms,
+            choices,
+            verdict,
+            ..
+        } => (straggler, iteration, measured_ms, choices, verdict),
+        super::events::Event::StragglerRecovered {
+            recovery: r,
+            iteration,
+            measured_ms,
+            ..
+        } => {
+            return vec![format!(
+            "straggler recovered: {} (node rank {}) has kept up with the others for {} windows{}",
+            r.host,
+            r.node_rank,
+            r.windows,
+            when(iteration, measured_ms)
+        )]
+        }
+        _ => return Vec::new(),
+    };
     let mut lines = vec![format!(
-        "straggler: {} (node rank {}) runs at {:.0} % of the others' speed ({:.2}× slower) for {} windows{at}{}",
+        "straggler: {} (node rank {}) runs at {:.0} % of the others' speed ({:.2}× slower) for {} windows{}",
         s.host,
         s.node_rank,
         100.0 / s.slowdown,
         s.slowdown,
         s.windows,
-        measured_ms
-            .map(|ms| format!(", {ms:.1} ms per iteration"))
-            .unwrap_or_default()
+        when(iteration, measured_ms)
     )];
     for c in choices {
         lines.push(format!("  {} ({})", c.short(), c.detail));
@@ -644,6 +718,12 @@ pub(crate) mod tests {
     /// Feeds windows of throughput by rank (3 nodes × 2 ranks) and returns what was found
     /// after each.
     fn feed(windows: &[[f64; 6]], k: u32) -> Vec<Option<Straggler>> {
+        let found = feed_recovering(windows, k);
+        found.into_iter().map(|(straggler, _)| straggler).collect()
+    }
+
+    /// [`feed`], with the recovery found after each window too.
+    fn feed_recovering(windows: &[[f64; 6]], k: u32) -> Vec<(Option<Straggler>, Option<Recovery>)> {
         let hosts = ["a", "b", "c"].map(String::from).to_vec();
         let mut detector = Detector::new(hosts, 2, &options(k));
         let mut found = Vec::new();
@@ -653,14 +733,57 @@ pub(crate) mod tests {
             order.sort_by(|a, b| a.1.total_cmp(&b.1));
             let summary = vec![order[0], order[5]];
             assert_eq!(detector.line(ReportLine::Ranks(vec![])), None);
-            found.push(detector.line(ReportLine::Summary(summary)));
+            let straggler = detector.line(ReportLine::Summary(summary));
+            found.push((straggler, detector.take_recovery()));
             detector.line(ReportLine::Ranks(order[..3].to_vec()));
             detector.line(ReportLine::Ranks(order[3..].to_vec()));
         }
         // The last window is judged when the next begins.
-        found.push(detector.line(ReportLine::Summary(vec![(0, 1.0)])));
+        let straggler = detector.line(ReportLine::Summary(vec![(0, 1.0)]));
+        found.push((straggler, detector.take_recovery()));
         found.remove(0);
         found
+    }
+
+    /// The windows after which a recovery was found, and each recovery.
+    fn recoveries(windows: &[[f64; 6]], k: u32) -> Vec<(usize, Recovery)> {
+        let found = feed_recovering(windows, k).into_iter().enumerate();
+        found.filter_map(|(i, (_, r))| Some((i, r?))).collect()
+    }
+
+    #[test]
+    fn a_reported_node_that_keeps_up_for_k_windows_recovers_once() {
+        const EVEN: [f64; 6] = [100.0, 98.0, 101.0, 99.0, 100.0, 102.0];
+        const SLOW_B: [f64; 6] = [100.0, 98.0, 50.0, 99.0, 100.0, 102.0];
+        const SLOW_C: [f64; 6] = [100.0, 98.0, 101.0, 99.0, 100.0, 30.0];
+        let b = |windows| Recovery {
+            host: "b".into(),
+            node_rank: 1,
+            windows,
+        };
+        // Found after window 3, up to speed in windows 4, 5 and 6: recovered after the
+        // third, once.
+        let windows = [EVEN, SLOW_B, SLOW_B, SLOW_B, EVEN, EVEN, EVEN, EVEN, EVEN];
+        assert_eq!(recoveries(&windows, 3), [(6, b(3))]);
+        // A slow window restarts the count; one never reported never recovers.
+        let windows = [SLOW_B, SLOW_B, SLOW_B, EVEN, EVEN, SLOW_B, EVEN, EVEN];
+        assert_eq!(recoveries(&windows, 3), []);
+        assert_eq!(recoveries(&[SLOW_B, SLOW_B, EVEN, EVEN, EVEN, EVEN], 3), []);
+        // Slow again after it recovered: found again.
+        let windows = [
+            SLOW_B, SLOW_B, SLOW_B, EVEN, EVEN, EVEN, SLOW_B, SLOW_B, SLOW_B,
+        ];
+        let found = feed_recovering(&windows, 3);
+        let hits: Vec<usize> = (0..found.len()).filter(|i| found[*i].0.is_some()).collect();
+        assert_eq!(hits, [2, 8]);
+        assert_eq!(found[5].1, Some(b(3)));
+        // The slowness moves from b to c: c is found in the very window b recovers in.
+        let windows = [SLOW_B, SLOW_B, SLOW_B, SLOW_C, SLOW_C, SLOW_C];
+        let found = feed_recovering(&windows, 3);
+        assert_eq!(found[5].0.as_ref().map(|s| s.host.as_str()), Some("c"));
+        assert_eq!(found[5].1, Some(b(3)));
+        // k = 1: one window up to speed is enough.
+        assert_eq!(recoveries(&[SLOW_B, EVEN], 1), [(1, b(1))]);
     }
 
     #[test]
