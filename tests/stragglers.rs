@@ -45,6 +45,11 @@ const HOSTS: [&str; 3] = ["node-a", "node-b", "node-c"];
 /// Starts pipette-run with `--stragglers act` on the three nodes for a chunk of
 /// `iterations` iterations of a long run, its files in `dir`.
 fn start(dir: &Path, iterations: u64) -> Child {
+    start_in_mode(dir, iterations, "act")
+}
+
+/// [`start`] with `--stragglers mode`.
+fn start_in_mode(dir: &Path, iterations: u64, mode: &str) -> Child {
     let profile = dir.join("cluster.json");
     std::fs::write(&profile, cpu_profile(&HOSTS, 1)).unwrap();
     let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
@@ -60,7 +65,7 @@ fn start(dir: &Path, iterations: u64) -> Child {
         .arg(torchrun())
         .args(["--master-port", &common::free_port().to_string()])
         .args(["--grace", "2s", "--health-timeout", "15s"])
-        .args(["--stragglers", "act", "--straggler-windows", "3"])
+        .args(["--stragglers", mode, "--straggler-windows", "3"])
         .arg("examples/train_gpt.py")
         .args([
             "--num-layers",
@@ -107,6 +112,29 @@ fn start(dir: &Path, iterations: u64) -> Child {
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Waits until `done` while `child` (pipette-run, its files in `dir`) runs; `what` names
+/// what is waited for.
+fn wait_for(child: &mut Child, dir: &Path, what: &str, done: &dyn Fn() -> bool) {
+    let limit = Instant::now() + Duration::from_secs(240);
+    while !done() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "pipette-run exited before {what}:\n{}",
+            read(&dir.join("stderr"))
+        );
+        assert!(Instant::now() < limit, "no {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the job's output shows iteration `n`.
+fn wait_for_iteration(child: &mut Child, dir: &Path, n: u64) {
+    let needle = format!(" iteration {n:8}/");
+    let stdout = dir.join("stdout");
+    let what = format!("iteration {n}");
+    wait_for(child, dir, &what, &|| read(&stdout).contains(&needle));
 }
 
 /// Waits for `child` to exit within `limit`; kills it (and fails) after.
@@ -175,17 +203,7 @@ fn a_slowed_node_is_found_left_out_and_the_pace_recovers() {
     let (slow_at, iterations) = (16u64, 80u64);
     let mut child = start(dir.path(), iterations);
     // Slow node-b from iteration `slow_at` on.
-    let needle = format!(" iteration {slow_at:8}/");
-    let limit = Instant::now() + Duration::from_secs(240);
-    while !read(&dir.path().join("stdout")).contains(&needle) {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "pipette-run exited before iteration {slow_at}:\n{}",
-            read(&dir.path().join("stderr"))
-        );
-        assert!(Instant::now() < limit, "no iteration {slow_at}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_iteration(&mut child, dir.path(), slow_at);
     std::fs::write(dir.path().join("slow-node-b"), "").unwrap();
     let status = finish(&mut child, dir.path(), Duration::from_secs(400));
     let stderr = read(&dir.path().join("stderr"));
@@ -287,5 +305,56 @@ fn without_a_slowdown_nothing_is_done() {
     let logs = read(&dir.path().join("stdout"));
     assert!(logs.matches("MnEtpt/Rnk:").count() >= 30, "{logs}");
     assert_eq!(iteration_times(&run, 1).last().map(|(n, _)| *n), Some(64));
+    assert_no_process_left(&dir.path().display().to_string());
+}
+
+#[test]
+fn a_reported_straggler_that_keeps_up_again_is_said_to_recover() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::Builder::new()
+        .prefix("pipette-straggler-")
+        .tempdir()
+        .unwrap();
+    let (slow_at, iterations) = (10u64, 60u64);
+    let mut child = start_in_mode(dir.path(), iterations, "report");
+    let run = dir.path().join("run");
+    wait_for_iteration(&mut child, dir.path(), slow_at);
+    // Slowed until it is reported, then back to its speed.
+    let slow_file = dir.path().join("slow-node-b");
+    std::fs::write(&slow_file, "").unwrap();
+    wait_for(&mut child, dir.path(), "a straggler event", &|| {
+        let events = read_events(&run.join("events.jsonl")).unwrap_or_default();
+        !stragglers(&events).is_empty()
+    });
+    std::fs::remove_file(&slow_file).unwrap();
+    let status = finish(&mut child, dir.path(), Duration::from_secs(300));
+    let stderr = read(&dir.path().join("stderr"));
+    assert!(status.success(), "{status}:\n{stderr}");
+    let events = read_events(&run.join("events.jsonl")).unwrap();
+
+    let found = stragglers(&events);
+    assert_eq!(found.len(), 2, "{found:#?}\n{stderr}");
+    let (detected, recovered) = (found[0], found[1]);
+    assert_eq!(detected["state"], "detected", "{detected:#}");
+    assert_eq!(detected["verdict"]["action"], "keep", "{detected:#}");
+    assert_eq!(recovered["state"], "recovered", "{recovered:#}");
+    assert_eq!(recovered["host"], "node-b", "{recovered:#}");
+    assert_eq!(recovered["windows"], 3, "{recovered:#}");
+    let (at, back) = (
+        detected["iteration"].as_u64().unwrap(),
+        recovered["iteration"].as_u64().unwrap(),
+    );
+    // Three windows of two iterations, judged when the next begins, plus the iteration in
+    // flight when the file went.
+    assert!(back > at && back <= at + 2 * 4 + 2, "{found:#?}");
+    assert!(!events.iter().any(|e| e["event"] == "replan"), "{stderr}");
+    // The detection warns; the recovery is an INFO line.
+    let line = |text: &str| stderr.lines().find(|l| l.contains(text)).unwrap_or("");
+    assert!(line("straggler: node-b").contains("warning: "), "{stderr}");
+    let back_line = line("straggler recovered: node-b (node rank 1) has kept up");
+    assert!(
+        !back_line.is_empty() && !back_line.contains("warning"),
+        "{stderr}"
+    );
     assert_no_process_left(&dir.path().display().to_string());
 }

@@ -70,6 +70,14 @@ impl ParallelConfig {
         text
     }
 
+    /// The sizes as the supervisor's lines write them: `tp=2 pp=4 dp=1 micro-batch 2`.
+    pub fn sizes_text(&self) -> String {
+        format!(
+            "tp={} pp={} dp={} micro-batch {}",
+            self.tp, self.pp, self.dp, self.micro_batch
+        )
+    }
+
     /// Ranks in the job: tp × pp × dp.
     pub fn world_size(&self) -> u64 {
         self.tp * self.pp * self.dp

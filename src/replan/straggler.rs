@@ -48,20 +48,37 @@ pub struct StragglerChoices {
     pub leave_out: Result<(f64, Replanned), String>,
 }
 
-/// What the running `plan` (on `profile`, the nodes `hosts`) can become with `host`
-/// `slowdown` times slower.
-#[allow(clippy::too_many_arguments)]
+/// The running plan and what the planner needs to plan it again: what a straggler's
+/// choices are planned and timed from.
+#[derive(Debug, Clone, Copy)]
+pub struct RunningPlan<'a> {
+    pub settings: &'a Settings,
+    pub options: &'a PlanOptions,
+    pub plan: &'a Plan,
+    /// The cluster as it was profiled.
+    pub profile: &'a ClusterProfile,
+    /// The attempt's nodes.
+    pub hosts: &'a [String],
+    /// How the job writes its checkpoints (whether a re-plan may change tp/pp).
+    pub format: &'a CheckpointFormat,
+}
+
+/// What the `running` plan can become with `host` `slowdown` times slower, resuming from
+/// `checkpoint`.
 pub fn choices(
-    settings: &Settings,
-    profile: &ClusterProfile,
-    plan: &Plan,
-    hosts: &[String],
+    running: &RunningPlan<'_>,
     host: &str,
     slowdown: f64,
-    options: &PlanOptions,
     checkpoint: CheckpointState,
-    format: &CheckpointFormat,
 ) -> StragglerChoices {
+    let RunningPlan {
+        settings,
+        options,
+        plan,
+        profile,
+        hosts,
+        format,
+    } = *running;
     let slow = slowed(profile, host, slowdown);
     // Every choice timed by the same model and options, so that their ratios hold whatever
     // the planner's own time model: the supervisor scales them to the measured pace.

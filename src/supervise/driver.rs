@@ -1,5 +1,6 @@
 //! The driver: runs attempts one after another. Each is launched, watched
-//! ([`super::watch`]), torn down, swept and health-checked; [`decide`] says what follows;
+//! ([`super::watch`]; a straggler the [`Detector`] finds is weighed by
+//! [`stragglers::weigh`]), torn down, swept and health-checked; [`decide`] says what follows;
 //! the driver reads the checkpoint when asked, re-plans ([`crate::replan::failure`]), prepares the
 //! next attempt, and records every step as an [`Event`] that the [`Reporter`] also shows.
 
@@ -10,10 +11,10 @@ use super::decide::{self, decide, Decision, Ending, Facts, Next, Stop, Straggler
 use super::events::{Event, EventLog, NodeRef, StopRecord};
 use super::health::{self, Health};
 use super::output::{JobOutput, ProgressSpec};
-use super::reporter::{layout_text, relaunch_text, replan_text, Reporter};
+use super::reporter::{relaunch_text, replan_text, Reporter};
 use super::signals::{ActSignals, SignalGuard};
 use super::stragglers::{
-    self, ActFacts, Choice, Costed, Detector, RestartCost, Straggler, StragglerMode,
+    self, Choice, Detector, Found, Progress, Straggler, StragglerMode, StragglerState,
 };
 use super::watch::{watch, WatchSignals};
 use super::{AttemptSummary, AttemptTiming, Outcome, SuperviseOptions};
@@ -24,7 +25,7 @@ use crate::launch::{
     Resume, RunningJob,
 };
 use crate::replan::failure::{checkpoint_format, replan, ReplanError};
-use crate::replan::straggler::choices as straggler_choices;
+use crate::replan::straggler::RunningPlan;
 
 /// What the driver shares across attempts.
 struct Driver<'a> {
@@ -195,7 +196,19 @@ impl Driver<'_> {
             let found: Vec<Straggler> = output
                 .take_straggler_lines()
                 .into_iter()
-                .filter_map(|line| detector.line(line))
+                .filter_map(|line| {
+                    let found = detector.line(line);
+                    if let Some(recovery) = detector.take_recovery() {
+                        self.emit(Event::StragglerRecovered {
+                            attempt: attempt.number,
+                            recovery,
+                            state: StragglerState::Recovered,
+                            iteration: output.iterations().map(|(_, last)| last),
+                            measured_ms: output.recent_iteration_ms(),
+                        });
+                    }
+                    found
+                })
                 .collect();
             found.into_iter().find_map(|s| {
                 self.straggler(attempt, &output, &s, teardown, replans_left)
@@ -294,8 +307,8 @@ impl Driver<'_> {
         }
     }
 
-    /// A straggler was found: costs the choices with the model, decides, records it.
-    /// Returns the action when the decision is to act.
+    /// A straggler was found: has its choices costed and decided ([`stragglers::weigh`]),
+    /// records the verdict. Returns the action when the decision is to act.
     fn straggler(
         &self,
         attempt: &Attempt,
@@ -304,113 +317,54 @@ impl Driver<'_> {
         teardown: Duration,
         replans_left: u32,
     ) -> Option<StragglerAct> {
-        let options = &self.options.stragglers;
+        let (template, options) = (self.template, &self.options.stragglers);
         let hosts: Vec<String> = attempt.spec.nodes.iter().map(|n| n.host.clone()).collect();
-        let iteration = output.iterations().map(|(_, last)| last);
-        let remaining = output
-            .total_iterations()
-            .zip(iteration)
-            .map_or(0, |(total, at)| total.saturating_sub(at));
-        let checkpoint = output.checkpoint_iteration().filter(|_| {
-            self.template
-                .planning
-                .settings()
-                .is_some_and(|s| s.training.save.is_some())
-        });
-        let restart = RestartCost {
-            teardown,
+        let format = checkpoint_format(&template.script.args);
+        let running = match (&attempt.layout, &template.planning) {
+            (Layout::Planned { plan, profile }, Planning::On(inputs)) => Some(RunningPlan {
+                settings: &inputs.settings,
+                options: &inputs.options,
+                plan,
+                profile,
+                hosts: &hosts,
+                format: &format,
+            }),
+            _ => None,
+        };
+        let progress = Progress {
+            iteration: output.iterations().map(|(_, last)| last),
+            total: output.total_iterations(),
+            // An unplanned job resumes nothing: no checkpoint it writes is ours to read.
+            checkpoint: output.checkpoint_iteration().filter(|_| {
+                template
+                    .planning
+                    .settings()
+                    .is_some_and(|s| s.training.save.is_some())
+            }),
+            recent_ms: output.recent_iteration_ms(),
+            best_ms: output.best_iteration_ms(),
             startup: output.timing().first_iteration.unwrap_or_default(),
-            lost_iterations: iteration
-                .zip(checkpoint)
-                .map_or(0, |(at, saved)| at.saturating_sub(saved)),
         };
-        let measured = output.recent_iteration_ms();
-        let mut remap_profile = None;
-        let choices: Vec<Costed> = match (&attempt.layout, &self.template.planning) {
-            (Layout::Planned { plan, profile }, Planning::On(inputs)) => {
-                let state = match checkpoint {
-                    Some(at) => CheckpointState::At(at),
-                    None => CheckpointState::None,
-                };
-                let model = straggler_choices(
-                    &inputs.settings,
-                    profile,
-                    plan,
-                    &hosts,
-                    &straggler.host,
-                    straggler.slowdown,
-                    &inputs.options,
-                    state,
-                    &checkpoint_format(&self.template.script.args),
-                );
-                // The model's times scaled to what the job measured: a plan on the slowed
-                // cluster by its pace now, a plan without the straggler by its pace before.
-                let ratio =
-                    |measured: Option<f64>, model: &Result<f64, String>| match (measured, model) {
-                        (Some(m), Ok(t)) if *t > 0.0 => m / t,
-                        _ => 1.0,
-                    };
-                let slowed_scale = ratio(measured, &model.keep_ms);
-                let healthy_scale = ratio(output.best_iteration_ms(), &model.healthy_ms);
-                let keep = Costed {
-                    choice: Choice::Keep,
-                    predicted_ms: measured.or(model.keep_ms.as_ref().ok().copied()),
-                    detail: layout_text(Some(&plan.config), plan.config.world_size()),
-                };
-                let costed =
-                    |choice, scale: f64, r: &Result<(f64, crate::replan::failure::Replanned), String>| match r {
-                        Ok((ms, r)) => Costed {
-                            choice,
-                            predicted_ms: Some(ms * scale),
-                            detail: format!(
-                                "{} on {}",
-                                layout_text(Some(&r.plan.config), r.plan.config.world_size()),
-                                r.profile
-                                    .nodes
-                                    .iter()
-                                    .map(|n| n.host.as_str())
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            ),
-                        },
-                        Err(why) => Costed {
-                            choice,
-                            predicted_ms: None,
-                            detail: why.clone(),
-                        },
-                    };
-                let remap = costed(Choice::Remap, slowed_scale, &model.remap);
-                let leave_out = costed(Choice::LeaveOut, healthy_scale, &model.leave_out);
-                remap_profile = model.remap.ok().map(|(_, r)| r.profile);
-                vec![keep, remap, leave_out]
-            }
-            _ => vec![Costed {
-                choice: Choice::Keep,
-                predicted_ms: measured,
-                detail: "planning is off: nothing to re-plan".into(),
-            }],
-        };
-        let verdict = stragglers::decide(&ActFacts {
-            mode: options.mode,
-            measured_ms: measured.unwrap_or(0.0),
-            choices: &choices,
-            remaining_iterations: remaining,
-            restart,
-            checkpoint,
+        let weighed = stragglers::weigh(&Found {
+            straggler,
+            running,
+            progress,
+            teardown,
+            options,
             since_last_action: self.straggler_acted.get().map(|t| t.elapsed()),
-            cooldown: options.cooldown,
             replans_left,
         });
-        let action = verdict.action;
+        let action = weighed.verdict.action;
         self.emit(Event::Straggler {
             attempt: attempt.number,
             straggler: straggler.clone(),
-            iteration,
-            measured_ms: measured,
-            choices: choices.clone(),
-            remaining_iterations: remaining,
-            restart: Some(restart),
-            verdict,
+            state: StragglerState::Detected,
+            iteration: progress.iteration,
+            measured_ms: progress.recent_ms,
+            choices: weighed.choices.clone(),
+            remaining_iterations: weighed.remaining_iterations,
+            restart: Some(weighed.restart),
+            verdict: weighed.verdict,
             mode: options.mode,
         });
         if action == Choice::Keep {
@@ -421,8 +375,8 @@ impl Driver<'_> {
             host: straggler.host.clone(),
             slowdown: straggler.slowdown,
             choice: action,
-            profile: (action == Choice::Remap).then_some(remap_profile).flatten(),
-            choices,
+            profile: weighed.remap_profile.filter(|_| action == Choice::Remap),
+            choices: weighed.choices,
         })
     }
 

@@ -5,8 +5,9 @@
 //! Every line starts with `time` (UTC, RFC 3339 with milliseconds), `unix_ms`, `elapsed_s`
 //! (since the supervisor started) and `event` (the [`Event`] variant's name in snake case),
 //! then the variant's fields as [`Event`] documents them, and ends with `schema`
-//! ([`SCHEMA`]), which changes whenever a field does. Durations are in seconds with
-//! millisecond precision (fields named `..._s`).
+//! ([`SCHEMA`]), which changes whenever a field is renamed, removed or changes meaning; a
+//! field or a value added keeps it (readers pass over what they do not know). Durations are
+//! in seconds with millisecond precision (fields named `..._s`).
 
 use std::fs::File;
 use std::io::Write;
@@ -86,6 +87,8 @@ pub enum Event {
         /// `host`, `node_rank`, `slowdown` (2.0: half speed), `windows`, `ranks`.
         #[serde(flatten)]
         straggler: super::stragglers::Straggler,
+        /// `detected` (see [`Event::StragglerRecovered`]).
+        state: super::stragglers::StragglerState,
         /// The iteration it was found at.
         iteration: Option<u64>,
         /// The time per iteration now, ms.
@@ -100,6 +103,21 @@ pub enum Event {
         verdict: super::stragglers::Verdict,
         /// `report` or `act`.
         mode: super::stragglers::StragglerMode,
+    },
+    /// A straggler found before, with which the job went on, kept up with the others again
+    /// for the configured windows: a `straggler` event too, its `state` `recovered`.
+    #[serde(rename = "straggler")]
+    StragglerRecovered {
+        attempt: u32,
+        /// `host`, `node_rank`, `windows` (how long it has kept up).
+        #[serde(flatten)]
+        recovery: super::stragglers::Recovery,
+        /// `recovered`.
+        state: super::stragglers::StragglerState,
+        /// The iteration it was found recovered at.
+        iteration: Option<u64>,
+        /// The time per iteration now, ms.
+        measured_ms: Option<f64>,
     },
     /// Every node of an attempt was stopped.
     Teardown {
@@ -309,7 +327,7 @@ pub fn read_events(path: &Path) -> std::io::Result<Vec<Value>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -344,6 +362,70 @@ mod tests {
         assert!(events[1]["unix_ms"].as_u64().unwrap() >= events[0]["unix_ms"].as_u64().unwrap());
         assert_eq!(events[1]["relaunch_after_s"], serde_json::json!([1.235]));
         assert!(events.iter().all(|e| e["schema"] == SCHEMA));
+    }
+
+    /// A straggler found at iteration 200 (kept), then recovered at 230.
+    pub(crate) fn straggler_events() -> [Event; 2] {
+        use crate::supervise::stragglers::{
+            tests::three_choices, Choice, Recovery, Straggler, StragglerMode, StragglerState,
+            Verdict,
+        };
+        let found = Event::Straggler {
+            attempt: 1,
+            straggler: Straggler {
+                host: "b".into(),
+                node_rank: 1,
+                slowdown: 2.0,
+                windows: 3,
+                ranks: vec![2, 3],
+            },
+            state: StragglerState::Detected,
+            iteration: Some(200),
+            measured_ms: Some(2000.0),
+            choices: three_choices(Some(2000.0), None, Some(1500.0)),
+            remaining_iterations: 100,
+            restart: None,
+            verdict: Verdict {
+                action: Choice::Keep,
+                gain_s: 50.0,
+                cost_s: 0.0,
+                why: "reported only (--stragglers act would act)".into(),
+            },
+            mode: StragglerMode::Report,
+        };
+        let recovered = Event::StragglerRecovered {
+            attempt: 1,
+            recovery: Recovery {
+                host: "b".into(),
+                node_rank: 1,
+                windows: 3,
+            },
+            state: StragglerState::Recovered,
+            iteration: Some(230),
+            measured_ms: Some(1000.0),
+        };
+        [found, recovered]
+    }
+
+    #[test]
+    fn a_straggler_event_says_whether_it_was_found_or_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EventLog::create(dir.path()).unwrap();
+        for event in straggler_events() {
+            log.write(&event);
+        }
+        let events = read_events(log.path()).unwrap();
+        assert!(events.iter().all(|e| e["event"] == "straggler"));
+        assert!(events
+            .iter()
+            .all(|e| e["host"] == "b" && e["node_rank"] == 1));
+        assert_eq!(events[0]["state"], "detected");
+        assert_eq!(events[0]["verdict"]["action"], "keep");
+        assert_eq!(events[1]["state"], "recovered");
+        assert_eq!(events[1]["windows"], 3);
+        assert_eq!(events[1]["iteration"], 230);
+        assert_eq!(events[1]["measured_ms"], 1000.0);
+        assert_eq!(events[1].get("verdict"), None);
     }
 
     #[test]

@@ -128,7 +128,9 @@ impl Reporter {
             })
             .chain(notes.iter().map(|n| format!("  {n}")))
             .collect(),
-            Event::Straggler { .. } => super::stragglers::event_lines(event),
+            Event::Straggler { .. } | Event::StragglerRecovered { .. } => {
+                super::stragglers::event_lines(event)
+            }
             Event::Progress { .. }
             | Event::Teardown { .. }
             | Event::ReplanRefused { .. }
@@ -141,7 +143,10 @@ impl Reporter {
 /// under `-q`; a launch is INFO.
 pub fn event_level(event: &Event) -> Level {
     match event {
-        Event::Launch { .. } | Event::Progress { .. } | Event::Exit { .. } => Level::Info,
+        Event::Launch { .. }
+        | Event::Progress { .. }
+        | Event::StragglerRecovered { .. }
+        | Event::Exit { .. } => Level::Info,
         Event::NodeFailed { .. }
         | Event::Stalled { .. }
         | Event::Signal { .. }
@@ -170,10 +175,7 @@ pub fn stop_line(stop: &Stop) -> Option<String> {
 /// What an attempt runs, in words: the plan's sizes, or the world when planning is off.
 pub fn layout_text(config: Option<&ParallelConfig>, world_size: u64) -> String {
     match config {
-        Some(c) => format!(
-            "tp={} pp={} dp={} micro-batch {}",
-            c.tp, c.pp, c.dp, c.micro_batch
-        ),
+        Some(c) => c.sizes_text(),
         None => format!("world size {world_size} (planning off)"),
     }
 }
@@ -311,6 +313,22 @@ mod tests {
 
     fn reporter() -> Reporter {
         Reporter::new(Echo::Streams, Duration::from_secs(3))
+    }
+
+    #[test]
+    fn a_straggler_warns_and_its_recovery_informs() {
+        let [found, recovered] = crate::supervise::events::tests::straggler_events();
+        assert_eq!(event_level(&found), Level::Warn);
+        let lines = reporter().event_lines(&found);
+        assert!(
+            lines[0].starts_with("straggler: b (node rank 1) runs at 50 %"),
+            "{lines:?}"
+        );
+        assert_eq!(event_level(&recovered), Level::Info);
+        assert_eq!(
+            reporter().event_lines(&recovered),
+            ["straggler recovered: b (node rank 1) has kept up with the others for 3 windows at iteration 230, 1000.0 ms per iteration"]
+        );
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Stragglers: a node that keeps the whole synchronous job at its pace. This module owns
 //! reading the training script's straggler report, judging it (which node, how much
-//! slower, for how long) and the decision whether to act, all pure; the driver
-//! ([`super::driver`]) gathers the facts, costs the choices with the model
-//! ([`crate::replan::straggler`]) and carries an action out through the normal re-plan path.
+//! slower, for how long), costing the choices it leaves with the model
+//! ([`crate::replan::straggler`] plans and times them; [`weigh`] scales them to the job's
+//! measured pace) and the decision whether to act ([`decide`]), all pure; the driver
+//! ([`super::driver`]) gathers the facts from the job's output, records the verdict and
+//! carries an action out through the normal re-plan path.
 //!
 //! # What is read
 //!
@@ -24,7 +26,8 @@
 //! outlier does not make the rest look slow). It is reported after `windows` consecutive
 //! windows naming the same node, with its slowdown (the median over those windows of the
 //! others' median ÷ its own): a single slow window (a checkpoint save, a garbage collection,
-//! a noisy neighbour) never is.
+//! a noisy neighbour) never is. A reported node that the job went on with has recovered
+//! when it has not been the straggler for as many consecutive windows; that is said once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -32,6 +35,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::cluster::profile::median;
+use crate::cluster::ClusterProfile;
+use crate::launch::CheckpointState;
+use crate::replan::failure::Replanned;
+use crate::replan::straggler::{choices, RunningPlan};
 
 /// What pipette-run does about stragglers (`--stragglers`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -151,8 +158,29 @@ pub fn slow_node(nodes: &[Option<f64>], threshold: f64) -> Option<(usize, f64)> 
         .then(|| (slowest, reference / value.max(f64::MIN_POSITIVE)))
 }
 
+/// A straggler reported before that kept up with the others again for the configured
+/// windows (the job went on with it: an action ends the attempt).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Recovery {
+    pub host: String,
+    pub node_rank: u64,
+    /// Consecutive windows it was not the straggler in.
+    pub windows: u32,
+}
+
+/// Whether a `straggler` event tells of a straggler found or of one that recovered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StragglerState {
+    Detected,
+    Recovered,
+}
+
 /// Reads the report's lines window by window and says when a node has been slow for the
-/// configured windows (once per run of slow windows).
+/// configured windows (once per run of slow windows), and when a node it reported has not
+/// been the straggler for as many windows since (its recovery). A window that names none
+/// of its ranks counts for its recovery: the report names the slowest rank, so its ranks
+/// were no slower, and the window was judged without finding it slow.
 #[derive(Debug, Clone)]
 pub struct Detector {
     /// Hosts in node-rank order (`hosts[n]` has node rank n); rank r runs on node
@@ -166,6 +194,10 @@ pub struct Detector {
     /// The node slow in the last windows, and its slowdown in each.
     streak: Option<(usize, Vec<f64>, Vec<u64>)>,
     reported: bool,
+    /// The node reported last, and the windows since in which it was not the straggler.
+    recovering: Option<(usize, u32)>,
+    /// A recovery found and not yet taken ([`Detector::take_recovery`]).
+    recovered: Option<Recovery>,
 }
 
 impl Detector {
@@ -178,6 +210,35 @@ impl Detector {
             current: None,
             streak: None,
             reported: false,
+            recovering: None,
+            recovered: None,
+        }
+    }
+
+    /// The recovery the last line found, if any (apart from [`Detector::line`]'s answer: the
+    /// window in which one node recovers may be the one that finds another slow).
+    pub fn take_recovery(&mut self) -> Option<Recovery> {
+        self.recovered.take()
+    }
+
+    /// Counts a window for the recovery of the node reported last; `slow`: the window's
+    /// straggler, if any.
+    fn watch_recovery(&mut self, slow: Option<usize>) {
+        let Some((node, normal)) = self.recovering.as_mut() else {
+            return;
+        };
+        if slow == Some(*node) {
+            *normal = 0;
+            return;
+        }
+        *normal += 1;
+        if *normal >= self.windows {
+            self.recovered = Some(Recovery {
+                host: self.hosts[*node].clone(),
+                node_rank: *node as u64,
+                windows: *normal,
+            });
+            self.recovering = None;
         }
     }
 
@@ -206,7 +267,9 @@ impl Detector {
             };
             *node = Some(node.map_or(*tf, |v: f64| v.min(*tf)));
         }
-        let Some((node, slowdown)) = slow_node(&nodes, self.threshold) else {
+        let slow = slow_node(&nodes, self.threshold);
+        self.watch_recovery(slow.map(|(node, _)| node));
+        let Some((node, slowdown)) = slow else {
             self.streak = None;
             self.reported = false;
             return None;
@@ -231,6 +294,7 @@ impl Detector {
             return None;
         }
         self.reported = true;
+        self.recovering = Some((*node, 0));
         let recent = &slowdowns[slowdowns.len() - self.windows as usize..];
         Some(Straggler {
             host: self.hosts[*node].clone(),
@@ -397,32 +461,196 @@ pub fn decide(facts: &ActFacts<'_>) -> Verdict {
     }
 }
 
-/// The lines people read for a [`super::events::Event::Straggler`] (none for another event).
-pub fn event_lines(event: &super::events::Event) -> Vec<String> {
-    let super::events::Event::Straggler {
-        straggler: s,
-        iteration,
-        measured_ms,
-        choices,
-        verdict,
-        ..
-    } = event
-    else {
-        return Vec::new();
+/// Where the job stands when a straggler is found, as its output tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Progress {
+    /// The last iteration logged.
+    pub iteration: Option<u64>,
+    /// The iterations the run is to train (`--train-iters`).
+    pub total: Option<u64>,
+    /// The iteration of the last checkpoint this attempt can resume from.
+    pub checkpoint: Option<u64>,
+    /// The time per iteration now (the straggler's pace), ms.
+    pub recent_ms: Option<f64>,
+    /// The best time per iteration of the attempt (its pace before the straggler), ms.
+    pub best_ms: Option<f64>,
+    /// From the launch to the first iteration: what a relaunch takes to start again.
+    pub startup: Duration,
+}
+
+/// Everything a straggler's choices are costed and decided from.
+#[derive(Debug, Clone, Copy)]
+pub struct Found<'a> {
+    pub straggler: &'a Straggler,
+    /// `None` when planning is off: there is nothing to re-plan, only to keep.
+    pub running: Option<RunningPlan<'a>>,
+    pub progress: Progress,
+    /// What a restart's teardown takes (a past one of this job, else the grace period).
+    pub teardown: Duration,
+    pub options: &'a StragglerOptions,
+    /// Since the last straggler action, if any.
+    pub since_last_action: Option<Duration>,
+    /// Re-plans left under `--max-replans`.
+    pub replans_left: u32,
+}
+
+/// The choices a straggler leaves, costed, and what to do.
+#[derive(Debug, Clone)]
+pub struct Weighed {
+    /// Keep, re-map and leave out (keep alone with planning off).
+    pub choices: Vec<Costed>,
+    pub remaining_iterations: u64,
+    pub restart: RestartCost,
+    pub verdict: Verdict,
+    /// The cluster with the straggler's GPUs slowed, which a re-map plans on; `None` when
+    /// no re-map is possible.
+    pub remap_profile: Option<ClusterProfile>,
+}
+
+/// Costs the choices a straggler leaves and decides among them ([`decide`]): the model
+/// plans and times each ([`crate::replan::straggler::choices`]), and its times are scaled to
+/// what the job measured. Pure: the model runs here, nothing is read or launched.
+pub fn weigh(found: &Found<'_>) -> Weighed {
+    let progress = &found.progress;
+    let remaining = progress
+        .total
+        .zip(progress.iteration)
+        .map_or(0, |(total, at)| total.saturating_sub(at));
+    let restart = RestartCost {
+        teardown: found.teardown,
+        startup: progress.startup,
+        lost_iterations: progress
+            .iteration
+            .zip(progress.checkpoint)
+            .map_or(0, |(at, saved)| at.saturating_sub(saved)),
     };
-    let at = iteration
-        .map(|i| format!(" at iteration {i}"))
-        .unwrap_or_default();
+    let (choices, remap_profile) = match &found.running {
+        Some(running) => cost(running, found.straggler, progress),
+        None => (
+            vec![Costed {
+                choice: Choice::Keep,
+                predicted_ms: progress.recent_ms,
+                detail: "planning is off: nothing to re-plan".into(),
+            }],
+            None,
+        ),
+    };
+    let verdict = decide(&ActFacts {
+        mode: found.options.mode,
+        measured_ms: progress.recent_ms.unwrap_or(0.0),
+        choices: &choices,
+        remaining_iterations: remaining,
+        restart,
+        checkpoint: progress.checkpoint,
+        since_last_action: found.since_last_action,
+        cooldown: found.options.cooldown,
+        replans_left: found.replans_left,
+    });
+    Weighed {
+        choices,
+        remaining_iterations: remaining,
+        restart,
+        verdict,
+        remap_profile,
+    }
+}
+
+/// Keep, re-map and leave out as the model times them, scaled to the job's measured pace;
+/// and the slowed cluster a re-map plans on.
+fn cost(
+    running: &RunningPlan<'_>,
+    straggler: &Straggler,
+    progress: &Progress,
+) -> (Vec<Costed>, Option<ClusterProfile>) {
+    let state = match progress.checkpoint {
+        Some(at) => CheckpointState::At(at),
+        None => CheckpointState::None,
+    };
+    let model = choices(running, &straggler.host, straggler.slowdown, state);
+    // The model's times scaled to what the job measured: a plan on the slowed cluster by
+    // its pace now, a plan without the straggler by its pace before.
+    let ratio = |measured: Option<f64>, model: &Result<f64, String>| match (measured, model) {
+        (Some(m), Ok(t)) if *t > 0.0 => m / t,
+        _ => 1.0,
+    };
+    let slowed_scale = ratio(progress.recent_ms, &model.keep_ms);
+    let healthy_scale = ratio(progress.best_ms, &model.healthy_ms);
+    let keep = Costed {
+        choice: Choice::Keep,
+        predicted_ms: progress.recent_ms.or(model.keep_ms.as_ref().ok().copied()),
+        detail: running.plan.config.sizes_text(),
+    };
+    let costed = |choice, scale: f64, r: &Result<(f64, Replanned), String>| match r {
+        Ok((ms, r)) => Costed {
+            choice,
+            predicted_ms: Some(ms * scale),
+            detail: format!(
+                "{} on {}",
+                r.plan.config.sizes_text(),
+                r.profile
+                    .nodes
+                    .iter()
+                    .map(|n| n.host.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+        Err(why) => Costed {
+            choice,
+            predicted_ms: None,
+            detail: why.clone(),
+        },
+    };
+    let remap = costed(Choice::Remap, slowed_scale, &model.remap);
+    let leave_out = costed(Choice::LeaveOut, healthy_scale, &model.leave_out);
+    (
+        vec![keep, remap, leave_out],
+        model.remap.ok().map(|(_, r)| r.profile),
+    )
+}
+
+/// The lines people read for a [`super::events::Event::Straggler`] or
+/// [`super::events::Event::StragglerRecovered`] (none for another event).
+pub fn event_lines(event: &super::events::Event) -> Vec<String> {
+    // ` at iteration 230, 1000.0 ms per iteration`
+    let when = |iteration: &Option<u64>, measured_ms: &Option<f64>| {
+        let at = iteration.map(|i| format!(" at iteration {i}"));
+        let ms = measured_ms.map(|ms| format!(", {ms:.1} ms per iteration"));
+        format!("{}{}", at.unwrap_or_default(), ms.unwrap_or_default())
+    };
+    let (s, iteration, measured_ms, choices, verdict) = match event {
+        super::events::Event::Straggler {
+            straggler,
+            iteration,
+            measured_ms,
+            choices,
+            verdict,
+            ..
+        } => (straggler, iteration, measured_ms, choices, verdict),
+        super::events::Event::StragglerRecovered {
+            recovery: r,
+            iteration,
+            measured_ms,
+            ..
+        } => {
+            return vec![format!(
+            "straggler recovered: {} (node rank {}) has kept up with the others for {} windows{}",
+            r.host,
+            r.node_rank,
+            r.windows,
+            when(iteration, measured_ms)
+        )]
+        }
+        _ => return Vec::new(),
+    };
     let mut lines = vec![format!(
-        "straggler: {} (node rank {}) runs at {:.0} % of the others' speed ({:.2}× slower) for {} windows{at}{}",
+        "straggler: {} (node rank {}) runs at {:.0} % of the others' speed ({:.2}× slower) for {} windows{}",
         s.host,
         s.node_rank,
         100.0 / s.slowdown,
         s.slowdown,
         s.windows,
-        measured_ms
-            .map(|ms| format!(", {ms:.1} ms per iteration"))
-            .unwrap_or_default()
+        when(iteration, measured_ms)
     )];
     for c in choices {
         lines.push(format!("  {} ({})", c.short(), c.detail));
@@ -490,6 +718,12 @@ pub(crate) mod tests {
     /// Feeds windows of throughput by rank (3 nodes × 2 ranks) and returns what was found
     /// after each.
     fn feed(windows: &[[f64; 6]], k: u32) -> Vec<Option<Straggler>> {
+        let found = feed_recovering(windows, k);
+        found.into_iter().map(|(straggler, _)| straggler).collect()
+    }
+
+    /// [`feed`], with the recovery found after each window too.
+    fn feed_recovering(windows: &[[f64; 6]], k: u32) -> Vec<(Option<Straggler>, Option<Recovery>)> {
         let hosts = ["a", "b", "c"].map(String::from).to_vec();
         let mut detector = Detector::new(hosts, 2, &options(k));
         let mut found = Vec::new();
@@ -499,14 +733,57 @@ pub(crate) mod tests {
             order.sort_by(|a, b| a.1.total_cmp(&b.1));
             let summary = vec![order[0], order[5]];
             assert_eq!(detector.line(ReportLine::Ranks(vec![])), None);
-            found.push(detector.line(ReportLine::Summary(summary)));
+            let straggler = detector.line(ReportLine::Summary(summary));
+            found.push((straggler, detector.take_recovery()));
             detector.line(ReportLine::Ranks(order[..3].to_vec()));
             detector.line(ReportLine::Ranks(order[3..].to_vec()));
         }
         // The last window is judged when the next begins.
-        found.push(detector.line(ReportLine::Summary(vec![(0, 1.0)])));
+        let straggler = detector.line(ReportLine::Summary(vec![(0, 1.0)]));
+        found.push((straggler, detector.take_recovery()));
         found.remove(0);
         found
+    }
+
+    /// The windows after which a recovery was found, and each recovery.
+    fn recoveries(windows: &[[f64; 6]], k: u32) -> Vec<(usize, Recovery)> {
+        let found = feed_recovering(windows, k).into_iter().enumerate();
+        found.filter_map(|(i, (_, r))| Some((i, r?))).collect()
+    }
+
+    #[test]
+    fn a_reported_node_that_keeps_up_for_k_windows_recovers_once() {
+        const EVEN: [f64; 6] = [100.0, 98.0, 101.0, 99.0, 100.0, 102.0];
+        const SLOW_B: [f64; 6] = [100.0, 98.0, 50.0, 99.0, 100.0, 102.0];
+        const SLOW_C: [f64; 6] = [100.0, 98.0, 101.0, 99.0, 100.0, 30.0];
+        let b = |windows| Recovery {
+            host: "b".into(),
+            node_rank: 1,
+            windows,
+        };
+        // Found after window 3, up to speed in windows 4, 5 and 6: recovered after the
+        // third, once.
+        let windows = [EVEN, SLOW_B, SLOW_B, SLOW_B, EVEN, EVEN, EVEN, EVEN, EVEN];
+        assert_eq!(recoveries(&windows, 3), [(6, b(3))]);
+        // A slow window restarts the count; one never reported never recovers.
+        let windows = [SLOW_B, SLOW_B, SLOW_B, EVEN, EVEN, SLOW_B, EVEN, EVEN];
+        assert_eq!(recoveries(&windows, 3), []);
+        assert_eq!(recoveries(&[SLOW_B, SLOW_B, EVEN, EVEN, EVEN, EVEN], 3), []);
+        // Slow again after it recovered: found again.
+        let windows = [
+            SLOW_B, SLOW_B, SLOW_B, EVEN, EVEN, EVEN, SLOW_B, SLOW_B, SLOW_B,
+        ];
+        let found = feed_recovering(&windows, 3);
+        let hits: Vec<usize> = (0..found.len()).filter(|i| found[*i].0.is_some()).collect();
+        assert_eq!(hits, [2, 8]);
+        assert_eq!(found[5].1, Some(b(3)));
+        // The slowness moves from b to c: c is found in the very window b recovers in.
+        let windows = [SLOW_B, SLOW_B, SLOW_B, SLOW_C, SLOW_C, SLOW_C];
+        let found = feed_recovering(&windows, 3);
+        assert_eq!(found[5].0.as_ref().map(|s| s.host.as_str()), Some("c"));
+        assert_eq!(found[5].1, Some(b(3)));
+        // k = 1: one window up to speed is enough.
+        assert_eq!(recoveries(&[SLOW_B, EVEN], 1), [(1, b(1))]);
     }
 
     #[test]
@@ -564,6 +841,15 @@ pub(crate) mod tests {
             slow_node(&[Some(0.6), None, Some(1.0)], 0.7),
             Some((0, 1.0 / 0.6))
         );
+    }
+
+    #[test]
+    fn a_node_exactly_at_the_threshold_is_not_slow() {
+        // Slow means below threshold × the others' median, strictly.
+        assert_eq!(slow_node(&[Some(0.7), Some(1.0), Some(1.0)], 0.7), None);
+        let (node, slowdown) = slow_node(&[Some(0.69), Some(1.0), Some(1.0)], 0.7).unwrap();
+        assert_eq!(node, 0);
+        assert!((slowdown - 1.0 / 0.69).abs() < 1e-12);
     }
 
     /// One row of the decision table: what differs from a straggler that costs 100 ms of
@@ -697,6 +983,330 @@ pub(crate) mod tests {
                 case.name,
                 verdict.why
             );
+        }
+    }
+
+    mod weighing {
+        //! [`weigh`] over a table of jobs, with the real planner and time model: which choice
+        //! wins for which straggler.
+
+        use super::*;
+        use crate::cluster::profile::tests::a100;
+        use crate::cluster::profile::{GpuInventory, LinkMatrix, NodeProfile, Provenance, Source};
+        use crate::config::megatron::settings_from_megatron_args;
+        use crate::config::Settings;
+        use crate::plan::{Plan, PlanOptions};
+        use crate::replan::failure::checkpoint_format;
+
+        /// A job planned on `nodes` nodes of `gpus` A100s each (tp and pp pinned).
+        struct Job {
+            settings: Settings,
+            options: PlanOptions,
+            profile: ClusterProfile,
+            plan: Plan,
+            hosts: Vec<String>,
+        }
+
+        fn job(nodes: usize, gpus: u32, tp: u64, pp: u64, vocab: u64) -> Job {
+            let estimated = || Provenance::new(Source::Estimated);
+            let profile = ClusterProfile {
+                note: None,
+                nodes: (0..nodes)
+                    .map(|n| NodeProfile {
+                        host: format!("n{n}"),
+                        gpus: GpuInventory::Known {
+                            gpus: (0..gpus).map(a100).collect(),
+                            links: LinkMatrix::uniform(gpus as usize, 240.0, estimated()),
+                        },
+                    })
+                    .collect(),
+                node_links: LinkMatrix::uniform(nodes, 25.0, estimated()),
+                measured_perf: Vec::new(),
+            };
+            let args = format!(
+                "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 \
+                 --max-position-embeddings 1024 --vocab-size {vocab} --global-batch-size 48 --bf16"
+            );
+            let args: Vec<String> = args.split_whitespace().map(String::from).collect();
+            let mut settings = settings_from_megatron_args(&args, None, &[]).unwrap();
+            settings.constraints.tensor_parallel = Some(tp);
+            settings.constraints.pipeline_parallel = Some(pp);
+            let options = PlanOptions::default();
+            let plan = crate::plan::plan(&settings, &profile, &options).unwrap();
+            let hosts = profile.nodes.iter().map(|n| n.host.clone()).collect();
+            Job {
+                settings,
+                options,
+                profile,
+                plan,
+                hosts,
+            }
+        }
+
+        /// Two stages on two nodes of four GPUs (tp=2 pp=2 dp=2): with a 128k vocabulary
+        /// the last stage, on n1, carries the output layer and is the heavier one.
+        fn pipeline() -> Job {
+            let job = job(2, 4, 2, 2, 131_072);
+            assert_eq!(job.plan.config.layers_per_stage, [2, 2]);
+            assert_eq!(job.plan.mapping.node_order, ["n0", "n1"]);
+            job
+        }
+
+        /// Data parallel over four nodes of two GPUs (tp=2 pp=1 dp=4).
+        fn data_parallel() -> Job {
+            let job = job(4, 2, 2, 1, 32_000);
+            assert_eq!(job.plan.config.dp, 4);
+            job
+        }
+
+        /// One row: `host` found `slowdown` times slower while the job measured `recent_ms`
+        /// per iteration (1000 before), at iteration 150 of `total`, saved at iteration
+        /// 100; a restart tears down in 10 s and starts up in 50 s.
+        struct Case {
+            name: &'static str,
+            job: fn() -> Job,
+            host: &'static str,
+            slowdown: f64,
+            recent_ms: f64,
+            total: u64,
+            checkpoint: Option<u64>,
+            mode: StragglerMode,
+            since_last_action: Option<Duration>,
+            action: Choice,
+            why: &'static str,
+        }
+
+        const SEVERE: Case = Case {
+            name: "",
+            job: data_parallel,
+            host: "n1",
+            slowdown: 3.0,
+            recent_ms: 3000.0,
+            total: 1150,
+            checkpoint: Some(100),
+            mode: StragglerMode::Act,
+            since_last_action: None,
+            action: Choice::LeaveOut,
+            why: "more than a restart costs",
+        };
+
+        /// The heavier stage's node at half speed.
+        const HEAVY_STAGE: Case = Case {
+            job: pipeline,
+            slowdown: 2.0,
+            recent_ms: 1600.0,
+            action: Choice::Remap,
+            ..SEVERE
+        };
+
+        const COOLDOWN: Duration = Duration::from_secs(30 * 60);
+
+        fn weighed(case: &Case) -> Weighed {
+            let job = (case.job)();
+            let format = checkpoint_format(&[]);
+            let straggler = Straggler {
+                host: case.host.into(),
+                node_rank: case.host[1..].parse().unwrap(),
+                slowdown: case.slowdown,
+                windows: 3,
+                ranks: Vec::new(),
+            };
+            weigh(&Found {
+                straggler: &straggler,
+                running: Some(RunningPlan {
+                    settings: &job.settings,
+                    options: &job.options,
+                    plan: &job.plan,
+                    profile: &job.profile,
+                    hosts: &job.hosts,
+                    format: &format,
+                }),
+                progress: Progress {
+                    iteration: Some(150),
+                    total: Some(case.total),
+                    checkpoint: case.checkpoint,
+                    recent_ms: Some(case.recent_ms),
+                    best_ms: Some(1000.0),
+                    startup: Duration::from_secs(50),
+                },
+                teardown: Duration::from_secs(10),
+                options: &StragglerOptions {
+                    mode: case.mode,
+                    cooldown: COOLDOWN,
+                    ..StragglerOptions::default()
+                },
+                since_last_action: case.since_last_action,
+                replans_left: 3,
+            })
+        }
+
+        fn predicted(weighed: &Weighed, choice: Choice) -> Option<f64> {
+            let costed = weighed.choices.iter().find(|c| c.choice == choice);
+            costed.and_then(|c| c.predicted_ms)
+        }
+
+        #[test]
+        fn the_choice_that_wins_follows_the_table() {
+            let cases = [
+                Case {
+                    name: "keep: the slowdown is small",
+                    slowdown: 1.1,
+                    recent_ms: 1100.0,
+                    action: Choice::Keep,
+                    why: "less than a restart costs",
+                    ..SEVERE
+                },
+                Case {
+                    name: "keep: few iterations remain",
+                    total: 160,
+                    action: Choice::Keep,
+                    why: "over the remaining 10 iterations, less than a restart costs",
+                    ..SEVERE
+                },
+                Case {
+                    name: "leave out: severe, and the other nodes can run the job",
+                    ..SEVERE
+                },
+                Case {
+                    name: "re-map: the slow node can take the lighter stage",
+                    ..HEAVY_STAGE
+                },
+                Case {
+                    name: "keep: the slow node already has the lighter stage",
+                    host: "n0",
+                    recent_ms: 1000.0,
+                    action: Choice::Keep,
+                    why: "save 0.0 s",
+                    ..HEAVY_STAGE
+                },
+                Case {
+                    name: "keep: within the cooldown",
+                    since_last_action: Some(COOLDOWN - Duration::from_secs(1)),
+                    action: Choice::Keep,
+                    why: "within the cooldown",
+                    ..HEAVY_STAGE
+                },
+                Case {
+                    name: "re-map: the cooldown just over",
+                    since_last_action: Some(COOLDOWN),
+                    ..HEAVY_STAGE
+                },
+                Case {
+                    name: "keep: no checkpoint to resume from",
+                    checkpoint: None,
+                    action: Choice::Keep,
+                    why: "no checkpoint",
+                    ..HEAVY_STAGE
+                },
+                Case {
+                    name: "keep: report mode",
+                    mode: StragglerMode::Report,
+                    action: Choice::Keep,
+                    why: "reported only",
+                    ..HEAVY_STAGE
+                },
+            ];
+            for case in cases {
+                let weighed = weighed(&case);
+                let verdict = &weighed.verdict;
+                assert_eq!(verdict.action, case.action, "{}: {weighed:?}", case.name);
+                assert!(
+                    verdict.why.contains(case.why),
+                    "{}: {}",
+                    case.name,
+                    verdict.why
+                );
+                let choices: Vec<Choice> = weighed.choices.iter().map(|c| c.choice).collect();
+                assert_eq!(choices, [Choice::Keep, Choice::Remap, Choice::LeaveOut]);
+                // Keeping costs what the job measures now.
+                assert_eq!(predicted(&weighed, Choice::Keep), Some(case.recent_ms));
+            }
+        }
+
+        #[test]
+        fn the_model_is_scaled_to_the_measured_pace() {
+            // The slow node moved to the lighter stage: back to about the pace before.
+            let heavy = weighed(&HEAVY_STAGE);
+            let remap = predicted(&heavy, Choice::Remap).unwrap();
+            assert!((900.0..1100.0).contains(&remap), "{heavy:?}");
+            // Leaving it out halves the data-parallel ranks: slower than keeping.
+            let leave_out = predicted(&heavy, Choice::LeaveOut).unwrap();
+            assert!(leave_out > HEAVY_STAGE.recent_ms, "{heavy:?}");
+            assert!(heavy.choices[2]
+                .detail
+                .ends_with("dp=1 micro-batch 6 on n0"));
+            // A re-map cannot help a data-parallel job: every replica waits for the slow one.
+            let severe = weighed(&SEVERE);
+            assert_eq!(predicted(&severe, Choice::Remap), Some(SEVERE.recent_ms));
+            let leave_out = predicted(&severe, Choice::LeaveOut).unwrap();
+            assert!((1000.0..1500.0).contains(&leave_out), "{severe:?}");
+            assert!(severe.choices[2]
+                .detail
+                .ends_with("dp=3 micro-batch 16 on n0, n2, n3"));
+        }
+
+        #[test]
+        fn the_restart_counts_the_iterations_since_the_checkpoint() {
+            let saved = weighed(&HEAVY_STAGE);
+            assert_eq!(saved.remaining_iterations, 1000);
+            assert_eq!(saved.restart.lost_iterations, 50);
+            // 10 s teardown + 50 s start-up + 50 iterations at 1.6 s.
+            assert!((saved.verdict.cost_s - 140.0).abs() < 1e-9, "{saved:?}");
+            let unsaved = weighed(&Case {
+                checkpoint: None,
+                ..HEAVY_STAGE
+            });
+            assert_eq!(unsaved.restart.lost_iterations, 0);
+        }
+
+        #[test]
+        fn a_remap_plans_on_the_cluster_with_the_straggler_slowed() {
+            let peaks = |profile: &ClusterProfile, node: usize| -> Vec<f64> {
+                let gpus = profile.nodes[node].gpus().unwrap();
+                gpus.iter().map(|g| g.peak_tflops.fp16).collect()
+            };
+            let slowed = weighed(&HEAVY_STAGE).remap_profile.unwrap();
+            assert_eq!(peaks(&slowed, 0), [312.0; 4]);
+            assert_eq!(peaks(&slowed, 1), [156.0; 4]);
+        }
+
+        #[test]
+        fn with_planning_off_only_keeping_is_costed() {
+            let straggler = Straggler {
+                host: "n1".into(),
+                node_rank: 1,
+                slowdown: 2.0,
+                windows: 3,
+                ranks: Vec::new(),
+            };
+            let weighed = weigh(&Found {
+                straggler: &straggler,
+                running: None,
+                progress: Progress {
+                    iteration: Some(150),
+                    total: Some(1150),
+                    checkpoint: Some(100),
+                    recent_ms: Some(1600.0),
+                    best_ms: Some(1000.0),
+                    startup: Duration::from_secs(50),
+                },
+                teardown: Duration::from_secs(10),
+                options: &StragglerOptions {
+                    mode: StragglerMode::Act,
+                    ..StragglerOptions::default()
+                },
+                since_last_action: None,
+                replans_left: 3,
+            });
+            let keep = Costed {
+                choice: Choice::Keep,
+                predicted_ms: Some(1600.0),
+                detail: "planning is off: nothing to re-plan".into(),
+            };
+            assert_eq!(weighed.choices, [keep]);
+            assert_eq!(weighed.verdict.action, Choice::Keep);
+            assert_eq!(weighed.verdict.why, "no other choice is possible");
+            assert!(weighed.remap_profile.is_none());
         }
     }
 }
