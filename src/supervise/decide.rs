@@ -312,7 +312,7 @@ pub fn blamed(failures: &[NodeFailure]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::supervise::stragglers::tests::three_choices;
+    use crate::supervise::stragglers::three_choices;
     use crate::supervise::stragglers::Choice;
 
     const SIGINT: i32 = 2;

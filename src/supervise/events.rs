@@ -367,8 +367,7 @@ pub(crate) mod tests {
     /// A straggler found at iteration 200 (kept), then recovered at 230.
     pub(crate) fn straggler_events() -> [Event; 2] {
         use crate::supervise::stragglers::{
-            tests::three_choices, Choice, Recovery, Straggler, StragglerMode, StragglerState,
-            Verdict,
+            three_choices, Choice, Recovery, Straggler, StragglerMode, StragglerState, Verdict,
         };
         let found = Event::Straggler {
             attempt: 1,
