@@ -30,7 +30,8 @@
 //!   stand-ins on that machine — with the local transport, every node is this machine);
 //! - its peak TFLOPS (bf16 and fp16 alike) is the best matrix-multiply throughput it
 //!   attained (fp32 or bf16 on the CPU), marked measured: a CPU has no datasheet tensor
-//!   peak; `measured_tflops` holds its bf16 figure;
+//!   peak; `measured_tflops` holds its bf16 and fp32 figures (fp32 training is timed by
+//!   the fp32 one);
 //! - links are gloo point-to-point transfers (TCP, loopback between processes of one
 //!   machine), measured exactly as NCCL ones are on GPUs;
 //! - each rank gets `CPUs / stand-ins on the machine` threads.
@@ -527,7 +528,7 @@ mod tests {
         assert_eq!(nodes[0].threads, Some(1));
         let canonical = plan.canonical(&inv, Backend::Gloo);
         assert!(
-            canonical.starts_with("pipette-profile/1 gloo\nnode-a\tcpu\t2\t"),
+            canonical.starts_with("pipette-profile/2 gloo\nnode-a\tcpu\t2\t"),
             "{canonical}"
         );
         // The same nodes listed in another order share the cache entry.
@@ -643,6 +644,47 @@ mod tests {
         assert!(err.to_string().contains("no figure from n7 to n8"), "{err}");
     }
 
+    /// Regression: a CPU stand-in's fp32 matmul figure was kept only in a note (its peak
+    /// is the best of fp32 and bf16), so fp32 training was priced at 1/16 of it. Each
+    /// dtype's figure is recorded, written as a list, and reads back.
+    #[test]
+    fn cpu_stand_ins_keep_their_fp32_and_bf16_figures() {
+        let spec = spec(&["n0"]);
+        let options = ProfileOptions {
+            nproc_per_node: Some(1),
+            cache: None,
+            ..ProfileOptions::default()
+        };
+        let inv = vec![cpu_node("n0")];
+        let plan = NodePlan::new(&spec, &options, &inv);
+        let mut report = ring_report(1, &[], 0);
+        report.compute = vec![
+            probe::ComputeRecord {
+                rank: 0,
+                dtype: "fp32".into(),
+                n: 512,
+                tflops: 0.149,
+            },
+            probe::ComputeRecord {
+                rank: 0,
+                dtype: "bf16".into(),
+                n: 512,
+                tflops: 0.018,
+            },
+        ];
+        let settings = ProbeSettings::cpu();
+        let profile = assemble(&spec, &inv, &plan, &report, &settings, "2026-11-24").unwrap();
+        let gpu = &profile.nodes[0].gpus().unwrap()[0];
+        assert_eq!(gpu.measured(Dtype::Fp32).map(|m| m.tflops), Some(0.149));
+        assert_eq!(gpu.measured(Dtype::Bf16).map(|m| m.tflops), Some(0.018));
+        assert_eq!(gpu.peak_tflops.fp16, 0.149, "the best attained figure");
+        profile.validate("the measured profile").unwrap();
+        let json = profile.to_json_pretty();
+        assert!(json.contains("\"measured_tflops\": ["), "{json}");
+        let again = ClusterProfile::from_json_str(&json, "p.json").unwrap();
+        assert_eq!(again, profile);
+    }
+
     #[test]
     fn mixed_clusters_are_refused() {
         let gpu = NodeInventory {
@@ -677,7 +719,7 @@ mod tests {
         };
         let spec = gpu_spec(&known, None, Some(101.0), "2024-05-31");
         assert_eq!(spec.peak_tflops.fp16, 125.0);
-        assert_eq!(spec.measured_tflops.unwrap().dtype, Dtype::Fp16);
+        assert_eq!(spec.measured_tflops[0].dtype, Dtype::Fp16);
     }
 
     #[test]
