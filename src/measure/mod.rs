@@ -13,7 +13,9 @@
 //!    inside each node and of every node pair, and matrix-multiply throughput; with
 //!    [`ProfileOptions::sweep`], the performance tables of the planned model's shapes
 //!    (GEMMs, attention, memory bandwidth, collectives), kept in the profile's
-//!    `measured_perf` per kind of GPU (the sweep's shapes are part of the cache key);
+//!    `measured_perf` per kind of GPU, cached apart from the links (keyed by the nodes and
+//!    the sweep's shapes): when only the sweep is missing from the cache, the probe
+//!    measures the sweep alone;
 //! 4. assembles, validates and caches the profile.
 //!
 //! All node I/O goes through [`crate::exec`], so the same code runs on a cluster (ssh,
@@ -181,7 +183,8 @@ impl From<inventory::InventoryError> for ProfileRunError {
 pub struct ProfileRun {
     pub profile: ClusterProfile,
     pub inventory: Vec<NodeInventory>,
-    /// The probe's full report; `None` when the profile came from the cache.
+    /// The probe's full report (no links and no matmul figures when it measured the sweep
+    /// alone, the links being cached); `None` when the profile came from the cache.
     pub report: Option<ProbeReport>,
     /// The cache file read or written, if any.
     pub cache_file: Option<PathBuf>,
@@ -223,50 +226,45 @@ pub fn run_profile(
         .sweep
         .clone()
         .map(|shapes| SweepSpec::for_backend(shapes, backend));
-    // A profile measured for other shapes (or none) is not this one.
-    let key = cache::key_of(&format!(
-        "{}{}",
-        plan.canonical(&inventory, backend),
-        sweep
-            .as_ref()
-            .map_or(String::new(), |s| format!("sweep {}\n", s.to_json()))
-    ));
+    // Links and matmul figures are cached by the nodes alone; a sweep by the nodes and
+    // its shapes, so that another model on the same nodes measures only its own sweep.
+    let canonical = plan.canonical(&inventory, backend);
+    let links_key = cache::key_of(&canonical);
+    let sweep_key = sweep
+        .as_ref()
+        .map(|s| cache::key_of(&format!("{canonical}sweep {}\n", s.to_json())));
 
-    if let Some(cache) = options.cache.as_ref() {
-        if !options.reprofile {
-            match cache.lookup(&key, SystemTime::now()) {
-                cache::Lookup::Fresh { profile, path, age } => {
-                    if let Some(profile) = in_spec_order(*profile, spec) {
-                        note(format!(
-                            "using the profile measured {} ago for these nodes: {} \
-                             (--reprofile measures again)",
-                            format_duration(Duration::from_secs(age.as_secs())),
-                            path.display()
-                        ));
-                        for part in profile.slow_parts() {
-                            note(part.to_string());
-                        }
-                        return Ok(ProfileRun {
-                            profile,
-                            inventory,
-                            report: None,
-                            cache_file: Some(path),
-                            notes,
-                        });
+    // The links entry, when fresh and a sweep is still to be measured on it.
+    let mut cached_links: Option<ClusterProfile> = None;
+    if let Some(cache) = options.cache.as_ref().filter(|_| !options.reprofile) {
+        if let Some((links, links_path, links_age)) =
+            fresh_entry(cache, &links_key, spec, &mut note)
+        {
+            let Some(sweep_key) = &sweep_key else {
+                return Ok(reused(
+                    links, inventory, links_path, links_age, notes, progress,
+                ));
+            };
+            if let Some((swept, path, age)) = fresh_entry(cache, sweep_key, spec, &mut note) {
+                // The links entry governs: it may have been measured again since.
+                let mut profile = links;
+                profile.measured_perf = swept.measured_perf.clone();
+                if profile != swept {
+                    if let Err(e) = cache.store(sweep_key, &profile) {
+                        note(format!("warning: {e}"));
                     }
                 }
-                cache::Lookup::Stale { path, age } => note(format!(
-                    "the cached profile {} is {} old (older than {}): measuring again",
-                    path.display(),
-                    format_duration(Duration::from_secs(age.as_secs())),
-                    format_duration(cache.ttl)
-                )),
-                cache::Lookup::Unreadable { path, reason } => note(format!(
-                    "ignoring the unreadable cached profile {}: {reason}",
-                    path.display()
-                )),
-                cache::Lookup::Missing => {}
+                let age = age.max(links_age);
+                return Ok(reused(profile, inventory, path, age, notes, progress));
             }
+            note(format!(
+                "measuring the performance sweep of this model alone: the links and matmul \
+                 figures measured {} ago for these nodes are reused: {} (--reprofile \
+                 measures everything again)",
+                format_duration(Duration::from_secs(links_age.as_secs())),
+                links_path.display()
+            ));
+            cached_links = Some(links);
         }
     }
 
@@ -293,10 +291,15 @@ pub fn run_profile(
         command_timeout: options.command_timeout,
         grace: options.grace,
         sweep: sweep.clone(),
+        sweep_only: cached_links.is_some(),
     };
     let report = probe::run_probe(&request, progress)?;
     let today = utc_date(SystemTime::now());
-    let mut profile = assemble(spec, &inventory, &plan, &report, &settings, &today)?;
+    let measured_links = cached_links.is_none();
+    let mut profile = match cached_links {
+        Some(profile) => profile,
+        None => assemble(spec, &inventory, &plan, &report, &settings, &today)?,
+    };
     profile.measured_perf = assemble::measured_perf(&profile, &report, sweep.as_ref(), &today)?;
     for record in report.sweep.iter().filter(|r| r.skipped > 0) {
         note(format!(
@@ -306,8 +309,14 @@ pub fn run_profile(
             sweep.as_ref().map_or(0, |s| s.budget_s)
         ));
     }
-    // A slow figure is kept (it is what the node did) and said so, in the file and here.
-    for part in profile.mark_slow() {
+    // A slow figure is kept (it is what the node did) and said so, in the file and here
+    // (cached links were marked when they were measured).
+    let slow = if measured_links {
+        profile.mark_slow()
+    } else {
+        profile.slow_parts()
+    };
+    for part in slow {
         note(part.to_string());
     }
     profile
@@ -316,9 +325,17 @@ pub fn run_profile(
 
     let mut cache_file = None;
     if let Some(cache) = options.cache.as_ref() {
-        match cache.store(&key, &profile) {
+        let mut store = |key: &str, profile: &ClusterProfile| match cache.store(key, profile) {
             Ok(path) => cache_file = Some(path),
             Err(e) => note(format!("warning: {e}")),
+        };
+        if measured_links {
+            let mut links = profile.clone();
+            links.measured_perf.clear();
+            store(&links_key, &links);
+        }
+        if let Some(sweep_key) = &sweep_key {
+            store(sweep_key, &profile);
         }
     }
     Ok(ProfileRun {
@@ -328,6 +345,68 @@ pub fn run_profile(
         cache_file,
         notes,
     })
+}
+
+/// The cached profile under `key` when it is fresh and holds these nodes (in `spec`'s
+/// order), with its file and age; a stale or unreadable entry is noted.
+fn fresh_entry(
+    cache: &ProfileCache,
+    key: &str,
+    spec: &ClusterSpec,
+    note: &mut impl FnMut(String),
+) -> Option<(ClusterProfile, PathBuf, Duration)> {
+    match cache.lookup(key, SystemTime::now()) {
+        cache::Lookup::Fresh { profile, path, age } => {
+            in_spec_order(*profile, spec).map(|profile| (profile, path, age))
+        }
+        cache::Lookup::Stale { path, age } => {
+            note(format!(
+                "the cached profile {} is {} old (older than {}): measuring again",
+                path.display(),
+                format_duration(Duration::from_secs(age.as_secs())),
+                format_duration(cache.ttl)
+            ));
+            None
+        }
+        cache::Lookup::Unreadable { path, reason } => {
+            note(format!(
+                "ignoring the unreadable cached profile {}: {reason}",
+                path.display()
+            ));
+            None
+        }
+        cache::Lookup::Missing => None,
+    }
+}
+
+/// A cached profile taken as it is: said so, with its slow parts.
+fn reused(
+    profile: ClusterProfile,
+    inventory: Vec<NodeInventory>,
+    path: PathBuf,
+    age: Duration,
+    mut notes: Vec<String>,
+    progress: &dyn Progress,
+) -> ProfileRun {
+    let mut note = |text: String| {
+        progress.note(&text);
+        notes.push(text);
+    };
+    note(format!(
+        "using the profile measured {} ago for these nodes: {} (--reprofile measures again)",
+        format_duration(Duration::from_secs(age.as_secs())),
+        path.display()
+    ));
+    for part in profile.slow_parts() {
+        note(part.to_string());
+    }
+    ProfileRun {
+        profile,
+        inventory,
+        report: None,
+        cache_file: Some(path),
+        notes,
+    }
 }
 
 fn take_all_inventories(
