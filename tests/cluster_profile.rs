@@ -53,7 +53,7 @@ fn a100(index: u32) -> GpuSpec {
             bf16: Some(312.0),
             fp16: 312.0,
         },
-        measured_tflops: None,
+        measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }
 }
@@ -765,14 +765,14 @@ fn round_trip_is_identity() {
     let mut measured = example("a100-2x8.json");
     measured.note = None;
     if let GpuInventory::Known { gpus, links } = &mut measured.nodes[1].gpus {
-        gpus[2].measured_tflops = Some(MeasuredTflops {
+        gpus[2].measured_tflops = vec![MeasuredTflops {
             dtype: Dtype::Bf16,
             tflops: 231.73,
             provenance: Provenance::new(Source::Measured)
                 .with_date("2024-05-31")
                 .with_tool("pipette probe matmul 8192^3")
                 .with_note("median of 20 runs, \"quoted\" \\ and unicode ≈"),
-        });
+        }];
         links.provenance = Provenance::new(Source::Measured).with_tool("nccl-tests sendrecv_perf");
         links.set(0, 7, 0.1 + 0.2);
     }

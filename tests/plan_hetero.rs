@@ -281,7 +281,7 @@ fn mixed_cluster(kinds: &[(usize, usize)]) -> ClusterProfile {
                         bf16: Some(tflops),
                         fp16: tflops,
                     },
-                    measured_tflops: None,
+                    measured_tflops: Vec::new(),
                     provenance: Provenance::new(Source::Datasheet),
                 })
                 .collect();

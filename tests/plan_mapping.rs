@@ -42,7 +42,7 @@ fn a100(index: u32) -> GpuSpec {
             bf16: Some(312.0),
             fp16: 312.0,
         },
-        measured_tflops: None,
+        measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }
 }

@@ -36,7 +36,7 @@ fn gpu(memory_gib: u64) -> GpuSpec {
             bf16: Some(312.0),
             fp16: 312.0,
         },
-        measured_tflops: None,
+        measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }
 }

@@ -52,7 +52,7 @@ fn pipette_profile_keeps_a_slow_node_and_says_so() {
         stderr.contains(
             "pipette: slow: GPU 0 of localhost (cpu) computes 0.00041 TFLOPS, below 0.001 \
              TFLOPS, less than any working part attains (is the node loaded, throttled or \
-             broken?) (nodes[0].gpus[0].measured_tflops.tflops)"
+             broken?) (nodes[0].gpus[0].measured_tflops[0].tflops)"
         ),
         "{stderr}"
     );
@@ -63,7 +63,7 @@ fn pipette_profile_keeps_a_slow_node_and_says_so() {
         gpu.peak_tflops.fp16, 0.00093238112051,
         "the best figure is kept"
     );
-    let measured = gpu.measured_tflops.as_ref().unwrap();
+    let measured = gpu.measured_tflops.first().unwrap();
     assert_eq!(measured.tflops, 0.00041);
     let note = measured.provenance.note.as_deref().unwrap_or("");
     assert!(

@@ -2,8 +2,9 @@
 //! "nodes" (`node-a`, `node-b`, one CPU process each, run here through the local
 //! transport) measure GEMMs at the shapes of the model being planned, attention, a large
 //! copy and collectives; the profile carries them in its `measured_perf` section, a second
-//! run reuses the cached profile only for the same shapes, and the planner prices the plan
-//! with the measured table (and says so in the estimate's notes).
+//! run reuses the cached profile for the same shapes, another model's shapes re-run only
+//! the sweep (the links are cached apart), and the planner prices the plan with the
+//! measured table (and says so in the estimate's notes).
 //!
 //! Needs the venv of `scripts/setup-megatron-venv` (PyTorch with torchrun);
 //! `PIPETTE_MEGATRON_PYTHON` picks another python. Fails, never skips, without it.
@@ -156,22 +157,56 @@ fn two_local_cpu_nodes_measure_the_models_tables_and_the_plan_uses_them() {
     assert!(again.report.is_none(), "the cache was not used");
     assert_eq!(again.cache_file, run.cache_file);
     assert_eq!(again.profile.measured_perf, profile.measured_perf);
-    // Other shapes are another profile.
+    // Another model (other shapes) on the same nodes: the links entry is reused and only
+    // the sweep runs, so the probe reports no links and no matmul figures, the links are
+    // the first run's, and the new sweep's section is cached apart from the first one.
     let mut fewer = shapes;
     fewer.gemms.truncate(3);
     let other = profile_options(&torchrun, cache.path().to_path_buf(), fewer);
-    let key = |o: &ProfileOptions| {
-        run_profile(&common::host_spec(&hosts), o, &NoProgress)
-            .unwrap()
-            .cache_file
-            .unwrap()
-    };
-    let other_file = key(&other);
+    let second = run_profile(&common::host_spec(&hosts), &other, &NoProgress)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let report = second.report.as_ref().expect("the sweep was measured");
+    assert!(report.links.is_empty(), "links measured again: {report:?}");
+    assert!(
+        report.compute.is_empty(),
+        "matmuls measured again: {report:?}"
+    );
+    assert!(
+        second
+            .notes
+            .iter()
+            .any(|n| n.starts_with("measuring the performance sweep of this model alone")),
+        "{:?}",
+        second.notes
+    );
+    assert_eq!(second.profile.node_links, profile.node_links);
+    assert_eq!(second.profile.nodes, profile.nodes);
+    assert_eq!(second.profile.measured_perf.len(), 1);
+    let section = &second.profile.measured_perf[0];
+    assert_ne!(section.shape_set, perf.shape_set);
+    assert!(section.gemms.len() <= 3, "{section:?}");
     assert_ne!(
-        Some(other_file),
-        run.cache_file,
+        second.cache_file, run.cache_file,
         "another shape set shares the key"
     );
+    // Each model's entry is reused as it is, the first one's sweep untouched.
+    let first_again = run_profile(&common::host_spec(&hosts), &options, &NoProgress).unwrap();
+    assert!(first_again.report.is_none());
+    assert_eq!(first_again.profile.measured_perf, profile.measured_perf);
+    let second_again = run_profile(&common::host_spec(&hosts), &other, &NoProgress).unwrap();
+    assert!(second_again.report.is_none());
+    assert_eq!(second_again.profile, second.profile);
+    // --reprofile measures everything again, links included.
+    let remeasured = run_profile(
+        &common::host_spec(&hosts),
+        &ProfileOptions {
+            reprofile: true,
+            ..other.clone()
+        },
+        &NoProgress,
+    )
+    .unwrap();
+    assert!(!remeasured.report.as_ref().unwrap().links.is_empty());
 
     // The planner prices with the measured table and says so; without the section the
     // same profile gives another estimate.

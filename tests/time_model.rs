@@ -38,7 +38,7 @@ fn a100() -> GpuSpec {
             bf16: Some(312.0),
             fp16: 312.0,
         },
-        measured_tflops: None,
+        measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }
 }

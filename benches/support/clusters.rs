@@ -19,7 +19,7 @@ pub fn gpu(name: &str, tflops: f64) -> GpuSpec {
             bf16: Some(tflops),
             fp16: tflops,
         },
-        measured_tflops: None,
+        measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }
 }

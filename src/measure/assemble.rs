@@ -75,7 +75,10 @@ impl NodePlan {
     }
 
     /// What identifies these nodes for the cache: hosts (sorted), what each offers, how
-    /// many processes run there.
+    /// many processes run there. The leading version changes whenever what a profile
+    /// records changes, so older entries are measured again rather than misread (2: CPU
+    /// stand-ins keep their fp32 matmul figure, without which fp32 training was priced at
+    /// a sixteenth of it).
     pub(super) fn canonical(&self, inventory: &[NodeInventory], backend: Backend) -> String {
         let mut lines: Vec<String> = inventory
             .iter()
@@ -105,7 +108,7 @@ impl NodePlan {
             .collect();
         lines.sort();
         format!(
-            "pipette-profile/1 {}\n{}\n",
+            "pipette-profile/2 {}\n{}\n",
             backend.as_str(),
             lines.join("\n")
         )
@@ -429,6 +432,7 @@ pub(super) fn measured_perf(
         let dtype = match record.dtype.as_str() {
             "bf16" => Dtype::Bf16,
             "fp16" => Dtype::Fp16,
+            "fp32" => Dtype::Fp32,
             other => return Err(bad(format!("the sweep ran in {other:?}"))),
         };
         if out.iter().any(|p| p.gpu == gpu.name && p.dtype == dtype) {
@@ -494,14 +498,17 @@ pub(super) fn gpu_spec(
         (None, Some(t)) => Some((Dtype::Fp16, t)),
         (None, None) => None,
     };
-    let measured_tflops = measured.map(|(dtype, tflops)| MeasuredTflops {
-        dtype,
-        tflops,
-        provenance: Provenance::new(Source::Measured)
-            .with_date(today)
-            .with_tool(probe::TOOL)
-            .with_note("median matmul throughput, all GPUs busy at once"),
-    });
+    let measured_tflops: Vec<MeasuredTflops> = measured
+        .into_iter()
+        .map(|(dtype, tflops)| MeasuredTflops {
+            dtype,
+            tflops,
+            provenance: Provenance::new(Source::Measured)
+                .with_date(today)
+                .with_tool(probe::TOOL)
+                .with_note("median matmul throughput, all GPUs busy at once"),
+        })
+        .collect();
     let (peak_tflops, provenance) = match inventory::peak_for(&record.name) {
         Some(peak) => (
             peak,
@@ -546,14 +553,23 @@ fn cpu_spec(
     today: &str,
 ) -> Option<GpuSpec> {
     let best = fp32.into_iter().chain(bf16).reduce(f64::max)?;
-    let measured_tflops = bf16.map(|tflops| MeasuredTflops {
-        dtype: Dtype::Bf16,
-        tflops,
-        provenance: Provenance::new(Source::Measured)
-            .with_date(today)
-            .with_tool(probe::TOOL)
-            .with_note("bf16 matmul on the CPU, all stand-ins busy at once"),
-    });
+    // Each dtype's own figure: fp32 training is timed by the fp32 one (a CPU has no
+    // tensor-core peak that fp32 would be a share of), 16-bit training by the bf16 one.
+    let measured_tflops = [(Dtype::Bf16, bf16), (Dtype::Fp32, fp32)]
+        .into_iter()
+        .filter_map(|(dtype, tflops)| {
+            Some(MeasuredTflops {
+                dtype,
+                tflops: tflops?,
+                provenance: Provenance::new(Source::Measured)
+                    .with_date(today)
+                    .with_tool(probe::TOOL)
+                    .with_note(format!(
+                        "{dtype} matmul on the CPU, all stand-ins busy at once"
+                    )),
+            })
+        })
+        .collect();
     Some(GpuSpec {
         index,
         name: "cpu".into(),

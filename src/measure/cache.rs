@@ -1,12 +1,14 @@
 //! Profiles kept between runs: `$XDG_CACHE_HOME/pipette-run/profiles/<key>.json` (or
 //! `~/.cache/...`), one `pipette-cluster/1` file per set of hosts and GPU inventory.
 //!
-//! The key is a hash of the sorted host names and what the inventory found on each (GPU
-//! models, memory, PCI addresses; or the CPU stand-ins), and of the performance sweep asked
-//! for (its shapes, sizes and budget), so the same nodes with the same GPUs reuse a profile
-//! in any order, a node whose GPUs changed is measured again, and so is a profile measured
-//! for another model's shapes (or without a sweep). A profile older than the time-to-live
-//! (by file modification time) is measured again too.
+//! Two kinds of entry. The links entry's key is a hash of the sorted host names and what
+//! the inventory found on each (GPU models, memory, PCI addresses; or the CPU stand-ins):
+//! it holds the links and matmul figures, so the same nodes with the same GPUs reuse them
+//! in any order, and a node whose GPUs changed is measured again. A sweep entry's key adds
+//! the performance sweep asked for (its shapes, sizes and budget): it holds the whole
+//! profile with that sweep's section, so another model on the same nodes measures only its
+//! own sweep and reuses the links entry. An entry older than the time-to-live (by file
+//! modification time) is measured again.
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};

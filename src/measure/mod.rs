@@ -13,7 +13,9 @@
 //!    inside each node and of every node pair, and matrix-multiply throughput; with
 //!    [`ProfileOptions::sweep`], the performance tables of the planned model's shapes
 //!    (GEMMs, attention, memory bandwidth, collectives), kept in the profile's
-//!    `measured_perf` per kind of GPU (the sweep's shapes are part of the cache key);
+//!    `measured_perf` per kind of GPU, cached apart from the links (keyed by the nodes and
+//!    the sweep's shapes): when only the sweep is missing from the cache, the probe
+//!    measures the sweep alone;
 //! 4. assembles, validates and caches the profile.
 //!
 //! All node I/O goes through [`crate::exec`], so the same code runs on a cluster (ssh,
@@ -30,7 +32,8 @@
 //!   stand-ins on that machine — with the local transport, every node is this machine);
 //! - its peak TFLOPS (bf16 and fp16 alike) is the best matrix-multiply throughput it
 //!   attained (fp32 or bf16 on the CPU), marked measured: a CPU has no datasheet tensor
-//!   peak; `measured_tflops` holds its bf16 figure;
+//!   peak; `measured_tflops` holds its bf16 and fp32 figures (fp32 training is timed by
+//!   the fp32 one);
 //! - links are gloo point-to-point transfers (TCP, loopback between processes of one
 //!   machine), measured exactly as NCCL ones are on GPUs;
 //! - each rank gets `CPUs / stand-ins on the machine` threads.
@@ -180,7 +183,8 @@ impl From<inventory::InventoryError> for ProfileRunError {
 pub struct ProfileRun {
     pub profile: ClusterProfile,
     pub inventory: Vec<NodeInventory>,
-    /// The probe's full report; `None` when the profile came from the cache.
+    /// The probe's full report (no links and no matmul figures when it measured the sweep
+    /// alone, the links being cached); `None` when the profile came from the cache.
     pub report: Option<ProbeReport>,
     /// The cache file read or written, if any.
     pub cache_file: Option<PathBuf>,
@@ -222,50 +226,45 @@ pub fn run_profile(
         .sweep
         .clone()
         .map(|shapes| SweepSpec::for_backend(shapes, backend));
-    // A profile measured for other shapes (or none) is not this one.
-    let key = cache::key_of(&format!(
-        "{}{}",
-        plan.canonical(&inventory, backend),
-        sweep
-            .as_ref()
-            .map_or(String::new(), |s| format!("sweep {}\n", s.to_json()))
-    ));
+    // Links and matmul figures are cached by the nodes alone; a sweep by the nodes and
+    // its shapes, so that another model on the same nodes measures only its own sweep.
+    let canonical = plan.canonical(&inventory, backend);
+    let links_key = cache::key_of(&canonical);
+    let sweep_key = sweep
+        .as_ref()
+        .map(|s| cache::key_of(&format!("{canonical}sweep {}\n", s.to_json())));
 
-    if let Some(cache) = options.cache.as_ref() {
-        if !options.reprofile {
-            match cache.lookup(&key, SystemTime::now()) {
-                cache::Lookup::Fresh { profile, path, age } => {
-                    if let Some(profile) = in_spec_order(*profile, spec) {
-                        note(format!(
-                            "using the profile measured {} ago for these nodes: {} \
-                             (--reprofile measures again)",
-                            format_duration(Duration::from_secs(age.as_secs())),
-                            path.display()
-                        ));
-                        for part in profile.slow_parts() {
-                            note(part.to_string());
-                        }
-                        return Ok(ProfileRun {
-                            profile,
-                            inventory,
-                            report: None,
-                            cache_file: Some(path),
-                            notes,
-                        });
+    // The links entry, when fresh and a sweep is still to be measured on it.
+    let mut cached_links: Option<ClusterProfile> = None;
+    if let Some(cache) = options.cache.as_ref().filter(|_| !options.reprofile) {
+        if let Some((links, links_path, links_age)) =
+            fresh_entry(cache, &links_key, spec, &mut note)
+        {
+            let Some(sweep_key) = &sweep_key else {
+                return Ok(reused(
+                    links, inventory, links_path, links_age, notes, progress,
+                ));
+            };
+            if let Some((swept, path, age)) = fresh_entry(cache, sweep_key, spec, &mut note) {
+                // The links entry governs: it may have been measured again since.
+                let mut profile = links;
+                profile.measured_perf = swept.measured_perf.clone();
+                if profile != swept {
+                    if let Err(e) = cache.store(sweep_key, &profile) {
+                        note(format!("warning: {e}"));
                     }
                 }
-                cache::Lookup::Stale { path, age } => note(format!(
-                    "the cached profile {} is {} old (older than {}): measuring again",
-                    path.display(),
-                    format_duration(Duration::from_secs(age.as_secs())),
-                    format_duration(cache.ttl)
-                )),
-                cache::Lookup::Unreadable { path, reason } => note(format!(
-                    "ignoring the unreadable cached profile {}: {reason}",
-                    path.display()
-                )),
-                cache::Lookup::Missing => {}
+                let age = age.max(links_age);
+                return Ok(reused(profile, inventory, path, age, notes, progress));
             }
+            note(format!(
+                "measuring the performance sweep of this model alone: the links and matmul \
+                 figures measured {} ago for these nodes are reused: {} (--reprofile \
+                 measures everything again)",
+                format_duration(Duration::from_secs(links_age.as_secs())),
+                links_path.display()
+            ));
+            cached_links = Some(links);
         }
     }
 
@@ -292,10 +291,15 @@ pub fn run_profile(
         command_timeout: options.command_timeout,
         grace: options.grace,
         sweep: sweep.clone(),
+        sweep_only: cached_links.is_some(),
     };
     let report = probe::run_probe(&request, progress)?;
     let today = utc_date(SystemTime::now());
-    let mut profile = assemble(spec, &inventory, &plan, &report, &settings, &today)?;
+    let measured_links = cached_links.is_none();
+    let mut profile = match cached_links {
+        Some(profile) => profile,
+        None => assemble(spec, &inventory, &plan, &report, &settings, &today)?,
+    };
     profile.measured_perf = assemble::measured_perf(&profile, &report, sweep.as_ref(), &today)?;
     for record in report.sweep.iter().filter(|r| r.skipped > 0) {
         note(format!(
@@ -305,8 +309,14 @@ pub fn run_profile(
             sweep.as_ref().map_or(0, |s| s.budget_s)
         ));
     }
-    // A slow figure is kept (it is what the node did) and said so, in the file and here.
-    for part in profile.mark_slow() {
+    // A slow figure is kept (it is what the node did) and said so, in the file and here
+    // (cached links were marked when they were measured).
+    let slow = if measured_links {
+        profile.mark_slow()
+    } else {
+        profile.slow_parts()
+    };
+    for part in slow {
         note(part.to_string());
     }
     profile
@@ -315,9 +325,17 @@ pub fn run_profile(
 
     let mut cache_file = None;
     if let Some(cache) = options.cache.as_ref() {
-        match cache.store(&key, &profile) {
+        let mut store = |key: &str, profile: &ClusterProfile| match cache.store(key, profile) {
             Ok(path) => cache_file = Some(path),
             Err(e) => note(format!("warning: {e}")),
+        };
+        if measured_links {
+            let mut links = profile.clone();
+            links.measured_perf.clear();
+            store(&links_key, &links);
+        }
+        if let Some(sweep_key) = &sweep_key {
+            store(sweep_key, &profile);
         }
     }
     Ok(ProfileRun {
@@ -327,6 +345,68 @@ pub fn run_profile(
         cache_file,
         notes,
     })
+}
+
+/// The cached profile under `key` when it is fresh and holds these nodes (in `spec`'s
+/// order), with its file and age; a stale or unreadable entry is noted.
+fn fresh_entry(
+    cache: &ProfileCache,
+    key: &str,
+    spec: &ClusterSpec,
+    note: &mut impl FnMut(String),
+) -> Option<(ClusterProfile, PathBuf, Duration)> {
+    match cache.lookup(key, SystemTime::now()) {
+        cache::Lookup::Fresh { profile, path, age } => {
+            in_spec_order(*profile, spec).map(|profile| (profile, path, age))
+        }
+        cache::Lookup::Stale { path, age } => {
+            note(format!(
+                "the cached profile {} is {} old (older than {}): measuring again",
+                path.display(),
+                format_duration(Duration::from_secs(age.as_secs())),
+                format_duration(cache.ttl)
+            ));
+            None
+        }
+        cache::Lookup::Unreadable { path, reason } => {
+            note(format!(
+                "ignoring the unreadable cached profile {}: {reason}",
+                path.display()
+            ));
+            None
+        }
+        cache::Lookup::Missing => None,
+    }
+}
+
+/// A cached profile taken as it is: said so, with its slow parts.
+fn reused(
+    profile: ClusterProfile,
+    inventory: Vec<NodeInventory>,
+    path: PathBuf,
+    age: Duration,
+    mut notes: Vec<String>,
+    progress: &dyn Progress,
+) -> ProfileRun {
+    let mut note = |text: String| {
+        progress.note(&text);
+        notes.push(text);
+    };
+    note(format!(
+        "using the profile measured {} ago for these nodes: {} (--reprofile measures again)",
+        format_duration(Duration::from_secs(age.as_secs())),
+        path.display()
+    ));
+    for part in profile.slow_parts() {
+        note(part.to_string());
+    }
+    ProfileRun {
+        profile,
+        inventory,
+        report: None,
+        cache_file: Some(path),
+        notes,
+    }
 }
 
 fn take_all_inventories(
@@ -527,7 +607,7 @@ mod tests {
         assert_eq!(nodes[0].threads, Some(1));
         let canonical = plan.canonical(&inv, Backend::Gloo);
         assert!(
-            canonical.starts_with("pipette-profile/1 gloo\nnode-a\tcpu\t2\t"),
+            canonical.starts_with("pipette-profile/2 gloo\nnode-a\tcpu\t2\t"),
             "{canonical}"
         );
         // The same nodes listed in another order share the cache entry.
@@ -643,6 +723,47 @@ mod tests {
         assert!(err.to_string().contains("no figure from n7 to n8"), "{err}");
     }
 
+    /// Regression: a CPU stand-in's fp32 matmul figure was kept only in a note (its peak
+    /// is the best of fp32 and bf16), so fp32 training was priced at 1/16 of it. Each
+    /// dtype's figure is recorded, written as a list, and reads back.
+    #[test]
+    fn cpu_stand_ins_keep_their_fp32_and_bf16_figures() {
+        let spec = spec(&["n0"]);
+        let options = ProfileOptions {
+            nproc_per_node: Some(1),
+            cache: None,
+            ..ProfileOptions::default()
+        };
+        let inv = vec![cpu_node("n0")];
+        let plan = NodePlan::new(&spec, &options, &inv);
+        let mut report = ring_report(1, &[], 0);
+        report.compute = vec![
+            probe::ComputeRecord {
+                rank: 0,
+                dtype: "fp32".into(),
+                n: 512,
+                tflops: 0.149,
+            },
+            probe::ComputeRecord {
+                rank: 0,
+                dtype: "bf16".into(),
+                n: 512,
+                tflops: 0.018,
+            },
+        ];
+        let settings = ProbeSettings::cpu();
+        let profile = assemble(&spec, &inv, &plan, &report, &settings, "2026-11-24").unwrap();
+        let gpu = &profile.nodes[0].gpus().unwrap()[0];
+        assert_eq!(gpu.measured(Dtype::Fp32).map(|m| m.tflops), Some(0.149));
+        assert_eq!(gpu.measured(Dtype::Bf16).map(|m| m.tflops), Some(0.018));
+        assert_eq!(gpu.peak_tflops.fp16, 0.149, "the best attained figure");
+        profile.validate("the measured profile").unwrap();
+        let json = profile.to_json_pretty();
+        assert!(json.contains("\"measured_tflops\": ["), "{json}");
+        let again = ClusterProfile::from_json_str(&json, "p.json").unwrap();
+        assert_eq!(again, profile);
+    }
+
     #[test]
     fn mixed_clusters_are_refused() {
         let gpu = NodeInventory {
@@ -677,7 +798,7 @@ mod tests {
         };
         let spec = gpu_spec(&known, None, Some(101.0), "2024-05-31");
         assert_eq!(spec.peak_tflops.fp16, 125.0);
-        assert_eq!(spec.measured_tflops.unwrap().dtype, Dtype::Fp16);
+        assert_eq!(spec.measured_tflops[0].dtype, Dtype::Fp16);
     }
 
     #[test]

@@ -284,6 +284,9 @@ pub struct ProbeRequest<'a> {
     pub grace: Duration,
     /// The performance sweep, if any.
     pub sweep: Option<SweepSpec>,
+    /// Measure the sweep alone: the links and matmul figures come from the cache, so the
+    /// report's `links` and `compute` are empty.
+    pub sweep_only: bool,
 }
 
 /// What the probe measured, as rank 0 printed it.
@@ -443,6 +446,9 @@ pub fn torchrun_command(
     }
     if let Some(sweep) = &request.sweep {
         command = command.args(["--sweep".to_owned(), sweep.to_json()]);
+        if request.sweep_only {
+            command = command.arg("--sweep-only");
+        }
     }
     for (name, value) in &node.env {
         command = command.env(name, value);
@@ -665,6 +671,7 @@ mod tests {
             command_timeout: Duration::from_secs(10),
             grace: Duration::from_secs(1),
             sweep: None,
+            sweep_only: false,
         }
     }
 
@@ -709,6 +716,13 @@ mod tests {
         let c = torchrun_command(&swept, 1, "/tmp/pipette-probe.abc", 29500);
         let at = c.args.iter().position(|a| a == "--sweep").unwrap();
         assert_eq!(c.args[at + 1], swept.sweep.as_ref().unwrap().to_json());
+        assert!(!c.args.contains(&"--sweep-only".to_owned()));
+        let alone = ProbeRequest {
+            sweep_only: true,
+            ..swept
+        };
+        let c = torchrun_command(&alone, 1, "/tmp/pipette-probe.abc", 29500);
+        assert_eq!(c.args.last().map(String::as_str), Some("--sweep-only"));
     }
 
     #[test]

@@ -334,11 +334,11 @@ mod tests {
                                     bf16: Some(312.0),
                                     fp16: 312.0,
                                 },
-                                measured_tflops: Some(MeasuredTflops {
+                                measured_tflops: vec![MeasuredTflops {
                                     dtype: Dtype::Bf16,
                                     tflops,
                                     provenance: p.clone(),
-                                }),
+                                }],
                                 provenance: p.clone(),
                             })
                             .collect(),

@@ -25,7 +25,7 @@ pub fn slowed(profile: &ClusterProfile, host: &str, slowdown: f64) -> ClusterPro
             for gpu in gpus {
                 gpu.peak_tflops.fp16 /= factor;
                 gpu.peak_tflops.bf16 = gpu.peak_tflops.bf16.map(|t| t / factor);
-                if let Some(m) = gpu.measured_tflops.as_mut() {
+                for m in &mut gpu.measured_tflops {
                     m.tflops /= factor;
                 }
             }

@@ -15,7 +15,9 @@ torchrun starts this on every node (static rendezvous, node-major ranks). It mea
   layer, causal ``scaled_dot_product_attention`` at the given shapes, and the bandwidth of
   a large device copy; then all-reduce and all-gather times over message sizes for groups
   of the first 2, 4, ... ranks and of all of them. Each part stops starting new shapes
-  after the time budget (what it skipped is counted);
+  after the time budget (what it skipped is counted); with ``--sweep-only`` as well, the
+  sweep alone (the links and matmul figures of these nodes are cached already: their
+  lists come back empty);
 
 and rank 0 prints one line, ``PIPETTE-PROBE-RESULT {json}``, on standard output. Progress
 goes to standard output as ``PIPETTE-PROBE-PROGRESS {json}`` lines (rank 0 only).
@@ -69,6 +71,8 @@ def parse_args():
     p.add_argument("--sweep", default="",
                    help="JSON: dtype, gemms [[m, n, k, layout]], attention [[heads, seq, dim]], "
                         "hbm_bytes, collective_sizes, repeats, budget_s")
+    p.add_argument("--sweep-only", action="store_true",
+                   help="measure the sweep alone, no links and no matmul figures")
     p.add_argument("--timeout", type=float, default=600.0)
     return p.parse_args()
 
@@ -417,18 +421,18 @@ class Probe:
         leaders = [by_node[node][0]["rank"] for node in sorted(by_node)]
         strides = [int(s) for s in self.args.node_pair_strides.split(",") if s]
         inter = ring_rounds(leaders, strides) if strides else tournament(leaders)
-        if self.rank == 0:
-            print(PROGRESS + json.dumps({"phase": "plan", "gpu_pair_rounds": len(intra),
-                                         "node_pair_rounds": len(inter)}), flush=True)
-
         links = []
-        self.run_rounds("gpu_pairs", intra, "intra", links)
-        self.run_rounds("node_pairs", inter, "inter", links)
         compute = []
-        dist.barrier()
-        self.compute(compute)
-        dist.barrier()
-        self.progress("compute", 1, 1)
+        if not self.args.sweep_only:
+            if self.rank == 0:
+                print(PROGRESS + json.dumps({"phase": "plan", "gpu_pair_rounds": len(intra),
+                                             "node_pair_rounds": len(inter)}), flush=True)
+            self.run_rounds("gpu_pairs", intra, "intra", links)
+            self.run_rounds("node_pairs", inter, "inter", links)
+            dist.barrier()
+            self.compute(compute)
+            dist.barrier()
+            self.progress("compute", 1, 1)
         devices, collectives, skipped = None, [], 0
         if self.args.sweep:
             devices, collectives, skipped = self.sweep(ranks)

@@ -83,7 +83,7 @@ pub(crate) mod tests {
                 bf16: Some(312.0),
                 fp16: 312.0,
             },
-            measured_tflops: None,
+            measured_tflops: Vec::new(),
             provenance: Provenance::new(Source::Datasheet),
         }
     }
@@ -462,6 +462,47 @@ pub(crate) mod tests {
             Some(Source::Imported)
         );
         assert!(serde_json::from_str::<Source>("\"guess\"").is_err());
+    }
+
+    /// `measured_tflops` holds one figure per dtype: one is written as an object (the
+    /// shape older profiles have, which still reads), several as a list; a dtype given
+    /// twice is refused by its path.
+    #[test]
+    fn measured_figures_are_one_object_or_a_list_one_per_dtype() {
+        let figure = |dtype, tflops| MeasuredTflops {
+            dtype,
+            tflops,
+            provenance: Provenance::new(Source::Measured),
+        };
+        let set = |figures: Vec<MeasuredTflops>| {
+            let mut p = two_nodes();
+            if let GpuInventory::Known { gpus, .. } = &mut p.nodes[0].gpus {
+                gpus[0].measured_tflops = figures;
+            }
+            p
+        };
+        let one = set(vec![figure(Dtype::Bf16, 250.0)]);
+        let json = one.to_json_pretty();
+        assert!(json.contains("\"measured_tflops\": {"), "{json}");
+        assert_eq!(ClusterProfile::from_json_str(&json, "c.json").unwrap(), one);
+
+        let two = set(vec![figure(Dtype::Bf16, 0.018), figure(Dtype::Fp32, 0.149)]);
+        let json = two.to_json_pretty();
+        assert!(json.contains("\"measured_tflops\": ["), "{json}");
+        let back = ClusterProfile::from_json_str(&json, "c.json").unwrap();
+        assert_eq!(back, two);
+        let gpu = &back.nodes[0].gpus().unwrap()[0];
+        assert_eq!(gpu.measured(Dtype::Fp32).unwrap().tflops, 0.149);
+        assert!(gpu.measured(Dtype::Fp16).is_none());
+
+        let twice = set(vec![figure(Dtype::Bf16, 1.0), figure(Dtype::Bf16, 2.0)]);
+        let err = ClusterProfile::from_json_str(&twice.to_json_pretty(), "c.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nodes[0].gpus[0].measured_tflops[1].dtype is \"bf16\" a second time"),
+            "{err}"
+        );
     }
 
     /// A sweep section as the probe writes it: one GEMM in each layout, one attention

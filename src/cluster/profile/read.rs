@@ -340,16 +340,21 @@ fn native_place(steps: &[Step], names: &[&str], found: &Value) -> Place {
             number("of TFLOPS", found).or_missing("give the datasheet's dense fp16 tensor TFLOPS")
         }
         [.., "measured_tflops"] => {
+            expect("{\"dtype\": \"bf16\", \"tflops\": ..., \"provenance\": {...}}, or a list of such figures, one per dtype")
+                .owner("measured_tflops")
+        }
+        [.., "measured_tflops", "[]"] => {
             expect("{\"dtype\": \"bf16\", \"tflops\": ..., \"provenance\": {...}}")
                 .owner("measured_tflops")
         }
-        [.., "dtype"] => expect("\"bf16\" or \"fp16\"")
-            .or_missing("say which dtype was measured: \"bf16\" or \"fp16\""),
+        [.., "dtype"] => expect("\"bf16\", \"fp16\" or \"fp32\"")
+            .or_missing("say which dtype was measured: \"bf16\", \"fp16\" or \"fp32\""),
         [.., "tflops"] => number("of TFLOPS", found).or_missing("give the attained TFLOPS"),
         [.., parent, "provenance"] => {
-            let hint = match *parent {
-                "measured_tflops" => "say how it was measured, e.g. {\"source\": \"measured\", \"date\": \"2024-05-31\"}",
-                "[]" => "say where the GPU's figures came from, e.g. {\"source\": \"datasheet\"}",
+            let grandparent = names.len().checked_sub(3).map_or("", |i| names[i]);
+            let hint = match (grandparent, *parent) {
+                (_, "measured_tflops") | ("measured_tflops", "[]") => "say how it was measured, e.g. {\"source\": \"measured\", \"date\": \"2024-05-31\"}",
+                (_, "[]") => "say where the GPU's figures came from, e.g. {\"source\": \"datasheet\"}",
                 _ => "say where the bandwidths came from, e.g. {\"source\": \"measured\", \"tool\": \"nccl-tests\"}",
             };
             expect("where the figures came from, e.g. {\"source\": \"measured\", \"date\": \"2024-05-31\"}").or_missing(hint).owner("provenance")

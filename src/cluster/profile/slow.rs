@@ -78,9 +78,11 @@ impl ClusterProfile {
         for (n, node) in self.nodes.iter().enumerate() {
             for (g, gpu) in node.gpus().unwrap_or_default().iter().enumerate() {
                 let at = format!("nodes[{n}].gpus[{g}]");
-                let figure = match &gpu.measured_tflops {
+                // The first figure (a GPU's only one, a CPU stand-in's bf16): peers
+                // measured alike are compared.
+                let figure = match gpu.measured_tflops.first() {
                     Some(m) if m.provenance.source == Source::Measured => {
-                        Some((format!("{at}.measured_tflops.tflops"), m.tflops))
+                        Some((format!("{}.tflops", gpu.measured_path(&at, 0)), m.tflops))
                     }
                     _ if gpu.provenance.source == Source::Measured => {
                         Some((format!("{at}.peak_tflops.fp16"), gpu.peak_tflops.fp16))
@@ -137,8 +139,12 @@ impl ClusterProfile {
         }
         let (g, rest) = rest.strip_prefix(".gpus[")?.split_once(']')?;
         let gpu = gpus.get_mut(g.parse::<usize>().ok()?)?;
-        if rest.starts_with(".measured_tflops") {
-            gpu.measured_tflops.as_mut().map(|m| &mut m.provenance)
+        if let Some(rest) = rest.strip_prefix(".measured_tflops") {
+            let i = match rest.strip_prefix('[') {
+                Some(index) => index.split_once(']')?.0.parse::<usize>().ok()?,
+                None => 0,
+            };
+            gpu.measured_tflops.get_mut(i).map(|m| &mut m.provenance)
         } else {
             Some(&mut gpu.provenance)
         }
@@ -248,11 +254,11 @@ mod tests {
                 bf16: Some(tflops),
                 fp16: tflops,
             },
-            measured_tflops: Some(MeasuredTflops {
+            measured_tflops: vec![MeasuredTflops {
                 dtype: Dtype::Bf16,
                 tflops,
                 provenance: measured(),
-            }),
+            }],
             provenance: measured(),
         }
     }

@@ -233,11 +233,36 @@ pub struct GpuSpec {
     pub memory_bytes: u64,
     /// Dense tensor-core peak from the datasheet.
     pub peak_tflops: PeakTflops,
-    /// What a matrix-multiply benchmark attained on this GPU, when measured.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub measured_tflops: Option<MeasuredTflops>,
+    /// What a matrix-multiply benchmark attained on this GPU, one figure per dtype
+    /// measured (a GPU: its tensor-core dtype; a CPU stand-in: bf16 and fp32), in
+    /// [`Dtype`] order. Written as one object when there is one figure (the shape older
+    /// profiles have), as a list when there are several.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "one_or_list",
+        deserialize_with = "one_or_list_of"
+    )]
+    pub measured_tflops: Vec<MeasuredTflops>,
     /// Where `name`, `memory_bytes` and `peak_tflops` came from.
     pub provenance: Provenance,
+}
+
+impl GpuSpec {
+    /// The measured matrix-multiply figure for `dtype`, if one was measured.
+    pub fn measured(&self, dtype: Dtype) -> Option<&MeasuredTflops> {
+        self.measured_tflops.iter().find(|m| m.dtype == dtype)
+    }
+
+    /// The JSON path of measured figure `i` of the GPU at `gpu_path`, as the file holds
+    /// it (an object for one figure, a list for several).
+    pub(super) fn measured_path(&self, gpu_path: &str, i: usize) -> String {
+        if self.measured_tflops.len() == 1 {
+            format!("{gpu_path}.measured_tflops")
+        } else {
+            format!("{gpu_path}.measured_tflops[{i}]")
+        }
+    }
 }
 
 /// Dense (no sparsity) tensor-core peak TFLOPS per training dtype.
@@ -252,21 +277,26 @@ pub struct PeakTflops {
 }
 
 impl PeakTflops {
-    /// The peak for `dtype`, or `None` when the GPU has no tensor cores for it.
+    /// The peak for `dtype`, or `None` when the GPU has no tensor cores for it (and for
+    /// fp32, which the datasheet peaks do not cover).
     pub fn get(&self, dtype: Dtype) -> Option<f64> {
         match dtype {
             Dtype::Bf16 => self.bf16,
             Dtype::Fp16 => Some(self.fp16),
+            Dtype::Fp32 => None,
         }
     }
 }
 
-/// The 16-bit training dtypes the planner distinguishes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The training dtypes the planner distinguishes: the 16-bit ones a datasheet gives a
+/// tensor-core peak for, and fp32, which only a measurement gives a figure for (a GPU's fp32
+/// rate is otherwise derived from its fp16 peak; see the time model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     Bf16,
     Fp16,
+    Fp32,
 }
 
 impl Dtype {
@@ -274,6 +304,7 @@ impl Dtype {
         match self {
             Dtype::Bf16 => "bf16",
             Dtype::Fp16 => "fp16",
+            Dtype::Fp32 => "fp32",
         }
     }
 }
@@ -746,7 +777,7 @@ impl ClusterProfile {
         let mut gpu = gpu;
         gpu.peak_tflops.fp16 = round_figure(gpu.peak_tflops.fp16);
         gpu.peak_tflops.bf16 = gpu.peak_tflops.bf16.map(round_figure);
-        if let Some(m) = &mut gpu.measured_tflops {
+        for m in &mut gpu.measured_tflops {
             m.tflops = round_figure(m.tflops);
         }
         let provenance = Provenance::new(Source::Estimated).with_note(format!(
@@ -1019,6 +1050,38 @@ pub fn round_figure(x: f64) -> f64 {
 /// Reads a figure as [`round_figure`] keeps it.
 fn figure<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
     f64::deserialize(deserializer).map(round_figure)
+}
+
+/// `measured_tflops` as written: one object for one figure, else a list.
+fn one_or_list<S: Serializer>(
+    figures: &[MeasuredTflops],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match figures {
+        [one] => one.serialize(serializer),
+        many => many.serialize(serializer),
+    }
+}
+
+/// `measured_tflops` as read: one object (older profiles) or a list.
+fn one_or_list_of<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<MeasuredTflops>, D::Error> {
+    struct OneOrList;
+    impl<'de> serde::de::Visitor<'de> for OneOrList {
+        type Value = Vec<MeasuredTflops>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a measured figure or a list of them")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            MeasuredTflops::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                .map(|one| vec![one])
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            Vec::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+        }
+    }
+    deserializer.deserialize_any(OneOrList)
 }
 
 fn optional_figure<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {

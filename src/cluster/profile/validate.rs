@@ -380,8 +380,21 @@ pub(crate) fn check_gpu(origin: &str, path: &str, gpu: &GpuSpec) -> Result<(), P
     if let Some(bf16) = gpu.peak_tflops.bf16 {
         check_tflops(origin, &field_path(&peak, "bf16"), bf16, check)?;
     }
-    if let Some(measured) = &gpu.measured_tflops {
-        let at = field_path(path, "measured_tflops");
+    for (i, measured) in gpu.measured_tflops.iter().enumerate() {
+        let at = gpu.measured_path(path, i);
+        if gpu.measured_tflops[..i]
+            .iter()
+            .any(|m| m.dtype == measured.dtype)
+        {
+            return Err(invalid(
+                origin,
+                &field_path(&at, "dtype"),
+                format!(
+                    "is {:?} a second time (give one figure per dtype)",
+                    measured.dtype.as_str()
+                ),
+            ));
+        }
         let check = Check::of(&measured.provenance);
         check_tflops(origin, &field_path(&at, "tflops"), measured.tflops, check)?;
         check_provenance(origin, &field_path(&at, "provenance"), &measured.provenance)?;

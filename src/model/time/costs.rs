@@ -331,11 +331,6 @@ impl ConfigCosts {
                 model.num_attention_heads / config.tp.max(1)
             ));
         }
-        if precision == Precision::Fp32 {
-            costs.notes.push(
-                "fp32 training: GPUs taken at 1/16 of their fp16 tensor peak (CUDA cores)".into(),
-            );
-        }
         if precision == Precision::Bf16 && grad_element == 4.0 && dp > 1 {
             costs
                 .notes

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use crate::cluster::profile::{Dtype, GpuInventory, LinkMatrix};
+use crate::cluster::profile::{Dtype, GpuInventory, GpuSpec, LinkMatrix, Source};
 use crate::cluster::ClusterProfile;
 use crate::config::Precision;
 use crate::model::calibration::Calibration;
@@ -55,13 +55,13 @@ pub struct GpuPerf {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ThroughputBasis {
-    /// A measured matrix-multiply figure for the training dtype, times the calibration's
-    /// `measured_compute_efficiency`.
+    /// A measured matrix-multiply figure for the training dtype (fp32 too, where one was
+    /// measured), times the calibration's `measured_compute_efficiency`.
     Measured,
     /// The datasheet peak for the training dtype, times `compute_efficiency`.
     Peak,
-    /// fp32 training: [`FP32_SHARE_OF_FP16_PEAK`] of the fp16 peak, times
-    /// `compute_efficiency`.
+    /// fp32 training with no measured fp32 figure: [`FP32_SHARE_OF_FP16_PEAK`] of the
+    /// fp16 peak, times `compute_efficiency`.
     Fp32FromFp16Peak,
     /// The GPU has no tensor cores for the training dtype (bf16 on a V100).
     Unsupported,
@@ -124,7 +124,7 @@ impl ClusterFabric {
         let mut throughput = Vec::new();
         let mut perf = Vec::new();
         let mut slowest_intra = Vec::with_capacity(node_count);
-        let tables = PerfTables::for_cluster(cluster, tensor_dtype(precision));
+        let tables = PerfTables::for_cluster(cluster, training_dtype(precision));
         for node in &cluster.nodes {
             let GpuInventory::Known { gpus, links } = &node.gpus else {
                 return Err(TimeError::UnknownGpus {
@@ -243,11 +243,11 @@ impl Fabric for ClusterFabric {
 
 /// The per-operation rate of one GPU: its datasheet peak for the training dtype (fp32: the
 /// CUDA-core share of the fp16 peak) times the calibration's `gemm_scale`, or a measured
-/// best-shape throughput mapped onto the table's best efficiency. With a measured table
-/// the efficiencies are shares of the peak the table was measured against, so that peak
-/// is the rate: the sweep's own throughputs govern.
+/// best-shape throughput (fp32 too) mapped onto the table's best efficiency. With a
+/// measured table the efficiencies are shares of the peak the table was measured against,
+/// so that peak is the rate: the sweep's own throughputs govern.
 fn gpu_perf(
-    gpu: &crate::cluster::profile::GpuSpec,
+    gpu: &GpuSpec,
     t: GpuThroughput,
     precision: Precision,
     calibration: &Calibration,
@@ -259,14 +259,8 @@ fn gpu_perf(
         ThroughputBasis::Unsupported => 0.0,
         _ if table.measured.is_some() => table.peak_tflops * calibration.gemm_scale,
         ThroughputBasis::Measured => t.tflops / table.best_efficiency * calibration.gemm_scale,
-        ThroughputBasis::Fp32FromFp16Peak => {
-            gpu.peak_tflops.fp16 * FP32_SHARE_OF_FP16_PEAK * calibration.gemm_scale
-        }
-        ThroughputBasis::Peak => {
-            tensor_dtype(precision)
-                .and_then(|d| gpu.peak_tflops.get(d))
-                .unwrap_or(0.0)
-                * calibration.gemm_scale
+        ThroughputBasis::Fp32FromFp16Peak | ThroughputBasis::Peak => {
+            matmul_peak(gpu, training_dtype(precision)).unwrap_or(0.0) * calibration.gemm_scale
         }
     };
     GpuPerf {
@@ -288,23 +282,58 @@ pub(super) fn tensor_dtype(precision: Precision) -> Option<Dtype> {
     }
 }
 
+/// The rate a GPU's matrix multiplies in `dtype` are measured against, TFLOPS: the
+/// datasheet tensor peak for a 16-bit dtype (`None`: no tensor cores for it); for fp32 a
+/// measured fp32 rate where there is one ([`measured_fp32`]), else
+/// [`FP32_SHARE_OF_FP16_PEAK`] of the fp16 peak.
+pub(super) fn matmul_peak(gpu: &GpuSpec, dtype: Dtype) -> Option<f64> {
+    match dtype {
+        Dtype::Fp32 => {
+            Some(measured_fp32(gpu).unwrap_or(gpu.peak_tflops.fp16 * FP32_SHARE_OF_FP16_PEAK))
+        }
+        _ => gpu.peak_tflops.get(dtype),
+    }
+}
+
+/// A measured fp32 matmul rate: the GPU's fp32 figure, or for a device whose peak is
+/// itself a measured matmul rate (a CPU stand-in; profiles written before its fp32
+/// figure was kept, or by hand) that peak, which no CUDA-core share applies to.
+fn measured_fp32(gpu: &GpuSpec) -> Option<f64> {
+    gpu.measured(Dtype::Fp32)
+        .map(|m| m.tflops)
+        .or((gpu.provenance.source == Source::Measured).then_some(gpu.peak_tflops.fp16))
+}
+
+/// The dtype the matrix multiplies of `precision` training run in.
+pub(super) fn training_dtype(precision: Precision) -> Dtype {
+    tensor_dtype(precision).unwrap_or(Dtype::Fp32)
+}
+
+/// A measured figure for the training dtype governs (fp32 included: a CPU stand-in's
+/// measured fp32 matmul, see [`measured_fp32`]); without one, the datasheet peak, and for
+/// fp32 the CUDA-core share of the fp16 peak, which is right only for a GPU whose peak is
+/// a tensor-core datasheet figure.
 fn effective_throughput(
-    gpu: &crate::cluster::profile::GpuSpec,
+    gpu: &GpuSpec,
     precision: Precision,
     calibration: &Calibration,
 ) -> GpuThroughput {
+    let measured = match tensor_dtype(precision) {
+        Some(dtype) => gpu.measured(dtype).map(|m| m.tflops),
+        None => measured_fp32(gpu),
+    };
+    if let Some(tflops) = measured {
+        return GpuThroughput {
+            tflops: tflops * calibration.measured_compute_efficiency,
+            basis: ThroughputBasis::Measured,
+        };
+    }
     let Some(dtype) = tensor_dtype(precision) else {
         return GpuThroughput {
             tflops: gpu.peak_tflops.fp16 * FP32_SHARE_OF_FP16_PEAK * calibration.compute_efficiency,
             basis: ThroughputBasis::Fp32FromFp16Peak,
         };
     };
-    if let Some(m) = gpu.measured_tflops.as_ref().filter(|m| m.dtype == dtype) {
-        return GpuThroughput {
-            tflops: m.tflops * calibration.measured_compute_efficiency,
-            basis: ThroughputBasis::Measured,
-        };
-    }
     match gpu.peak_tflops.get(dtype) {
         Some(peak) => GpuThroughput {
             tflops: peak * calibration.compute_efficiency,

@@ -176,13 +176,15 @@ impl PerfTables {
         })
     }
 
-    /// The tables for `cluster` in `precision`'s tensor dtype: for each GPU kind, the
-    /// profile's measured table when its sweep measured a GPU of that kind in that dtype
-    /// (the first such section), else the shipped one.
-    pub fn for_cluster(cluster: &ClusterProfile, dtype: Option<Dtype>) -> PerfTables {
+    /// The tables for `cluster` training in `dtype`: for each GPU kind, the profile's
+    /// measured table when its sweep measured a GPU of that kind in that dtype (the first
+    /// such section), else the shipped one. A measured table's efficiencies are shares of
+    /// the GPU's rate in that dtype ([`super::fabric::matmul_peak`]: in fp32, its measured
+    /// fp32 figure where it has one).
+    pub fn for_cluster(cluster: &ClusterProfile, dtype: Dtype) -> PerfTables {
         let mut tables = shipped_tables().clone();
         for perf in &cluster.measured_perf {
-            if Some(perf.dtype) != dtype {
+            if perf.dtype != dtype {
                 continue;
             }
             let kind = GpuKind::of(&perf.gpu);
@@ -195,7 +197,7 @@ impl PerfTables {
                 .filter_map(|n| n.gpus())
                 .flatten()
                 .find(|g| g.name == perf.gpu)
-                .and_then(|g| g.peak_tflops.get(perf.dtype));
+                .and_then(|g| super::fabric::matmul_peak(g, perf.dtype));
             if let Some(table) = peak.and_then(|p| PerfTable::measured(kind, perf, p)) {
                 tables[kind.index()] = Arc::new(table);
             }
@@ -581,7 +583,7 @@ mod tests {
         use crate::cluster::profile::tests::{swept, two_nodes};
         let mut cluster = two_nodes();
         cluster.measured_perf.push(swept("A100-SXM4-80GB"));
-        let tables = PerfTables::for_cluster(&cluster, Some(Dtype::Bf16));
+        let tables = PerfTables::for_cluster(&cluster, Dtype::Bf16);
         let a100 = tables.get(GpuKind::A100);
         let source = a100
             .measured
@@ -616,16 +618,16 @@ mod tests {
         assert_eq!(a100.memory_kernel_us, shipped.memory_kernel_us);
         // Other kinds, and another dtype, keep the shipped tables.
         assert!(tables.get(GpuKind::H100).measured.is_none());
-        let fp16 = PerfTables::for_cluster(&cluster, Some(Dtype::Fp16));
+        let fp16 = PerfTables::for_cluster(&cluster, Dtype::Fp16);
         assert!(fp16.get(GpuKind::A100).measured.is_none());
-        assert!(PerfTables::for_cluster(&cluster, None)
+        assert!(PerfTables::for_cluster(&cluster, Dtype::Fp32)
             .get(GpuKind::A100)
             .measured
             .is_none());
         // A section for a GPU the profile does not have has no peak to measure against.
         let mut stray = two_nodes();
         stray.measured_perf.push(swept("NVIDIA A100-PCIE-40GB"));
-        assert!(PerfTables::for_cluster(&stray, Some(Dtype::Bf16))
+        assert!(PerfTables::for_cluster(&stray, Dtype::Bf16)
             .get(GpuKind::A100)
             .measured
             .is_none());

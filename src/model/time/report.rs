@@ -9,7 +9,7 @@ use super::evaluate::{hop, ring_bottleneck};
 use super::perf::GpuKind;
 use super::{
     gpu_ref, link_ref, ClusterFabric, DataParallelComm, Fabric, HopTime, LinkRef, PipelineComm,
-    RingLink, StageTime, TimeEstimate, TimeModel,
+    RingLink, StageTime, ThroughputBasis, TimeEstimate, TimeModel,
 };
 
 impl ConfigCosts {
@@ -46,6 +46,15 @@ impl ConfigCosts {
             + data_parallel.param_gather_exposed_ms
             + optimizer_ms;
         let mut notes = self.notes.clone();
+        // Only where no fp32 figure was measured (a CPU stand-in's is).
+        if devices
+            .iter()
+            .any(|d| fabric.throughput(*d).basis == ThroughputBasis::Fp32FromFp16Peak)
+        {
+            notes.push(
+                "fp32 training: GPUs taken at 1/16 of their fp16 tensor peak (CUDA cores)".into(),
+            );
+        }
         let mut seen: Vec<GpuKind> = Vec::new();
         for d in devices {
             let kind = fabric.gpu_perf(*d).kind;

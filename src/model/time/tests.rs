@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::cluster::profile::{
-    GpuInventory, GpuSpec, LinkMatrix, NodeProfile, PeakTflops, Provenance, Source,
+    GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile, PeakTflops, Provenance, Source,
 };
 use crate::config::{
     Normalization, PositionEmbedding, Precision, Recompute, RecomputeMethod, TrainingSettings,
@@ -11,7 +11,7 @@ use crate::config::{
 use crate::model::flops::{stage_flops, AttentionMask};
 use crate::model::memory::AttentionKernel;
 use crate::model::params::ParameterBreakdown;
-use crate::model::time::perf::{GpuKind, PerfTable};
+use crate::model::time::perf::{self, GpuKind, PerfTable, PerfTables};
 
 fn gpu(name: &str, bf16: Option<f64>, fp16: f64) -> GpuSpec {
     GpuSpec {
@@ -19,7 +19,7 @@ fn gpu(name: &str, bf16: Option<f64>, fp16: f64) -> GpuSpec {
         name: name.into(),
         memory_bytes: 80 << 30,
         peak_tflops: PeakTflops { bf16, fp16 },
-        measured_tflops: None,
+        measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }
 }
@@ -516,11 +516,11 @@ fn slowest_gpu_governs_a_mixed_stage_and_measured_figures_win() {
     if let GpuInventory::Known { gpus, .. } = &mut case.cluster.nodes[0].gpus {
         gpus[1] = GpuSpec { index: 1, ..a100() };
         for g in gpus.iter_mut() {
-            g.measured_tflops = Some(crate::cluster::profile::MeasuredTflops {
+            g.measured_tflops = vec![crate::cluster::profile::MeasuredTflops {
                 dtype: Dtype::Bf16,
                 tflops: 250.0,
                 provenance: Provenance::new(Source::Measured),
-            });
+            }];
         }
     }
     let m = case.run(TimeModel::Pipette);
@@ -541,6 +541,120 @@ fn fp32_runs_at_a_sixteenth_of_the_fp16_peak() {
     assert_eq!(g.basis, ThroughputBasis::Fp32FromFp16Peak);
     assert!(close(g.tflops, 312.0 / 16.0 * 0.45));
     assert!(e.notes.iter().any(|n| n.contains("fp32")));
+
+    // A datasheet A100 with a measured bf16 figure: that figure is no fp32 rate, so fp32
+    // still runs at a sixteenth of the fp16 peak, in the per-operation rate too.
+    if let GpuInventory::Known { gpus, .. } = &mut case.cluster.nodes[0].gpus {
+        gpus[0].measured_tflops = vec![MeasuredTflops {
+            dtype: Dtype::Bf16,
+            tflops: 250.0,
+            provenance: Provenance::new(Source::Measured),
+        }];
+    }
+    let e = case.run(TimeModel::Pipette);
+    let g = e.stages[0].gpu.as_ref().unwrap();
+    assert_eq!(g.basis, ThroughputBasis::Fp32FromFp16Peak);
+    assert!(close(g.tflops, 312.0 / 16.0 * 0.45));
+    let fabric = ClusterFabric::new(&case.cluster, Precision::Fp32, &case.calibration).unwrap();
+    let perf = fabric.gpu_perf(Device { node: 0, gpu: 0 });
+    assert!(close(perf.ms_per_peak_gflop, 16.0 / 312.0));
+}
+
+/// A CPU stand-in as the profile records it: its "peak" is its best attained matmul, and
+/// it carries its bf16 and fp32 figures.
+fn cpu_stand_in() -> GpuSpec {
+    let measured = |dtype, tflops| MeasuredTflops {
+        dtype,
+        tflops,
+        provenance: Provenance::new(Source::Measured),
+    };
+    GpuSpec {
+        measured_tflops: vec![measured(Dtype::Bf16, 0.018), measured(Dtype::Fp32, 0.149)],
+        provenance: Provenance::new(Source::Measured),
+        ..gpu("cpu", Some(0.149), 0.149)
+    }
+}
+
+/// Regression: a CPU stand-in trained in fp32 was taken at 1/16 of its "fp16 peak" (its
+/// best attained matmul), 16 times too slow (scripts/demo estimated ~2.4 s an iteration
+/// that ran in ~0.3 s). Its measured fp32 figure governs, in both the throughput and the
+/// per-operation rate; bf16 training keeps its bf16 figure.
+#[test]
+fn a_cpu_stand_in_trained_in_fp32_runs_at_its_measured_fp32_rate() {
+    let mut cluster = cluster(1, 1, 1.0, 1.0);
+    if let GpuInventory::Known { gpus, .. } = &mut cluster.nodes[0].gpus {
+        gpus[0] = cpu_stand_in();
+    }
+    let mut case = Case::new(cluster, ParallelConfig::even(8, 1, 1, 1, 1), 1);
+    case.training.precision = Precision::Fp32;
+    let e = case.run(TimeModel::Pipette);
+    let g = e.stages[0].gpu.as_ref().unwrap();
+    assert_eq!((g.tflops, g.basis), (0.149, ThroughputBasis::Measured));
+    assert!(!e.notes.iter().any(|n| n.contains("1/16")), "{:?}", e.notes);
+    let fabric = ClusterFabric::new(&case.cluster, Precision::Fp32, &case.calibration).unwrap();
+    let best = fabric.tables().get(GpuKind::Other).best_efficiency;
+    let perf = fabric.gpu_perf(Device { node: 0, gpu: 0 });
+    assert!(close(perf.ms_per_peak_gflop, best / 0.149));
+
+    case.training.precision = Precision::Bf16;
+    let e = case.run(TimeModel::Pipette);
+    let g = e.stages[0].gpu.as_ref().unwrap();
+    assert_eq!((g.tflops, g.basis), (0.018, ThroughputBasis::Measured));
+
+    // A stand-in from a profile that kept no fp32 figure: its peak is a measured matmul
+    // rate (its provenance says so), not a tensor-core peak, and stands as the fp32 rate.
+    if let GpuInventory::Known { gpus, .. } = &mut case.cluster.nodes[0].gpus {
+        gpus[0].measured_tflops.retain(|m| m.dtype == Dtype::Bf16);
+    }
+    case.training.precision = Precision::Fp32;
+    let e = case.run(TimeModel::Pipette);
+    let g = e.stages[0].gpu.as_ref().unwrap();
+    assert_eq!((g.tflops, g.basis), (0.149, ThroughputBasis::Measured));
+}
+
+/// A sweep measured in fp32 governs fp32 training, its efficiencies as shares of the
+/// GPU's measured fp32 rate, so the measured GEMM throughputs come back as they were.
+#[test]
+fn an_fp32_sweep_prices_fp32_gemms_at_their_measured_throughput() {
+    use crate::cluster::profile::{GemmFigure, GemmLayout, MeasuredPerf};
+    let mut cluster = cluster(1, 1, 1.0, 1.0);
+    if let GpuInventory::Known { gpus, .. } = &mut cluster.nodes[0].gpus {
+        gpus[0] = cpu_stand_in();
+    }
+    let gemm = |m, tflops| GemmFigure {
+        m,
+        n: 512,
+        k: 512,
+        layout: GemmLayout::Fwd,
+        tflops,
+    };
+    cluster.measured_perf.push(MeasuredPerf {
+        gpu: "cpu".into(),
+        dtype: Dtype::Fp32,
+        shape_set: "test".into(),
+        gemms: vec![gemm(512, 0.12), gemm(64, 0.03)],
+        attention: Vec::new(),
+        hbm_gb_per_s: None,
+        collectives: Vec::new(),
+        provenance: Provenance::new(Source::Measured),
+    });
+    let tables = PerfTables::for_cluster(&cluster, Dtype::Fp32);
+    let table = tables.get(GpuKind::Other);
+    assert!(table.measured.is_some());
+    let e = table.gemm_efficiency(64.0, 512.0, 512.0, perf::Layout::Fwd);
+    assert!(close(e.value, 0.03 / 0.149));
+    let fabric = ClusterFabric::new(&cluster, Precision::Fp32, &Calibration::default()).unwrap();
+    assert!(close(
+        fabric
+            .gpu_perf(Device { node: 0, gpu: 0 })
+            .ms_per_peak_gflop,
+        1.0 / 0.149
+    ));
+    // Trained in bf16, the fp32 section does not govern.
+    assert!(PerfTables::for_cluster(&cluster, Dtype::Bf16)
+        .get(GpuKind::Other)
+        .measured
+        .is_none());
 }
 
 #[test]

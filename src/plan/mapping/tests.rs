@@ -202,7 +202,7 @@ fn random_cluster(rng: &mut ChaCha8Rng, nodes: usize, g: usize) -> ClusterProfil
             bf16: Some(tflops),
             fp16: tflops,
         },
-        measured_tflops: None,
+        measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     };
     let mut node_links = LinkMatrix::uniform(nodes, 20.0, p.clone());
