@@ -195,8 +195,17 @@ impl ConfigCosts {
         };
         costs.p2p_mb = costs.p2p_bytes / 1e6;
 
-        let slow_softmax = options.attention == AttentionKernel::Unfused
-            && !fused_softmax_available(model, config.micro_batch, config.tp);
+        // The operations' shapes, priced per GPU kind below ([`Self::price_ops`]).
+        let shape = OpShape {
+            model,
+            micro_batch: config.micro_batch,
+            tp: config.tp,
+            sequence_parallel: config.sequence_parallel,
+            act_bytes,
+            attention: options.attention,
+            fused_softmax: fused_softmax_available(model, config.micro_batch, config.tp),
+        };
+        let slow_softmax = options.attention == AttentionKernel::Unfused && !shape.fused_softmax;
         // Per stage: (all-reduce pairs, single collectives) of the tp latencies.
         let mut tp_pairs: Vec<(f64, f64)> = Vec::with_capacity(pp);
         for s in 0..pp {
@@ -314,14 +323,7 @@ impl ConfigCosts {
             );
             costs.p2p_latency_ms[kind.index()] = latency.p2p * us;
         }
-        costs.price_ops(
-            model,
-            config,
-            calibration,
-            act_bytes,
-            options.attention,
-            tables,
-        );
+        costs.price_ops(&shape, config, calibration, tables);
         if slow_softmax {
             costs.notes.push(format!(
                 "unfused attention at micro-batch {} with {} heads per GPU: Megatron's fused \
@@ -342,26 +344,15 @@ impl ConfigCosts {
     /// Every stage's per-operation compute on every GPU kind ([`super::ops`]).
     fn price_ops(
         &mut self,
-        model: &ModelSpec,
+        shape: &OpShape<'_>,
         config: &ParallelConfig,
         calibration: &Calibration,
-        act_bytes: f64,
-        attention: AttentionKernel,
         tables: &PerfTables,
     ) {
-        let shape = OpShape {
-            model,
-            micro_batch: config.micro_batch,
-            tp: config.tp,
-            sequence_parallel: config.sequence_parallel,
-            act_bytes,
-            attention,
-            fused_softmax: fused_softmax_available(model, config.micro_batch, config.tp),
-        };
         let chunks = config.vpp.unwrap_or(1).max(1);
         for kind in GpuKind::ALL {
             let table = tables.get(kind);
-            let kind_ops = KindOps::new(&shape, table, calibration);
+            let kind_ops = KindOps::new(shape, table, calibration);
             for s in 0..self.pp {
                 let layers = self.layers[s];
                 let recomputed_layers = match &config.recompute {

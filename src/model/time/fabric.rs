@@ -328,16 +328,17 @@ fn effective_throughput(
             basis: ThroughputBasis::Measured,
         };
     }
-    let Some(dtype) = tensor_dtype(precision) else {
-        return GpuThroughput {
-            tflops: gpu.peak_tflops.fp16 * FP32_SHARE_OF_FP16_PEAK * calibration.compute_efficiency,
-            basis: ThroughputBasis::Fp32FromFp16Peak,
-        };
-    };
-    match gpu.peak_tflops.get(dtype) {
+    // No measured figure: `matmul_peak` gives the datasheet peak, for fp32 its CUDA-core
+    // share.
+    let dtype = training_dtype(precision);
+    match matmul_peak(gpu, dtype) {
         Some(peak) => GpuThroughput {
             tflops: peak * calibration.compute_efficiency,
-            basis: ThroughputBasis::Peak,
+            basis: if dtype == Dtype::Fp32 {
+                ThroughputBasis::Fp32FromFp16Peak
+            } else {
+                ThroughputBasis::Peak
+            },
         },
         None => GpuThroughput {
             tflops: 0.0,
