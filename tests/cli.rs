@@ -723,16 +723,10 @@ fn help_teaches_torchrun_options_and_exit_codes() {
 
 #[test]
 fn an_old_torchrun_gets_underscore_spellings() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     // A stand-in for torchrun 1.x, whose --help lists only underscore spellings.
     let fake = dir.path().join("torchrun");
-    std::fs::write(
-        &fake,
-        "#!/bin/sh\necho 'usage: torchrun [--nnodes NNODES] [--nproc_per_node NPROC_PER_NODE] [--node_rank NODE_RANK]'\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    common::write_executable(&fake, "#!/bin/sh\necho 'usage: torchrun [--nnodes NNODES] [--nproc_per_node NPROC_PER_NODE] [--node_rank NODE_RANK]'\n");
     let report = dry_run_json(
         pipette_run()
             .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))

@@ -46,12 +46,6 @@ fn doctor(args: &[&str], path: &str) -> Output {
         .unwrap()
 }
 
-fn make_executable(file: &std::path::Path) {
-    let mut perms = std::fs::metadata(file).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(file, perms).unwrap();
-}
-
 fn text(out: &Output) -> String {
     format!(
         "exit {:?}\n{}\n{}",
@@ -216,10 +210,8 @@ fn hanging_torchrun() -> (tempfile::TempDir, PathBuf) {
         .unwrap();
     let python = dir.path().join("python");
     let torchrun = dir.path().join("torchrun");
-    std::fs::write(&python, "#!/bin/sh\nwhile :; do sleep 1; done\n").unwrap();
-    std::fs::write(&torchrun, format!("#!{}\n", python.display())).unwrap();
-    make_executable(&python);
-    make_executable(&torchrun);
+    common::write_executable(&python, "#!/bin/sh\nwhile :; do sleep 1; done\n");
+    common::write_executable(&torchrun, &format!("#!{}\n", python.display()));
     (dir, torchrun)
 }
 
@@ -311,15 +303,13 @@ fn key_without_the_venv(sshd: &Sshd) -> PathBuf {
         .unwrap();
     assert!(status.success());
     let forced = d.join("without-venv.sh");
-    std::fs::write(
+    common::write_executable(
         &forced,
-        format!(
+        &format!(
             "#!/bin/sh\nexec sh -c \"$(printf '%s' \"$SSH_ORIGINAL_COMMAND\" | sed 's|{}|/nonexistent-venv/bin|g')\"\n",
             venv_bin().display()
         ),
-    )
-    .unwrap();
-    make_executable(&forced);
+    );
     let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
     let mut keys = std::fs::read_to_string(d.join("authorized_keys")).unwrap();
     keys.push_str(&format!("command=\"{}\" {public}", forced.display()));

@@ -162,9 +162,9 @@ fn terminate_and_drop_stop_a_spawned_command() {
 /// and runs the command on this machine, as a real srun runs it on the node.
 fn fake_srun(dir: &Path) -> PathBuf {
     let path = dir.join("srun");
-    std::fs::write(
+    common::write_executable(
         &path,
-        format!(
+        &format!(
             "#!/bin/sh\n\
              : > {log}\n\
              while [ $# -gt 0 ]; do\n\
@@ -177,9 +177,7 @@ fn fake_srun(dir: &Path) -> PathBuf {
              exec \"$@\"\n",
             log = dir.join("srun.log").display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     path
 }
 

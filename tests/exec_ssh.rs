@@ -73,12 +73,10 @@ fn a_user_path_without_system_tools_still_runs_the_command() {
     let bin = sshd.path("user bin");
     std::fs::create_dir(&bin).unwrap();
     let tool = bin.join("hello");
-    std::fs::write(
+    common::write_executable(
         &tool,
         "#!/bin/sh\nprintf '%s|' \"$PATH\"; read -r line; echo \"$line\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     let command = NodeCommand::new("hello")
         .env("PATH", bin.to_str().unwrap())
         .stdin(b"from stdin\n".to_vec());

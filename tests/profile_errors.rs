@@ -25,9 +25,9 @@ const HANG_SECONDS: u64 = 1000;
 fn fake_torchrun(dir: &Path, fail_rank: Option<u32>) -> PathBuf {
     let path = dir.join("torchrun");
     let fail = fail_rank.map_or("-1".to_owned(), |r| r.to_string());
-    std::fs::write(
+    common::write_executable(
         &path,
-        format!(
+        &format!(
             r#"#!/bin/sh
 rank=""
 script=""
@@ -50,9 +50,7 @@ exec sleep {HANG_SECONDS}
 "#,
             dir = dir.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     path
 }
 

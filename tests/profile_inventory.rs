@@ -2,6 +2,8 @@
 //! (`tests/fixtures/nvidia-smi/`, sources in its README), and the inventory of a GPU node
 //! taken through the exec seam from a stand-in `nvidia-smi` that replays those captures.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -112,15 +114,10 @@ fn fake_nvidia_smi(dir: &Path, query: &str, topo: &str) -> PathBuf {
     std::fs::write(dir.join("query.csv"), fixture(query)).unwrap();
     std::fs::write(dir.join("topo.txt"), fixture(topo)).unwrap();
     let path = dir.join("nvidia-smi");
-    std::fs::write(
-        &path,
-        format!(
+    common::write_executable(&path, &format!(
             "#!/bin/sh\ncase \"$1\" in\n  --query-gpu=*) cat '{0}/query.csv' ;;\n  topo) cat '{0}/topo.txt' ;;\n  *) exit 2 ;;\nesac\n",
             dir.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        ));
     path
 }
 
@@ -190,12 +187,7 @@ fn a_node_without_nvidia_smi_offers_its_cpus() {
 fn a_broken_driver_is_an_error_not_a_cpu_node() {
     let dir = tempfile::tempdir().unwrap();
     let smi = dir.path().join("nvidia-smi");
-    std::fs::write(
-        &smi,
-        "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'\nexit 9\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    common::write_executable(&smi, "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'\nexit 9\n");
     let smi = smi.to_string_lossy();
     let request = InventoryRequest {
         transport: &Transport::Local,

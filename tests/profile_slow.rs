@@ -4,6 +4,8 @@
 //! and says so. A stand-in torchrun plays the probe and prints the report a real probe
 //! prints, so the figure is the same on any machine.
 
+mod common;
+
 use std::path::Path;
 
 use assert_cmd::Command;
@@ -13,12 +15,10 @@ use pipette::cluster::ClusterProfile;
 fn slow_torchrun(dir: &Path) -> std::path::PathBuf {
     let report = r#"{"protocol": 1, "backend": "gloo", "torch": "2.5.1", "world_size": 1, "sizes": [65536], "warmup": 1, "repeats": 3, "ranks": [{"rank": 0, "node": 0, "local_rank": 0, "hostname": "localhost", "device": "cpu", "name": "cpu", "host_memory_bytes": 8589934592, "cpus": 2, "threads": 2}], "links": [], "compute": [{"rank": 0, "dtype": "fp32", "n": 256, "tflops": 0.00093238112051}, {"rank": 0, "dtype": "bf16", "n": 256, "tflops": 0.00041}], "elapsed_s": 3.0}"#;
     let path = dir.join("torchrun");
-    std::fs::write(
+    common::write_executable(
         &path,
-        format!("#!/bin/sh\nprintf '%s\\n' 'PIPETTE-PROBE-RESULT {report}'\n"),
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        &format!("#!/bin/sh\nprintf '%s\\n' 'PIPETTE-PROBE-RESULT {report}'\n"),
+    );
     path
 }
 

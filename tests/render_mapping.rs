@@ -9,6 +9,8 @@
 //! the mapping as torchrun and CUDA realise it (rank r = node_rank · G + local rank, local
 //! rank i on the i-th visible GPU) and compares it with the placement.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -32,16 +34,10 @@ fn fake_torchrun(dir: &Path) -> String {
     let path = dir.join("fake-torchrun");
     let argv = shell_quote(&dir.join("argv").display().to_string());
     let env = shell_quote(&dir.join("env").display().to_string());
-    std::fs::write(
-        &path,
-        format!(
+    common::write_executable(&path, &format!(
             "#!/usr/bin/env bash\nprintf '%s\\0' \"$@\" > {argv}\n\
              printf '%s\\0' \"$CUDA_VISIBLE_DEVICES\" \"$CUDA_DEVICE_ORDER\" \"$PIPETTE_HOST\" > {env}\n"
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        ));
     path.display().to_string()
 }
 

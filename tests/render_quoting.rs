@@ -9,6 +9,8 @@
 //! test writes down itself (not taken from the render). A canary argument that would
 //! create a file if any shell expanded it proves nothing ran.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -46,16 +48,10 @@ fn fake_torchrun(dir: &Path) -> String {
     let path = dir.join("fake-torchrun");
     let argv = shell_quote(&dir.join("argv").display().to_string());
     let env = shell_quote(&dir.join("env").display().to_string());
-    std::fs::write(
-        &path,
-        format!(
+    common::write_executable(&path, &format!(
             "#!/usr/bin/env bash\nprintf '%s\\0' \"$@\" > {argv}\n\
              printf '%s\\0' \"$PWD\" \"$CUDA_VISIBLE_DEVICES\" \"$PIPETTE_HOST\" \"$NCCL_TEST_VALUE\" > {env}\n"
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        ));
     path.display().to_string()
 }
 

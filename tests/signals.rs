@@ -87,21 +87,12 @@ impl Job {
         std::fs::write(&script, SCRIPT).unwrap();
         // Holds the link probe until `release` exists.
         let wrapper = d.join("torchrun");
-        std::fs::write(
-            &wrapper,
-            format!(
+        common::write_executable(&wrapper, &format!(
                 "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in */bandwidth.py) echo $$ >> '{d}/probe.started'; \
                  while [ ! -e '{d}/release' ]; do sleep 0.05; done ;; esac; done\nexec '{real}' \"$@\"\n",
                 d = d.display(),
                 real = torchrun().display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(
-            &wrapper,
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+            ));
         let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
         command
             .args(["--hosts", "node-a,node-b", "--nproc-per-node", "1"])

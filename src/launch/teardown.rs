@@ -451,14 +451,21 @@ mod tests {
         } else {
             format!("'echo TERM > {}.got; exit 143'", path.display())
         };
-        std::fs::write(
-            &path,
-            format!("#!/bin/sh\ntrap {on_term} TERM\nwhile :; do sleep 0.05; done\n"),
-        )
-        .unwrap();
-        let mut perms = std::fs::metadata(&path).unwrap().permissions();
-        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-        std::fs::set_permissions(&path, perms).unwrap();
+        // A child shell writes the script: a file this multi-threaded test process held
+        // open for writing could be inherited by a process another test is starting, and
+        // exec'ing it in that instant fails with ETXTBSY ("Text file busy").
+        let script = format!("#!/bin/sh\ntrap {on_term} TERM\nwhile :; do sleep 0.05; done\n");
+        let status = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "printf '%s' \"$2\" > \"$1\" && chmod 755 \"$1\"",
+                "sh",
+            ])
+            .arg(&path)
+            .arg(script)
+            .status()
+            .unwrap();
+        assert!(status.success());
         Transport::Srun(crate::exec::SrunOptions {
             program: path,
             ..crate::exec::SrunOptions::default()

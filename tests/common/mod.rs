@@ -582,6 +582,31 @@ impl Daemon {
     }
 }
 
+/// Writes `text` to `path` as an executable script.
+///
+/// A child shell writes it, not this process. Test binaries run their tests on many threads,
+/// and a file this process holds open for writing is inherited, for the instant between fork
+/// and exec, by any process another thread is starting; exec'ing the script in that instant
+/// fails with ETXTBSY ("Text file busy": CI met it once in copies_slurm under load). A
+/// single-threaded child that writes, closes and exits leaves nothing to inherit.
+pub fn write_executable(path: &Path, text: &str) {
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "printf '%s' \"$2\" > \"$1\" && chmod 755 \"$1\"",
+            "sh",
+        ])
+        .arg(path)
+        .arg(text)
+        .status()
+        .expect("sh runs");
+    assert!(
+        status.success(),
+        "writing {} failed: {status}",
+        path.display()
+    );
+}
+
 /// The last lines of a log file, headed by its path, for a panic message.
 pub fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -874,17 +899,13 @@ impl Slurm {
     /// cluster's `SLURM_CONF` and the `SLURM_JOB_ID` salloc sets.
     pub fn srun_in(&self, job: &str) -> PathBuf {
         let path = self.dir.path().join(format!("srun-in-{job}"));
-        std::fs::write(
+        write_executable(
             &path,
-            format!(
+            &format!(
                 "#!/bin/sh\nexport SLURM_CONF='{}' SLURM_JOB_ID='{job}'\nexec /usr/bin/srun \"$@\"\n",
                 self.conf.display()
             ),
-        )
-        .unwrap();
-        let mut perms = std::fs::metadata(&path).unwrap().permissions();
-        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-        std::fs::set_permissions(&path, perms).unwrap();
+        );
         path
     }
 
