@@ -250,6 +250,7 @@ fn a_launch_tells_its_whole_story() {
     );
     settings.add_filter(r"\(\d+\.\d+× the estimate\)", "([R]× the estimate)");
     settings.add_filter(r"\d+ tokens/s per GPU", "[N] tokens/s per GPU");
+    settings.add_filter(r"MFU \d+\.\d+ %", "MFU [%]");
     settings.add_filter(
         r"iteration \d+/20, \d+\.\d ms \(estimate",
         "iteration [I]/20, [MS] ms (estimate",

@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use super::events::seconds_or_null;
 use super::stragglers::{self, ReportLine};
-use crate::cluster::profile::{median, Dtype};
+use crate::cluster::profile::median;
 use crate::cluster::ClusterProfile;
-use crate::config::{Precision, Settings};
+use crate::config::Settings;
 use crate::exec::{OutputSink, Stream};
 use crate::launch::output_lines::{is_progress_line, parse_iteration};
 use crate::log::{self, Level, TEXT_WIDTH};
-use crate::model::flops;
+use crate::model::{flops, time};
 use crate::plan::Plan;
 
 /// Where a node's lines go and what they said about progress. One per attempt; handed to
@@ -74,8 +74,9 @@ pub struct ProgressSpec {
 
 impl ProgressSpec {
     /// The line of a planned attempt: its plan's estimate, the tokens and model FLOPs of
-    /// an iteration (as Megatron reports them), the slowest GPU's peak at the training
-    /// precision (on mixed GPUs the job runs at its pace; none for fp32).
+    /// an iteration (as Megatron reports them), and the slowest GPU's peak at the training
+    /// precision (on mixed GPUs the job runs at its pace): the rate the time model's GEMM
+    /// efficiencies are shares of ([`time::mfu_peak_tflops`]), fp32 included.
     pub fn planned(
         interval: Duration,
         plan: &Plan,
@@ -83,19 +84,14 @@ impl ProgressSpec {
         profile: &ClusterProfile,
     ) -> ProgressSpec {
         let t = &settings.training;
-        let dtype = match t.precision {
-            Precision::Bf16 => Some(Dtype::Bf16),
-            Precision::Fp16 => Some(Dtype::Fp16),
-            Precision::Fp32 => None,
-        };
         let peak = profile
             .nodes
             .iter()
             .filter_map(|n| n.gpus())
             .flatten()
-            .map(|g| dtype.and_then(|d| g.peak_tflops.get(d)))
+            .map(|g| time::mfu_peak_tflops(g, t.precision))
             .try_fold(f64::INFINITY, |low, p| p.map(|p| low.min(p)))
-            .filter(|p| p.is_finite())
+            .filter(|p| p.is_finite() && *p > 0.0)
             .map(|tflops| tflops * 1e12);
         ProgressSpec {
             interval,

@@ -304,6 +304,14 @@ fn measured_fp32(gpu: &GpuSpec) -> Option<f64> {
         .or((gpu.provenance.source == Source::Measured).then_some(gpu.peak_tflops.fp16))
 }
 
+/// The peak a job training in `precision` on `gpu` is held against for its MFU, TFLOPS:
+/// the rate the time model's GEMM efficiencies are shares of ([`matmul_peak`]). So an fp32
+/// job on a CPU stand-in is held against the CPU's measured fp32 matmul rate, and one on a
+/// GPU against the CUDA cores' share of the fp16 peak.
+pub fn mfu_peak_tflops(gpu: &GpuSpec, precision: Precision) -> Option<f64> {
+    matmul_peak(gpu, training_dtype(precision))
+}
+
 /// The dtype the matrix multiplies of `precision` training run in.
 pub(super) fn training_dtype(precision: Precision) -> Dtype {
     tensor_dtype(precision).unwrap_or(Dtype::Fp32)

@@ -119,7 +119,8 @@ mod report;
 pub use costs::ConfigCosts;
 pub use evaluate::{placement_kinds, StageSync};
 pub use fabric::{
-    ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis, FP32_SHARE_OF_FP16_PEAK,
+    mfu_peak_tflops, ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis,
+    FP32_SHARE_OF_FP16_PEAK,
 };
 pub use ops::{sweep_shapes, MAX_SWEEP_GEMMS};
 pub use perf::PerfTables;

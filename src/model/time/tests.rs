@@ -612,6 +612,22 @@ fn a_cpu_stand_in_trained_in_fp32_runs_at_its_measured_fp32_rate() {
     assert_eq!((g.tflops, g.basis), (0.149, ThroughputBasis::Measured));
 }
 
+/// The MFU shown during training is held against the rate the model's GEMM efficiencies
+/// are shares of. Before, an fp32 job had no peak and its MFU was "not known", although
+/// the CPU stand-in of every CPU run carries its measured fp32 rate.
+#[test]
+fn the_mfu_peak_is_the_rate_matrix_multiplies_are_priced_at() {
+    let cpu = cpu_stand_in();
+    assert_eq!(mfu_peak_tflops(&cpu, Precision::Fp32), Some(0.149));
+    assert_eq!(mfu_peak_tflops(&cpu, Precision::Bf16), Some(0.149));
+    let a100 = a100();
+    assert_eq!(mfu_peak_tflops(&a100, Precision::Bf16), Some(312.0));
+    assert_eq!(mfu_peak_tflops(&a100, Precision::Fp32), Some(312.0 / 16.0));
+    // A GPU with no bf16 tensor cores has no bf16 peak to hold a job against.
+    let v100 = gpu("Tesla V100-SXM2-32GB", None, 125.0);
+    assert_eq!(mfu_peak_tflops(&v100, Precision::Bf16), None);
+}
+
 /// A sweep measured in fp32 governs fp32 training, its efficiencies as shares of the
 /// GPU's measured fp32 rate, so the measured GEMM throughputs come back as they were.
 #[test]
