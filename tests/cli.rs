@@ -461,6 +461,27 @@ fn pinned_settings_become_constraints() {
     assert_eq!(report["constraints"]["pipeline_parallel"], Value::Null);
 }
 
+/// A pinned interleaved schedule that no configuration allows is refused with the
+/// schedule's own rules: before, the message listed only tp, pp and the batch, none of
+/// which the user had got wrong.
+#[test]
+fn an_impossible_pinned_interleaving_names_its_rules() {
+    pipette_run()
+        .arg("--cluster")
+        .arg(example("examples/clusters/a100-2x8.json"))
+        .args(["--pin", "vpp=2", "--dry-run", "train.py"])
+        .args(TINY_MODEL)
+        .assert()
+        .code(65)
+        .stderr(predicate::str::contains(
+            "with the pinned settings (tp must divide the GPUs per node",
+        ))
+        .stderr(predicate::str::contains(
+            "the pinned vpp=2 needs pp above 2 with a multiple of 2 layers per stage, and \
+             the micro-batches per step a multiple of pp)",
+        ));
+}
+
 /// The dry run shows the master address the launch would use: the rank-0 host; 127.0.0.1
 /// when every "node" is this machine (`--launcher local`); the user's, even 127.0.0.1.
 #[test]

@@ -28,7 +28,7 @@ pub enum PlanError {
         first_host: String,
         first_gpus: usize,
     },
-    #[error("no parallel configuration of this model suits {nodes} node(s) × {gpus_per_node} GPUs{pins} (tp must divide the GPUs per node, the heads and the query groups; pp at most the {layers} layers; the global batch {global_batch} must divide by dp × micro-batch)")]
+    #[error("no parallel configuration of this model suits {nodes} node(s) × {gpus_per_node} GPUs{pins} (tp must divide the GPUs per node, the heads and the query groups; pp at most the {layers} layers; the global batch {global_batch} must divide by dp × micro-batch{interleaving})")]
     NoCandidates {
         nodes: usize,
         gpus_per_node: usize,
@@ -36,6 +36,9 @@ pub enum PlanError {
         global_batch: u64,
         /// ", with the pinned settings" when some are pinned.
         pins: &'static str,
+        /// The interleaved schedule's own rules when its virtual stages are pinned (they
+        /// are what usually rules every configuration out); empty otherwise.
+        interleaving: String,
     },
     #[error("no configuration fits in GPU memory: the smallest needs {} per GPU ({}){}, the GPUs have {} of which {} usable after the headroom; {}", gib(*smallest_peak_bytes), describe(config_of_smallest), on_stage, gib(*gpu_memory_bytes), gib(*usable_memory_bytes), suggestions.join("; "))]
     NothingFits {
@@ -105,6 +108,15 @@ pub(super) fn no_candidates(settings: &Settings, shape: &ClusterShape) -> PlanEr
         } else {
             ""
         },
+        interleaving: c
+            .virtual_pipeline
+            .map(|v| {
+                format!(
+                    "; the pinned vpp={v} needs pp above 2 with a multiple of {v} layers per \
+                     stage, and the micro-batches per step a multiple of pp"
+                )
+            })
+            .unwrap_or_default(),
     }
 }
 
