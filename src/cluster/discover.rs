@@ -957,6 +957,28 @@ mod tests {
         assert!(e.contains("SLURM_JOB_NODELIST"), "{e}");
     }
 
+    /// A listed name that ssh or srun would read as an option (`-oProxyCommand=...` runs a
+    /// command) is a node-list error where the list is read. Before, it passed discovery
+    /// and was refused only when a command was built for it, as an unreachable node (exit
+    /// 68 instead of 66).
+    #[test]
+    fn a_listed_name_starting_with_a_dash_is_a_node_list_error() {
+        let request = DiscoveryRequest {
+            hosts: Some("a,-oProxyCommand=id".into()),
+            ..Default::default()
+        };
+        let e = run(&request, &env(&[])).unwrap_err();
+        assert!(
+            matches!(e, DiscoveryError::UnusableHostName { .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("starts with '-'"), "{e}");
+        let vars = env(&[("SLURM_JOB_NODELIST", "-x")]);
+        let e = run(&DiscoveryRequest::default(), &vars).unwrap_err();
+        assert!(e.to_string().contains("SLURM_JOB_NODELIST"), "{e}");
+        assert!(e.to_string().contains("starts with '-'"), "{e}");
+    }
+
     /// With --cluster and no allocation the filter waits for the file's nodes.
     #[test]
     fn defect_06_filters_wait_for_the_cluster_file_s_nodes() {

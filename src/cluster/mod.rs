@@ -33,22 +33,21 @@ pub const MAX_NODES: usize = hostlist::MAX_HOSTS;
 /// `--nproc-per-node`): no machine has that many accelerators, so more is a mistake.
 pub const MAX_SLOTS: u32 = 1024;
 
-/// Why `host` is not a host name, or `None` when it is one: empty, longer than
-/// [`MAX_HOST_NAME`], or holding a blank or a control character (which would reach a
-/// terminal raw: an escape sequence in a node list must never be printed as it is). The
-/// one rule for every node list; the cluster profile reader applies it too.
+/// Why `host` is not a host name, or `None` when it is one: longer than
+/// [`MAX_HOST_NAME`], or refused by [`crate::exec::host_problem`] (empty, starting with
+/// `-`, which ssh and srun would read as an option, or holding a blank or a control
+/// character, which would reach a terminal raw: an escape sequence in a node list must never
+/// be printed as it is). The one rule for every node list, checked where the list is read
+/// so that a bad name is a node-list error, not an unreachable node; the cluster profile
+/// reader applies it too.
 pub fn host_name_problem(host: &str) -> Option<String> {
-    if host.is_empty() {
-        Some("is empty".to_string())
-    } else if host.len() > MAX_HOST_NAME {
+    if host.len() > MAX_HOST_NAME {
         Some(format!(
             "is {} bytes long, more than the {MAX_HOST_NAME} a DNS name may have",
             host.len()
         ))
-    } else if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        Some("holds a blank or a control character".to_string())
     } else {
-        None
+        crate::exec::host_problem(host).map(str::to_string)
     }
 }
 
