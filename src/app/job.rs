@@ -13,20 +13,18 @@ use crate::error::Error;
 use crate::exec::{self, Transport};
 use crate::launch;
 use crate::log::{self, Level, TEXT_WIDTH};
-use crate::measure::ProgressBars;
 use crate::model::time::{self, TimeEstimate, TimeModel, TimeRequest};
-use crate::model::{ParallelConfig, Placement};
-use crate::plan::{self, Plan, PlanOptions};
+use crate::model::ParallelConfig;
+use crate::plan::{Plan, PlanOptions};
 use crate::render;
-use crate::replan::trials::{next_step, Position, Rounds, Seen, Step, MAX_TRIAL_ROUNDS};
+use crate::replan::trials::MAX_TRIAL_ROUNDS;
 use crate::report::dry_run::{commands_to_human, ShownCommand};
 use crate::report::ledger::{job_summary, Ledger, LedgerInputs, Work};
 use crate::report::pictures;
-use crate::report::plan::{describe, plan_summary, plan_to_human, YoursReport};
+use crate::report::plan::{plan_summary, plan_to_human, YoursReport};
 use crate::report::{wrap, TrialFile, WIDTH};
 use crate::supervise;
-use crate::supervise::reporter::config_changes;
-use crate::trial::{self, choice};
+use crate::trial;
 
 /// What a dry run did, when it planned.
 pub(super) const PLANNED_NOT_LAUNCHED: &str =
@@ -102,7 +100,7 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             None
         } else {
             let started = Instant::now();
-            let trial = trial_and_replan(config, &job, MAX_TRIAL_ROUNDS, true);
+            let trial = super::trial_rounds::trial_and_replan(config, &job, MAX_TRIAL_ROUNDS, true);
             stage.ledger.trial = Some(started.elapsed());
             let (plan, report) = trial?;
             job.plan = plan;
@@ -517,195 +515,6 @@ pub(super) fn job_template(
     })
 }
 
-/// Runs the trial rounds of the job's plan as [`crate::replan::trials`] decides (trial each
-/// `--trial-micro-batches` size, on running out of memory raise the overhead and re-plan,
-/// fit the calibration, re-plan, try a changed plan again; at most `rounds` rounds), then,
-/// when `choose` and `--trial-top-k` asks for more than the plan's pick, the measured
-/// choice among the best plans ([`trial::choice`]), and returns the plan to launch and the
-/// report. Every trial shares one staging of the hook. Only executes: every decision is
-/// [`next_step`]'s or [`trial::choice`]'s.
-pub(super) fn trial_and_replan(
-    config: &RunConfig,
-    job: &Job,
-    rounds: usize,
-    choose: bool,
-) -> Result<(Plan, trial::TrialReport), Error> {
-    let settings = &job.run.settings;
-    let mut options = job
-        .template
-        .planning
-        .inputs()
-        .map(|i| i.options.clone())
-        .ok_or_else(|| Error::Internal("a trial of a job that is not planned".to_string()))?;
-    let before = options.calibration.clone();
-    let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
-    let mut plan = job.plan.clone();
-    let mut trials: Vec<(trial::TrialMeasurement, Placement)> = Vec::new();
-    let mut report = None;
-    let mut out_of_memory: Option<trial::TrialError> = None;
-    let policy = Rounds {
-        max: rounds,
-        first_sizes: config.trial.micro_batches.as_deref(),
-    };
-    let command_timeout = Duration::from_secs(60);
-    let hosts: Vec<String> = job.profile.nodes.iter().map(|n| n.host.clone()).collect();
-    let staging = trial::TrialStaging::new(&job.template, &hosts, command_timeout)?;
-    // USR1/USR2 passed on during the trial go into the run's event log, as the
-    // supervisor's do (attempt 0: the trial); the log is opened at the first.
-    let events = std::sync::OnceLock::new();
-    let passed = |signal: nix::sys::signal::Signal, workers: usize| {
-        let log =
-            events.get_or_init(|| supervise::events::EventLog::create(&job.template.run_dir).ok());
-        let event = supervise::events::Event::SignalPassed {
-            attempt: 0,
-            signal: signal.to_string(),
-            workers,
-        };
-        if let Some(log) = log {
-            log.write(&event);
-        }
-        crate::log::log_wrapped(
-            crate::log::Level::Warn,
-            "trial",
-            &format!(
-                "{signal} received: passed on to the training script in the trial \
-                 ({workers} worker process(es)); the trial goes on"
-            ),
-        );
-    };
-    // Every trial's request but its plan.
-    let base = trial::TrialRequest {
-        template: &job.template,
-        plan: &job.plan,
-        iters: config.trial.iters,
-        stop_when_stable: false,
-        timeout: config.trial.timeout,
-        command_timeout,
-        python: "python3",
-        signals: trial::SignalObserver(&passed),
-    };
-    let (mut at, mut seen) = (Position::default(), Seen::Start);
-    loop {
-        let (step, next) = next_step(&policy, at, seen, plan.config.micro_batch);
-        at = next;
-        seen = match step {
-            Step::Trial { micro_batch: mbs } => {
-                let mut tried = plan.clone();
-                tried.config.micro_batch = mbs;
-                let batch = mbs * tried.config.dp;
-                if mbs == 0 || settings.training.global_batch_size % batch != 0 {
-                    return Err(Error::Usage(format!(
-                        "--trial-micro-batches {mbs}: the global batch {} is not a multiple of micro-batch {mbs} × dp {} (choose sizes that divide it)",
-                        settings.training.global_batch_size, tried.config.dp
-                    )));
-                }
-                log::log(
-                    Level::Info,
-                    "trial",
-                    &format!(
-                        "trial run: tp {} pp {} dp {} micro-batch {}, {} iterations",
-                        tried.config.tp, tried.config.pp, tried.config.dp, mbs, config.trial.iters
-                    ),
-                );
-                let request = trial::TrialRequest {
-                    plan: &tried,
-                    ..base.clone()
-                };
-                match trial::run_trial(&request, &staging, &progress) {
-                    Ok(m) => {
-                        trials.push((m, tried.placement.clone()));
-                        Seen::Measured
-                    }
-                    Err(e) if e.is_out_of_memory() => {
-                        out_of_memory = Some(e);
-                        Seen::OutOfMemory {
-                            peak_bytes: tried.estimate.peak_memory_bytes,
-                            usable_bytes: tried.estimate.usable_memory_bytes,
-                        }
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Step::RaiseOverhead { by_bytes } => {
-                options.calibration.overhead_bytes += by_bytes;
-                if let Some(e) = out_of_memory.take() {
-                    log::log(
-                        Level::Warn,
-                        "trial",
-                        &format!("the trial ran out of memory ({e}); re-planning with a larger memory estimate"),
-                    );
-                }
-                plan = plan::plan(settings, &job.profile, &options)?;
-                Seen::Replanned
-            }
-            Step::Fit => {
-                let fitted = trial::calibrate(
-                    settings,
-                    &job.profile,
-                    &trials,
-                    &before,
-                    options.time_options,
-                )?;
-                options.calibration = fitted.calibration.clone();
-                log::log(Level::Info, "trial", &fitted.to_human());
-                report = Some(fitted);
-                let replanned = plan::plan(settings, &job.profile, &options)?;
-                let changes = config_changes(&plan.config, &replanned.config);
-                let changed = !changes.is_empty();
-                if changed {
-                    log::log_wrapped(
-                        Level::Info,
-                        "plan",
-                        &format!(
-                            "re-planned with the calibrated estimates: {} (now {})",
-                            changes.join(", "),
-                            describe(&replanned.config)
-                        ),
-                    );
-                }
-                plan = replanned;
-                Seen::Fitted { changed }
-            }
-            Step::OutOfMemory => {
-                return Err(match out_of_memory.take() {
-                    Some(e) => e.into(),
-                    None => Error::Internal("the trial ran out of memory".to_string()),
-                });
-            }
-            Step::Done => break,
-        };
-    }
-    let report = report.ok_or_else(|| Error::Internal("no trial was measured".to_string()))?;
-    if !choose {
-        return Ok((plan, report));
-    }
-    let run = choice::CandidateTrials {
-        trial: trial::TrialRequest {
-            plan: &plan,
-            ..base
-        },
-        staging: &staging,
-        settings,
-        cluster: &job.profile,
-        calibration: &options.calibration,
-        time_options: options.time_options,
-    };
-    let chosen = choice::measured_choice(
-        &run,
-        &plan,
-        config.trial.top_k,
-        &mut trials,
-        &before,
-        &progress,
-        &mut |line| log::log(Level::Info, "trial", &line),
-    )
-    .map_err(|e| match e {
-        choice::ChoiceError::Trial(e) => Error::from(e),
-        choice::ChoiceError::Time(e) => Error::from(e),
-    })?;
-    Ok(chosen.unwrap_or((plan, report)))
-}
-
 /// `pipette calibrate`: the trial alone, its report written to `--out`.
 pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(), Error> {
     let job = prepare_job(config)?;
@@ -717,7 +526,7 @@ pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(),
         return Ok(());
     }
     // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
-    let (_, report) = trial_and_replan(config, &job, 1, false)?;
+    let (_, report) = super::trial_rounds::trial_and_replan(config, &job, 1, false)?;
     write_json(out, &TrialFile::new(&report), "--out")?;
     if config.output.json {
         println!("{}", to_json(&TrialFile::new(&report))?);

@@ -24,6 +24,7 @@ mod inputs;
 mod job;
 mod node_env;
 mod tools;
+mod trial_rounds;
 mod unplanned;
 
 use std::ffi::OsString;

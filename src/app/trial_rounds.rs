@@ -1,0 +1,283 @@
+//! The trial before a launch (and `pipette calibrate`): trial rounds at the micro-batches
+//! [`next_step`] picks, re-planning with a larger memory estimate after an out-of-memory,
+//! the calibration fitted on what was measured and the re-plan it gives; then, for a
+//! launch, the measured choice among the plans the model cannot tell apart.
+//!
+//! [`next_step`] decides what comes next from what was seen; [`TrialRounds`] here does it and
+//! keeps what the rounds learnt, so the loop in [`trial_and_replan`] only joins the two.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use super::config::RunConfig;
+use super::job::Job;
+use crate::cluster::ClusterProfile;
+use crate::config::Settings;
+use crate::error::Error;
+use crate::log::{self, Level};
+use crate::measure::ProgressBars;
+use crate::model::calibration::Calibration;
+use crate::model::Placement;
+use crate::plan::{self, Plan, PlanOptions};
+use crate::replan::trials::{self, next_step, Position, Seen, Step};
+use crate::report::plan::describe;
+use crate::supervise::events::{Event, EventLog};
+use crate::supervise::reporter::config_changes;
+use crate::trial::{self, choice, TrialError, TrialMeasurement, TrialReport, TrialRequest};
+
+/// How long one staging or clean-up command of the trial may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs the trial rounds of the job's plan as [`next_step`] decides (trial each
+/// `--trial-micro-batches` size, on running out of memory raise the overhead and re-plan,
+/// fit the calibration, re-plan, try a changed plan again; at most `rounds` rounds), then,
+/// when `choose` and `--trial-top-k` asks for more than the plan's pick, the measured
+/// choice among the best plans ([`choice`]), and returns the plan to launch and the
+/// report. Every trial shares one staging of the hook. Only executes: every decision is
+/// [`next_step`]'s or [`choice`]'s.
+pub(super) fn trial_and_replan(
+    config: &RunConfig,
+    job: &Job,
+    rounds: usize,
+    choose: bool,
+) -> Result<(Plan, TrialReport), Error> {
+    let options = job
+        .template
+        .planning
+        .inputs()
+        .map(|i| i.options.clone())
+        .ok_or_else(|| Error::Internal("a trial of a job that is not planned".to_string()))?;
+    let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
+    let hosts: Vec<String> = job.profile.nodes.iter().map(|n| n.host.clone()).collect();
+    let staging = trial::TrialStaging::new(&job.template, &hosts, COMMAND_TIMEOUT)?;
+    let passed = signals_passed_on(&job.template.run_dir);
+    // Every trial's request but its plan.
+    let base = TrialRequest {
+        template: &job.template,
+        plan: &job.plan,
+        iters: config.trial.iters,
+        stop_when_stable: false,
+        timeout: config.trial.timeout,
+        command_timeout: COMMAND_TIMEOUT,
+        python: "python3",
+        signals: trial::SignalObserver(&passed),
+    };
+    let mut state = TrialRounds::new(&job.run.settings, &job.profile, options, job.plan.clone());
+    let policy = trials::Rounds {
+        max: rounds,
+        first_sizes: config.trial.micro_batches.as_deref(),
+    };
+    let (mut at, mut seen) = (Position::default(), Seen::Start);
+    loop {
+        let (step, next) = next_step(&policy, at, seen, state.plan.config.micro_batch);
+        at = next;
+        seen = match step {
+            Step::Trial { micro_batch } => state.trial(micro_batch, &base, &staging, &progress)?,
+            Step::RaiseOverhead { by_bytes } => state.raise_overhead(by_bytes)?,
+            Step::Fit => state.fit()?,
+            Step::OutOfMemory => return Err(state.out_of_memory()),
+            Step::Done => break,
+        };
+    }
+    let TrialRounds {
+        plan,
+        options,
+        before,
+        mut trials,
+        report,
+        ..
+    } = state;
+    let report = report.ok_or_else(|| Error::Internal("no trial was measured".to_string()))?;
+    if !choose {
+        return Ok((plan, report));
+    }
+    let run = choice::CandidateTrials {
+        trial: TrialRequest {
+            plan: &plan,
+            ..base
+        },
+        staging: &staging,
+        settings: &job.run.settings,
+        cluster: &job.profile,
+        calibration: &options.calibration,
+        time_options: options.time_options,
+    };
+    let chosen = choice::measured_choice(
+        &run,
+        &plan,
+        config.trial.top_k,
+        &mut trials,
+        &before,
+        &progress,
+        &mut |line| log::log(Level::Info, "trial", &line),
+    )
+    .map_err(|e| match e {
+        choice::ChoiceError::Trial(e) => Error::from(e),
+        choice::ChoiceError::Time(e) => Error::from(e),
+    })?;
+    Ok(chosen.unwrap_or((plan, report)))
+}
+
+/// What the trial rounds have learnt so far, and the plan they stand at.
+struct TrialRounds<'a> {
+    settings: &'a Settings,
+    profile: &'a ClusterProfile,
+    /// The planner's options; the calibration changes as the rounds learn.
+    options: PlanOptions,
+    /// The calibration before any round, which every fit starts from.
+    before: Calibration,
+    plan: Plan,
+    trials: Vec<(TrialMeasurement, Placement)>,
+    report: Option<TrialReport>,
+    /// The last round's out-of-memory, until a re-plan answers it.
+    out_of_memory: Option<TrialError>,
+}
+
+impl<'a> TrialRounds<'a> {
+    fn new(
+        settings: &'a Settings,
+        profile: &'a ClusterProfile,
+        options: PlanOptions,
+        plan: Plan,
+    ) -> Self {
+        TrialRounds {
+            settings,
+            profile,
+            before: options.calibration.clone(),
+            options,
+            plan,
+            trials: Vec::new(),
+            report: None,
+            out_of_memory: None,
+        }
+    }
+
+    /// One trial of the current plan at `micro_batch`.
+    fn trial(
+        &mut self,
+        micro_batch: u64,
+        base: &TrialRequest<'_>,
+        staging: &trial::TrialStaging,
+        progress: &ProgressBars,
+    ) -> Result<Seen, Error> {
+        let mut tried = self.plan.clone();
+        tried.config.micro_batch = micro_batch;
+        let batch = micro_batch * tried.config.dp;
+        let global_batch = self.settings.training.global_batch_size;
+        if micro_batch == 0 || global_batch % batch != 0 {
+            return Err(Error::Usage(format!(
+                "--trial-micro-batches {micro_batch}: the global batch {global_batch} is not a \
+                 multiple of micro-batch {micro_batch} × dp {} (choose sizes that divide it)",
+                tried.config.dp
+            )));
+        }
+        let c = &tried.config;
+        log::log(
+            Level::Info,
+            "trial",
+            &format!(
+                "trial run: tp {} pp {} dp {} micro-batch {micro_batch}, {} iterations",
+                c.tp, c.pp, c.dp, base.iters
+            ),
+        );
+        let request = TrialRequest {
+            plan: &tried,
+            ..base.clone()
+        };
+        match trial::run_trial(&request, staging, progress) {
+            Ok(measured) => {
+                self.trials.push((measured, tried.placement.clone()));
+                Ok(Seen::Measured)
+            }
+            Err(e) if e.is_out_of_memory() => {
+                self.out_of_memory = Some(e);
+                Ok(Seen::OutOfMemory {
+                    peak_bytes: tried.estimate.peak_memory_bytes,
+                    usable_bytes: tried.estimate.usable_memory_bytes,
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The plan re-made with `by_bytes` more memory overhead, after an out-of-memory.
+    fn raise_overhead(&mut self, by_bytes: u64) -> Result<Seen, Error> {
+        self.options.calibration.overhead_bytes += by_bytes;
+        if let Some(e) = self.out_of_memory.take() {
+            log::log(
+                Level::Warn,
+                "trial",
+                &format!(
+                    "the trial ran out of memory ({e}); re-planning with a larger memory estimate"
+                ),
+            );
+        }
+        self.plan = plan::plan(self.settings, self.profile, &self.options)?;
+        Ok(Seen::Replanned)
+    }
+
+    /// The calibration fitted on every round so far, and the plan re-made with it.
+    fn fit(&mut self) -> Result<Seen, Error> {
+        let fitted = trial::calibrate(
+            self.settings,
+            self.profile,
+            &self.trials,
+            &self.before,
+            self.options.time_options,
+        )?;
+        self.options.calibration = fitted.calibration.clone();
+        log::log(Level::Info, "trial", &fitted.to_human());
+        self.report = Some(fitted);
+        let replanned = plan::plan(self.settings, self.profile, &self.options)?;
+        let changes = config_changes(&self.plan.config, &replanned.config);
+        let changed = !changes.is_empty();
+        if changed {
+            log::log_wrapped(
+                Level::Info,
+                "plan",
+                &format!(
+                    "re-planned with the calibrated estimates: {} (now {})",
+                    changes.join(", "),
+                    describe(&replanned.config)
+                ),
+            );
+        }
+        self.plan = replanned;
+        Ok(Seen::Fitted { changed })
+    }
+
+    /// The error when even the smallest micro-batch ran out of memory.
+    fn out_of_memory(&mut self) -> Error {
+        match self.out_of_memory.take() {
+            Some(e) => e.into(),
+            None => Error::Internal("the trial ran out of memory".to_string()),
+        }
+    }
+}
+
+/// What to do with USR1/USR2 passed on to the training script during the trial: note it in
+/// the run's event log, as the supervisor does (attempt 0: the trial), and warn. The log is
+/// opened at the first signal, so a trial without one leaves no event log behind.
+fn signals_passed_on(run_dir: &std::path::Path) -> impl Fn(Signal, usize) + '_ {
+    let events: OnceLock<Option<EventLog>> = OnceLock::new();
+    move |signal: Signal, workers: usize| {
+        let log = events.get_or_init(|| EventLog::create(run_dir).ok());
+        if let Some(log) = log {
+            log.write(&Event::SignalPassed {
+                attempt: 0,
+                signal: signal.to_string(),
+                workers,
+            });
+        }
+        log::log_wrapped(
+            Level::Warn,
+            "trial",
+            &format!(
+                "{signal} received: passed on to the training script in the trial \
+                 ({workers} worker process(es)); the trial goes on"
+            ),
+        );
+    }
+}
