@@ -42,6 +42,21 @@ struct Driver<'a> {
     straggler_acted: std::cell::Cell<Option<Instant>>,
 }
 
+/// How an attempt ended, once its job has stopped: what [`Driver::hand_over`] decides on.
+struct Ended<'a> {
+    /// The attempt's hosts, in node-rank order.
+    hosts: &'a [String],
+    ending: Ending,
+    /// Nodes whose torchrun outlived the grace period, and nodes that failed their health
+    /// check ([`Driver::stop_and_check`]).
+    unresponsive: Vec<String>,
+    unhealthy: Vec<String>,
+    timing: AttemptTiming,
+    /// When the ending was seen, and when the job had stopped.
+    detected_at: Instant,
+    stopped: Instant,
+}
+
 /// How an attempt handed over.
 enum Handover {
     /// The next attempt, and when the failure that led to it was seen.
@@ -235,12 +250,34 @@ impl Driver<'_> {
             restart: Duration::ZERO,
             failed: ending.is_failure(),
         };
-
-        let mut facts = Facts {
+        let ended = Ended {
             hosts: &hosts,
-            ending: &ending,
-            unresponsive: &unresponsive,
-            unhealthy: &unhealthy,
+            ending,
+            unresponsive,
+            unhealthy,
+            timing,
+            detected_at,
+            stopped,
+        };
+        self.hand_over(attempt, &output, ended, outcome)
+    }
+
+    /// What follows an attempt that has stopped, as [`decide`] rules: the checkpoint read
+    /// when the decision needs it, then the job stopped, or re-planned on the survivors and
+    /// relaunched. The attempt's summary goes to `outcome`.
+    fn hand_over(
+        &self,
+        attempt: &Attempt,
+        output: &JobOutput,
+        ended: Ended<'_>,
+        outcome: &mut Outcome,
+    ) -> Handover {
+        let (template, options) = (self.template, self.options);
+        let mut facts = Facts {
+            hosts: ended.hosts,
+            ending: &ended.ending,
+            unresponsive: &ended.unresponsive,
+            unhealthy: &ended.unhealthy,
             signal_after: self
                 .signals
                 .as_ref()
@@ -257,7 +294,7 @@ impl Driver<'_> {
         };
         let summary = |decision: &Decision| AttemptSummary {
             number: attempt.number,
-            hosts: hosts.clone(),
+            hosts: ended.hosts.to_vec(),
             config: attempt.layout.config().cloned(),
             world_size: attempt.spec.world_size,
             resume: attempt.resume.clone(),
@@ -269,7 +306,7 @@ impl Driver<'_> {
                 Layout::Planned { plan, .. } => Some(plan.estimate.iteration_ms),
                 Layout::World(_) => None,
             },
-            timing,
+            timing: ended.timing,
         };
         loop {
             let decision = decide(&facts);
@@ -287,19 +324,19 @@ impl Driver<'_> {
                 Next::Replan { checkpoint, resume } => {
                     let mut summary = summary(&decision);
                     let code = decision.exit_code;
-                    let handover =
-                        match self.relaunch(attempt, &ending, decision, checkpoint, resume) {
-                            Ok((next, replan)) => {
-                                summary.replan = Some(replan);
-                                summary.timing.restart = stopped.elapsed();
-                                Handover::Relaunch(Box::new(next), detected_at)
-                            }
-                            Err(stop) => {
-                                summary.replan = Some(stop.reason());
-                                summary.timing.restart = stopped.elapsed();
-                                Handover::Stop(stop, code)
-                            }
-                        };
+                    let relaunched =
+                        self.relaunch(attempt, &ended.ending, decision, checkpoint, resume);
+                    summary.timing.restart = ended.stopped.elapsed();
+                    let handover = match relaunched {
+                        Ok((next, replan)) => {
+                            summary.replan = Some(replan);
+                            Handover::Relaunch(Box::new(next), ended.detected_at)
+                        }
+                        Err(stop) => {
+                            summary.replan = Some(stop.reason());
+                            Handover::Stop(stop, code)
+                        }
+                    };
                     outcome.attempts.push(summary);
                     return handover;
                 }
