@@ -110,12 +110,7 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             Some(report)
         };
         stage.during = "the launch's preparation";
-        let options = job
-            .template
-            .planning
-            .inputs()
-            .map(|i| i.options.clone())
-            .ok_or_else(|| Error::Internal("a launch that is not planned".to_string()))?;
+        let options = job.plan_options("a launch")?;
         let started = Instant::now();
         let (plan, settings, yours) = decided_plan(config, &job, job.plan.clone(), &options)?;
         stage.yours = yours;
@@ -380,6 +375,18 @@ pub(super) struct Job {
     /// How long profiling (with reading the inputs), planning and preparing the job's
     /// template took.
     pub(super) took: (Duration, Duration, Duration),
+}
+
+impl Job {
+    /// The planner's options the job was planned with; for `what` (a launch, a trial) of a
+    /// job that was not planned, an internal error: only planned jobs get here.
+    pub(super) fn plan_options(&self, what: &str) -> Result<PlanOptions, Error> {
+        self.template
+            .planning
+            .inputs()
+            .map(|i| i.options.clone())
+            .ok_or_else(|| Error::Internal(format!("{what} of a job that is not planned")))
+    }
 }
 
 /// Discovers and profiles (or reads --cluster), plans, and builds the job template.

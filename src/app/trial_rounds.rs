@@ -43,12 +43,7 @@ pub(super) fn trial_and_replan(
     rounds: usize,
     choose: bool,
 ) -> Result<(Plan, TrialReport), Error> {
-    let options = job
-        .template
-        .planning
-        .inputs()
-        .map(|i| i.options.clone())
-        .ok_or_else(|| Error::Internal("a trial of a job that is not planned".to_string()))?;
+    let options = job.plan_options("a trial")?;
     let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
     let hosts: Vec<String> = job.profile.nodes.iter().map(|n| n.host.clone()).collect();
     let staging = trial::TrialStaging::new(&job.template, &hosts, COMMAND_TIMEOUT)?;
