@@ -57,6 +57,14 @@ struct Ended<'a> {
     stopped: Instant,
 }
 
+/// An attempt's straggler detection, and what acting on a straggler would cost.
+struct StragglerWatch {
+    detector: Detector,
+    /// How long a restart's teardown takes, as this job measured it.
+    teardown: Duration,
+    replans_left: u32,
+}
+
 /// How an attempt handed over.
 enum Handover {
     /// The next attempt, and when the failure that led to it was seen.
@@ -189,47 +197,26 @@ impl Driver<'_> {
             acts: &mut acts,
             pass_on: &pass_on,
         };
-        // A restart's teardown as this job measured it (the last one, with its re-plan),
-        // else the grace period, the longest a teardown takes.
-        let teardown = outcome
-            .attempts
-            .last()
-            .map_or(options.grace, |a| a.timing.teardown + a.timing.restart);
-        let replans_left = options.max_replans.saturating_sub(outcome.replans);
-        let mut detector = watch_stragglers.then(|| {
-            // Rank r runs on node rank r / nproc (static rendezvous): hosts by node rank.
-            let mut by_rank = nodes.clone();
-            by_rank.sort_by_key(|(_, rank)| *rank);
-            Detector::new(
-                by_rank.into_iter().map(|(host, _)| host).collect(),
-                attempt.spec.nproc_per_node,
-                &options.stragglers,
-            )
+        let mut straggler_watch = watch_stragglers.then(|| StragglerWatch {
+            detector: {
+                // Rank r runs on node rank r / nproc (static rendezvous): hosts by node rank.
+                let mut by_rank = nodes.clone();
+                by_rank.sort_by_key(|(_, rank)| *rank);
+                Detector::new(
+                    by_rank.into_iter().map(|(host, _)| host).collect(),
+                    attempt.spec.nproc_per_node,
+                    &options.stragglers,
+                )
+            },
+            // A restart's teardown as this job measured it (the last one, with its
+            // re-plan), else the grace period, the longest a teardown takes.
+            teardown: outcome
+                .attempts
+                .last()
+                .map_or(options.grace, |a| a.timing.teardown + a.timing.restart),
+            replans_left: options.max_replans.saturating_sub(outcome.replans),
         });
-        let mut stragglers = || {
-            let detector = detector.as_mut()?;
-            let found: Vec<Straggler> = output
-                .take_straggler_lines()
-                .into_iter()
-                .filter_map(|line| {
-                    let found = detector.line(line);
-                    if let Some(recovery) = detector.take_recovery() {
-                        self.emit(Event::StragglerRecovered {
-                            attempt: attempt.number,
-                            recovery,
-                            state: StragglerState::Recovered,
-                            iteration: output.iterations().map(|(_, last)| last),
-                            measured_ms: output.recent_iteration_ms(),
-                        });
-                    }
-                    found
-                })
-                .collect();
-            found.into_iter().find_map(|s| {
-                self.straggler(attempt, &output, &s, teardown, replans_left)
-                    .map(|act| Ending::Straggler(Box::new(act)))
-            })
-        };
+        let mut stragglers = || self.next_straggler(straggler_watch.as_mut()?, attempt, &output);
         let (ending, detected_at) = watch(
             &mut job,
             &output,
@@ -342,6 +329,38 @@ impl Driver<'_> {
                 }
             }
         }
+    }
+
+    /// Reads the straggler lines that came in since the last call: records recoveries, and
+    /// returns the ending when a straggler is found that [`Self::straggler`] decides to act
+    /// on.
+    fn next_straggler(
+        &self,
+        watch: &mut StragglerWatch,
+        attempt: &Attempt,
+        output: &JobOutput,
+    ) -> Option<Ending> {
+        let found: Vec<Straggler> = output
+            .take_straggler_lines()
+            .into_iter()
+            .filter_map(|line| {
+                let found = watch.detector.line(line);
+                if let Some(recovery) = watch.detector.take_recovery() {
+                    self.emit(Event::StragglerRecovered {
+                        attempt: attempt.number,
+                        recovery,
+                        state: StragglerState::Recovered,
+                        iteration: output.iterations().map(|(_, last)| last),
+                        measured_ms: output.recent_iteration_ms(),
+                    });
+                }
+                found
+            })
+            .collect();
+        found.into_iter().find_map(|s| {
+            self.straggler(attempt, output, &s, watch.teardown, watch.replans_left)
+                .map(|act| Ending::Straggler(Box::new(act)))
+        })
     }
 
     /// A straggler was found: has its choices costed and decided ([`stragglers::weigh`]),
