@@ -171,11 +171,7 @@ fn sweep_shapes(
     settings: &Settings,
     nproc_per_node: Option<NprocPerNode>,
 ) -> Option<measure::SweepShapes> {
-    let dtype = match settings.training.precision {
-        config::Precision::Bf16 => cluster::profile::Dtype::Bf16,
-        config::Precision::Fp16 => cluster::profile::Dtype::Fp16,
-        config::Precision::Fp32 => return None,
-    };
+    let dtype = crate::model::time::tensor_dtype(settings.training.precision)?;
     let most = match nproc_per_node {
         Some(NprocPerNode::Count(n)) => u64::from(n).clamp(1, 8),
         _ => 8,

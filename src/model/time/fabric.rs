@@ -274,7 +274,7 @@ fn gpu_perf(
 }
 
 /// The training dtype's tensor-core dtype, `None` for fp32.
-pub(super) fn tensor_dtype(precision: Precision) -> Option<Dtype> {
+pub fn tensor_dtype(precision: Precision) -> Option<Dtype> {
     match precision {
         Precision::Bf16 => Some(Dtype::Bf16),
         Precision::Fp16 => Some(Dtype::Fp16),

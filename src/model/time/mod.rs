@@ -119,7 +119,7 @@ mod report;
 pub use costs::ConfigCosts;
 pub use evaluate::{placement_kinds, StageSync};
 pub use fabric::{
-    mfu_peak_tflops, ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis,
+    mfu_peak_tflops, tensor_dtype, ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis,
     FP32_SHARE_OF_FP16_PEAK,
 };
 pub use ops::{sweep_shapes, MAX_SWEEP_GEMMS};
