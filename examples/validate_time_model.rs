@@ -1,4 +1,4 @@
-//! Checks the time model against vTrain's measured A100 runs (`../shared/data/vtrain`) and
+//! Checks the time model against vTrain's measured A100 runs (`data/vtrain`) and
 //! prints, for the multi-node runs, every run's error, the median and largest |error|,
 //! Kendall's tau and the regret of the model's pick within each sweep (one model on one GPU
 //! count), and the micro-batch pairs whose faster member the model names; run by
@@ -19,7 +19,7 @@
 //!   --time-model pipette|pipette-compat|amp   (pipette)
 //!   --calibration FILE         a Calibration JSON to start from (the shipped defaults)
 //!   --cluster FILE             (examples/clusters/vtrain-a100.json)
-//!   --data DIR                 (../shared/data/vtrain)
+//!   --data DIR                 (data/vtrain)
 //!   --json FILE                write the summary and every run's prediction as JSON
 //!                              (target/validate-time-model.json; `-` for stdout)
 //!   --bf16 | --no-recompute | --flash-attention | --vocab N
@@ -60,7 +60,7 @@ fn parse_options() -> Result<Options, String> {
         time_model: TimeModel::Pipette,
         calibration: Calibration::default(),
         cluster: root.join("examples/clusters/vtrain-a100.json"),
-        data: root.join("../shared/data/vtrain"),
+        data: root.join("data/vtrain"),
         json: root
             .join("target/validate-time-model.json")
             .display()

@@ -1,5 +1,5 @@
 //! The cluster profile file through the library API: the shipped examples, the two imported
-//! formats (with the real mpiGraph measurement in ../shared/data), every class of validation
+//! formats (with the real mpiGraph measurement in data/mpigraph), every class of validation
 //! error as a user reads it, round trips, and garbage that must never panic.
 
 use std::path::PathBuf;
@@ -35,10 +35,10 @@ fn example(name: &str) -> ClusterProfile {
 /// The measured 16-node A100 fabric the project shares. Never skipped: without it the
 /// importer is untested against real data, so the test fails and says what is missing.
 fn shared_mpigraph_path() -> PathBuf {
-    let path = crate_dir().join("../shared/data/mpigraph-16node-a100.json");
+    let path = crate_dir().join("data/mpigraph/mpigraph-16node-a100.json");
     assert!(
         path.is_file(),
-        "{} is missing: it is the project's shared measured mpiGraph data (see ../shared/data/README.md); restore it, this test must not be skipped",
+        "{} is missing: it is the repository's copy of the measured mpiGraph data (see data/mpigraph/README.md); restore it, this test must not be skipped",
         path.display()
     );
     path

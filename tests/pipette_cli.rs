@@ -81,11 +81,11 @@ fn cluster_validates_the_shipped_examples_and_the_measured_mpigraph_file() {
         .stdout(predicate::str::contains("valid, 8 nodes, 64 GPUs"));
     let mpigraph = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/data/mpigraph-16node-a100.json"
+        "/data/mpigraph/mpigraph-16node-a100.json"
     );
     assert!(
         std::path::Path::new(mpigraph).exists(),
-        "{mpigraph} is missing: the shared data must sit beside the checkout"
+        "{mpigraph} is missing: the measured data is part of the repository (data/mpigraph/README.md)"
     );
     pipette()
         .args(["cluster", mpigraph])

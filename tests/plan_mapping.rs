@@ -241,10 +241,10 @@ fn annealing_reaches_the_exhaustive_optimum() {
 
 /// An 8-node Pipette bandwidth file (`{"gpus": [hosts], "bandwidth": [[GB/s as strings]]}`,
 /// the diagonal holding the intra-node figure, as Pipette's `round_robin_test.py` writes
-/// it) cut from the real mpiGraph measurement of `../shared/data`, with the links of
+/// it) cut from the real mpiGraph measurement in `data/mpigraph`, with the links of
 /// `degrade` (sender, receiver) pairs cut to half.
 fn pipette_file(degrade: &[(usize, usize)]) -> String {
-    let path = root().join("../shared/data/mpigraph-16node-a100.json");
+    let path = root().join("data/mpigraph/mpigraph-16node-a100.json");
     assert!(
         path.is_file(),
         "{} is missing: the side-by-side needs the real measurement",

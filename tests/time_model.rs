@@ -45,7 +45,7 @@ fn a100() -> GpuSpec {
 
 /// The 16-node mpiGraph measurement published with Pipette, with 8 default A100s a node.
 fn mpigraph() -> ClusterProfile {
-    let path = root().join("../shared/data/mpigraph-16node-a100.json");
+    let path = root().join("data/mpigraph/mpigraph-16node-a100.json");
     assert!(path.is_file(), "{} is missing", path.display());
     ClusterProfile::load(&path)
         .unwrap_or_else(|e| panic!("{e}"))
@@ -505,7 +505,7 @@ fn a100_nodes(nodes: usize) -> ClusterProfile {
 /// fixed costs, the micro-batch barely moved the estimate without a pipeline, while the
 /// measured runs get much faster with larger micro-batches (thin GEMMs at tp 8, per-kernel
 /// and per-collective costs paid per micro-batch). vTrain's ground_truth_multi.csv
-/// (../shared/data/vtrain, MIT): 3.6B (hidden 3072, 32 heads, 30 layers, seq 2048), 64 A100,
+/// (data/vtrain, MIT): 3.6B (hidden 3072, 32 heads, 30 layers, seq 2048), 64 A100,
 /// tp 8 dp 8 pp 1, global batch 512: micro-batch 2, 4, 8, 16 measured 8880.9, 5618.0,
 /// 5178.0, 5017.8 ms.
 #[test]
@@ -562,7 +562,7 @@ fn the_micro_batch_sweep_at_tp_8_comes_out_in_the_measured_order() {
 
 #[test]
 fn imported_profiles_need_gpus_first() {
-    let path = root().join("../shared/data/mpigraph-16node-a100.json");
+    let path = root().join("data/mpigraph/mpigraph-16node-a100.json");
     let raw = ClusterProfile::load(&path).unwrap();
     let (model, training) = preset("gpt3-1.3b");
     let config = ParallelConfig::even(24, 1, 1, 1, 1);

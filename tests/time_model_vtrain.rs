@@ -1,4 +1,4 @@
-//! The time model against vTrain's 1,549 measured A100 runs (`../shared/data/vtrain`,
+//! The time model against vTrain's 1,549 measured A100 runs (`data/vtrain`,
 //! read through `pipette::model::validation` on `examples/clusters/vtrain-a100.json`, with
 //! vTrain's own assumptions: vocabulary 50,257, fp16, full recomputation).
 //!
@@ -46,9 +46,13 @@ fn cluster() -> &'static ClusterProfile {
 
 /// The runs of one of vTrain's files; a missing file fails the test.
 fn runs(file: &str) -> Vec<PreparedRun> {
-    let path = root().join("../shared/data/vtrain").join(file);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (the shared data set is missing)", path.display()));
+    let path = root().join("data/vtrain").join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (the measured data set is part of the repository: data/vtrain/README.md)",
+            path.display()
+        )
+    });
     let runs = parse_runs(&text, file).unwrap_or_else(|e| panic!("{e}"));
     prepare(&runs, &RunAssumptions::default(), 8).unwrap_or_else(|e| panic!("{e}"))
 }

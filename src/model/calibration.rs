@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 const GIB: u64 = 1 << 30;
 
 /// See [`Calibration::host_layer_pass_ms`]: 0.84 ms, the figure `scripts/validate-time-model`
-/// fits on vTrain's 1,440 one-node A100 runs (`../shared/data/vtrain/ground_truth_single.csv`,
+/// fits on vTrain's 1,440 one-node A100 runs (`data/vtrain/ground_truth_single.csv`,
 /// Megatron-DeepSpeed in fp16 with full recomputation; 0.8366 on 2026-11-24, PyTorch's
 /// softmax costed where Megatron's fused one cannot run), whose small models take about
 /// 3.5 ms per layer and micro-batch (forward, recomputation, backward) at any micro-batch

@@ -1,5 +1,5 @@
 //! The time model checked against measured training runs: vTrain's ground truth (Bang et
-//! al., arXiv 2312.12391; `../shared/data/vtrain`), 1,549 Megatron-DeepSpeed GPT runs on
+//! al., arXiv 2312.12391; `data/vtrain`), 1,549 Megatron-DeepSpeed GPT runs on
 //! A100 nodes.
 //!
 //! Owns: reading those CSV files (from text; the caller reads the file), turning each run

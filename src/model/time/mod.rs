@@ -138,7 +138,7 @@ use crate::model::memory::AttentionKernel;
 use crate::model::parallel::{Device, ParallelConfig, Placement};
 
 /// The Pipette model's stated error: the median |predicted / measured − 1| over vTrain's
-/// 109 measured multi-node A100 runs (`../shared/data/vtrain/ground_truth_multi.csv`) with
+/// 109 measured multi-node A100 runs (`data/vtrain/ground_truth_multi.csv`) with
 /// the shipped tables and calibration, nothing fitted, as `scripts/validate-time-model`
 /// computes it (`multi.median_abs_error` of the `defaults` mode: 0.0422 on 2026-11-24).
 /// Half of those runs were predicted closer than this and half farther (the 90th

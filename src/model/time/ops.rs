@@ -209,7 +209,7 @@ pub const MEGATRON_LAYER_PASS_OPS: f64 = 18.0;
 /// `megatron/model/fused_softmax.py`; fp32 because query-key layer scaling, on by default
 /// before Megatron core, turns `attention_softmax_in_fp32` on). So micro-batch 1 with two
 /// heads per GPU (16 heads at tp 8) runs the slow path: vTrain's one-node A100 runs show it
-/// (../shared/data/vtrain/ground_truth_single.csv: at tp 8 a micro-batch of 1 costs more
+/// (data/vtrain/ground_truth_single.csv: at tp 8 a micro-batch of 1 costs more
 /// per layer than one of 2).
 pub fn fused_softmax_available(model: &ModelSpec, micro_batch: u64, tp: u64) -> bool {
     let s = model.seq_length;
