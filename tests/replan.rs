@@ -794,6 +794,34 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
         "{err}"
     );
 
+    // pp = 3 pinned by the user: the survivors cannot keep the pin, so it is released and
+    // said so, and the checkpoint reshards.
+    let words: Vec<String> = MODEL.split_whitespace().map(String::from).collect();
+    let pinned = settings_from_megatron_args(
+        &words,
+        None,
+        &pipette::config::megatron::parse_pins("pp=3").unwrap(),
+    )
+    .unwrap();
+    let r = replan(
+        &pinned,
+        &cluster,
+        &survivors,
+        &previous,
+        &options,
+        CheckpointState::At(4),
+        &checkpoint_format(&[]),
+    )
+    .unwrap();
+    assert!(r.resharded && r.plan.config.pp != 3, "{:?}", r.plan.config);
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("released the pinned pp=3")),
+        "{:?}",
+        r.notes
+    );
+
     // Nothing saved yet: any plan will do.
     let r = replan(
         &s,

@@ -14,7 +14,8 @@
 //!    resharded: Megatron's `torch_dist` (the default), `torch_dcp` and `fsdp_dtensor`
 //!    reshard model weights across tp/pp, but with the distributed optimizer its state
 //!    reshards across tp/pp only when saved with `--dist-ckpt-optim-fully-reshardable`.
-//!    The legacy `torch` format never reshards. Say so either way.
+//!    The legacy `torch` format never reshards. Say so either way. A tp, pp or vpp the
+//!    user pinned is released then, when no plan on the survivors can keep it.
 //! 4. With no checkpoint yet (or no `--save`), any plan will do: the job starts again.
 //!
 //! Plans with the same planner options (and seed) as the first launch. Pure: the checkpoint
@@ -210,8 +211,33 @@ pub fn replan(
             why,
         });
     }
-    let plan =
-        plan(&free, &profile, options).map_err(|source| ReplanError::Plan { nodes, source })?;
+    // A tp, pp or vpp the user pinned that the survivors cannot hold is released, as dp is:
+    // the checkpoint reshards, so the job can go on with another layout.
+    let plan = match plan(&free, &profile, options) {
+        Ok(plan) => plan,
+        Err(pinned_error) => {
+            let pins = &mut free.constraints;
+            let released: Vec<String> = [
+                ("tp", pins.tensor_parallel.take()),
+                ("pp", pins.pipeline_parallel.take()),
+                ("vpp", pins.virtual_pipeline.take()),
+            ]
+            .into_iter()
+            .filter_map(|(name, pin)| pin.map(|value| format!("{name}={value}")))
+            .collect();
+            if released.is_empty() {
+                return Err(ReplanError::Plan {
+                    nodes,
+                    source: pinned_error,
+                });
+            }
+            notes.push(format!(
+                "released the pinned {}: the {nodes} remaining node(s) cannot keep it",
+                released.join(", ")
+            ));
+            plan(&free, &profile, options).map_err(|source| ReplanError::Plan { nodes, source })?
+        }
+    };
     notes.push(format!(
         "tp×pp changes from {}×{} to {}×{} ({keep_error} with the old layout); the {} checkpoint is resharded when it loads",
         previous.tp, previous.pp, plan.config.tp, plan.config.pp, format.format
