@@ -81,7 +81,9 @@ const TRIAL_OPTIONS: &[&str] = &[
 
 /// The user's arguments for a trial of `iters` iterations of `global_batch` samples:
 /// [`TRIAL_OPTIONS`] dropped, then `--train-iters N --exit-interval N --eval-iters 0
-/// --log-interval 1` (before a `--`). A run measured in samples (`--train-samples`) gets
+/// --eval-interval N --log-interval 1` (before a `--`). `--eval-interval` is given although
+/// nothing is evaluated: megatron-core 0.19 has no default for it and divides by it when it
+/// counts the samples a run needs. A run measured in samples (`--train-samples`) gets
 /// `--train-samples N × global batch` instead: Megatron refuses `--train-iters` next to the
 /// sample-based schedule options (`--lr-decay-samples`, `--lr-warmup-samples`, ...).
 /// Returns the arguments and a note per dropped option.
@@ -112,6 +114,7 @@ pub fn trial_args(args: &[String], iters: u64, global_batch: u64) -> (Vec<String
         (length.0, length.1.as_str()),
         ("--exit-interval", n.as_str()),
         ("--eval-iters", "0"),
+        ("--eval-interval", n.as_str()),
         ("--log-interval", "1"),
     ] {
         out.push(option.to_string());
@@ -1010,7 +1013,7 @@ mod tests {
             args,
             w(
                 "--num-layers 2 --lr 1e-3 --train-iters 5 --exit-interval 5 --eval-iters 0 \
-               --log-interval 1 -- --extra"
+               --eval-interval 5 --log-interval 1 -- --extra"
             )
         );
         assert_eq!(notes.len(), 3, "{notes:?}");
@@ -1029,7 +1032,7 @@ mod tests {
             args,
             w(
                 "--lr-decay-samples 900000 --lr-warmup-samples 100 --train-samples 320 \
-               --exit-interval 5 --eval-iters 0 --log-interval 1"
+               --exit-interval 5 --eval-iters 0 --eval-interval 5 --log-interval 1"
             )
         );
     }
