@@ -19,8 +19,10 @@ indexed data sets `--data-path` names. Checkpoints are Megatron's (`--save`, `--
 On a node with GPUs it runs as it stands (NCCL, the default). Where `torch.cuda.is_available()`
 is False it loads examples/megatron_cpu.py, a CPU runtime layer of ours (never loaded on a GPU
 node), and needs `--distributed-backend gloo --transformer-impl local --no-persist-layer-norm
---no-gradient-accumulation-fusion`; it adds those four itself when they are missing, so one
-command line serves both kinds of node. Sequence and context parallelism need GPU kernels and
+--no-gradient-accumulation-fusion --no-masked-softmax-fusion`; it adds those itself when they
+are missing, so one command line serves both kinds of node. On a GPU node it turns off the
+fused kernels whose compiled module (Apex's, or Megatron's CUDA extensions, which the wheel
+does not ship) is not installed (KERNEL_ARGUMENTS). Sequence and context parallelism need GPU kernels and
 cannot run on CPU.
 
 Two gaps of the megatron-core 0.19.2 wheel are closed on every node: it ships the dataset
@@ -46,19 +48,37 @@ CPU_ARGUMENTS = (
     ("--transformer-impl", "local"),
     ("--no-persist-layer-norm", None),
     ("--no-gradient-accumulation-fusion", None),
+    ("--no-masked-softmax-fusion", None),
+)
+
+# Megatron's fused kernels on by default, each with the compiled module it imports when it
+# runs (Apex's or Megatron's own CUDA extensions, not in the megatron-core wheel) and the
+# argument that turns it off. Where the module is missing the argument is added: the run
+# then takes PyTorch's own path instead of stopping with "No module named ...".
+KERNEL_ARGUMENTS = (
+    ("scaled_masked_softmax_cuda", "--no-masked-softmax-fusion"),
+    ("fused_weight_gradient_mlp_cuda", "--no-gradient-accumulation-fusion"),
+    ("apex", "--no-persist-layer-norm"),
 )
 
 
-def cpu_arguments(argv):
-    """`argv` with the arguments a CPU-only run needs added where it does not say them."""
+def with_defaults(argv, defaults):
+    """`argv` with each (name, value) of `defaults` added where it does not say the name."""
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     added = []
-    for name, value in CPU_ARGUMENTS:
+    for name, value in defaults:
         if name not in given:
             added.append(name)
             if value is not None:
                 added.append(value)
     return list(argv) + added
+
+
+def missing_kernels():
+    """The arguments of KERNEL_ARGUMENTS whose module does not import here."""
+    from importlib.util import find_spec
+
+    return [(arg, None) for module, arg in KERNEL_ARGUMENTS if find_spec(module) is None]
 
 
 def close_wheel_gaps():
@@ -234,8 +254,10 @@ def datasets_provider(train_val_test_num_samples, vp_stage=None):
 def main():
     import torch
 
-    if not torch.cuda.is_available():
-        sys.argv[1:] = cpu_arguments(sys.argv[1:])
+    if torch.cuda.is_available():
+        sys.argv[1:] = with_defaults(sys.argv[1:], missing_kernels())
+    else:
+        sys.argv[1:] = with_defaults(sys.argv[1:], CPU_ARGUMENTS)
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import megatron_cpu
 
