@@ -553,3 +553,81 @@ fn completions_and_man_page_are_printed() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains(".TH pipette-run"));
 }
+
+// The second probe (issue 33): its classes N1–N17, each test named after its class.
+
+/// N1: 2^63 s up to just under 2^64 s passed parsing and panicked where the timeout was
+/// added to an `Instant` (exit 101, and a panicked teardown thread).
+#[test]
+fn n1_a_duration_an_instant_cannot_hold_is_refused_at_parse_time() {
+    let dir = tempfile::tempdir().unwrap();
+    for option in [
+        "--grace",
+        "--stall-timeout",
+        "--startup-timeout",
+        "--health-timeout",
+        "--straggler-cooldown",
+        "--progress-interval",
+    ] {
+        for huge in ["9223372036854775808", "18446744073709551615"] {
+            fails(
+                &mut dry_run(dir.path(), &[option, huge]),
+                2,
+                &[option, "too long to be a duration", "at most 10 years"],
+            );
+        }
+    }
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+/// N11: `pipette estimate --pp 4294967295` aborted allocating 34 GB (exit 134); a count
+/// that sizes a list is now checked before the list is built.
+#[test]
+fn n11_counts_that_size_an_allocation_are_checked_first() {
+    fails(
+        pipette()
+            .args(["estimate", "--pp", "4294967295", "--"])
+            .args(TINY_MODEL),
+        2,
+        &["--pp 4294967295", "more than the model's 4 layers"],
+    );
+    let mut layers: Vec<&str> = TINY_MODEL.to_vec();
+    layers[1] = "4294967295";
+    fails(
+        pipette()
+            .args(["estimate", "--pp", "4294967295", "--"])
+            .args(&layers),
+        65,
+        &["--num-layers 4294967295", "65536"],
+    );
+}
+
+/// N11: `--vpp` was taken unchecked by `pipette estimate` (any value, any pp).
+#[test]
+fn n11_estimate_checks_the_interleaved_schedule() {
+    for (args, needle) in [
+        (["--pp", "2", "--vpp", "2"], "needs --pp above 2"),
+        (["--pp", "4", "--vpp", "4294967295"], "does not divide"),
+    ] {
+        fails(
+            pipette()
+                .arg("estimate")
+                .args(args)
+                .arg("--")
+                .args(TINY_MODEL),
+            2,
+            &[needle, "interleaved schedule"],
+        );
+    }
+}
+
+/// N12: `--budget` had no cap (a typing mistake never finished).
+#[test]
+fn n12_the_annealing_budget_is_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    fails(
+        &mut dry_run(dir.path(), &["--budget", "10000001"]),
+        2,
+        &["--budget", "from 0 to 10000000"],
+    );
+}
