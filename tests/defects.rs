@@ -631,3 +631,113 @@ fn n12_the_annealing_budget_is_capped() {
         &["--budget", "from 0 to 10000000"],
     );
 }
+
+/// N2: a prime global batch of 4,194,301 (as many micro-batches) took 171 s and wrote a
+/// 5.5 GB timeline picture. The timeline now draws the first whole groups of pp and says
+/// so; the dry run finishes in seconds.
+#[test]
+fn n2_a_prime_global_batch_draws_a_bounded_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model: Vec<&str> = TINY_MODEL.to_vec();
+    let at = model
+        .iter()
+        .position(|a| *a == "--global-batch-size")
+        .unwrap();
+    model[at + 1] = "4194301";
+    let at = model
+        .iter()
+        .position(|a| *a == "--micro-batch-size")
+        .unwrap();
+    model[at + 1] = "1";
+    let run = dir.path().join("run");
+    succeeds(
+        pipette_run(dir.path())
+            .arg("--cluster")
+            .arg(cluster_file())
+            .arg("--run-dir")
+            .arg(&run)
+            .args(["--dry-run", "train.py"])
+            .args(&model),
+    );
+    let timeline = std::fs::read_to_string(run.join("timeline.svg")).unwrap();
+    assert!(timeline.len() < 4 << 20, "{} bytes", timeline.len());
+    assert!(
+        timeline.contains("of 4194301 micro-batches"),
+        "the picture says it is cut"
+    );
+}
+
+/// N3: a cluster file's nodes were looked up one by one (100,000 nodes: 92 s). Not timed:
+/// the quadratic lookup would take minutes at this size.
+#[test]
+fn n3_a_100k_node_cluster_file_is_looked_up_by_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 100_000;
+    let nodes: Vec<Value> = (0..n)
+        .map(|i| serde_json::json!({"host": format!("n{i:06}"), "gpus": "unknown"}))
+        .collect();
+    let pairs: Vec<Value> = (0..n)
+        .map(|i| serde_json::json!([i, (i + 1) % n, 20.0]))
+        .collect();
+    let doc = serde_json::json!({
+        "schema": "pipette-cluster/1",
+        "nodes": nodes,
+        "node_links": {
+            "provenance": {"source": "measured", "date": "2026-11-24"},
+            "node_gb_per_s": vec![20.0; n],
+            "pairs": pairs,
+        },
+    });
+    let file = dir.path().join("cluster.json");
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let hostfile = dir.path().join("hostfile");
+    let text: String = (0..n).map(|i| format!("n{i:06} slots=1\n")).collect();
+    std::fs::write(&hostfile, text).unwrap();
+    // Every host is found in the file; the first without a GPU inventory is named.
+    fails(
+        &mut dry_run(
+            dir.path(),
+            &[
+                "--cluster",
+                file.to_str().unwrap(),
+                "--hostfile",
+                hostfile.to_str().unwrap(),
+            ],
+        ),
+        67,
+        &["node n000000 has no GPU inventory"],
+    );
+}
+
+/// N10: any input-file option pointed at `/dev/zero` read until memory ran out.
+#[test]
+fn n10_an_input_file_must_be_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for (option, code) in [
+        ("--cluster", 67),
+        ("--hostfile", 66),
+        ("--config", 2),
+        ("--env-file", 2),
+    ] {
+        fails(
+            &mut dry_run(dir.path(), &[option, "/dev/zero"]),
+            code,
+            &["/dev/zero", "is not a regular file"],
+        );
+    }
+    fails(
+        dry_run(dir.path(), &[])
+            .env("PBS_JOBID", "1")
+            .env("PBS_NODEFILE", "/dev/zero"),
+        66,
+        &["PBS_NODEFILE", "is not a regular file"],
+    );
+    fails(
+        pipette()
+            .args(["estimate", "--calibration", "/dev/zero", "--"])
+            .args(TINY_MODEL),
+        2,
+        &["--calibration /dev/zero", "is not a regular file"],
+    );
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}

@@ -104,7 +104,7 @@ fn read_secret_file(path: &str) -> Result<Vec<u8>, Error> {
             meta.permissions().mode() & 0o777
         )));
     }
-    let mut bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let mut bytes = crate::input_file::read(path).map_err(|e| bad(e.to_string()))?;
     while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         bytes.pop();
     }
