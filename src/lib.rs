@@ -54,7 +54,8 @@
 //! - [`error`] is the one top-level error, which maps every failure to an exit code (only
 //!   [`app`] and the binaries use it); [`exit`] lists every exit code with its meaning (a
 //!   leaf: it imports no stage); [`log`] writes our own lines on standard error (time
-//!   stamp, level, target filter, 80-column wrapping; a leaf too, so every stage logs).
+//!   stamp, level, target filter, 80-column wrapping; a leaf too, so every stage logs);
+//!   [`input_file`] reads a file the user named (a regular file of at most 1 GiB; a leaf).
 //!
 //! The order exec → cluster → peers → measure → config/model → plan → render → launch → trial →
 //! replan → supervise → report → cli → error → app is checked by tests/architecture.rs:
@@ -69,6 +70,7 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod exit;
+pub mod input_file;
 pub mod launch;
 pub mod log;
 pub mod measure;

@@ -553,3 +553,191 @@ fn completions_and_man_page_are_printed() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains(".TH pipette-run"));
 }
+
+// The second probe (issue 33): its classes N1–N17, each test named after its class.
+
+/// N1: 2^63 s up to just under 2^64 s passed parsing and panicked where the timeout was
+/// added to an `Instant` (exit 101, and a panicked teardown thread).
+#[test]
+fn n1_a_duration_an_instant_cannot_hold_is_refused_at_parse_time() {
+    let dir = tempfile::tempdir().unwrap();
+    for option in [
+        "--grace",
+        "--stall-timeout",
+        "--startup-timeout",
+        "--health-timeout",
+        "--straggler-cooldown",
+        "--progress-interval",
+    ] {
+        for huge in ["9223372036854775808", "18446744073709551615"] {
+            fails(
+                &mut dry_run(dir.path(), &[option, huge]),
+                2,
+                &[option, "too long to be a duration", "at most 10 years"],
+            );
+        }
+    }
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+/// N11: `pipette estimate --pp 4294967295` aborted allocating 34 GB (exit 134); a count
+/// that sizes a list is now checked before the list is built.
+#[test]
+fn n11_counts_that_size_an_allocation_are_checked_first() {
+    fails(
+        pipette()
+            .args(["estimate", "--pp", "4294967295", "--"])
+            .args(TINY_MODEL),
+        2,
+        &["--pp 4294967295", "more than the model's 4 layers"],
+    );
+    let mut layers: Vec<&str> = TINY_MODEL.to_vec();
+    layers[1] = "4294967295";
+    fails(
+        pipette()
+            .args(["estimate", "--pp", "4294967295", "--"])
+            .args(&layers),
+        65,
+        &["--num-layers 4294967295", "65536"],
+    );
+}
+
+/// N11: `--vpp` was taken unchecked by `pipette estimate` (any value, any pp).
+#[test]
+fn n11_estimate_checks_the_interleaved_schedule() {
+    for (args, needle) in [
+        (["--pp", "2", "--vpp", "2"], "needs --pp above 2"),
+        (["--pp", "4", "--vpp", "4294967295"], "does not divide"),
+    ] {
+        fails(
+            pipette()
+                .arg("estimate")
+                .args(args)
+                .arg("--")
+                .args(TINY_MODEL),
+            2,
+            &[needle, "interleaved schedule"],
+        );
+    }
+}
+
+/// N12: `--budget` had no cap (a typing mistake never finished).
+#[test]
+fn n12_the_annealing_budget_is_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    fails(
+        &mut dry_run(dir.path(), &["--budget", "10000001"]),
+        2,
+        &["--budget", "from 0 to 10000000"],
+    );
+}
+
+/// N2: a prime global batch of 4,194,301 (as many micro-batches) took 171 s and wrote a
+/// 5.5 GB timeline picture. The timeline now draws the first whole groups of pp and says
+/// so; the dry run finishes in seconds.
+#[test]
+fn n2_a_prime_global_batch_draws_a_bounded_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model: Vec<&str> = TINY_MODEL.to_vec();
+    let at = model
+        .iter()
+        .position(|a| *a == "--global-batch-size")
+        .unwrap();
+    model[at + 1] = "4194301";
+    let at = model
+        .iter()
+        .position(|a| *a == "--micro-batch-size")
+        .unwrap();
+    model[at + 1] = "1";
+    let run = dir.path().join("run");
+    succeeds(
+        pipette_run(dir.path())
+            .arg("--cluster")
+            .arg(cluster_file())
+            .arg("--run-dir")
+            .arg(&run)
+            .args(["--dry-run", "train.py"])
+            .args(&model),
+    );
+    let timeline = std::fs::read_to_string(run.join("timeline.svg")).unwrap();
+    assert!(timeline.len() < 4 << 20, "{} bytes", timeline.len());
+    assert!(
+        timeline.contains("of 4194301 micro-batches"),
+        "the picture says it is cut"
+    );
+}
+
+/// N3: a cluster file's nodes were looked up one by one (100,000 nodes: 92 s). Not timed:
+/// the quadratic lookup would take minutes at this size.
+#[test]
+fn n3_a_100k_node_cluster_file_is_looked_up_by_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 100_000;
+    let nodes: Vec<Value> = (0..n)
+        .map(|i| serde_json::json!({"host": format!("n{i:06}"), "gpus": "unknown"}))
+        .collect();
+    let pairs: Vec<Value> = (0..n)
+        .map(|i| serde_json::json!([i, (i + 1) % n, 20.0]))
+        .collect();
+    let doc = serde_json::json!({
+        "schema": "pipette-cluster/1",
+        "nodes": nodes,
+        "node_links": {
+            "provenance": {"source": "measured", "date": "2026-11-24"},
+            "node_gb_per_s": vec![20.0; n],
+            "pairs": pairs,
+        },
+    });
+    let file = dir.path().join("cluster.json");
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let hostfile = dir.path().join("hostfile");
+    let text: String = (0..n).map(|i| format!("n{i:06} slots=1\n")).collect();
+    std::fs::write(&hostfile, text).unwrap();
+    // Every host is found in the file; the first without a GPU inventory is named.
+    fails(
+        &mut dry_run(
+            dir.path(),
+            &[
+                "--cluster",
+                file.to_str().unwrap(),
+                "--hostfile",
+                hostfile.to_str().unwrap(),
+            ],
+        ),
+        67,
+        &["node n000000 has no GPU inventory"],
+    );
+}
+
+/// N10: any input-file option pointed at `/dev/zero` read until memory ran out.
+#[test]
+fn n10_an_input_file_must_be_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for (option, code) in [
+        ("--cluster", 67),
+        ("--hostfile", 66),
+        ("--config", 2),
+        ("--env-file", 2),
+    ] {
+        fails(
+            &mut dry_run(dir.path(), &[option, "/dev/zero"]),
+            code,
+            &["/dev/zero", "is not a regular file"],
+        );
+    }
+    fails(
+        dry_run(dir.path(), &[])
+            .env("PBS_JOBID", "1")
+            .env("PBS_NODEFILE", "/dev/zero"),
+        66,
+        &["PBS_NODEFILE", "is not a regular file"],
+    );
+    fails(
+        pipette()
+            .args(["estimate", "--calibration", "/dev/zero", "--"])
+            .args(TINY_MODEL),
+        2,
+        &["--calibration /dev/zero", "is not a regular file"],
+    );
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}

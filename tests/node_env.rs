@@ -178,3 +178,88 @@ fn srun_args_reach_srun() {
         "ran as a step of the job: {seen}"
     );
 }
+
+/// N8: forwarded credentials (`HF_TOKEN`, `WANDB_API_KEY`, `--env NAME=VALUE`) were printed
+/// by the dry run and written into `launch-*.sh`, mode 0755 in a 0755 run directory, and
+/// `PIPETTE_JOB_SECRET` reached every worker. Now the worker gets each credential's value
+/// from pipette-run's environment at launch, no file of the run directory and no line of
+/// the dry run holds it, the run directory and its scripts are the owner's alone, and the
+/// job secret (and its file variable) stay out of the worker's environment.
+#[test]
+fn n8_credentials_reach_the_worker_and_no_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("pipette-n8-")
+        .tempdir()
+        .unwrap();
+    let d = dir.path();
+    const TOKEN: &str = "hf_n8_never_written_0xC0FFEE";
+    const PASSWORD: &str = "n8-password-never-written";
+    let options: Vec<String> = ["--env", &format!("MY_DB_PASSWORD={PASSWORD}")]
+        .map(String::from)
+        .to_vec();
+    let names = [
+        "HF_TOKEN",
+        "MY_DB_PASSWORD",
+        "PIPETTE_JOB_SECRET",
+        "PIPETTE_JOB_SECRET_FILE",
+    ];
+    let env = [
+        ("HF_TOKEN", TOKEN),
+        ("PIPETTE_JOB_SECRET", "n8-job-secret"),
+        ("PIPETTE_JOB_SECRET_FILE", "/nonexistent/n8-secret"),
+    ];
+    let seen = run_job(d, &options, &names, &env);
+    assert_eq!(seen["HF_TOKEN"], TOKEN, "{seen}");
+    assert_eq!(seen["MY_DB_PASSWORD"], PASSWORD, "{seen}");
+    assert_eq!(seen["PIPETTE_JOB_SECRET"], Value::Null, "{seen}");
+    assert_eq!(seen["PIPETTE_JOB_SECRET_FILE"], Value::Null, "{seen}");
+
+    let run = d.join("run");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&run), 0o700);
+    let mut scripts = 0;
+    let mut stack = vec![run.clone()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let bytes = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).to_string();
+            assert!(!bytes.contains(TOKEN), "{} holds HF_TOKEN", path.display());
+            assert!(
+                !bytes.contains(PASSWORD),
+                "{} holds the password",
+                path.display()
+            );
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if name.starts_with("launch-") && name.ends_with(".sh") {
+                scripts += 1;
+                assert_eq!(mode(&path), 0o700, "{name}");
+                assert!(bytes.contains("export HF_TOKEN=\"${HF_TOKEN:?"), "{bytes}");
+            }
+        }
+    }
+    assert!(scripts > 0, "no launch script in {}", run.display());
+
+    // The dry run names the credentials and shows neither value.
+    let mut dry = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
+    dry.args(["--nproc-per-node", "1", "--dry-run"])
+        .arg("--run-dir")
+        .arg(d.join("dry"))
+        .args(&options)
+        .arg(d.join("env_report.py"))
+        .envs(env.iter().copied())
+        .stdin(Stdio::null());
+    let out = dry.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("HF_TOKEN"), "{text}");
+    assert!(!text.contains(TOKEN) && !text.contains(PASSWORD), "{text}");
+}

@@ -392,7 +392,7 @@ pub(super) fn read_calibration(path: &Path) -> Result<Calibration, Error> {
             path.display()
         ))
     };
-    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let text = crate::input_file::read_to_string(path).map_err(|e| bad(e.to_string()))?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let object = value.get("calibration").cloned().unwrap_or(value);
     serde_json::from_value(object).map_err(|e| bad(e.to_string()))

@@ -9,13 +9,9 @@ use super::config::RunConfig;
 use crate::cluster::copies::{self, Copies, CopiesRequest, Role};
 use crate::cluster::Environment;
 use crate::error::Error;
-use crate::exec::agent::JobSecret;
+use crate::exec::agent::{JobSecret, SECRET_FILE_VARIABLE, SECRET_VARIABLE};
 use crate::peers::{self, Fleet, Log, PeerOptions, DEFAULT_JOIN_TIMEOUT};
 
-/// The job's shared secret: the text of this variable...
-const SECRET_VARIABLE: &str = "PIPETTE_JOB_SECRET";
-/// ...or the content of the file it names (readable by its owner only).
-const SECRET_FILE_VARIABLE: &str = "PIPETTE_JOB_SECRET_FILE";
 /// The leader's control port (default: the master port + 1).
 const PORT_VARIABLE: &str = "PIPETTE_AGENT_PORT";
 
@@ -104,7 +100,7 @@ fn read_secret_file(path: &str) -> Result<Vec<u8>, Error> {
             meta.permissions().mode() & 0o777
         )));
     }
-    let mut bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let mut bytes = crate::input_file::read(path).map_err(|e| bad(e.to_string()))?;
     while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         bytes.pop();
     }

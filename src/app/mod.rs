@@ -99,7 +99,7 @@ fn site_config(matches: &clap::ArgMatches) -> Result<Option<crate::cli::site::Si
 
 /// The site configuration in `path`.
 fn site_config_at(path: &Path) -> Result<Option<crate::cli::site::SiteConfig>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = crate::input_file::read_to_string(path).map_err(|e| {
         format!(
             "cannot read the site configuration {}: {e} (fix --config or PIPETTE_CONFIG)",
             path.display()

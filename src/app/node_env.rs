@@ -57,7 +57,7 @@ pub(super) fn node_env(
             .collect(),
     };
     for file in &files {
-        let text = std::fs::read_to_string(file).map_err(|e| {
+        let text = crate::input_file::read_to_string(file).map_err(|e| {
             Error::Usage(format!(
                 "cannot read the env file {}: {e} (give a readable file of NAME=VALUE lines to --env-file)",
                 file.display()

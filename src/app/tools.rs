@@ -323,6 +323,26 @@ pub(super) fn estimate(args: &EstimateArgs) -> Result<EstimateReport, Error> {
     Ok(report)
 }
 
+/// Megatron's rules for `v` virtual stages per pipeline rank, as the planner applies them
+/// (`plan::space`): a pipeline above 2 stages, every stage's layers a multiple of `v`, and
+/// the micro-batches per step a multiple of pp. `--vpp` was taken unchecked.
+fn interleaving_fits(v: u64, config: &ParallelConfig, global_batch: u64) -> Result<(), Error> {
+    let pp = config.pp;
+    let microbatches = global_batch / (config.micro_batch * config.dp).max(1);
+    let problem = if pp <= 2 {
+        format!("needs --pp above 2, got {pp}")
+    } else if let Some(layers) = config.layers_per_stage.iter().find(|l| *l % v != 0) {
+        format!("does not divide the layers of a stage ({layers})")
+    } else if microbatches % pp != 0 {
+        format!("needs the micro-batches per step ({microbatches}) a multiple of pp {pp}")
+    } else {
+        return Ok(());
+    };
+    Err(Error::Usage(format!(
+        "--vpp {v} {problem} (the interleaved schedule's rules: change --vpp, --pp or the batch sizes)"
+    )))
+}
+
 /// The configuration `pipette estimate` costs: its flags, else the Megatron arguments'.
 pub(super) fn estimate_config(
     args: &EstimateArgs,
@@ -333,6 +353,12 @@ pub(super) fn estimate_config(
     let layers = settings.model.num_layers;
     let tp = args.tp.unwrap_or(t.tensor_parallel).max(1);
     let pp = args.pp.unwrap_or(t.pipeline_parallel).max(1);
+    // pp sizes the stage list: checked before it is built (--pp 4294967295 asked for 34 GB).
+    if pp > layers {
+        return Err(Error::Usage(format!(
+            "--pp {pp} is more than the model's {layers} layers (each pipeline stage needs a layer: give at most {layers})"
+        )));
+    }
     let cluster_gpus = cluster
         .and_then(ClusterProfile::gpu_count)
         .map(|g| g as u64);
@@ -371,6 +397,9 @@ pub(super) fn estimate_config(
             )));
         }
         None => {}
+    }
+    if let Some(v) = config.vpp {
+        interleaving_fits(v, &config, t.global_batch_size)?;
     }
     let model = &settings.model;
     if model.num_attention_heads % tp != 0 || model.num_query_groups % tp != 0 {

@@ -256,7 +256,7 @@ fn world_of(allocation: &Allocation) -> Result<World, Error> {
 /// reports its own errors): `Ok(Err(note))` says it was not checked. Batch sizes that
 /// DeepSpeed would refuse are an error, before anything is launched.
 fn read_deepspeed(path: &str, world: u64) -> Result<Result<DeepSpeedReport, String>, Error> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match crate::input_file::read_to_string(path) {
         Ok(text) => text,
         Err(e) => {
             return Ok(Err(format!(

@@ -111,8 +111,8 @@ pub struct PlanningOptions {
     pub mapping: MappingMode,
 
     /// Annealing evaluations per mapped configuration (default: 1,000 per GPU, between
-    /// 50,000 and 128,000; 20,000 with --time-model pipette-compat)
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole::<u64>)]
+    /// 50,000 and 128,000; 20,000 with --time-model pipette-compat); at most 10,000,000
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = super::values::at_most::<{ crate::plan::search::MAX_BUDGET }>)]
     pub budget: Option<u64>,
 
     /// How many of the best-ranked configurations get a mapping search

@@ -60,6 +60,11 @@ pub fn positive<T: Whole>(text: &str) -> Result<T, String> {
     bounded(text, 1, T::MAX.into())
 }
 
+/// A whole number from 0 to `MAX`.
+pub fn at_most<const MAX: u64>(text: &str) -> Result<u64, String> {
+    bounded(text, 0, MAX.into())
+}
+
 /// A whole number of at least `MIN`.
 pub fn at_least<const MIN: u64>(text: &str) -> Result<u64, String> {
     bounded(text, MIN.into(), u64::MAX.into())
@@ -90,9 +95,14 @@ fn bounded<T: FromStr>(text: &str, min: u128, max: u128) -> Result<T, String> {
     }
 }
 
+/// The longest duration an option takes: ten years (of 365.25 days). Timeouts are added to
+/// an `Instant`, which holds seconds since boot in an `i64`: a value near 2^63 s passed
+/// parsing and panicked on the addition (exit 101). Ten years is far beyond any job and far
+/// below what an `Instant` can hold, with room for sums of several timeouts.
+pub const MAX_DURATION: Duration = Duration::from_secs(315_576_000);
+
 /// `10`, `10s`, `1.5s`, `500ms`, `5min`, `2h` (a bare number is seconds). The conversion
-/// is checked: a value too long for a [`Duration`] (2^64 s and more) is an error, never a
-/// panic.
+/// is checked: a value longer than [`MAX_DURATION`] is an error, never a panic.
 pub fn duration(text: &str) -> Result<Duration, String> {
     let example = "e.g. 30s, 500ms, 10min";
     let text = text.trim();
@@ -113,9 +123,12 @@ pub fn duration(text: &str) -> Result<Duration, String> {
         _ => return Err(format!("{text:?} is not a duration ({example})")),
     };
     match number.parse::<f64>() {
-        Ok(n) if n.is_finite() && n >= 0.0 => Duration::try_from_secs_f64(n * scale).map_err(|_| {
-            format!("{text:?} is too long to be a duration (give less than 2^64 seconds, {example})")
-        }),
+        Ok(n) if n.is_finite() && n >= 0.0 => Duration::try_from_secs_f64(n * scale)
+            .ok()
+            .filter(|d| *d <= MAX_DURATION)
+            .ok_or_else(|| {
+                format!("{text:?} is too long to be a duration (give at most 10 years, {example})")
+            }),
         _ => Err(format!("{text:?} is not a duration ({example})")),
     }
 }
@@ -177,6 +190,21 @@ mod tests {
         assert!(duration("18446744073709551616")
             .unwrap_err()
             .contains("too long"));
-        assert!(duration("1000000000000000000").is_ok());
+        assert!(duration("1000000000000000000").is_err());
+    }
+
+    /// 2^63 s up to just under 2^64 s passed parsing and panicked where a timeout was added
+    /// to an `Instant` (exit 101). Every accepted duration now fits beside any `Instant`.
+    #[test]
+    fn n1_durations_that_overflow_an_instant_are_refused_at_parse_time() {
+        for huge in ["9223372036854775808", "18446744073709551615", "87700h"] {
+            let e = duration(huge).unwrap_err();
+            assert!(e.contains("at most 10 years"), "{huge}: {e}");
+        }
+        let longest = duration("87600h").unwrap();
+        assert_eq!(longest, Duration::from_secs(315_360_000));
+        assert!(std::time::Instant::now()
+            .checked_add(MAX_DURATION * 4)
+            .is_some());
     }
 }

@@ -111,11 +111,12 @@ pub fn allocate(
             spec.source = NodeSource::ClusterFile {
                 path: path.display().to_string(),
             };
-        } else if let Some(missing) = spec
-            .nodes
-            .iter()
-            .find(|n| profile.node_index(&n.host).is_none())
-        {
+        } else if let Some(missing) = {
+            let index = profile.node_indices();
+            spec.nodes
+                .iter()
+                .find(|n| !index.contains_key(n.host.as_str()))
+        } {
             return Err(AllocationError::NotInProfile {
                 path: path.display().to_string(),
                 problem: format!("has no node {:?}", missing.host),
@@ -135,8 +136,12 @@ pub fn allocate(
             });
         }
     }
-    let profiled =
-        |host: &str| profile.and_then(|(_, p)| p.node_index(host).and_then(|i| p.nodes[i].gpus()));
+    let index = profile.map(|(_, p)| (p, p.node_indices()));
+    let profiled = |host: &str| {
+        index
+            .as_ref()
+            .and_then(|(p, index)| index.get(host).and_then(|i| p.nodes[*i].gpus()))
+    };
     let mut hosts = Vec::with_capacity(spec.nodes.len());
     let pbs = matches!(spec.source, NodeSource::Pbs { .. });
     for node in spec.nodes {

@@ -412,7 +412,7 @@ fn parse_count(name: &str, value: &str) -> Result<u32, DiscoveryError> {
 
 /// Reads a PBS node file: one line per slot, so a host's line count is its slot count.
 fn pbs_nodes(path: PathBuf) -> Result<Vec<Node>, DiscoveryError> {
-    let text = match std::fs::read_to_string(&path) {
+    let text = match crate::input_file::read_to_string(&path) {
         Ok(text) => text,
         Err(error) => return Err(DiscoveryError::UnreadableNodefile { path, error }),
     };

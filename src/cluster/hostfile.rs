@@ -130,10 +130,11 @@ pub enum HostfileError {
 
 /// Reads a hostfile; see [`parse_hostfile`].
 pub fn read_hostfile(path: &Path) -> Result<Vec<Node>, HostfileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| HostfileError::Unreadable {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text =
+        crate::input_file::read_to_string(path).map_err(|source| HostfileError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        })?;
     parse_hostfile(&text, path)
 }
 

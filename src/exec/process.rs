@@ -80,6 +80,8 @@ impl RunningCommand {
         let mut process = Command::new(&invocation.program);
         process
             .args(&invocation.args)
+            .env_remove(super::agent::SECRET_VARIABLE)
+            .env_remove(super::agent::SECRET_FILE_VARIABLE)
             .envs(invocation.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

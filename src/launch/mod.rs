@@ -323,7 +323,16 @@ impl JobTemplate {
         let mut command = NodeCommand::new(node.argv[0].clone())
             .args(node.argv[1..].iter().cloned())
             .cwd(&self.workdir);
-        command.env = node.env.clone();
+        // A credential's value is not in the spec (it is written and shown): it is taken
+        // here, at launch, from pipette-run's own environment.
+        command.env = node
+            .env
+            .iter()
+            .filter_map(|(name, value)| match render::is_credential(name) {
+                true => self.env.get(name).map(|v| (name.clone(), v.clone())),
+                false => Some((name.clone(), value.clone())),
+            })
+            .collect();
         command
     }
 }

@@ -291,6 +291,36 @@ pub const FORWARDED_NAMES: &[&str] = &[
     "TOKENIZERS_PARALLELISM",
 ];
 
+/// Credentials by name, beside the shapes [`is_credential`] knows (`*_KEY`, `*TOKEN*`,
+/// `*SECRET*`, `*PASSWORD*`, `*PASSWD*`, `*CREDENTIAL*`): the trackers', hubs' and cloud
+/// stores' that training scripts read.
+pub const CREDENTIAL_NAMES: &[&str] = &[
+    "WANDB_API_KEY",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_STORAGE_CONNECTION_STRING",
+];
+
+/// What a launch's description (its scripts, the dry run) holds for a credential's value:
+/// the value itself is taken from pipette-run's environment when the node is started, and
+/// never written (run directories are often on a shared file system).
+pub const CREDENTIAL_SHOWN: &str = "(a credential: not shown)";
+
+/// Whether a variable's name says it holds a credential (see [`CREDENTIAL_NAMES`]).
+pub fn is_credential(name: &str) -> bool {
+    let name = name.to_ascii_uppercase();
+    name.ends_with("_KEY")
+        || ["TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"]
+            .iter()
+            .any(|part| name.contains(part))
+        || CREDENTIAL_NAMES.contains(&name.as_str())
+}
+
 /// Never forwarded though a prefix matches: each node's own (the mapping sets the devices;
 /// Slurm sets them per node).
 const NOT_FORWARDED: &[&str] = &["CUDA_VISIBLE_DEVICES"];
@@ -460,6 +490,13 @@ impl NodeCommon<'_> {
             self.script,
             self.script_args,
         );
+        let env: Vec<(String, String)> = env
+            .into_iter()
+            .map(|(name, value)| match is_credential(&name) {
+                true => (name, CREDENTIAL_SHOWN.to_string()),
+                false => (name, value),
+            })
+            .collect();
         let first_rank = node_rank as u64 * nproc;
         let script_path = format!("launch-{node_rank}-{}.sh", file_name_part(host));
         let quoted: Vec<String> = argv.iter().map(|w| single_quote(w)).collect();
@@ -476,7 +513,12 @@ impl NodeCommon<'_> {
             run_dir => single_quote(self.run_dir),
             env => env.iter().map(|(name, value)| context! {
                 name => name.clone(),
-                value => single_quote(value),
+                value => if is_credential(name) {
+                    // Read where the script runs; never written into it.
+                    format!("\"${{{name}:?{name} is a credential this script does not hold: set it}}\"")
+                } else {
+                    single_quote(value)
+                },
             }).collect::<Vec<_>>(),
             argv => quoted,
             command => command_lines(&argv, self.script_args.len()).join(" \\\n    "),

@@ -2,7 +2,7 @@
 //! directory.
 
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::{LaunchSpec, RenderError};
@@ -79,7 +79,9 @@ pub fn claim_run_dir(dir: &Path, numbered: bool) -> Result<PathBuf, RenderError>
                 PathBuf::from(name)
             }
         };
-        match std::fs::create_dir(&candidate) {
+        // The owner's alone: it holds the job's scripts and logs, often on a shared file
+        // system.
+        match std::fs::DirBuilder::new().mode(0o700).create(&candidate) {
             Ok(()) => return Ok(candidate),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(fail(&candidate, e.to_string())),
@@ -121,7 +123,11 @@ pub fn write_run_dir(spec: &LaunchSpec, dir: &Path) -> Result<(), RenderError> {
         path: path.display().to_string(),
         message,
     };
-    std::fs::create_dir_all(dir).map_err(|e| fail(dir, e.to_string()))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| fail(dir, e.to_string()))?;
     for file in &spec.files {
         if file.path.contains('/') || file.path.starts_with('.') || file.path.is_empty() {
             return Err(fail(
@@ -130,7 +136,7 @@ pub fn write_run_dir(spec: &LaunchSpec, dir: &Path) -> Result<(), RenderError> {
             ));
         }
         let path = dir.join(&file.path);
-        let mode = if file.executable { 0o755 } else { 0o644 };
+        let mode = if file.executable { 0o700 } else { 0o644 };
         let mut out = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -193,7 +199,7 @@ mod tests {
         ]);
         write_run_dir(&s, &run).unwrap();
         let mode = |p: &str| std::fs::metadata(run.join(p)).unwrap().permissions().mode() & 0o777;
-        assert_eq!((mode("launch-0-a.sh"), mode("plan.json")), (0o755, 0o644));
+        assert_eq!((mode("launch-0-a.sh"), mode("plan.json")), (0o700, 0o644));
         assert_eq!(
             std::fs::read_to_string(run.join("plan.json")).unwrap(),
             "{}\n"

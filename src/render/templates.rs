@@ -82,10 +82,11 @@ impl Templates {
             if !path.exists() {
                 continue;
             }
-            let source = std::fs::read_to_string(&path).map_err(|e| RenderError::TemplateDir {
-                path: path.display().to_string(),
-                message: e.to_string(),
-            })?;
+            let source =
+                crate::input_file::read_to_string(&path).map_err(|e| RenderError::TemplateDir {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
             templates.add(name, source, Some(path))?;
         }
         Ok(templates)

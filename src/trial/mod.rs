@@ -326,6 +326,12 @@ pub fn trial_commands(
         // The run id differs on every invocation and says nothing to a reader.
         shown.env = command.env.clone();
         shown.env.retain(|(k, _)| k != launch::RUN_ID_VAR);
+        // Nor is a credential's value shown (see render::CREDENTIAL_SHOWN).
+        for (name, value) in &mut shown.env {
+            if crate::render::is_credential(name) {
+                *value = crate::render::CREDENTIAL_SHOWN.to_string();
+            }
+        }
         lines.push(shown.command_line(&spec.workdir));
         commands.push((node.host.clone(), command));
     }

@@ -42,7 +42,7 @@ impl ClusterProfile {
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ProfileError> {
         let path = path.as_ref();
         let origin = clean_origin(&path.display().to_string());
-        let bytes = std::fs::read(path).map_err(|io| ProfileError::Read {
+        let bytes = crate::input_file::read(path).map_err(|io| ProfileError::Read {
             origin: origin.clone(),
             io,
         })?;

@@ -80,8 +80,10 @@ pub(crate) fn check(file: ProfileFile, origin: &str) -> Result<ClusterProfile, P
                             .into(),
                     ));
                 }
+                let mut first_of: std::collections::HashMap<_, usize> =
+                    std::collections::HashMap::new();
                 for (j, gpu) in gpus.iter().enumerate() {
-                    if let Some(first) = gpus[..j].iter().position(|g| g.index == gpu.index) {
+                    if let Some(&first) = first_of.get(&gpu.index) {
                         return Err(invalid(
                             origin,
                             &format!("{gpus_path}[{j}].index"),
@@ -91,6 +93,7 @@ pub(crate) fn check(file: ProfileFile, origin: &str) -> Result<ClusterProfile, P
                             ),
                         ));
                     }
+                    first_of.insert(gpu.index, j);
                     check_gpu(origin, &format!("{gpus_path}[{j}]"), gpu)?;
                 }
                 let Some(links) = links else {
@@ -472,6 +475,18 @@ pub(crate) fn check_hosts(
     hosts: &[String],
     path_of: impl Fn(usize) -> String,
 ) -> Result<(), ProfileError> {
+    // The node list's cap holds for a profile too: 1,000,001 nodes were read.
+    if hosts.len() > crate::cluster::MAX_NODES {
+        return Err(invalid(
+            origin,
+            &path_of(crate::cluster::MAX_NODES),
+            format!(
+                "is past the {} nodes a cluster may have (list at most {})",
+                crate::cluster::MAX_NODES,
+                crate::cluster::MAX_NODES
+            ),
+        ));
+    }
     let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for (i, host) in hosts.iter().enumerate() {
         if let Some(problem) = crate::cluster::host_name_problem(host) {
@@ -670,6 +685,18 @@ fn check_square<C>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// N3: a profile of 1,000,001 nodes passed the node list's documented cap.
+    #[test]
+    fn n3_a_profile_past_the_node_cap_is_refused() {
+        let cap = crate::cluster::MAX_NODES;
+        let hosts: Vec<String> = (0..=cap).map(|i| format!("n{i}")).collect();
+        let e = check_hosts("c.json", &hosts, |i| format!("nodes[{i}].host")).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("nodes[1000000]"), "{text}");
+        assert!(text.contains("at most 1000000"), "{text}");
+        assert!(check_hosts("c.json", &hosts[..cap], |i| format!("nodes[{i}].host")).is_ok());
+    }
 
     #[test]
     fn dates_must_be_real() {

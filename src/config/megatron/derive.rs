@@ -29,6 +29,11 @@ pub(super) fn model_spec(
     preset: Option<&str>,
 ) -> Result<ModelSpec, ArgsError> {
     let num_layers = require(raw, raw.num_layers, "--num-layers")?;
+    if num_layers > MAX_LAYERS {
+        return Err(contradiction(format!(
+            "--num-layers {num_layers} is over {MAX_LAYERS} (2^16), a cap no model reaches: check the number"
+        )));
+    }
     let hidden = require(raw, raw.hidden_size, "--hidden-size")?;
     let heads = require(raw, raw.num_attention_heads, "--num-attention-heads")?;
     let seq_length = require(raw, raw.seq_length, "--seq-length")?;
@@ -261,6 +266,10 @@ fn virtual_pipeline(raw: &RawArgs, num_layers: u64, pp: u64) -> Result<Option<u6
         vpp => Ok(vpp),
     }
 }
+
+/// The most transformer layers accepted: per-stage and per-layer lists are sized by it, so
+/// a typing mistake must not reach them.
+const MAX_LAYERS: u64 = 1 << 16;
 
 /// The largest global batch (sequences per step) accepted: larger is a typing mistake, and
 /// would only make the planner's search long.

@@ -37,6 +37,12 @@ pub use wire::{JobSecret, Purpose};
 
 use super::NodeCommand;
 
+/// The job's shared secret: the text of this variable...
+pub const SECRET_VARIABLE: &str = "PIPETTE_JOB_SECRET";
+/// ...or the content of the file it names (readable by its owner only). Neither reaches a
+/// command pipette-run starts (the relay gets the secret on its standard input).
+pub const SECRET_FILE_VARIABLE: &str = "PIPETTE_JOB_SECRET_FILE";
+
 /// What the relay's own error lines start with.
 pub const RELAY_SAYS: &str = "pipette-run agent relay: ";
 

@@ -60,7 +60,7 @@ pub use error::PlanError;
 use error::{no_candidates, nothing_fits, nothing_fits_per_stage, Candidates};
 pub use options::{
     default_budget, MappingMode, MemoryHeadroom, PlanOptions, COMPAT_BUDGET,
-    DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_MAPPING_THRESHOLD, DEFAULT_TOP_K,
+    DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_MAPPING_THRESHOLD, DEFAULT_TOP_K, MAX_BUDGET,
 };
 use rank::{by_cost, cost, stage_needs};
 pub use rank::{derive_seed, simpler};

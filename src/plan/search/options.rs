@@ -124,6 +124,10 @@ pub fn default_budget(gpus: usize) -> u64 {
         .clamp(BUDGET_MIN, BUDGET_MAX)
 }
 
+/// The most annealing evaluations per mapped configuration `--budget` takes: 78 times the
+/// default's largest. An unbounded budget let a typing mistake run for days.
+pub const MAX_BUDGET: u64 = 10_000_000;
+
 /// The fewest annealing evaluations per mapped configuration by default.
 pub const BUDGET_MIN: u64 = 50_000;
 

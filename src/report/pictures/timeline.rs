@@ -37,12 +37,31 @@ pub struct Block {
     pub end_ms: f64,
 }
 
+/// The most blocks a timeline simulates and draws. A prime global batch of 4,194,301 gave
+/// as many micro-batches: 171 s and a 5.5 GB picture. Above this the picture shows the
+/// first micro-batches only (whole groups of pp, at least one), and says so: the steady
+/// state repeats, and the iteration's time is the time model's, printed beside it.
+pub const MAX_BLOCKS: u64 = 10_000;
+
+/// How many of `m` micro-batches a timeline of `stages` stages and `chunks` chunks draws.
+fn drawn_microbatches(stages: usize, chunks: usize, m: u64) -> u64 {
+    let per_microbatch = 2 * stages.max(1) as u64 * chunks.max(1) as u64;
+    if m.saturating_mul(per_microbatch) <= MAX_BLOCKS {
+        return m;
+    }
+    let group = stages.max(1) as u64;
+    (MAX_BLOCKS / per_microbatch / group).max(1) * group
+}
+
 /// One iteration's pipeline, simulated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Schedule {
     pub stages: usize,
     pub chunks: usize,
+    /// The iteration's micro-batches.
     pub microbatches: u64,
+    /// Those simulated and drawn: all of them up to [`MAX_BLOCKS`] blocks, else the first.
+    pub drawn: u64,
     pub blocks: Vec<Block>,
     /// When the last block ends.
     pub pipeline_ms: f64,
@@ -116,7 +135,8 @@ fn stage_order(stage: usize, stages: usize, chunks: usize, m: u64) -> Vec<(Pass,
 pub fn schedule(config: &ParallelConfig, time: &TimeEstimate) -> Schedule {
     let stages = time.stages.len().max(1);
     let chunks = config.vpp.unwrap_or(1).max(1) as usize;
-    let m = time.microbatches.max(1);
+    let microbatches = time.microbatches.max(1);
+    let m = drawn_microbatches(stages, chunks, microbatches);
     let passes: Vec<(f64, f64)> = (0..stages)
         .map(|s| {
             time.stages
@@ -188,7 +208,8 @@ pub fn schedule(config: &ParallelConfig, time: &TimeEstimate) -> Schedule {
     Schedule {
         stages,
         chunks,
-        microbatches: m,
+        microbatches,
+        drawn: m,
         blocks,
         pipeline_ms,
         data_parallel_ms: time.data_parallel_exposed_ms + time.param_gather_exposed_ms,
@@ -200,6 +221,15 @@ fn schedule_name(s: &Schedule) -> String {
         format!("interleaved, {} chunks per stage", s.chunks)
     } else {
         "1F1B".to_string()
+    }
+}
+
+/// `8 micro-batches`, or `the first 96 of 4194301 micro-batches` when cut.
+fn microbatches_text(s: &Schedule) -> String {
+    if s.drawn < s.microbatches {
+        format!("the first {} of {} micro-batches", s.drawn, s.microbatches)
+    } else {
+        format!("{} micro-batches", s.microbatches)
     }
 }
 
@@ -240,9 +270,9 @@ pub fn svg(config: &ParallelConfig, time: &TimeEstimate) -> String {
     let height = top + row * s.stages as f64 + 70.0;
     let mut svg = Svg::new(left + plot + 30.0, height);
     svg.title(&format!(
-        "Pipeline timeline of one iteration: {}, {} micro-batches, {} stages",
+        "Pipeline timeline of one iteration: {}, {}, {} stages",
         schedule_name(&s),
-        s.microbatches,
+        microbatches_text(&s),
         s.stages
     ));
     svg.note(42.0, &format!(
@@ -372,9 +402,9 @@ pub fn text(config: &ParallelConfig, time: &TimeEstimate) -> String {
     let total = (s.pipeline_ms + s.data_parallel_ms).max(1e-9);
     let mut out = fit(
         &format!(
-            "Timeline of one iteration: {}, {} micro-batches",
+            "Timeline of one iteration: {}, {}",
             schedule_name(&s),
-            s.microbatches
+            microbatches_text(&s)
         ),
         80,
     );
@@ -477,6 +507,21 @@ mod tests {
         );
         assert_eq!(first[4].0, Pass::Backward);
         assert_eq!(stage_order(3, 4, 1, 8)[1].0, Pass::Backward);
+    }
+
+    /// N2: a prime global batch of 4,194,301 micro-batches took 171 s and drew a 5.5 GB
+    /// picture; the timeline now draws whole groups of pp up to MAX_BLOCKS blocks.
+    #[test]
+    fn n2_a_huge_micro_batch_count_draws_a_bounded_timeline() {
+        assert_eq!(drawn_microbatches(4, 1, 8), 8);
+        for (stages, chunks) in [(1, 1), (4, 1), (4, 3), (64, 2), (300, 1)] {
+            let drawn = drawn_microbatches(stages, chunks, 4_194_301);
+            assert_eq!(drawn % stages as u64, 0);
+            assert!(drawn >= stages as u64);
+            if drawn > stages as u64 {
+                assert!(drawn * 2 * (stages * chunks) as u64 <= MAX_BLOCKS);
+            }
+        }
     }
 
     #[test]
