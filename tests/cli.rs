@@ -73,6 +73,79 @@ fn script_arguments_are_passed_through_untouched() {
     assert_eq!(hosts(&report).len(), 1);
 }
 
+/// torchrun's rule, kept: after SCRIPT everything is the script's, pipette-run's own
+/// options too; each of them earns a warning before anything runs (a `--dry-run` there
+/// would otherwise launch the job without a word).
+#[test]
+fn pipette_run_options_after_the_script_go_to_it_with_a_warning() {
+    let out = pipette_run()
+        .args(["--dry-run", "--json", "--model", "gpt3-1.3b", "train.py"])
+        .args([
+            "--dry-run",
+            "--nnodes=2",
+            "--seed",
+            "7",
+            "--dry-run",
+            "--",
+            "--hosts",
+        ])
+        .output()
+        .unwrap();
+    let report = common::json_report(&out);
+    assert_eq!(report["script"]["args"][0], "--dry-run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warned = |option: &str| {
+        stderr
+            .lines()
+            .filter(|l| {
+                l.contains("warning")
+                    && l.contains(&format!("{option} comes after SCRIPT (train.py)"))
+            })
+            .count()
+    };
+    assert_eq!(warned("--dry-run"), 1, "{stderr}");
+    assert_eq!(warned("--nnodes"), 1, "{stderr}");
+    // --seed is Megatron's own option too; after `--` nothing is an option.
+    assert_eq!(warned("--seed") + warned("--hosts"), 0, "{stderr}");
+    assert!(stderr.contains("write it before train.py"), "{stderr}");
+}
+
+/// A Megatron-looking option pipette reads nothing from, one edit from one it reads, is
+/// named with the option meant before anything runs; the plan goes on without it.
+#[test]
+fn a_misspelt_megatron_option_is_named_with_the_one_meant() {
+    let out = pipette_run()
+        .args(["--dry-run", "--json", "--model", "gpt3-1.3b", "train.py"])
+        .args(["--global-batch-sise", "256", "--lr", "1e-4"])
+        .output()
+        .unwrap();
+    let report = common::json_report(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("warning: --global-batch-sise")
+                && l.contains("did you mean --global-batch-size?")),
+        "{stderr}"
+    );
+    // The preset's batch, not the 256 the user meant.
+    let batch = &report["training"]["global_batch_size"];
+    assert!(batch.is_u64() && batch != 256, "{batch}");
+    // A script pipette-run does not plan gets no Megatron hints.
+    let out = pipette_run()
+        .args([
+            "--dry-run",
+            "--json",
+            "train.py",
+            "--global-batch-sise",
+            "256",
+        ])
+        .output()
+        .unwrap();
+    common::json_report(&out);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("did you mean"));
+}
+
 #[test]
 fn pet_environment_variables_set_torchrun_options() {
     let report = dry_run_json(

@@ -167,3 +167,97 @@ fn plan_for_the_example_clusters() {
         &["--global-batch-size", "64", "--fp16"],
     );
 }
+
+/// The rows of the plan's "Top configurations" table: (rank, runs, mapped ms).
+fn table_rows(text: &str) -> Vec<(usize, bool, f64)> {
+    let table = text
+        .split("Top configurations")
+        .nth(1)
+        .expect("a table of configurations");
+    table
+        .lines()
+        .map_while(|l| {
+            (!l.trim_start().starts_with("#1-#") && !l.contains("configurations Megatron"))
+                .then_some(l)
+        })
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            let first = cells.first()?;
+            let rank = first.trim_end_matches('*').parse().ok()?;
+            Some((rank, first.ends_with('*'), cells.last()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The runner-up's sentence, its wrapped lines joined.
+fn runner_up_sentence(text: &str) -> String {
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("runner-up #"));
+    let mut sentence = lines.next().expect("a runner-up line").trim().to_owned();
+    for more in lines.take_while(|l| l.starts_with("      ")) {
+        sentence.push(' ');
+        sentence.push_str(more.trim());
+    }
+    sentence
+}
+
+/// The plans that contradicted themselves (a tie that runs in place of the faster #1 was
+/// said to "win" against a faster "runner-up" at a negative margin), and one without a
+/// tie that runs: the runner-up is the fastest configuration other than the pick, its
+/// figure is its row's, and a faster one is said to be a tie that the simpler beats.
+#[test]
+fn the_runner_up_is_the_tables_and_a_faster_one_is_called_a_tie() {
+    let mut tie_runs = 0;
+    for (cluster, model) in [
+        ("examples/clusters/a100-4x8-degraded.json", "gpt3-13b"),
+        ("examples/clusters/h100-16x8.json", "gpt3-13b"),
+        ("examples/clusters/a100-2x8.json", "gpt3-13b"),
+    ] {
+        let text = stdout(pipette().args(["plan", "--cluster", cluster, "--model", model]));
+        let rows = table_rows(&text);
+        assert!(rows.len() >= 2, "{text}");
+        let pick = rows.iter().find(|r| r.1).unwrap_or(&rows[0]);
+        let expected = rows.iter().find(|r| r.0 != pick.0).unwrap();
+        let sentence = runner_up_sentence(&text);
+        let (rank, rest) = sentence["runner-up #".len()..].split_once(' ').unwrap();
+        assert_eq!(rank.parse::<usize>().unwrap(), expected.0, "{sentence}");
+        let ms: f64 = rest
+            .split_once(": ")
+            .unwrap()
+            .1
+            .split(" ms")
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (ms - expected.2).abs() < 0.06,
+            "{sentence} against row {expected:?}"
+        );
+        let faster = expected.2 < pick.2;
+        assert_eq!(
+            sentence.contains("faster, within the model's stated error")
+                && sentence.contains("a tie, and the simpler runs"),
+            faster,
+            "{sentence}"
+        );
+        assert_eq!(text.contains("Why it wins"), !faster, "{text}");
+        assert_eq!(
+            text.contains("Why it runs, though #1 is faster"),
+            faster,
+            "{text}"
+        );
+        tie_runs += usize::from(faster);
+        // Never a margin the reader must invert.
+        assert!(!regex_like_negative_percent(&text), "{text}");
+    }
+    assert_eq!(tie_runs, 2, "the two plans whose pick is a slower tie");
+}
+
+/// Whether `text` holds a negative percentage (`-50.8 %`).
+fn regex_like_negative_percent(text: &str) -> bool {
+    text.split_whitespace()
+        .zip(text.split_whitespace().skip(1))
+        .any(|(a, b)| b == "%" && a.starts_with('-') && a[1..].parse::<f64>().is_ok())
+}

@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::exec::{self, Transport};
 use crate::launch;
 use crate::log::{self, Level, TEXT_WIDTH};
-use crate::model::time::{self, TimeEstimate, TimeModel, TimeRequest};
+use crate::model::time::{self, TimeEstimate, TimeRequest};
 use crate::model::ParallelConfig;
 use crate::plan::{Plan, PlanOptions};
 use crate::render;
@@ -41,7 +41,7 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
             println!();
             print!(
                 "{}",
-                plan_to_human(plan, run.runner_up.as_ref().map(|(c, t)| (c, t)))
+                plan_to_human(plan, run.runner_up.as_ref().map(|(_, t)| t))
             );
             if let Some(yours) = &run.report.yours {
                 println!("\nYours: the configuration your arguments give, costed alike");
@@ -445,7 +445,7 @@ fn decided_plan(
         free_plan,
     )?;
     let runner_up = runner_up(&decision.plan, &decision.settings, &job.profile, options);
-    let runner_up = runner_up.as_ref().map(|(c, t)| (c, t));
+    let runner_up = runner_up.as_ref().map(|(_, t)| t);
     let yours = decision.yours.as_ref();
     if log::enabled("plan", Level::Debug) {
         // The dry run's report as it is (its tables take the whole 80 columns), the
@@ -640,20 +640,15 @@ fn write_pictures(
     Ok(())
 }
 
-/// The best configuration other than the one that runs, on its own best mapping, so the
-/// report can say what makes the winner win.
+/// The runner-up ([`Plan::runner_up`]) estimated on its own best mapping, so the report
+/// can say what tells the winner from it.
 pub(super) fn runner_up(
     plan: &Plan,
     settings: &Settings,
     profile: &ClusterProfile,
     options: &PlanOptions,
 ) -> Option<(ParallelConfig, TimeEstimate)> {
-    let second = plan
-        .top
-        .iter()
-        .enumerate()
-        .find(|(i, _)| *i != plan.ties.chosen)?
-        .1;
+    let second = &plan.top[plan.runner_up()?];
     let request = TimeRequest {
         model: &settings.model,
         training: &settings.training,
@@ -663,7 +658,8 @@ pub(super) fn runner_up(
         calibration: &options.calibration,
         options: options.time_options,
     };
-    let estimate = time::estimate(&request, TimeModel::Pipette).ok()?;
+    // The plan's own time model, as the winner's estimate and the table were made with.
+    let estimate = time::estimate(&request, plan.search.time_model).ok()?;
     Some((second.config.clone(), estimate))
 }
 

@@ -76,6 +76,10 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Err(e) => return finish(Err(e)),
     }
     let mut config = RunConfig::resolve(&cli, env);
+    // Before anything runs: a misspelt or misplaced option is cheap to fix now.
+    for warning in cli.script_argument_warnings(config.planning_off().is_none()) {
+        log::warn(&warning);
+    }
     if let Err(e) = node_env::resolve_node_env(&mut config) {
         return finish(Err(e));
     }

@@ -176,7 +176,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
                 let runner_up = runner_up(&plan, &settings, &profile, &options);
                 print!(
                     "{}",
-                    plan_to_human(&plan, runner_up.as_ref().map(|(c, t)| (c, t)))
+                    plan_to_human(&plan, runner_up.as_ref().map(|(_, t)| t))
                 );
             }
             Ok(())

@@ -252,6 +252,60 @@ impl RunCli {
     }
 }
 
+impl RunCli {
+    /// What is worth a warning in the words after SCRIPT, before anything runs: pipette-run's
+    /// own options written there ([`options_after_script`]), and, when the job is planned,
+    /// near misses of the Megatron options pipette reads
+    /// ([`crate::config::megatron::typos`]).
+    pub fn script_argument_warnings(&self, planned: bool) -> Vec<String> {
+        let mut warnings: Vec<String> = options_after_script(self.script_args())
+            .into_iter()
+            .map(|option| {
+                format!(
+                    "{option} comes after SCRIPT ({}), so it goes to the script, as torchrun does; for pipette-run, write it before {}",
+                    self.script(),
+                    self.script()
+                )
+            })
+            .collect();
+        if planned {
+            warnings.extend(
+                crate::config::megatron::typos::near_misses(self.script_args())
+                    .iter()
+                    .map(|m| m.warning()),
+            );
+        }
+        warnings
+    }
+}
+
+/// pipette-run's (and torchrun's) long options written in `script_args` before any `--`,
+/// as written (`--dry-run`, `--nnodes=2`), each once. torchrun's rule is kept: everything
+/// after SCRIPT is the script's. Megatron's own options of the same name (`--seed`,
+/// `--log-interval`) are the script's indeed, and left out; so are `--help` and
+/// `--version`, which most scripts have.
+pub fn options_after_script(script_args: &[String]) -> Vec<String> {
+    let command = run_command();
+    let ours = |name: &str| {
+        command.get_arguments().any(|a| {
+            a.get_long() == Some(name) || a.get_all_aliases().is_some_and(|al| al.contains(&name))
+        })
+    };
+    let mut found: Vec<String> = Vec::new();
+    for word in script_args.iter().take_while(|w| *w != "--") {
+        let Some(body) = word.strip_prefix("--") else {
+            continue;
+        };
+        let name = body.split_once('=').map_or(body, |(name, _)| name);
+        let theirs = crate::config::megatron::typos::megatron_knows(name)
+            || ["help", "version"].contains(&name);
+        if !theirs && ours(name) && !found.iter().any(|f| f == name) {
+            found.push(name.to_owned());
+        }
+    }
+    found.into_iter().map(|name| format!("--{name}")).collect()
+}
+
 /// Plan LLM training on a cluster without launching it: inspect nodes, cluster files
 /// and model settings. `pipette-run` is the launcher.
 #[derive(Debug, Clone, Parser)]

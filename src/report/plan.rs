@@ -13,20 +13,26 @@ use super::estimate::with_stated_error;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// The plan as text. `runner_up` is the second-best configuration's estimate on the same
-/// footing as the winner's (both on their best mapping), when there is one, so the text
-/// can say which terms make the difference.
-pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstimate)>) -> String {
+/// The plan as text. `runner_up` is the estimate of the plan's runner-up
+/// ([`Plan::runner_up`]) on the same footing as the winner's (both on their best mapping),
+/// when there is one, so the text can say which terms make the difference.
+pub fn plan_to_human(plan: &Plan, runner_up: Option<&TimeEstimate>) -> String {
     let e = &plan.estimate;
     let mut out = headline(plan);
     if let Some(h) = &plan.heterogeneous {
         out.push_str(&stages(h, e.iteration_ms));
     }
 
-    out.push_str("\nWhy it wins: where the time goes\n");
+    // A simpler tie runs rather than the fastest: it wins on simplicity, not on time.
+    let wins_on_time = plan.ties.chosen == 0;
+    out.push_str(if wins_on_time {
+        "\nWhy it wins: where the time goes\n"
+    } else {
+        "\nWhy it runs, though #1 is faster: where the time goes\n"
+    });
     let t = &e.time;
     let rows = terms(t);
-    let other = runner_up.map(|(_, r)| terms(r));
+    let other = runner_up.map(terms);
     for (i, (name, ms)) in rows.iter().enumerate() {
         let versus = other
             .as_ref()
@@ -34,8 +40,8 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
             .unwrap_or_default();
         out.push_str(&format!("  {name:<36}{ms:>10.1} ms{versus}\n"));
     }
-    if let Some((config, r)) = runner_up {
-        out.push_str(&format!("  {}\n", runner_up_text(t, config, r)));
+    if let Some(text) = runner_up.and_then(|r| runner_up_text(plan, r)) {
+        out.push_str(&format!("  {text}\n"));
     }
     // Which tables priced the plan, when the profile's sweep measured them (the shipped
     // ones otherwise, as the estimate's JSON notes say).
@@ -105,6 +111,7 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<(&ParallelConfig, &TimeEstim
     }
     push_table(&mut out, &table);
     out.push_str(&ties(plan));
+    out.push_str(&recalibrated(plan));
     out.push_str(&format!(
         "  {} configurations Megatron accepts, {} fit in memory, {} mapped; {} time-model evaluations\n",
         plan.stats.candidates, plan.stats.fitting, plan.stats.mapped, plan.stats.evaluations
@@ -205,9 +212,15 @@ fn headline(plan: &Plan) -> String {
     out
 }
 
-/// How the runner-up compares: `runner-up tp 1 × pp 2 ...: 12.0 ms (+1.1 ms; the two
-/// terms that differ most)`.
-fn runner_up_text(t: &TimeEstimate, config: &ParallelConfig, r: &TimeEstimate) -> String {
+/// How the runner-up ([`Plan::runner_up`]) compares, from the same numbers as the table
+/// and the ties: `runner-up #2 tp 1 × pp 2 ...: 12.0 ms, 1.1 ms (9.2 %) slower; against
+/// the pick: +0.8 ms steady state, ...`. When a tie made a simpler configuration run, the
+/// runner-up is #1 and faster, and the text says that it is a tie and why the pick runs.
+/// `None` without a runner-up.
+fn runner_up_text(plan: &Plan, r: &TimeEstimate) -> Option<String> {
+    let position = plan.runner_up()?;
+    let config = &plan.top[position].config;
+    let t = &plan.estimate.time;
     // The terms that differ most, either way: what the runner-up loses and gains.
     let mut deltas: Vec<(&str, f64)> = terms(t)
         .iter()
@@ -221,17 +234,35 @@ fn runner_up_text(t: &TimeEstimate, config: &ParallelConfig, r: &TimeEstimate) -
         .take(2)
         .map(|(name, d)| format!("{d:+.1} ms {name}"))
         .collect();
-    format!(
-        "runner-up {}: {:.1} ms ({:+.1} ms; {})",
+    let delta = r.iteration_ms - t.iteration_ms;
+    let share = if t.iteration_ms > 0.0 {
+        100.0 * delta.abs() / t.iteration_ms
+    } else {
+        0.0
+    };
+    let ties = plan.ties;
+    let relation = if delta >= 0.0 {
+        format!("{delta:.1} ms ({share:.1} %) slower")
+    } else if position < ties.count && ties.chosen < ties.count {
+        format!(
+            "{:.1} ms ({share:.1} %) faster, within the model's stated error (± {:.1} %): a tie, and the simpler runs",
+            -delta,
+            100.0 * ties.window
+        )
+    } else {
+        format!("{:.1} ms ({share:.1} %) faster", -delta)
+    };
+    Some(format!(
+        "runner-up #{} {}: {:.1} ms, {relation}; against the pick: {}",
+        position + 1,
         describe(config),
         r.iteration_ms,
-        r.iteration_ms - t.iteration_ms,
         if differences.is_empty() {
             "the same terms".to_string()
         } else {
             differences.join(", ")
         }
-    )
+    ))
 }
 
 /// The user's own parallel configuration, as the script's Megatron arguments give it,
@@ -362,22 +393,25 @@ impl YoursReport {
 /// beside it. Laid out for `width` columns.
 pub fn plan_summary(
     plan: &Plan,
-    runner_up: Option<(&ParallelConfig, &TimeEstimate)>,
+    runner_up: Option<&TimeEstimate>,
     yours: Option<&YoursReport>,
     width: usize,
 ) -> String {
     let mut out = headline(plan);
-    match runner_up {
-        Some((config, r)) => out.push_str(&format!(
-            "  why it wins: the {}\n",
-            runner_up_text(&plan.estimate.time, config, r)
-        )),
+    let why = if plan.ties.chosen == 0 {
+        "why it wins"
+    } else {
+        "why it runs"
+    };
+    match runner_up.and_then(|r| runner_up_text(plan, r)) {
+        Some(text) => out.push_str(&format!("  {why}: the {text}\n")),
         None => out.push_str(&format!(
             "  why it wins: the only configuration that fits ({} Megatron accepts, {} fit)\n",
             plan.stats.candidates, plan.stats.fitting
         )),
     }
     out.push_str(&ties(plan));
+    out.push_str(&recalibrated(plan));
     if let Some(y) = yours {
         out.push_str(&y.to_human());
     }
@@ -462,6 +496,23 @@ fn ties(plan: &Plan) -> String {
         "  #1-#{} are ties: within the model's stated error (± {:.1} %) of the fastest; the simplest wins (fewest pipeline stages, then virtual stages, smallest tp, largest micro-batch): {which}\n",
         t.count,
         100.0 * t.window,
+    )
+}
+
+/// When the pick's estimate is no longer its figure in the ranking (a trial's calibration
+/// priced it again, the ranking was not redone): says so, so that the table, the ties and
+/// the estimate are not read as contradicting each other. Empty otherwise.
+fn recalibrated(plan: &Plan) -> String {
+    let Some(ranked) = plan.top.get(plan.ties.chosen) else {
+        return String::new();
+    };
+    let now = plan.estimate.iteration_ms;
+    if (now - ranked.mapped_ms).abs() <= 0.0005 * ranked.mapped_ms.max(1.0) {
+        return String::new();
+    }
+    format!(
+        "  the ranking and the ties are the planner's figures ({:.1} ms for the pick); the estimate above, {now:.1} ms, is under the calibration the trial fitted\n",
+        ranked.mapped_ms
     )
 }
 

@@ -476,8 +476,8 @@ impl MeasuredChoice {
         for (i, c) in self.candidates.iter().enumerate() {
             let measured = match (c.measured_ms, &c.failure) {
                 (Some(ms), _) => format!(
-                    "measured {ms:.1} ms ({:+.1} % against the prediction)",
-                    (c.predicted_ms - ms) / ms * 100.0
+                    "measured {ms:.1} ms (took {})",
+                    super::times_the_estimate(ms, c.predicted_ms)
                 ),
                 (None, Some(why)) => format!("not measured: {why}"),
                 (None, None) => "no iteration time".to_string(),

@@ -737,6 +737,16 @@ pub struct Comparison {
 }
 
 impl Comparison {
+    /// How the measurement compares, as a reader takes it: `1.23× the estimate before
+    /// calibration, 1.01× after`.
+    pub fn to_human(&self) -> String {
+        format!(
+            "{} before calibration, {} after",
+            times_the_estimate(self.measured, self.before),
+            times_the_estimate(self.measured, self.after).trim_end_matches(" the estimate")
+        )
+    }
+
     pub fn new(measured: f64, before: f64, after: f64) -> Self {
         let pct = |e: f64| {
             if measured > 0.0 {
@@ -752,6 +762,17 @@ impl Comparison {
             error_before_pct: pct(before),
             error_after_pct: pct(after),
         }
+    }
+}
+
+/// A measurement as a multiple of its estimate, `2.03× the estimate`: a deviation said the
+/// way it is read (a percentage of the measurement, negative when it took longer, had to
+/// be inverted); `no estimate` without a positive one.
+pub fn times_the_estimate(measured: f64, estimate: f64) -> String {
+    if estimate > 0.0 && measured.is_finite() {
+        format!("{:.2}× the estimate", measured / estimate)
+    } else {
+        "no estimate".to_string()
     }
 }
 
@@ -961,15 +982,15 @@ impl TrialReport {
                 ));
             }
             out.push_str(&format!(
-                "  peak memory: measured {:.0} MiB; estimate {:+.1} % before, {:+.1} % after calibration\n",
+                "  peak memory: measured {:.0} MiB, {}\n",
                 mib(t.peak.measured),
-                t.peak.error_before_pct,
-                t.peak.error_after_pct
+                t.peak.to_human()
             ));
             if let Some(ms) = &t.iteration_ms {
                 out.push_str(&format!(
-                    "  iteration: measured {:.1} ms; estimate {:+.1} % before, {:+.1} % after calibration\n",
-                    ms.measured, ms.error_before_pct, ms.error_after_pct
+                    "  iteration: measured {:.1} ms, {}\n",
+                    ms.measured,
+                    ms.to_human()
                 ));
             }
         }
@@ -1003,6 +1024,21 @@ mod tests {
 
     fn w(text: &str) -> Vec<String> {
         text.split_whitespace().map(str::to_string).collect()
+    }
+
+    /// A run that took twice the estimate reads "2.03× the estimate", never "-50.8 %".
+    #[test]
+    fn deviations_read_as_multiples_of_the_estimate() {
+        assert_eq!(times_the_estimate(1015.0, 500.0), "2.03× the estimate");
+        assert_eq!(times_the_estimate(450.0, 500.0), "0.90× the estimate");
+        assert_eq!(times_the_estimate(450.0, 0.0), "no estimate");
+        let c = Comparison::new(1015.0, 500.0, 1000.0);
+        assert_eq!(
+            c.to_human(),
+            "2.03× the estimate before calibration, 1.01× after"
+        );
+        // The JSON keeps its signed percentages.
+        assert!((c.error_before_pct + 50.74).abs() < 0.01);
     }
 
     #[test]

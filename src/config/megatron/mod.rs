@@ -3,7 +3,8 @@
 //! Files, one job each: [`options`] is the one table of Megatron's options (shared with
 //! the rewriting in `render::megatron`), [`argparse`] groups words as argparse does,
 //! `read` reads them into what they say, `derive` applies Megatron's defaults and
-//! derivations, `pins` reads `--pin` into constraints.
+//! derivations, `pins` reads `--pin` into constraints, [`typos`] finds near misses of the
+//! options pipette reads.
 //!
 //! The arguments are read the way Megatron's argparse parser reads them
 //! (megatron-core 0.19.2, `megatron/training/arguments.py`): `--opt value` and
@@ -58,6 +59,7 @@ mod derive;
 pub mod options;
 mod pins;
 mod read;
+pub mod typos;
 
 pub use pins::{parse_pins, Pin};
 

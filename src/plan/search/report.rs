@@ -39,6 +39,16 @@ pub struct Plan {
     pub heterogeneous: Option<HeterogeneousPlan>,
 }
 
+impl Plan {
+    /// The runner-up, a position in [`Plan::top`]: the fastest configuration other than the
+    /// one that runs. The one definition every report uses; where a tie made a simpler
+    /// configuration run ([`Ties::chosen`] > 0), it is the fastest (#1), faster than the
+    /// pick.
+    pub fn runner_up(&self) -> Option<usize> {
+        (0..self.top.len()).find(|&i| i != self.ties.chosen)
+    }
+}
+
 /// The pipeline stages of a plan on a heterogeneous cluster.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HeterogeneousPlan {
