@@ -9,9 +9,11 @@
 
 pub mod deepspeed;
 pub mod megatron;
+pub mod moe;
 pub mod presets;
 
 pub use megatron::{settings_from_megatron_args, ArgsError};
+pub use moe::{Dispatcher, DropPolicy, LoadBalancing, MlaSpec, MoeSpec, RecomputeModule};
 
 /// Why pipette-run does not plan a script, in one line; `None` when it plans: `--model`
 /// is given, or the arguments after SCRIPT give one of Megatron's model arguments
@@ -20,7 +22,14 @@ pub use megatron::{settings_from_megatron_args, ArgsError};
 /// torchrun would launch it, its arguments untouched.
 pub fn planning_off(script_args: &[String], preset: Option<&str>) -> Option<String> {
     if preset.is_some() || megatron::model_arguments_given(script_args) {
-        return None;
+        // A Megatron run the planner cannot model is launched as torchrun would launch it;
+        // any other error in the arguments is the planned path's to report.
+        return match settings_from_megatron_args(script_args, preset, &[]) {
+            Err(ArgsError::Unmodelled { option, what }) => Some(format!(
+                "planning is off: {option} ({what}) is not modelled by the planner yet, so the script runs as torchrun would run it, on the nodes found, its arguments untouched"
+            )),
+            _ => None,
+        };
     }
     Some(format!(
         "planning is off: no --model and none of Megatron's model arguments ({}) after SCRIPT, so the script runs as torchrun would run it, on the nodes found, its arguments untouched",
@@ -66,6 +75,19 @@ pub struct ModelSpec {
     /// Bias on the QKV projection (follows `add_bias_linear` unless `--add-qkv-bias`).
     pub add_qkv_bias: bool,
     pub position_embedding: PositionEmbedding,
+    /// Routed experts (`--num-experts`); `None` for a dense model.
+    #[serde(default)]
+    pub moe: Option<MoeSpec>,
+    /// Multi-latent attention (`--multi-latent-attention`); `None` for standard attention.
+    #[serde(default)]
+    pub mla: Option<MlaSpec>,
+    /// Multi-token prediction layers after the decoder (`--mtp-num-layers`), on the last
+    /// pipeline stage.
+    #[serde(default)]
+    pub mtp_layers: u64,
+    /// `--qk-layernorm`: a norm over each query and key head (Qwen3, OLMo 2).
+    #[serde(default)]
+    pub qk_layernorm: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,6 +135,30 @@ pub struct TrainingSettings {
     /// `--tp-comm-overlap`: tensor-parallel collectives overlap the GEMMs (Transformer Engine).
     #[serde(default)]
     pub tp_comm_overlap: bool,
+    /// `--recompute-modules`: what selective recomputation recomputes (Megatron's default
+    /// is the core attention alone).
+    #[serde(default = "default_recompute_modules")]
+    pub recompute_modules: Vec<RecomputeModule>,
+    /// `--expert-model-parallel-size` as written (a hint unless pinned).
+    #[serde(default = "one")]
+    pub expert_parallel: u64,
+    /// `--expert-tensor-parallel-size` as written; `None` follows the tensor-parallel size.
+    #[serde(default)]
+    pub expert_tensor_parallel: Option<u64>,
+    /// `--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers` as
+    /// written (hints: the plan writes its own split).
+    #[serde(default)]
+    pub first_stage_layers: Option<u64>,
+    #[serde(default)]
+    pub last_stage_layers: Option<u64>,
+}
+
+fn default_recompute_modules() -> Vec<RecomputeModule> {
+    vec![RecomputeModule::CoreAttn]
+}
+
+fn one() -> u64 {
+    1
 }
 
 impl TrainingSettings {
@@ -138,6 +184,11 @@ impl TrainingSettings {
             overlap_param_gather: false,
             grad_reduce_in_bf16: false,
             tp_comm_overlap: false,
+            recompute_modules: default_recompute_modules(),
+            expert_parallel: 1,
+            expert_tensor_parallel: None,
+            first_stage_layers: None,
+            last_stage_layers: None,
         }
     }
 }
@@ -233,5 +284,24 @@ mod tests {
             assert_eq!(planning_off(&words(megatron), None), None, "{megatron}");
         }
         assert_eq!(planning_off(&words("--lr 1"), Some("gpt3-1.3b")), None);
+    }
+
+    #[test]
+    fn planning_is_off_for_a_megatron_run_the_planner_cannot_model() {
+        let base = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --vocab-size 100 --global-batch-size 8";
+        let why = planning_off(&words(&format!("{base} --hybrid-layer-pattern M*M*")), None)
+            .expect("a hybrid stack is not planned");
+        assert!(
+            why.contains("--hybrid-layer-pattern M*M* (hybrid models)"),
+            "{why}"
+        );
+        assert!(!why.contains("launch with torchrun"), "{why}");
+        assert_eq!(why.lines().count(), 1);
+        // Arguments with a mistake are the planned path's to report, not a reason to skip it.
+        assert_eq!(
+            planning_off(&words(&format!("{base} --fp16 --bf16")), None),
+            None
+        );
+        assert_eq!(planning_off(&words(base), None), None);
     }
 }

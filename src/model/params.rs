@@ -220,6 +220,10 @@ mod tests {
             add_bias_linear: true,
             add_qkv_bias: true,
             position_embedding: PositionEmbedding::LearnedAbsolute,
+            moe: None,
+            mla: None,
+            mtp_layers: 0,
+            qk_layernorm: false,
         }
     }
 

@@ -30,6 +30,15 @@ impl ArgWord {
             .or_else(|| (self.end > self.start + 1).then(|| args[self.start + 1].clone()))
     }
 
+    /// Every value word of an option that takes several (`Arity::Values`); the one value
+    /// of any other.
+    pub fn values(&self, args: &[String]) -> Vec<String> {
+        match &self.inline_value {
+            Some(v) => vec![v.clone()],
+            None => args[self.start + 1..self.end].to_vec(),
+        }
+    }
+
     /// The option's name as written (`num_layers` for `--num_layers=2`).
     pub fn written_name<'a>(&self, args: &'a [String]) -> Option<&'a str> {
         self.name.as_ref()?;
@@ -65,13 +74,18 @@ pub fn arg_words(args: &[String]) -> Vec<ArgWord> {
             Some((name, value)) => (name.replace('_', "-"), Some(value.to_string())),
             None => (body.replace('_', "-"), None),
         };
-        let takes_value = find_any_spelling(&name).is_some_and(|o| o.arity == Arity::Value);
+        let arity = find_any_spelling(&name).map_or(Arity::Flag, |o| o.arity);
         let mut end = i + 1;
-        if takes_value
-            && inline_value.is_none()
-            && args.get(end).is_some_and(|next| !looks_like_option(next))
-        {
-            end += 1;
+        if arity != Arity::Flag && inline_value.is_none() {
+            while args
+                .get(end)
+                .is_some_and(|next| next != "--" && !looks_like_option(next))
+            {
+                end += 1;
+                if arity == Arity::Value {
+                    break;
+                }
+            }
         }
         out.push(ArgWord {
             name: Some(name),
@@ -139,6 +153,14 @@ mod tests {
         // A negative number is a value; an option is not.
         assert_eq!(groups("--seq-length -5").len(), 1);
         assert_eq!(groups("--seq-length --swiglu").len(), 2);
+        // nargs='+': every word up to the next option.
+        assert_eq!(
+            groups("--recompute-modules moe_act layernorm --swiglu"),
+            vec![
+                (Some("recompute-modules".into()), 0, 3),
+                (Some("swiglu".into()), 3, 4)
+            ]
+        );
     }
 
     #[test]

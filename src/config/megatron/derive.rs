@@ -5,7 +5,8 @@
 use super::read::{Granularity, RawArgs, Vocabulary};
 use super::{contradiction, ArgsError};
 use crate::config::{
-    presets, ModelSpec, Normalization, PositionEmbedding, Precision, Recompute, TrainingSettings,
+    presets, Dispatcher, DropPolicy, LoadBalancing, MlaSpec, ModelSpec, MoeSpec, Normalization,
+    PositionEmbedding, Precision, Recompute, RecomputeModule, TrainingSettings,
 };
 
 fn require(raw: &RawArgs, value: Option<u64>, option: &'static str) -> Result<u64, ArgsError> {
@@ -117,6 +118,10 @@ pub(super) fn model_spec(
         add_bias_linear,
         add_qkv_bias: add_bias_linear || raw.add_qkv_bias,
         position_embedding,
+        moe: moe(raw, num_layers, ffn_hidden_size)?,
+        mla: mla(raw)?,
+        mtp_layers: raw.mtp_num_layers.unwrap_or(0),
+        qk_layernorm: raw.qk_layernorm,
     };
     if !fits_in_u64(&spec) {
         return Err(contradiction(format!(
@@ -124,6 +129,100 @@ pub(super) fn model_spec(
         )));
     }
     Ok(spec)
+}
+
+/// The expert layers, with Megatron's defaults (TransformerConfig: top-2, the allgather
+/// dispatcher, aux-loss balancing, dropless, `--moe-ffn-hidden-size` = `--ffn-hidden-size`,
+/// arguments.py 1595-1596; every layer MoE).
+fn moe(raw: &RawArgs, num_layers: u64, ffn: u64) -> Result<Option<MoeSpec>, ArgsError> {
+    let Some(num_experts) = raw.num_experts else {
+        if let Some(ep) = raw.expert_parallel.filter(|ep| *ep > 1) {
+            return Err(contradiction(format!(
+                "--expert-model-parallel-size {ep} needs --num-experts (Megatron refuses expert parallelism without experts: add --num-experts or drop it)"
+            )));
+        }
+        return Ok(None);
+    };
+    let router_topk = raw.moe_router_topk.unwrap_or(2);
+    if router_topk > num_experts {
+        return Err(contradiction(format!(
+            "--moe-router-topk {router_topk} is more than --num-experts {num_experts} (each token goes to top-k distinct experts: lower the top-k)"
+        )));
+    }
+    let layers = match &raw.moe_layer_freq {
+        None => vec![true; num_layers as usize],
+        Some(freq) => freq.layers(num_layers).ok_or_else(|| {
+            contradiction(format!(
+                "--moe-layer-freq gives a pattern that is not one 0 or 1 per layer of --num-layers {num_layers} (Megatron requires the pattern's length to be the number of layers: fix the pattern)"
+            ))
+        })?,
+    };
+    Ok(Some(MoeSpec {
+        num_experts,
+        router_topk,
+        ffn_hidden_size: raw.moe_ffn_hidden_size.unwrap_or(ffn),
+        shared_expert_ffn: raw.moe_shared_expert_intermediate_size,
+        shared_expert_overlap: raw.moe_shared_expert_overlap,
+        layers,
+        grouped_gemm: raw.moe_grouped_gemm,
+        dispatcher: raw.moe_dispatcher.unwrap_or(Dispatcher::Allgather),
+        load_balancing: raw.moe_load_balancing.unwrap_or(LoadBalancing::AuxLoss),
+        capacity_factor: raw.moe_capacity_factor,
+        pad_to_capacity: raw.moe_pad_to_capacity,
+        drop_policy: raw.moe_drop_policy.unwrap_or(DropPolicy::Probs),
+        expert_bias: raw.moe_expert_bias,
+    }))
+}
+
+/// Multi-latent attention with Megatron's defaults (arguments.py `_add_mla_args`).
+fn mla(raw: &RawArgs) -> Result<Option<MlaSpec>, ArgsError> {
+    if !raw.multi_latent_attention {
+        return Ok(None);
+    }
+    if raw.group_query_attention {
+        return Err(contradiction(
+            "--multi-latent-attention and --group-query-attention are both given (Megatron refuses grouped-query with multi-latent attention: drop one)".to_string(),
+        ));
+    }
+    Ok(Some(MlaSpec {
+        q_lora_rank: raw.q_lora_rank,
+        kv_lora_rank: raw.kv_lora_rank.unwrap_or(32),
+        qk_head_dim: raw.qk_head_dim.unwrap_or(128),
+        qk_pos_emb_head_dim: raw.qk_pos_emb_head_dim.unwrap_or(64),
+        v_head_dim: raw.v_head_dim.unwrap_or(128),
+    }))
+}
+
+/// `--recompute-modules` under TransformerConfig's rules (transformer_config.py 1763-1817):
+/// `core_attn` alone by default; `moe_act` only with grouped GEMMs, `mla_up_proj` only with
+/// multi-latent attention, `shared_experts` not with the shared-expert overlap.
+fn recompute_modules(raw: &RawArgs, model: &ModelSpec) -> Result<Vec<RecomputeModule>, ArgsError> {
+    let Some(modules) = raw.recompute_modules.clone() else {
+        return Ok(vec![RecomputeModule::CoreAttn]);
+    };
+    let moe = model.moe.as_ref();
+    for m in &modules {
+        let refused = match m {
+            RecomputeModule::MoeAct => {
+                (!moe.is_some_and(|m| m.grouped_gemm)).then_some("moe_act needs --moe-grouped-gemm")
+            }
+            RecomputeModule::MlaUpProj => model
+                .mla
+                .is_none()
+                .then_some("mla_up_proj needs --multi-latent-attention"),
+            RecomputeModule::SharedExperts => moe
+                .is_some_and(|m| m.shared_expert_ffn.is_some() && m.shared_expert_overlap)
+                .then_some("shared_experts cannot be recomputed with --moe-shared-expert-overlap"),
+            _ => None,
+        };
+        if let Some(why) = refused {
+            return Err(contradiction(format!(
+                "--recompute-modules {}: {why} (Megatron refuses it: drop the module or add what it needs)",
+                m.megatron_name()
+            )));
+        }
+    }
+    Ok(modules)
 }
 
 /// Whether the model's parameter count stays far from u64's limit, with room for padding
@@ -225,6 +324,10 @@ fn recompute(raw: &RawArgs, num_layers: u64) -> Result<Recompute, ArgsError> {
 /// Virtual pipeline stages per rank as Megatron derives them (arguments.py 893-964):
 /// None for no interleaving.
 fn virtual_pipeline(raw: &RawArgs, num_layers: u64, pp: u64) -> Result<Option<u64>, ArgsError> {
+    let uneven = raw.first_stage_layers.is_some() || raw.last_stage_layers.is_some();
+    if uneven {
+        return uneven_virtual_pipeline(raw, num_layers, pp);
+    }
     let vpp = match (raw.layers_per_virtual_stage, raw.virtual_stages_per_rank) {
         (Some(l), Some(v)) => {
             return Err(contradiction(format!(
@@ -270,6 +373,30 @@ fn virtual_pipeline(raw: &RawArgs, num_layers: u64, pp: u64) -> Result<Option<u6
 /// The most transformer layers accepted: per-stage and per-layer lists are sized by it, so
 /// a typing mistake must not reach them.
 const MAX_LAYERS: u64 = 1 << 16;
+
+/// Virtual stages with `--decoder-first/last-pipeline-num-layers`: Megatron then needs
+/// `--num-virtual-stages-per-pipeline-rank` for interleaving (arguments.py 921-923) and
+/// checks no divisibility itself; we check that the named stages leave layers for the rest.
+fn uneven_virtual_pipeline(
+    raw: &RawArgs,
+    num_layers: u64,
+    pp: u64,
+) -> Result<Option<u64>, ArgsError> {
+    if let Some(l) = raw.layers_per_virtual_stage {
+        return Err(contradiction(format!(
+            "--num-layers-per-virtual-pipeline-stage {l} cannot be used with --decoder-first/last-pipeline-num-layers (Megatron refuses it: use --num-virtual-stages-per-pipeline-rank)"
+        )));
+    }
+    let named = raw.first_stage_layers.unwrap_or(0) + raw.last_stage_layers.unwrap_or(0);
+    let named_stages =
+        u64::from(raw.first_stage_layers.is_some()) + u64::from(raw.last_stage_layers.is_some());
+    if named > num_layers || (named_stages >= pp && named != num_layers) {
+        return Err(contradiction(format!(
+            "--decoder-first/last-pipeline-num-layers name {named} layers of --num-layers {num_layers} on {named_stages} of --pipeline-model-parallel-size {pp} stages: the stages must hold exactly the layers"
+        )));
+    }
+    Ok(raw.virtual_stages_per_rank.filter(|v| *v > 1))
+}
 
 /// The largest global batch (sequences per step) accepted: larger is a typing mistake, and
 /// would only make the planner's search long.
@@ -328,5 +455,10 @@ pub(super) fn training_settings(
         overlap_param_gather: raw.overlap_param_gather,
         grad_reduce_in_bf16: raw.grad_reduce_in_bf16,
         tp_comm_overlap: raw.tp_comm_overlap,
+        recompute_modules: recompute_modules(raw, model)?,
+        expert_parallel: raw.expert_parallel.unwrap_or(1),
+        expert_tensor_parallel: raw.expert_tensor_parallel,
+        first_stage_layers: raw.first_stage_layers,
+        last_stage_layers: raw.last_stage_layers,
     })
 }

@@ -50,12 +50,17 @@
 //! its first forward pass), and `--recompute-method` / `--recompute-num-layers` without
 //! `--recompute-granularity full` (Megatron ignores them silently).
 //!
-//! Options that change the model in ways the cost models do not cover yet (mixture of
-//! experts, multi-latent attention, QK norms, uneven pipelines, context parallelism, ...)
-//! are refused with an error rather than planned wrongly.
+//! Mixture of experts (`--num-experts`, `--moe-*`, `--moe-layer-freq` lists), multi-latent
+//! attention, multi-token prediction, QK norms, `--recompute-modules` and the user's uneven
+//! stages are read into typed settings. Options that change the model in ways the cost
+//! models do not cover (context parallelism, hybrid Mamba stacks, ...) and read parts the
+//! cost models do not price yet give [`ArgsError::Unmodelled`]: `pipette-run` then launches
+//! the script with planning off, as torchrun would ([`crate::config::planning_off`]),
+//! rather than plan it wrongly.
 
 pub mod argparse;
 mod derive;
+mod layer_freq;
 pub mod options;
 mod pins;
 mod read;
@@ -63,7 +68,7 @@ pub mod typos;
 
 pub use pins::{parse_pins, Pin};
 
-use super::{presets, Settings};
+use super::{presets, ModelSpec, Settings};
 use derive::{model_spec, training_settings};
 use pins::constraints;
 use read::{merge, read_args, vocabulary, Vocabulary};
@@ -88,10 +93,10 @@ pub enum ArgsError {
     /// options and values and says what to do.
     #[error("{0}")]
     Contradiction(String),
-    #[error(
-        "{option} is not supported by pipette-run yet ({what}); drop it, or launch with torchrun"
-    )]
-    Unsupported { option: String, what: &'static str },
+    /// An option the planner does not model yet: `pipette-run` launches such a script
+    /// with planning off ([`crate::config::planning_off`]); planning commands stop here.
+    #[error("{option} is not modelled by the planner yet ({what}): pipette-run launches the script with planning off; to plan, drop it")]
+    Unmodelled { option: String, what: &'static str },
     #[error("unknown model preset {name:?} (known presets: {known})")]
     UnknownPreset { name: String, known: String },
     #[error("cannot tell the vocabulary size of --tokenizer-type {tokenizer} from the arguments (add --vocab-size N with the tokenizer's size, e.g. 32000 for Llama 2, or use --model PRESET)")]
@@ -133,6 +138,19 @@ pub fn settings_from_megatron_args(
     preset: Option<&str>,
     pins: &[Pin],
 ) -> Result<Settings, ArgsError> {
+    let settings = read_settings(args, preset, pins)?;
+    if let Some((option, what)) = not_yet_planned(&settings.model) {
+        return Err(ArgsError::Unmodelled { option, what });
+    }
+    Ok(settings)
+}
+
+/// Everything the arguments say, including the parts the cost models cannot price yet.
+fn read_settings(
+    args: &[String],
+    preset: Option<&str>,
+    pins: &[Pin],
+) -> Result<Settings, ArgsError> {
     let user = read_args(args)?;
     let (raw, vocab) = match preset {
         None => {
@@ -150,6 +168,12 @@ pub fn settings_from_megatron_args(
             (merge(defaults, user), vocab)
         }
     };
+    if let Some((option, what)) = raw.unmodelled.first() {
+        return Err(ArgsError::Unmodelled {
+            option: option.clone(),
+            what,
+        });
+    }
     let model = model_spec(&raw, vocab, preset)?;
     let dp_pin = pins.iter().find_map(|p| match p {
         Pin::DataParallel(n) => Some(*n),
@@ -162,6 +186,30 @@ pub fn settings_from_megatron_args(
         training,
         constraints,
     })
+}
+
+/// The parts of a model that are read but that the cost models do not price yet: the
+/// planner would plan such a model as if they were absent.
+fn not_yet_planned(model: &ModelSpec) -> Option<(String, &'static str)> {
+    if let Some(moe) = &model.moe {
+        return Some((
+            format!("--num-experts {}", moe.num_experts),
+            "mixture of experts",
+        ));
+    }
+    if model.mla.is_some() {
+        return Some(("--multi-latent-attention".into(), "multi-latent attention"));
+    }
+    if model.mtp_layers > 0 {
+        return Some((
+            format!("--mtp-num-layers {}", model.mtp_layers),
+            "multi-token prediction",
+        ));
+    }
+    if model.qk_layernorm {
+        return Some(("--qk-layernorm".into(), "query/key layer norms"));
+    }
+    None
 }
 
 #[cfg(test)]

@@ -20,6 +20,8 @@ pub enum Arity {
     Flag,
     /// `--opt VALUE` or `--opt=VALUE`.
     Value,
+    /// `--opt V1 V2 ...` (argparse's `nargs='+'` / `'*'`): every word up to the next option.
+    Values,
 }
 
 /// What reading the user's arguments makes of an option.
@@ -28,7 +30,8 @@ pub enum Read {
     /// A model, training or parallel setting, read into the field named.
     Setting(Field),
     /// Changes the model or the parallel layout beyond what the parameter, memory and time
-    /// models know: refused, unless it has the value that leaves it off (`neutral`).
+    /// models know: the planner cannot plan such a run (pipette-run launches it with
+    /// planning off), unless it has the value that leaves it off (`neutral`).
     Unsupported {
         what: &'static str,
         neutral: Option<u64>,
@@ -86,6 +89,32 @@ pub enum Field {
     OverlapParamGather,
     GradReduceInBf16,
     TpCommOverlap,
+    NumExperts,
+    MoeRouterTopk,
+    MoeFfnHiddenSize,
+    MoeSharedExpertIntermediateSize,
+    MoeSharedExpertOverlap,
+    MoeLayerFreq,
+    ExpertModelParallel,
+    ExpertTensorParallel,
+    MoeGroupedGemm,
+    MoeTokenDispatcherType,
+    MoeRouterLoadBalancingType,
+    MoeExpertCapacityFactor,
+    MoePadExpertInputToCapacity,
+    MoeTokenDropPolicy,
+    MoeRouterEnableExpertBias,
+    MultiLatentAttention,
+    QLoraRank,
+    KvLoraRank,
+    QkHeadDim,
+    QkPosEmbHeadDim,
+    VHeadDim,
+    MtpNumLayers,
+    QkLayernorm,
+    RecomputeModules,
+    DecoderFirstPipelineNumLayers,
+    DecoderLastPipelineNumLayers,
 }
 
 /// What rewriting the arguments for a plan does with an option.
@@ -136,6 +165,10 @@ pub struct MegatronOption {
 
 const fn value(name: &'static str, read: Read) -> MegatronOption {
     option(name, Arity::Value, read)
+}
+
+const fn options(name: &'static str, read: Read) -> MegatronOption {
+    option(name, Arity::Values, read)
 }
 
 const fn flag(name: &'static str, read: Read) -> MegatronOption {
@@ -255,27 +288,55 @@ pub const OPTIONS: &[MegatronOption] = {
         value("deepspeed-config", Ignored).rewritten(Rewrite::DeepSpeedConfig),
         value("deepscale-config", Ignored).rewritten(Rewrite::DeepSpeedConfig),
         value("zero-stage", Ignored).rewritten(Rewrite::ZeroStage),
+        // Mixture of experts (TransformerConfig's `moe_*` fields, arguments.py _add_moe_args).
+        value("num-experts", Setting(NumExperts)),
+        value("moe-router-topk", Setting(MoeRouterTopk)),
+        value("moe-ffn-hidden-size", Setting(MoeFfnHiddenSize)),
+        value(
+            "moe-shared-expert-intermediate-size",
+            Setting(MoeSharedExpertIntermediateSize),
+        ),
+        flag("moe-shared-expert-overlap", Setting(MoeSharedExpertOverlap)),
+        value("moe-layer-freq", Setting(MoeLayerFreq)),
+        value("expert-model-parallel-size", Setting(ExpertModelParallel)).planned(),
+        value("expert-tensor-parallel-size", Setting(ExpertTensorParallel)).planned(),
+        flag("moe-grouped-gemm", Setting(MoeGroupedGemm)),
+        value("moe-token-dispatcher-type", Setting(MoeTokenDispatcherType)),
+        options(
+            "moe-router-load-balancing-type",
+            Setting(MoeRouterLoadBalancingType),
+        ),
+        value(
+            "moe-expert-capacity-factor",
+            Setting(MoeExpertCapacityFactor),
+        ),
+        flag(
+            "moe-pad-expert-input-to-capacity",
+            Setting(MoePadExpertInputToCapacity),
+        ),
+        value("moe-token-drop-policy", Setting(MoeTokenDropPolicy)),
+        flag(
+            "moe-router-enable-expert-bias",
+            Setting(MoeRouterEnableExpertBias),
+        ),
+        // Multi-latent attention and multi-token prediction (DeepSeek-V3).
+        flag("multi-latent-attention", Setting(MultiLatentAttention)),
+        value("q-lora-rank", Setting(QLoraRank)),
+        value("kv-lora-rank", Setting(KvLoraRank)),
+        value("qk-head-dim", Setting(QkHeadDim)),
+        value("qk-pos-emb-head-dim", Setting(QkPosEmbHeadDim)),
+        value("v-head-dim", Setting(VHeadDim)),
+        value("mtp-num-layers", Setting(MtpNumLayers)),
+        flag("qk-layernorm", Setting(QkLayernorm)),
+        // Kept: Megatron reads it only under selective recomputation, whichever the plan picks.
+        options("recompute-modules", Setting(RecomputeModules)),
         // Options that change the model or the parallel layout beyond what the parameter,
         // memory and time models know.
-        value("num-experts", unsupported("mixture of experts", Some(0))),
-        value(
-            "expert-model-parallel-size",
-            unsupported("expert parallelism", Some(1)),
-        ),
         value(
             "context-parallel-size",
             unsupported("context parallelism", Some(1)),
         )
         .rewritten(Rewrite::ContextParallel),
-        value(
-            "mtp-num-layers",
-            unsupported("multi-token prediction", Some(0)),
-        ),
-        flag(
-            "multi-latent-attention",
-            unsupported("multi-latent attention", None),
-        ),
-        flag("qk-layernorm", unsupported("query/key layer norms", None)),
         flag("quick-geglu", unsupported("gated GeLU", None)),
         value("hybrid-layer-pattern", unsupported("hybrid models", None)),
         value(
@@ -299,15 +360,17 @@ pub const OPTIONS: &[MegatronOption] = {
             "disable-pad-vocab-size",
             unsupported("an unpadded vocabulary", None),
         ),
-        // The plan writes its own stage split; these move layers between stages.
+        value("moe-latent-size", unsupported("latent MoE", None)),
+        flag("moe-use-upcycling", unsupported("upcycled experts", None)),
+        // The plan writes its own stage split; the user's is a hint.
         value(
             "decoder-first-pipeline-num-layers",
-            unsupported("uneven pipeline stages", None),
+            Setting(DecoderFirstPipelineNumLayers),
         )
         .planned(),
         value(
             "decoder-last-pipeline-num-layers",
-            unsupported("uneven pipeline stages", None),
+            Setting(DecoderLastPipelineNumLayers),
         )
         .planned(),
         value(

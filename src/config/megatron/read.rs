@@ -3,9 +3,13 @@
 //! under the user's ([`merge`]), and the vocabulary the tokenizer implies ([`vocabulary`]).
 
 use super::argparse::{arg_words, parse_count};
+use super::layer_freq::LayerFreq;
 use super::options::{self, Arity, Field, Read};
 use super::{contradiction, ArgsError};
-use crate::config::{Normalization, PositionEmbedding, RecomputeMethod};
+use crate::config::{
+    Dispatcher, DropPolicy, LoadBalancing, Normalization, PositionEmbedding, RecomputeMethod,
+    RecomputeModule,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Granularity {
@@ -60,6 +64,35 @@ pub(super) struct RawArgs {
     pub(super) overlap_param_gather: bool,
     pub(super) grad_reduce_in_bf16: bool,
     pub(super) tp_comm_overlap: bool,
+    pub(super) num_experts: Option<u64>,
+    pub(super) moe_router_topk: Option<u64>,
+    pub(super) moe_ffn_hidden_size: Option<u64>,
+    pub(super) moe_shared_expert_intermediate_size: Option<u64>,
+    pub(super) moe_shared_expert_overlap: bool,
+    pub(super) moe_layer_freq: Option<LayerFreq>,
+    pub(super) expert_parallel: Option<u64>,
+    pub(super) expert_tensor_parallel: Option<u64>,
+    pub(super) moe_grouped_gemm: bool,
+    pub(super) moe_dispatcher: Option<Dispatcher>,
+    pub(super) moe_load_balancing: Option<LoadBalancing>,
+    pub(super) moe_capacity_factor: Option<f64>,
+    pub(super) moe_pad_to_capacity: bool,
+    pub(super) moe_drop_policy: Option<DropPolicy>,
+    pub(super) moe_expert_bias: bool,
+    pub(super) multi_latent_attention: bool,
+    pub(super) q_lora_rank: Option<u64>,
+    pub(super) kv_lora_rank: Option<u64>,
+    pub(super) qk_head_dim: Option<u64>,
+    pub(super) qk_pos_emb_head_dim: Option<u64>,
+    pub(super) v_head_dim: Option<u64>,
+    pub(super) mtp_num_layers: Option<u64>,
+    pub(super) qk_layernorm: bool,
+    pub(super) recompute_modules: Option<Vec<RecomputeModule>>,
+    pub(super) first_stage_layers: Option<u64>,
+    pub(super) last_stage_layers: Option<u64>,
+    /// Options the planner does not model (`Read::Unsupported` at a value other than the
+    /// neutral one), as written, with what they change: such a run is launched unplanned.
+    pub(super) unmodelled: Vec<(String, &'static str)>,
     /// Megatron options written with underscores (`--num_layers`): not Megatron's, but
     /// worth a hint when the dashed one is missing.
     pub(super) underscored: Vec<String>,
@@ -114,6 +147,7 @@ pub(super) fn read_args(args: &[String]) -> Result<RawArgs, ArgsError> {
                 Some(value) => set_value(&mut raw, option.read, &spelled, &value)?,
                 None => return Err(ArgsError::MissingValue { option: spelled }),
             },
+            Arity::Values => set_values(&mut raw, option.read, &spelled, &word.values(args))?,
         }
     }
     Ok(raw)
@@ -123,15 +157,19 @@ fn set_flag(raw: &mut RawArgs, read: Read, option: &str) -> Result<(), ArgsError
     let field = match read {
         Read::Setting(field) => field,
         Read::Unsupported { what, .. } => {
-            return Err(ArgsError::Unsupported {
-                option: option.to_string(),
-                what,
-            })
+            raw.unmodelled.push((option.to_string(), what));
+            return Ok(());
         }
         Read::Removed(instead) => return Err(removed(option, instead)),
         Read::Ignored => return Ok(()),
     };
     match field {
+        Field::MoeSharedExpertOverlap => raw.moe_shared_expert_overlap = true,
+        Field::MoeGroupedGemm => raw.moe_grouped_gemm = true,
+        Field::MoePadExpertInputToCapacity => raw.moe_pad_to_capacity = true,
+        Field::MoeRouterEnableExpertBias => raw.moe_expert_bias = true,
+        Field::MultiLatentAttention => raw.multi_latent_attention = true,
+        Field::QkLayernorm => raw.qk_layernorm = true,
         Field::GroupQueryAttention => raw.group_query_attention = true,
         Field::Swiglu => raw.swiglu = true,
         Field::Untie => raw.untie = true,
@@ -182,13 +220,10 @@ fn set_value(raw: &mut RawArgs, read: Read, option: &str, value: &str) -> Result
         Read::Setting(field) => field,
         Read::Unsupported { what, neutral } => {
             let off = neutral.is_some() && parse_count(value) == neutral;
-            if off {
-                return Ok(());
+            if !off {
+                raw.unmodelled.push((format!("{option} {value}"), what));
             }
-            return Err(ArgsError::Unsupported {
-                option: format!("{option} {value}"),
-                what,
-            });
+            return Ok(());
         }
         Read::Removed(instead) => return Err(removed(option, instead)),
         Read::Ignored => return Ok(()),
@@ -227,10 +262,9 @@ fn set_value(raw: &mut RawArgs, read: Read, option: &str, value: &str) -> Result
                 "rope" | "yarn" | "mrope" => PositionEmbedding::Rope,
                 "none" => PositionEmbedding::None,
                 _ => {
-                    return Err(ArgsError::Unsupported {
-                        option: format!("{option} relative"),
-                        what: "relative position buckets",
-                    })
+                    raw.unmodelled
+                        .push((format!("{option} relative"), "relative position buckets"));
+                    return Ok(());
                 }
             })
         }
@@ -255,6 +289,109 @@ fn set_value(raw: &mut RawArgs, read: Read, option: &str, value: &str) -> Result
         Field::PipelineParallel => raw.pipeline_parallel = Some(positive()?),
         Field::LayersPerVirtualStage => raw.layers_per_virtual_stage = Some(positive()?),
         Field::VirtualStagesPerRank => raw.virtual_stages_per_rank = Some(positive()?),
+        // Megatron reads `--num-experts 0` as no experts (arguments.py 1593-1594).
+        Field::NumExperts => {
+            raw.num_experts = parse_count(value)
+                .ok_or_else(|| invalid("a whole number of experts"))
+                .map(|n| (n > 0).then_some(n))?
+        }
+        Field::MoeRouterTopk => raw.moe_router_topk = Some(positive()?),
+        Field::MoeFfnHiddenSize => raw.moe_ffn_hidden_size = Some(positive()?),
+        Field::MoeSharedExpertIntermediateSize => {
+            raw.moe_shared_expert_intermediate_size = Some(positive()?)
+        }
+        Field::MoeLayerFreq => {
+            raw.moe_layer_freq = Some(LayerFreq::parse(value).ok_or_else(|| {
+                invalid("an integer N (every N-th layer is MoE) or a list such as ([0]*3+[1]*58)")
+            })?)
+        }
+        Field::ExpertModelParallel => raw.expert_parallel = Some(positive()?),
+        Field::ExpertTensorParallel => raw.expert_tensor_parallel = Some(positive()?),
+        Field::MoeTokenDispatcherType => {
+            raw.moe_dispatcher = Some(match choice(&["allgather", "alltoall", "flex"])?.as_str() {
+                "alltoall" => Dispatcher::Alltoall,
+                "flex" => Dispatcher::Flex,
+                _ => Dispatcher::Allgather,
+            })
+        }
+        Field::MoeExpertCapacityFactor => {
+            raw.moe_capacity_factor = match value.trim().parse::<f64>() {
+                Ok(f) if f.is_finite() && f > 0.0 => Some(f),
+                _ => return Err(invalid("a positive number")),
+            }
+        }
+        Field::MoeTokenDropPolicy => {
+            raw.moe_drop_policy = Some(match choice(&["probs", "position"])?.as_str() {
+                "position" => DropPolicy::Position,
+                _ => DropPolicy::Probs,
+            })
+        }
+        Field::QLoraRank => raw.q_lora_rank = Some(positive()?),
+        Field::KvLoraRank => raw.kv_lora_rank = Some(positive()?),
+        Field::QkHeadDim => raw.qk_head_dim = Some(positive()?),
+        Field::QkPosEmbHeadDim => raw.qk_pos_emb_head_dim = Some(positive()?),
+        Field::VHeadDim => raw.v_head_dim = Some(positive()?),
+        Field::MtpNumLayers => {
+            raw.mtp_num_layers = Some(parse_count(value).ok_or_else(|| invalid("a whole number"))?)
+        }
+        Field::DecoderFirstPipelineNumLayers => raw.first_stage_layers = Some(positive()?),
+        Field::DecoderLastPipelineNumLayers => raw.last_stage_layers = Some(positive()?),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// An option of several values (argparse's `nargs`).
+fn set_values(
+    raw: &mut RawArgs,
+    read: Read,
+    option: &str,
+    values: &[String],
+) -> Result<(), ArgsError> {
+    let invalid = |value: &str, expected: String| ArgsError::InvalidValue {
+        option: option.to_string(),
+        value: value.to_string(),
+        expected,
+    };
+    match read {
+        Read::Setting(Field::RecomputeModules) => {
+            let modules = values
+                .iter()
+                .map(|v| {
+                    RecomputeModule::from_megatron_name(v).ok_or_else(|| {
+                        let names: Vec<_> = RecomputeModule::ALL
+                            .iter()
+                            .map(|m| m.megatron_name())
+                            .collect();
+                        invalid(v, format!("one of {}", names.join(", ")))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            raw.recompute_modules = Some(modules);
+        }
+        Read::Setting(Field::MoeRouterLoadBalancingType) => {
+            // Several types apply one loss each; the first names how tokens are balanced.
+            let Some(first) = values.first() else {
+                return Err(ArgsError::MissingValue {
+                    option: option.to_string(),
+                });
+            };
+            let types = [
+                "aux_loss",
+                "seq_aux_loss",
+                "global_aux_loss",
+                "sinkhorn",
+                "none",
+            ];
+            raw.moe_load_balancing = Some(match first.as_str() {
+                "aux_loss" => LoadBalancing::AuxLoss,
+                "seq_aux_loss" => LoadBalancing::SeqAuxLoss,
+                "global_aux_loss" => LoadBalancing::GlobalAuxLoss,
+                "sinkhorn" => LoadBalancing::Sinkhorn,
+                "none" => LoadBalancing::None,
+                _ => return Err(invalid(first, format!("one of {}", types.join(", ")))),
+            });
+        }
         _ => {}
     }
     Ok(())
@@ -326,6 +463,38 @@ pub(super) fn merge(preset: RawArgs, user: RawArgs) -> RawArgs {
         overlap_param_gather: user.overlap_param_gather || preset.overlap_param_gather,
         grad_reduce_in_bf16: user.grad_reduce_in_bf16 || preset.grad_reduce_in_bf16,
         tp_comm_overlap: user.tp_comm_overlap || preset.tp_comm_overlap,
+        num_experts: user.num_experts.or(preset.num_experts),
+        moe_router_topk: user.moe_router_topk.or(preset.moe_router_topk),
+        moe_ffn_hidden_size: user.moe_ffn_hidden_size.or(preset.moe_ffn_hidden_size),
+        moe_shared_expert_intermediate_size: user
+            .moe_shared_expert_intermediate_size
+            .or(preset.moe_shared_expert_intermediate_size),
+        moe_shared_expert_overlap: user.moe_shared_expert_overlap
+            || preset.moe_shared_expert_overlap,
+        moe_layer_freq: user.moe_layer_freq.or(preset.moe_layer_freq),
+        expert_parallel: user.expert_parallel.or(preset.expert_parallel),
+        expert_tensor_parallel: user
+            .expert_tensor_parallel
+            .or(preset.expert_tensor_parallel),
+        moe_grouped_gemm: user.moe_grouped_gemm || preset.moe_grouped_gemm,
+        moe_dispatcher: user.moe_dispatcher.or(preset.moe_dispatcher),
+        moe_load_balancing: user.moe_load_balancing.or(preset.moe_load_balancing),
+        moe_capacity_factor: user.moe_capacity_factor.or(preset.moe_capacity_factor),
+        moe_pad_to_capacity: user.moe_pad_to_capacity || preset.moe_pad_to_capacity,
+        moe_drop_policy: user.moe_drop_policy.or(preset.moe_drop_policy),
+        moe_expert_bias: user.moe_expert_bias || preset.moe_expert_bias,
+        multi_latent_attention: user.multi_latent_attention || preset.multi_latent_attention,
+        q_lora_rank: user.q_lora_rank.or(preset.q_lora_rank),
+        kv_lora_rank: user.kv_lora_rank.or(preset.kv_lora_rank),
+        qk_head_dim: user.qk_head_dim.or(preset.qk_head_dim),
+        qk_pos_emb_head_dim: user.qk_pos_emb_head_dim.or(preset.qk_pos_emb_head_dim),
+        v_head_dim: user.v_head_dim.or(preset.v_head_dim),
+        mtp_num_layers: user.mtp_num_layers.or(preset.mtp_num_layers),
+        qk_layernorm: user.qk_layernorm || preset.qk_layernorm,
+        recompute_modules: user.recompute_modules.or(preset.recompute_modules),
+        first_stage_layers: user.first_stage_layers.or(preset.first_stage_layers),
+        last_stage_layers: user.last_stage_layers.or(preset.last_stage_layers),
+        unmodelled: [preset.unmodelled, user.unmodelled].concat(),
         underscored: user.underscored,
     }
 }

@@ -238,7 +238,7 @@ fn positions_biases_and_norms() {
     );
     assert!(matches!(
         settings("--position-embedding-type relative"),
-        Err(ArgsError::Unsupported { .. })
+        Err(ArgsError::Unmodelled { .. })
     ));
     assert!(matches!(
         settings("--no-position-embedding"),
@@ -459,15 +459,12 @@ fn checkpoints_and_iterations() {
 #[test]
 fn unsupported_and_removed_options() {
     for extra in [
-        "--num-experts 8",
         "--context-parallel-size 2",
-        "--multi-latent-attention",
-        "--qk-layernorm",
         "--padded-vocab-size 1024",
-        "--decoder-first-pipeline-num-layers 1",
+        "--hybrid-layer-pattern M*M*",
     ] {
         assert!(
-            matches!(settings(extra), Err(ArgsError::Unsupported { .. })),
+            matches!(settings(extra), Err(ArgsError::Unmodelled { .. })),
             "{extra}"
         );
     }
@@ -698,4 +695,121 @@ proptest::proptest! {
         let _ = settings_from_megatron_args(&words, Some("gpt3-1.3b"), &[Pin::All]);
         let _ = parse_pins(&words.join(","));
     }
+}
+
+fn moe_settings(extra: &str) -> Result<Settings, ArgsError> {
+    read_settings(&args(&format!("{TINY} {extra}")), None, &[])
+}
+
+#[test]
+fn reads_mixture_of_experts_with_megatron_defaults() {
+    let s = moe_settings("--num-experts 8").unwrap();
+    let moe = s.model.moe.unwrap();
+    assert_eq!((moe.num_experts, moe.router_topk), (8, 2));
+    assert_eq!(moe.ffn_hidden_size, 256, "defaults to --ffn-hidden-size");
+    assert_eq!(moe.layers, vec![true, true]);
+    assert_eq!(moe.dispatcher, crate::config::Dispatcher::Allgather);
+    assert_eq!(moe.capacity_factor, None);
+    assert_eq!(s.training.expert_parallel, 1);
+    assert_eq!(s.training.expert_tensor_parallel, None);
+
+    let s = moe_settings(
+        "--num-experts 64 --moe-router-topk 6 --moe-ffn-hidden-size 32 \
+         --moe-shared-expert-intermediate-size 64 --moe-layer-freq ([0]*1+[1]*1) \
+         --expert-model-parallel-size 8 --expert-tensor-parallel-size 1 --moe-grouped-gemm \
+         --moe-token-dispatcher-type alltoall --moe-router-load-balancing-type seq_aux_loss none \
+         --moe-expert-capacity-factor 1.25 --moe-token-drop-policy position \
+         --recompute-granularity selective --recompute-modules moe_act layernorm",
+    )
+    .unwrap();
+    let moe = s.model.moe.unwrap();
+    assert_eq!(moe.layers, vec![false, true]);
+    assert_eq!((moe.router_topk, moe.ffn_hidden_size), (6, 32));
+    assert_eq!(moe.shared_expert_ffn, Some(64));
+    assert!(moe.grouped_gemm);
+    assert_eq!(moe.dispatcher, crate::config::Dispatcher::Alltoall);
+    assert_eq!(moe.load_balancing, crate::config::LoadBalancing::SeqAuxLoss);
+    assert_eq!(moe.capacity_factor, Some(1.25));
+    assert_eq!(moe.drop_policy, crate::config::DropPolicy::Position);
+    assert_eq!(
+        (
+            s.training.expert_parallel,
+            s.training.expert_tensor_parallel
+        ),
+        (8, Some(1))
+    );
+    use crate::config::RecomputeModule::{Layernorm, MoeAct};
+    assert_eq!(s.training.recompute_modules, vec![MoeAct, Layernorm]);
+}
+
+#[test]
+fn reads_multi_latent_attention_mtp_and_qk_norms() {
+    let s = moe_settings(
+        "--multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 8 \
+         --qk-pos-emb-head-dim 4 --v-head-dim 8 --mtp-num-layers 1 --qk-layernorm",
+    )
+    .unwrap();
+    let mla = s.model.mla.unwrap();
+    assert_eq!(
+        (
+            mla.q_lora_rank,
+            mla.kv_lora_rank,
+            mla.qk_head_dim,
+            mla.qk_pos_emb_head_dim,
+            mla.v_head_dim
+        ),
+        (Some(24), 16, 8, 4, 8)
+    );
+    assert_eq!(s.model.mtp_layers, 1);
+    assert!(s.model.qk_layernorm);
+    let mla = moe_settings("--multi-latent-attention")
+        .unwrap()
+        .model
+        .mla
+        .unwrap();
+    assert_eq!(
+        (mla.q_lora_rank, mla.kv_lora_rank, mla.v_head_dim),
+        (None, 32, 128)
+    );
+}
+
+#[test]
+fn moe_arguments_megatron_refuses_are_refused() {
+    for (extra, needle) in [
+        ("--expert-model-parallel-size 2", "needs --num-experts"),
+        ("--num-experts 4 --moe-router-topk 5", "more than --num-experts"),
+        ("--num-experts 4 --moe-layer-freq [1]*3", "--moe-layer-freq"),
+        ("--num-experts 4 --recompute-granularity selective --recompute-modules moe_act", "grouped"),
+        ("--recompute-granularity selective --recompute-modules mla_up_proj", "multi-latent"),
+        ("--multi-latent-attention --group-query-attention", "grouped-query"),
+        ("--num-layers-per-virtual-pipeline-stage 1 --decoder-first-pipeline-num-layers 1 --pipeline-model-parallel-size 2", "num-virtual-stages"),
+    ] {
+        match moe_settings(extra) {
+            Err(ArgsError::Contradiction(text)) => assert!(text.contains(needle), "{extra}: {text}"),
+            other => panic!("{extra}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        moe_settings("--moe-layer-freq [1]*x"),
+        Err(ArgsError::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        moe_settings("--recompute-modules everything"),
+        Err(ArgsError::InvalidValue { .. })
+    ));
+}
+
+#[test]
+fn uneven_stages_as_written_skip_megatrons_divisibility_check() {
+    let a = "--num-layers 61 --hidden-size 64 --num-attention-heads 4 --seq-length 128 \
+             --vocab-size 1000 --global-batch-size 8 --pipeline-model-parallel-size 16 \
+             --decoder-first-pipeline-num-layers 1";
+    let s = read_settings(&args(a), None, &[]).unwrap();
+    assert_eq!(s.training.first_stage_layers, Some(1));
+    assert!(read_settings(
+        &args(&a.replace("--decoder-first-pipeline-num-layers 1", "")),
+        None,
+        &[]
+    )
+    .is_err());
 }
