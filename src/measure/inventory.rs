@@ -446,6 +446,9 @@ pub enum NodeDevices {
 pub struct NodeInventory {
     pub host: String,
     pub devices: NodeDevices,
+    /// The node's RDMA ports (`/sys/class/infiniband`, see [`super::nics`]); empty on CPU
+    /// nodes and where none are listed.
+    pub rdma_ports: Vec<super::nics::RdmaPort>,
     /// Things worth telling the user (a topology that could not be read, ...).
     pub warnings: Vec<String>,
 }
@@ -569,11 +572,41 @@ pub fn take_inventory(
         }
         Err(e) => return Err(e.into()),
     };
+    let rdma_ports = rdma_ports(request, host, &mut warnings)?;
     Ok(NodeInventory {
         host: host.to_owned(),
         devices: NodeDevices::Gpus { gpus, topology },
+        rdma_ports,
         warnings,
     })
+}
+
+/// The node's RDMA ports ([`super::nics::LISTING_SCRIPT`]); a listing that cannot be read
+/// is a warning and no ports (the profile then keeps node links' one-NIC meaning).
+fn rdma_ports(
+    request: &InventoryRequest<'_>,
+    host: &str,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<super::nics::RdmaPort>, InventoryError> {
+    let listing = NodeCommand::new("sh").args(["-c", super::nics::LISTING_SCRIPT, "sh", "/sys"]);
+    match exec::run(request.transport, host, &listing, request.timeout) {
+        Ok(o) if o.status.success() => match super::nics::parse_ports(&o.stdout_text()) {
+            Ok(ports) => Ok(ports),
+            Err(e) => {
+                warnings.push(format!("{host}: cannot read /sys/class/infiniband: {e}"));
+                Ok(Vec::new())
+            }
+        },
+        Ok(o) => {
+            warnings.push(format!(
+                "{host}: listing /sys/class/infiniband failed ({}): {}",
+                o.status,
+                o.last_line().unwrap_or_default()
+            ));
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn select_slots(gpus: Vec<GpuRecord>, slots: &Slots) -> Result<Vec<GpuRecord>, String> {
@@ -634,6 +667,7 @@ fn cpu_inventory(
             cpus,
             model,
         },
+        rdma_ports: Vec::new(),
         warnings: Vec::new(),
     })
 }
