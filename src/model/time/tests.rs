@@ -18,7 +18,7 @@ fn gpu(name: &str, bf16: Option<f64>, fp16: f64) -> GpuSpec {
         index: 0,
         name: name.into(),
         memory_bytes: 80 << 30,
-        peak_tflops: PeakTflops { bf16, fp16 },
+        peak_tflops: PeakTflops::new(bf16, fp16),
         measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }
