@@ -49,10 +49,7 @@ fn a100(index: u32) -> GpuSpec {
         index,
         name: "A100-SXM4-80GB".into(),
         memory_bytes: 80 << 30,
-        peak_tflops: PeakTflops {
-            bf16: Some(312.0),
-            fp16: 312.0,
-        },
+        peak_tflops: PeakTflops::new(Some(312.0), 312.0),
         measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }

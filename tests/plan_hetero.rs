@@ -277,10 +277,7 @@ fn mixed_cluster(kinds: &[(usize, usize)]) -> ClusterProfile {
                     index: i,
                     name: format!("GPU{tflops}-{gib}GB"),
                     memory_bytes: gib << 30,
-                    peak_tflops: PeakTflops {
-                        bf16: Some(tflops),
-                        fp16: tflops,
-                    },
+                    peak_tflops: PeakTflops::new(Some(tflops), tflops),
                     measured_tflops: Vec::new(),
                     provenance: Provenance::new(Source::Datasheet),
                 })

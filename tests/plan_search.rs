@@ -32,10 +32,7 @@ fn gpu(memory_gib: u64) -> GpuSpec {
         index: 0,
         name: "A100-SXM4-40GB".into(),
         memory_bytes: memory_gib << 30,
-        peak_tflops: PeakTflops {
-            bf16: Some(312.0),
-            fp16: 312.0,
-        },
+        peak_tflops: PeakTflops::new(Some(312.0), 312.0),
         measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }

@@ -202,3 +202,69 @@ fn a_broken_driver_is_an_error_not_a_cpu_node() {
         "{text}"
     );
 }
+
+/// The NIC listing script run on trees that reproduce a DGX H100 and a GB200 NVL72
+/// compute tray (`tests/fixtures/sysfs/`, sources in its README), then counted as NCCL
+/// spreads a collective: the compute NICs, never the storage ports, one per GPU at most,
+/// and what `NCCL_IB_HCA` admits when it is set.
+#[test]
+fn nic_counts_of_real_layouts() {
+    use pipette::measure::nics::{nccl_nics, parse_ports, LinkLayer, LISTING_SCRIPT};
+    let ports = |tree: &str| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/sysfs")
+            .join(tree);
+        let out = std::process::Command::new("sh")
+            .args(["-c", LISTING_SCRIPT, "sh"])
+            .arg(&root)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        parse_ports(&String::from_utf8(out.stdout).unwrap()).unwrap()
+    };
+    let dgx = ports("dgx-h100");
+    assert_eq!(dgx.len(), 12);
+    let ib = dgx
+        .iter()
+        .filter(|p| p.link_layer == Some(LinkLayer::InfiniBand))
+        .count();
+    assert_eq!(
+        ib, 10,
+        "eight compute ports and two InfiniBand storage ports"
+    );
+    assert_eq!(nccl_nics(&dgx, None, 8), Some(8), "one per GPU");
+    let compute = "=mlx5_0,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_9,mlx5_10,mlx5_11";
+    assert_eq!(nccl_nics(&dgx, Some(compute), 8), Some(8));
+    assert_eq!(nccl_nics(&dgx, Some("=mlx5_0,mlx5_3"), 8), Some(2));
+    assert_eq!(
+        nccl_nics(&dgx, Some("^=mlx5_1,mlx5_2,mlx5_7,mlx5_8"), 8),
+        Some(8)
+    );
+    // Without `=` the names are prefixes, as in NCCL: `mlx5_1` excludes mlx5_10 and 11 too.
+    assert_eq!(
+        nccl_nics(&dgx, Some("^mlx5_1,mlx5_2,mlx5_7,mlx5_8"), 8),
+        Some(6)
+    );
+    assert_eq!(nccl_nics(&dgx, None, 4), Some(4), "--nproc-per-node 4");
+
+    let tray = ports("gb200-tray");
+    assert_eq!(tray.len(), 8);
+    assert_eq!(
+        nccl_nics(&tray, None, 4),
+        Some(4),
+        "the four ConnectX-7, not the BlueField-3s"
+    );
+    assert_eq!(
+        nccl_nics(&tray, Some("mlx5_2,mlx5_3"), 4),
+        Some(2),
+        "RoCE when told"
+    );
+
+    let empty = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("sh")
+        .args(["-c", LISTING_SCRIPT, "sh"])
+        .arg(empty.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+}

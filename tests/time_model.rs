@@ -34,10 +34,7 @@ fn a100() -> GpuSpec {
         index: 0,
         name: "A100-SXM4-80GB".into(),
         memory_bytes: 85_899_345_920,
-        peak_tflops: PeakTflops {
-            bf16: Some(312.0),
-            fp16: 312.0,
-        },
+        peak_tflops: PeakTflops::new(Some(312.0), 312.0),
         measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }

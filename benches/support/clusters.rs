@@ -15,10 +15,7 @@ pub fn gpu(name: &str, tflops: f64) -> GpuSpec {
         index: 0,
         name: name.into(),
         memory_bytes: 80 << 30,
-        peak_tflops: PeakTflops {
-            bf16: Some(tflops),
-            fp16: tflops,
-        },
+        peak_tflops: PeakTflops::new(Some(tflops), tflops),
         measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }

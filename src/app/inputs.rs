@@ -252,6 +252,7 @@ pub(super) fn profile_summary(path: &Path, profile: &ClusterProfile) -> ProfileS
         gpus: profile.gpu_count().unwrap_or(0),
         gpu_models,
         node_link_gbps,
+        nics_per_node: links.nics_per_node,
     }
 }
 

@@ -102,6 +102,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
                 );
                 if let Some((lo, hi)) = s.node_link_gbps {
                     println!("node-to-node bandwidth {lo:.2}–{hi:.2} GB/s");
+                    println!("{}", s.nics_line());
                 }
             }
             Ok(())

@@ -520,10 +520,7 @@ pub(super) fn gpu_spec(
         None => {
             let t = measured.map_or(1.0, |(_, t)| t);
             (
-                PeakTflops {
-                    bf16: bf16.map(|_| t),
-                    fp16: t,
-                },
+                PeakTflops::new(bf16.map(|_| t), t),
                 Provenance::new(Source::Estimated)
                     .with_date(today)
                     .with_tool("nvidia-smi")
@@ -574,10 +571,7 @@ fn cpu_spec(
         index,
         name: "cpu".into(),
         memory_bytes: memory_bytes.max(1),
-        peak_tflops: PeakTflops {
-            bf16: Some(best),
-            fp16: best,
-        },
+        peak_tflops: PeakTflops::new(Some(best), best),
         measured_tflops,
         provenance: Provenance::new(Source::Measured)
             .with_date(today)

@@ -306,6 +306,14 @@ pub struct ModelSheet {
     pub pcie_gen: u32,
     /// One NVLink's rate in one direction, GB/s (0: no NVLink).
     pub nvlink_gb_per_s: f64,
+    /// NVLink generation (0: none, or not recorded for this model).
+    pub nvlink_gen: u32,
+    /// HBM capacity, GB (10^9 bytes, as datasheets count), when recorded.
+    pub hbm_gb: Option<f64>,
+    /// HBM bandwidth, GB/s, when recorded.
+    pub hbm_gb_per_s: Option<f64>,
+    /// Where the figures came from (the models this round added name theirs per figure).
+    pub source: &'static str,
 }
 
 const fn sheet(
@@ -317,26 +325,140 @@ const fn sheet(
 ) -> ModelSheet {
     ModelSheet {
         model,
-        peak: PeakTflops { bf16, fp16 },
+        peak: PeakTflops::new(bf16, fp16),
         pcie_gen,
         nvlink_gb_per_s,
+        nvlink_gen: 0,
+        hbm_gb: None,
+        hbm_gb_per_s: None,
+        source: "NVIDIA's datasheet for the model (dense tensor-core figures)",
     }
 }
+
+/// A Hopper or Blackwell datasheet: 16-bit, FP8 and FP4 dense peaks (TFLOPS), HBM and
+/// NVLink, with their source.
+struct Sheet {
+    model: &'static str,
+    bf16: f64,
+    fp8: f64,
+    fp4: Option<f64>,
+    hbm_gb: f64,
+    hbm_tb_per_s: f64,
+    nvlink_gen: u32,
+    source: &'static str,
+}
+
+const fn full_sheet(s: Sheet) -> ModelSheet {
+    ModelSheet {
+        model: s.model,
+        peak: PeakTflops::new(Some(s.bf16), s.bf16).with_low_precision(Some(s.fp8), s.fp4),
+        pcie_gen: if s.nvlink_gen >= 5 { 6 } else { 5 },
+        // NVLink 4 and 5: 18 links a GPU, 900 and 1,800 GB/s both ways together.
+        nvlink_gb_per_s: if s.nvlink_gen >= 5 { 50.0 } else { 25.0 },
+        nvlink_gen: s.nvlink_gen,
+        hbm_gb: Some(s.hbm_gb),
+        hbm_gb_per_s: Some(s.hbm_tb_per_s * 1000.0),
+        source: s.source,
+    }
+}
+
+/// Blackwell B200 and GB200 (dense; NVIDIA quotes sparse figures, twice these).
+const GB200: Sheet = Sheet {
+    model: "GB200",
+    bf16: 2500.0,
+    fp8: 5000.0,
+    fp4: Some(10000.0),
+    hbm_gb: 186.0,
+    hbm_tb_per_s: 8.0,
+    nvlink_gen: 5,
+    source: "peaks: the GB200 (1,200 W) dense column of NVIDIA's Blackwell datasheet as \
+             tabulated at glennklockwood.com/garden/processors/B200 (BF16 2,500, FP8 5,000, \
+             FP4 10,000 TFLOPS); HBM: NVIDIA GB200 NVL72 specifications, 13.4 TB HBM3e and \
+             576 TB/s per 72 GPUs (186 GB, 8 TB/s each); NVLink 5, 1.8 TB/s per GPU",
+};
+const B200: Sheet = Sheet {
+    model: "B200",
+    bf16: 2250.0,
+    fp8: 4500.0,
+    fp4: Some(9000.0),
+    hbm_gb: 180.0,
+    hbm_tb_per_s: 8.0,
+    nvlink_gen: 5,
+    source: "peaks: the HGX B200 (1,000 W) dense column of NVIDIA's Blackwell datasheet as \
+             tabulated at glennklockwood.com/garden/processors/B200 (BF16 2,250, FP8 4,500, \
+             FP4 9,000 TFLOPS; HGX B200: FP8 72 PFLOPS sparse per 8 GPUs); HBM: DGX B200 \
+             1,440 GB per 8 GPUs (NVIDIA DGX BasePOD reference architecture, \"1.4TB\"), 8 TB/s \
+             (ibid.); NVLink 5, 1.8 TB/s per GPU",
+};
+const B300: Sheet = Sheet {
+    model: "B300",
+    bf16: 2250.0,
+    fp8: 4500.0,
+    fp4: Some(13125.0),
+    hbm_gb: 288.0,
+    hbm_tb_per_s: 8.0,
+    nvlink_gen: 5,
+    source: "peaks: the HGX B300 dense column (BF16 2,250, FP8 4,500, FP4 13,125 TFLOPS) and \
+             288 GB HBM3e at 8 TB/s, glennklockwood.com/garden/processors/B300 (from \
+             NVIDIA's HGX B300 datasheet: FP8 72 PFLOPS and BF16 36 PFLOPS sparse per 8 GPUs); \
+             NVLink 5, 1.8 TB/s per GPU",
+};
+const GB300: Sheet = Sheet {
+    model: "GB300",
+    // Not quoted per GPU; every Blackwell row above has FP8 = 2 x BF16.
+    bf16: 2500.0,
+    fp8: 5000.0,
+    fp4: Some(15278.0),
+    hbm_gb: 288.0,
+    hbm_tb_per_s: 8.0,
+    nvlink_gen: 5,
+    source: "NVIDIA GB300 NVL72 as tabulated at glennklockwood.com/garden/processors/B300: \
+             360 PF dense FP8 per 72 GPUs (5,000 each), 1.1 EF dense FP4 per 72 GPUs \
+             (15,278 each, from the rounded rack figure), 288 GB HBM3e at 8 TB/s; BF16 derived as FP8 / 2 (the \
+             ratio of every Blackwell datasheet row; no per-GPU BF16 figure was found); \
+             NVLink 5, 1.8 TB/s per GPU",
+};
+const H200: Sheet = Sheet {
+    model: "H200",
+    bf16: 989.0,
+    fp8: 1979.0,
+    fp4: None,
+    hbm_gb: 141.0,
+    hbm_tb_per_s: 4.8,
+    nvlink_gen: 4,
+    source: "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 and FP8 3,958 TFLOPS \
+             with sparsity (half dense), 141 GB HBM3e, 4.8 TB/s; NVLink 4, 900 GB/s",
+};
+const H100_SXM: Sheet = Sheet {
+    model: "H100 SXM",
+    bf16: 989.0,
+    fp8: 1979.0,
+    fp4: None,
+    hbm_gb: 80.0,
+    hbm_tb_per_s: 3.35,
+    nvlink_gen: 4,
+    source: "NVIDIA H100 Tensor Core GPU datasheet (SXM): BF16 1,979 and FP8 3,958 TFLOPS \
+             with sparsity (half dense), 80 GB HBM3, 3.35 TB/s; NVLink 4, 900 GB/s",
+};
 
 /// Dense (no 2:4 sparsity) tensor-core TFLOPS from NVIDIA's datasheets, matched by the
 /// name `nvidia-smi` prints. Consumer cards: the FP32-accumulate figure, which is what
 /// training uses. An NVLink moves 25 GB/s per direction on V100 (NVLink 2), A100 (NVLink 3)
-/// and H100/H200 (NVLink 4), 50 GB/s on B200 (NVLink 5).
+/// and H100/H200 (NVLink 4), 50 GB/s on Blackwell (NVLink 5). Hopper and Blackwell entries
+/// carry FP8 (and Blackwell FP4) peaks, HBM and NVLink generation, each with its source
+/// ([`ModelSheet::source`]).
 ///
 /// Each entry: the tokens that must all appear in the name (after upper-casing and
 /// splitting at blanks, `-` and `_`), checked in this order, so that more specific entries
 /// (H100 PCIe) come before general ones (H100).
 pub const DATASHEETS: &[(&[&str], ModelSheet)] = &[
-    (&["GB200"], sheet("GB200", Some(2500.0), 2500.0, 5, 50.0)),
-    (&["B200"], sheet("B200", Some(2250.0), 2250.0, 5, 50.0)),
+    (&["GB300"], full_sheet(GB300)),
+    (&["B300"], full_sheet(B300)),
+    (&["GB200"], full_sheet(GB200)),
+    (&["B200"], full_sheet(B200)),
     (&["B100"], sheet("B100", Some(1750.0), 1750.0, 5, 50.0)),
     (&["GH200"], sheet("GH200", Some(989.0), 989.0, 5, 25.0)),
-    (&["H200"], sheet("H200", Some(989.0), 989.0, 5, 25.0)),
+    (&["H200"], full_sheet(H200)),
     (
         &["H100", "PCIE"],
         sheet("H100 PCIe", Some(756.0), 756.0, 5, 25.0),
@@ -345,7 +467,7 @@ pub const DATASHEETS: &[(&[&str], ModelSheet)] = &[
         &["H100", "NVL"],
         sheet("H100 NVL", Some(835.0), 835.0, 5, 25.0),
     ),
-    (&["H100"], sheet("H100 SXM", Some(989.0), 989.0, 5, 25.0)),
+    (&["H100"], full_sheet(H100_SXM)),
     (&["H800"], sheet("H800", Some(989.0), 989.0, 5, 25.0)),
     (&["H20"], sheet("H20", Some(148.0), 148.0, 5, 25.0)),
     (&["A100"], sheet("A100", Some(312.0), 312.0, 4, 25.0)),
@@ -446,6 +568,9 @@ pub enum NodeDevices {
 pub struct NodeInventory {
     pub host: String,
     pub devices: NodeDevices,
+    /// The node's RDMA ports (`/sys/class/infiniband`, see [`super::nics`]); empty on CPU
+    /// nodes and where none are listed.
+    pub rdma_ports: Vec<super::nics::RdmaPort>,
     /// Things worth telling the user (a topology that could not be read, ...).
     pub warnings: Vec<String>,
 }
@@ -569,11 +694,41 @@ pub fn take_inventory(
         }
         Err(e) => return Err(e.into()),
     };
+    let rdma_ports = rdma_ports(request, host, &mut warnings)?;
     Ok(NodeInventory {
         host: host.to_owned(),
         devices: NodeDevices::Gpus { gpus, topology },
+        rdma_ports,
         warnings,
     })
+}
+
+/// The node's RDMA ports ([`super::nics::LISTING_SCRIPT`]); a listing that cannot be read
+/// is a warning and no ports (the profile then keeps node links' one-NIC meaning).
+fn rdma_ports(
+    request: &InventoryRequest<'_>,
+    host: &str,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<super::nics::RdmaPort>, InventoryError> {
+    let listing = NodeCommand::new("sh").args(["-c", super::nics::LISTING_SCRIPT, "sh", "/sys"]);
+    match exec::run(request.transport, host, &listing, request.timeout) {
+        Ok(o) if o.status.success() => match super::nics::parse_ports(&o.stdout_text()) {
+            Ok(ports) => Ok(ports),
+            Err(e) => {
+                warnings.push(format!("{host}: cannot read /sys/class/infiniband: {e}"));
+                Ok(Vec::new())
+            }
+        },
+        Ok(o) => {
+            warnings.push(format!(
+                "{host}: listing /sys/class/infiniband failed ({}): {}",
+                o.status,
+                o.last_line().unwrap_or_default()
+            ));
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn select_slots(gpus: Vec<GpuRecord>, slots: &Slots) -> Result<Vec<GpuRecord>, String> {
@@ -634,6 +789,7 @@ fn cpu_inventory(
             cpus,
             model,
         },
+        rdma_ports: Vec::new(),
         warnings: Vec::new(),
     })
 }
@@ -712,6 +868,65 @@ mod tests {
         assert_eq!(peak("Tesla T4"), Some((None, 65.0)));
         assert_eq!(peak("NVIDIA A10G"), None, "not on a public datasheet");
         assert_eq!(peak("cpu"), None);
+    }
+
+    #[test]
+    fn hopper_and_blackwell_sheets_carry_low_precision_hbm_and_nvlink() {
+        let sheet = |n: &str| datasheet_for(n).unwrap();
+        let row = |n: &str| {
+            let s = sheet(n);
+            (
+                s.model,
+                s.peak.bf16,
+                s.peak.fp8,
+                s.peak.fp4,
+                s.hbm_gb,
+                s.nvlink_gen,
+            )
+        };
+        assert_eq!(
+            row("NVIDIA H100 80GB HBM3"),
+            ("H100 SXM", Some(989.0), Some(1979.0), None, Some(80.0), 4)
+        );
+        assert_eq!(
+            row("NVIDIA H200"),
+            ("H200", Some(989.0), Some(1979.0), None, Some(141.0), 4)
+        );
+        assert_eq!(
+            row("NVIDIA B200"),
+            (
+                "B200",
+                Some(2250.0),
+                Some(4500.0),
+                Some(9000.0),
+                Some(180.0),
+                5
+            )
+        );
+        assert_eq!(row("NVIDIA GB200").0, "GB200");
+        assert_eq!(row("NVIDIA B300 SXM6 AC").0, "B300");
+        assert_eq!(
+            row("NVIDIA GB300"),
+            (
+                "GB300",
+                Some(2500.0),
+                Some(5000.0),
+                Some(15278.0),
+                Some(288.0),
+                5
+            )
+        );
+        assert_eq!(sheet("NVIDIA GB200").hbm_gb_per_s, Some(8000.0));
+        assert_eq!(sheet("NVIDIA GB200").nvlink_gb_per_s, 50.0);
+        for (_, s) in DATASHEETS.iter().filter(|(_, s)| s.nvlink_gen > 0) {
+            assert!(s.source.contains("NVLink"), "{}: {}", s.model, s.source);
+            assert!(
+                s.peak.fp8.is_some() && s.hbm_gb_per_s.is_some(),
+                "{}",
+                s.model
+            );
+        }
+        assert_eq!(sheet("NVIDIA A100-SXM4-80GB").peak.fp8, None);
     }
 
     #[test]

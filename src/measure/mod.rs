@@ -43,6 +43,7 @@
 
 pub mod cache;
 pub mod inventory;
+pub mod nics;
 pub mod probe;
 pub mod progress;
 
@@ -222,6 +223,9 @@ pub fn run_profile(
     }
     let backend = backend_of(&inventory)?;
     let plan = NodePlan::new(spec, options, &inventory);
+    // Taken from this inventory each time, cached profile or not: the NICs and
+    // NCCL_IB_HCA may differ from when the links were measured.
+    let nics = nics_per_node(&inventory, &plan, options);
     let sweep = options
         .sweep
         .clone()
@@ -240,6 +244,7 @@ pub fn run_profile(
         if let Some((links, links_path, links_age)) =
             fresh_entry(cache, &links_key, spec, &mut note)
         {
+            let links = with_nics(links, nics);
             let Some(sweep_key) = &sweep_key else {
                 return Ok(reused(
                     links, inventory, links_path, links_age, notes, progress,
@@ -298,7 +303,10 @@ pub fn run_profile(
     let measured_links = cached_links.is_none();
     let mut profile = match cached_links {
         Some(profile) => profile,
-        None => assemble(spec, &inventory, &plan, &report, &settings, &today)?,
+        None => with_nics(
+            assemble(spec, &inventory, &plan, &report, &settings, &today)?,
+            nics,
+        ),
     };
     profile.measured_perf = assemble::measured_perf(&profile, &report, sweep.as_ref(), &today)?;
     for record in report.sweep.iter().filter(|r| r.skipped > 0) {
@@ -455,6 +463,33 @@ fn take_all_inventories(
         .collect()
 }
 
+/// The NICs per node the profile records (see [`nics`]): `NCCL_IB_HCA` from the
+/// probe's environment, else this process's (the workers inherit it).
+fn nics_per_node(
+    inventory: &[NodeInventory],
+    plan: &NodePlan,
+    options: &ProfileOptions,
+) -> Option<u32> {
+    let hca = options
+        .env
+        .iter()
+        .find(|(k, _)| k == "NCCL_IB_HCA")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var("NCCL_IB_HCA").ok())
+        .filter(|v| !v.trim().is_empty());
+    let per_node: Vec<Option<u32>> = inventory
+        .iter()
+        .zip(&plan.nproc)
+        .map(|(node, gpus)| nics::nccl_nics(&node.rdma_ports, hca.as_deref(), *gpus as usize))
+        .collect();
+    nics::cluster_nics(&per_node)
+}
+
+fn with_nics(mut profile: ClusterProfile, nics: Option<u32>) -> ClusterProfile {
+    profile.node_links = profile.node_links.with_nics_per_node(nics);
+    profile
+}
+
 fn backend_of(inventory: &[NodeInventory]) -> Result<Backend, ProfileRunError> {
     let (gpu, cpu): (Vec<&NodeInventory>, Vec<&NodeInventory>) = inventory
         .iter()
@@ -587,6 +622,7 @@ mod tests {
                 cpus: 4,
                 model: "Xeon".into(),
             },
+            rdma_ports: vec![],
             warnings: vec![],
         }
     }
@@ -772,6 +808,7 @@ mod tests {
                 gpus: vec![],
                 topology: None,
             },
+            rdma_ports: vec![],
             warnings: vec![],
         };
         let err = backend_of(&[gpu, cpu_node("c")]).unwrap_err();

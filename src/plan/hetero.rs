@@ -330,10 +330,7 @@ mod tests {
                                 index: i,
                                 name: name.into(),
                                 memory_bytes: gib << 30,
-                                peak_tflops: PeakTflops {
-                                    bf16: Some(312.0),
-                                    fp16: 312.0,
-                                },
+                                peak_tflops: PeakTflops::new(Some(312.0), 312.0),
                                 measured_tflops: vec![MeasuredTflops {
                                     dtype: Dtype::Bf16,
                                     tflops,

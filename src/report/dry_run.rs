@@ -75,6 +75,24 @@ pub struct ProfileSummary {
     pub gpu_models: Vec<String>,
     /// Slowest and fastest attained node-to-node bandwidth, GB/s.
     pub node_link_gbps: Option<(f64, f64)>,
+    /// `node_links.nics_per_node` as the file gives it; `null`: not given, so a collective
+    /// that crosses nodes is costed over one NIC (one node link's figure).
+    pub nics_per_node: Option<u32>,
+}
+
+impl ProfileSummary {
+    /// What the time model takes for the NICs of a node, and whence.
+    pub fn nics_line(&self) -> String {
+        match self.nics_per_node {
+            Some(n) => format!(
+                "NICs per node: {n} (node_links.nics_per_node): a collective that crosses nodes \
+                 is spread over them"
+            ),
+            None => "NICs per node: not in the cluster file, 1 assumed: a collective that \
+                     crosses nodes gets one node link (set node_links.nics_per_node)"
+                .to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -209,6 +227,10 @@ impl DryRunReport {
                     p.gpu_models.join(", ")
                 }
             ));
+            if p.nodes > 1 {
+                out.push_str(&p.nics_line());
+                out.push('\n');
+            }
         }
     }
 

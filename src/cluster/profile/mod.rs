@@ -79,10 +79,7 @@ pub(crate) mod tests {
             index,
             name: "A100-SXM4-80GB".into(),
             memory_bytes: 85_899_345_920,
-            peak_tflops: PeakTflops {
-                bf16: Some(312.0),
-                fp16: 312.0,
-            },
+            peak_tflops: PeakTflops::new(Some(312.0), 312.0),
             measured_tflops: Vec::new(),
             provenance: Provenance::new(Source::Datasheet),
         }
@@ -308,6 +305,24 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn fp8_and_fp4_peaks_read_back_and_are_left_out_when_unknown() {
+        let profile = two_nodes();
+        let text = profile.to_json_pretty();
+        assert!(!text.contains("\"fp8\""), "no FP8 figure, no key: {text}");
+        let with = text.replace(
+            "\"fp16\": 312.0",
+            "\"fp16\": 312.0, \"fp8\": 1979.0, \"fp4\": 9000.0",
+        );
+        let again = ClusterProfile::from_json_str(&with, "f.json").unwrap();
+        let peak = again.nodes[0].gpus().unwrap()[0].peak_tflops;
+        assert_eq!((peak.fp8, peak.fp4), (Some(1979.0), Some(9000.0)));
+        assert!(again.to_json_pretty().contains("\"fp8\": 1979.0"));
+        let bad = text.replace("\"fp16\": 312.0", "\"fp16\": 312.0, \"fp8\": -1.0");
+        let err = ClusterProfile::from_json_str(&bad, "b.json").unwrap_err();
+        assert!(err.to_string().contains("peak_tflops.fp8 is -1"), "{err}");
+    }
+
+    #[test]
     fn nics_per_node_reads_back_and_belongs_to_node_links() {
         let mut profile = two_nodes();
         profile.node_links.nics_per_node = Some(4);
@@ -450,10 +465,7 @@ pub(crate) mod tests {
 
     #[test]
     fn peak_tflops_by_dtype() {
-        let v100 = PeakTflops {
-            bf16: None,
-            fp16: 125.0,
-        };
+        let v100 = PeakTflops::new(None, 125.0);
         assert_eq!(v100.get(Dtype::Fp16), Some(125.0));
         assert_eq!(v100.get(Dtype::Bf16), None);
         assert_eq!(Dtype::Bf16.to_string(), "bf16");

@@ -250,10 +250,7 @@ mod tests {
             index,
             name: "cpu".into(),
             memory_bytes: 1 << 30,
-            peak_tflops: PeakTflops {
-                bf16: Some(tflops),
-                fp16: tflops,
-            },
+            peak_tflops: PeakTflops::new(Some(tflops), tflops),
             measured_tflops: vec![MeasuredTflops {
                 dtype: Dtype::Bf16,
                 tflops,

@@ -274,9 +274,41 @@ pub struct PeakTflops {
     pub bf16: Option<f64>,
     #[serde(deserialize_with = "figure")]
     pub fp16: f64,
+    /// Dense FP8 tensor-core peak (Hopper and later); `None`: not known or no FP8 tensor
+    /// cores. Left out of the file when `None`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_figure"
+    )]
+    pub fp8: Option<f64>,
+    /// Dense FP4 tensor-core peak (Blackwell and later), as `fp8`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_figure"
+    )]
+    pub fp4: Option<f64>,
 }
 
 impl PeakTflops {
+    /// The 16-bit peaks alone (no FP8 or FP4 figure).
+    pub const fn new(bf16: Option<f64>, fp16: f64) -> Self {
+        PeakTflops {
+            bf16,
+            fp16,
+            fp8: None,
+            fp4: None,
+        }
+    }
+
+    /// With FP8 and FP4 peaks.
+    pub const fn with_low_precision(mut self, fp8: Option<f64>, fp4: Option<f64>) -> Self {
+        self.fp8 = fp8;
+        self.fp4 = fp4;
+        self
+    }
+
     /// The peak for `dtype`, or `None` when the GPU has no tensor cores for it (and for
     /// fp32, which the datasheet peaks do not cover).
     pub fn get(&self, dtype: Dtype) -> Option<f64> {
@@ -777,6 +809,8 @@ impl ClusterProfile {
         let mut gpu = gpu;
         gpu.peak_tflops.fp16 = round_figure(gpu.peak_tflops.fp16);
         gpu.peak_tflops.bf16 = gpu.peak_tflops.bf16.map(round_figure);
+        gpu.peak_tflops.fp8 = gpu.peak_tflops.fp8.map(round_figure);
+        gpu.peak_tflops.fp4 = gpu.peak_tflops.fp4.map(round_figure);
         for m in &mut gpu.measured_tflops {
             m.tflops = round_figure(m.tflops);
         }

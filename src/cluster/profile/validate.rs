@@ -380,8 +380,14 @@ pub(crate) fn check_gpu(origin: &str, path: &str, gpu: &GpuSpec) -> Result<(), P
         gpu.peak_tflops.fp16,
         check,
     )?;
-    if let Some(bf16) = gpu.peak_tflops.bf16 {
-        check_tflops(origin, &field_path(&peak, "bf16"), bf16, check)?;
+    for (key, figure) in [
+        ("bf16", gpu.peak_tflops.bf16),
+        ("fp8", gpu.peak_tflops.fp8),
+        ("fp4", gpu.peak_tflops.fp4),
+    ] {
+        if let Some(tflops) = figure {
+            check_tflops(origin, &field_path(&peak, key), tflops, check)?;
+        }
     }
     for (i, measured) in gpu.measured_tflops.iter().enumerate() {
         let at = gpu.measured_path(path, i);

@@ -73,6 +73,22 @@ pub(super) fn ring_bottleneck<F: Fabric + ?Sized>(fabric: &F, group: &[Device]) 
     best
 }
 
+/// The link from `a` to `b` of a data-parallel ring whose tensor-parallel groups have `tp`
+/// GPUs: the GPU pair's figure, times the ring's share of the NICs at the slower end when
+/// it crosses nodes ([`Fabric::dp_ring_nic_share`]). Depends on the two devices alone, so
+/// the mapping's incremental evaluation can cache it per link.
+#[inline]
+pub fn dp_ring_link<F: Fabric + ?Sized>(fabric: &F, a: Device, b: Device, tp: usize) -> f64 {
+    let bw = fabric.gb_per_s(a, b);
+    if a.node == b.node {
+        bw
+    } else {
+        bw * fabric
+            .dp_ring_nic_share(a.node, tp)
+            .min(fabric.dp_ring_nic_share(b.node, tp))
+    }
+}
+
 /// One pipeline hop: each tp rank `k` sends the activation `from[k] → to[k]` and receives
 /// the gradient back; the slowest pair governs. (ms, position).
 #[inline]
@@ -370,7 +386,7 @@ impl ConfigCosts {
             let here = &block[self.tp * d..self.tp * (d + 1)];
             let there = &block[self.tp * next..self.tp * (next + 1)];
             for k in 0..self.tp {
-                let bw = fabric.gb_per_s(here[k], there[k]);
+                let bw = dp_ring_link(fabric, here[k], there[k], self.tp);
                 if bw < rings.gb_per_s {
                     rings.gb_per_s = bw;
                     rings.tp_rank = k;

@@ -39,6 +39,11 @@ pub trait Fabric {
     /// (tensor-parallel groups tile the nodes), so the group gets its share of the NICs:
     /// `NICs × members / GPUs on the node`. One when the profile does not know the NICs.
     fn nic_share(&self, node: usize, members: usize) -> f64;
+    /// The NIC share of one data-parallel ring crossing `node` when tensor-parallel groups
+    /// of `tp` tile the nodes: the node's GPUs run `tp` such rings at once (one per tp
+    /// rank), so each holds `GPUs / tp` of them: [`Fabric::nic_share`] of that many. One
+    /// when the profile does not know the NICs.
+    fn dp_ring_nic_share(&self, node: usize, tp: usize) -> f64;
 }
 
 /// What the per-operation costs need of one GPU.
@@ -238,6 +243,12 @@ impl Fabric for ClusterFabric {
             Some(nics) => nics * members as f64 / self.slots[node].gpus.max(1) as f64,
             None => 1.0,
         }
+    }
+
+    #[inline]
+    fn dp_ring_nic_share(&self, node: usize, tp: usize) -> f64 {
+        let members = (self.slots[node].gpus / tp.max(1)).max(1);
+        self.nic_share(node, members)
     }
 }
 

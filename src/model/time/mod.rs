@@ -117,7 +117,7 @@ pub mod perf;
 mod report;
 
 pub use costs::ConfigCosts;
-pub use evaluate::{placement_kinds, StageSync};
+pub use evaluate::{dp_ring_link, placement_kinds, StageSync};
 pub use fabric::{
     mfu_peak_tflops, tensor_dtype, ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis,
     FP32_SHARE_OF_FP16_PEAK,

@@ -245,7 +245,12 @@ impl ConfigCosts {
         report.bottleneck = Some(RingLink {
             stage: s,
             tp_rank: rings.tp_rank,
-            link: link_ref(cluster, fabric, from, to),
+            // The ring's attained bandwidth there: across nodes, the node link times the
+            // ring's share of the NICs.
+            link: LinkRef {
+                gb_per_s: rings.gb_per_s,
+                ..link_ref(cluster, fabric, from, to)
+            },
         });
         report
     }

@@ -18,7 +18,7 @@ fn gpu(name: &str, bf16: Option<f64>, fp16: f64) -> GpuSpec {
         index: 0,
         name: name.into(),
         memory_bytes: 80 << 30,
-        peak_tflops: PeakTflops { bf16, fp16 },
+        peak_tflops: PeakTflops::new(bf16, fp16),
         measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     }
@@ -384,6 +384,27 @@ fn data_parallel_ring_bottleneck_and_overlap() {
     assert!(close(o.overlap_credited_ms, credit));
     assert!(close(e.iteration_ms - o.iteration_ms, credit));
     assert_eq!(o.iteration_ms, case.fast());
+}
+
+#[test]
+fn data_parallel_ring_across_nodes_spreads_over_the_nics() {
+    // tp 2 × dp 4 over two nodes of four GPUs: each node holds two replicas, and the two
+    // dp rings (one per tp rank) cross the nodes at once. With 4 NICs per node each ring
+    // gets 4 × (4 / 2) / 4 = 2 links' worth: the reduce takes half as long; with one NIC
+    // the rings share it (a half each), slower than the one link the model assumes when
+    // the NICs are not known.
+    let config = ParallelConfig::even(8, 2, 1, 4, 1);
+    let mut case = Case::new(cluster(2, 4, 240.0, 20.0), config, 16);
+    let unknown = case.run(TimeModel::Pipette).data_parallel;
+    case.cluster.node_links.nics_per_node = Some(4);
+    let four = case.run(TimeModel::Pipette);
+    assert!(close(unknown.reduce_ms / four.data_parallel.reduce_ms, 2.0));
+    let link = &four.data_parallel.bottleneck.as_ref().unwrap().link;
+    assert_eq!(link.gb_per_s, 40.0, "the ring's attained figure");
+    assert_eq!(four.iteration_ms, case.fast());
+    case.cluster.node_links.nics_per_node = Some(1);
+    let one = case.run(TimeModel::Pipette).data_parallel;
+    assert!(close(one.reduce_ms / unknown.reduce_ms, 2.0));
 }
 
 #[test]

@@ -67,6 +67,11 @@ impl Fabric for PairFabric<'_> {
     fn nic_share(&self, node: usize, members: usize) -> f64 {
         self.inner.nic_share(node, members)
     }
+
+    #[inline]
+    fn dp_ring_nic_share(&self, node: usize, tp: usize) -> f64 {
+        self.inner.dp_ring_nic_share(node, tp)
+    }
 }
 
 /// A [`Fabric`] that can be asked to bring a link's figure into the cache ahead of use.

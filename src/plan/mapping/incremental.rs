@@ -4,7 +4,7 @@
 use super::fabric::Links;
 use super::objective::Objective;
 use crate::model::parallel::Device;
-use crate::model::time::ConfigCosts;
+use crate::model::time::{dp_ring_link, ConfigCosts};
 
 /// The minimum or maximum of some leaves inside [`PipetteObjective::cells`]: a tournament
 /// tree (node `i`, root 1, at `base + i`; leaf `j` at `base + size + j`) when there are
@@ -347,11 +347,12 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         let next = gid - d + if d + 1 == self.dp { 0 } else { d + 1 };
         let here = self.group(devices, gid);
         let there = self.group(devices, next);
+        let tp = here.len();
         if self.whole_nodes && here[0].node != there[0].node {
-            return self.fabric.gb_per_s(here[0], there[0]);
+            return dp_ring_link(self.fabric, here[0], there[0], tp);
         }
         here.iter().zip(there).fold(f64::INFINITY, |m, (&a, &b)| {
-            m.min(self.fabric.gb_per_s(a, b))
+            m.min(dp_ring_link(self.fabric, a, b, tp))
         })
     }
 

@@ -198,10 +198,7 @@ fn random_cluster(rng: &mut ChaCha8Rng, nodes: usize, g: usize) -> ClusterProfil
         index: index as u32,
         name: "test".into(),
         memory_bytes: 80 << 30,
-        peak_tflops: PeakTflops {
-            bf16: Some(tflops),
-            fp16: tflops,
-        },
+        peak_tflops: PeakTflops::new(Some(tflops), tflops),
         measured_tflops: Vec::new(),
         provenance: Provenance::new(Source::Datasheet),
     };
