@@ -273,11 +273,7 @@ impl Job {
 impl Drop for Job {
     fn drop(&mut self) {
         // A failed test must not leave its job running for the next one.
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
-            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
-            let _ = self.child.wait();
-        }
+        common::interrupt_twice_and_reap(&mut self.child);
         for p in job_processes(&self.marker()) {
             let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
         }
