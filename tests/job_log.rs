@@ -57,11 +57,7 @@ impl Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
-            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
-            let _ = self.child.wait();
-        }
+        common::interrupt_twice_and_reap(&mut self.child);
         for p in common::with_marker(&self.dir.path().display().to_string()) {
             let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
         }

@@ -10,8 +10,10 @@
 //! - one node of three killed under pp 3: the survivors cannot keep it, the re-plan changes
 //!   pp, Megatron reshards the `torch_dist` checkpoint on load and goes on at the saved
 //!   iteration + 1;
-//! - the trial's memory calibration, fitted on two micro-batch sizes of Megatron's measured
-//!   peak per rank, predicts a third trial's measured peak within 10 %.
+//! - `scripts/gpu-check --cpu`: the trial's memory calibration, fitted on two micro-batch
+//!   sizes of Megatron's measured peak per rank, predicts a third trial's measured peak
+//!   within 10 %, and the rest of the GPU check's path runs (profile with the sweep, the main
+//!   job under pipette-run with its trial).
 //!
 //! Each ends with no process of its job left: none whose command line or environment names
 //! the job's temp dir (Megatron's checkpoint writer starts a child of its own, which names it
@@ -32,7 +34,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use common::{cpu_job_command, cpu_profile, processes, repo, torchrun, two_local_cpu_nodes};
+use common::{cpu_job_command, cpu_profile, processes, repo, torchrun};
 use pipette::supervise::events::read_events;
 
 /// Two cores hold one Megatron job at a time.
@@ -271,11 +273,7 @@ impl Job {
 impl Drop for Job {
     fn drop(&mut self) {
         // A failed test must not leave its job running for the next one.
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
-            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
-            let _ = self.child.wait();
-        }
+        common::interrupt_twice_and_reap(&mut self.child);
         for p in job_processes(&self.marker()) {
             let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
         }
@@ -524,92 +522,92 @@ fn replan_that_changes_pp_reshards_the_torch_dist_checkpoint() {
     eprintln!("whole test {:.1} s", started.elapsed().as_secs_f64());
 }
 
-/// A model whose activations are a sizeable share of a rank's peak RSS under Megatron's
-/// local attention (the 4 heads' 512² scores, a few copies per layer).
-const SIZED: &str = "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 512 \
-                     --max-position-embeddings 512 --global-batch-size 16 --lr 1e-3 \
-                     --train-iters 3 --mock-data --tokenizer-type NullTokenizer --vocab-size 1024 \
-                     --log-interval 1 --eval-iters 1 --eval-interval 100000";
-
-fn sized() -> Vec<String> {
-    SIZED.split_whitespace().map(String::from).collect()
-}
-
-/// `pipette calibrate` with the real Megatron on two one-rank nodes at `micro_batches`.
-fn calibrate(dir: &Path, name: &str, micro_batches: &str) -> Value {
-    let out = dir.join(name);
-    let output = two_local_cpu_nodes(env!("CARGO_BIN_EXE_pipette"), Some("calibrate"), dir)
-        .arg("--out")
-        .arg(&out)
-        .args(["--trial-iters", "3", "--trial-micro-batches", micro_batches])
-        .arg("examples/pretrain_gpt.py")
-        .args(sized())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "pipette calibrate with Megatron failed (checked with megatron-core {CHECKED_MEGATRON}, \
-         this venv has {}):\n{}\n{}",
-        megatron_version(),
-        tail(&String::from_utf8_lossy(&output.stdout), 40),
-        tail(&String::from_utf8_lossy(&output.stderr), 40)
-    );
-    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
-}
-
-/// (e) The trial measures Megatron's peak memory per rank; the calibration fitted on
-/// micro-batches 1 and 4 predicts an independent trial's peak at micro-batch 2 within 10 %.
+/// (e) `scripts/gpu-check --cpu`, the GPU check's path on CPU processes: the trial measures
+/// Megatron's peak memory per rank at micro-batches 1 and 4, the calibration fitted to them
+/// predicts an independent trial's peak at micro-batch 2 within 10 % (the script itself fails
+/// past that), the profile carries the sweep, and the main job trains and checkpoints.
 #[test]
-fn calibration_fitted_on_megatron_trials_predicts_a_third_within_10_percent() {
+fn gpu_check_cpu_calibration_predicts_a_third_megatron_trial_within_10_percent() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let started = Instant::now();
     let dir = tempfile::Builder::new()
         .prefix("pipette-megatron-")
         .tempdir()
         .unwrap();
-    let fitted = calibrate(dir.path(), "fit.json", "1,4");
-    let trials = fitted["trials"].as_array().unwrap();
-    assert_eq!(trials.len(), 2);
-    for t in trials {
-        let m = &t["measurement"];
-        let ranks = m["ranks"].as_array().unwrap();
-        assert_eq!(ranks.len(), 2, "every rank reports: {m}");
-        assert_eq!(m["iterations"].as_array().unwrap().len(), 3, "{m}");
-        eprintln!(
-            "micro-batch {}: peak RSS {:?} MiB, {:.1} ms per iteration",
-            m["config"]["micro_batch"],
-            ranks
-                .iter()
-                .map(|r| r["peak_rss_bytes"].as_u64().unwrap() >> 20)
-                .collect::<Vec<_>>(),
-            m["iteration_ms"].as_f64().unwrap_or(f64::NAN)
-        );
-    }
-    let check = calibrate(dir.path(), "check.json", "2");
-    let peak = &check["trials"][0]["peak"];
-    let measured = peak["measured"].as_f64().unwrap();
-    let estimate = Command::new(env!("CARGO_BIN_EXE_pipette"))
+    let out = dir.path().join("gpu-check.json");
+    let bin = Path::new(env!("CARGO_BIN_EXE_pipette")).parent().unwrap();
+    let run = Command::new(repo().join("scripts/gpu-check"))
         .current_dir(repo())
-        .env_remove("PIPETTE_CLUSTER")
-        .args([
-            "estimate", "--tp", "1", "--pp", "1", "--dp", "2", "--mbs", "2",
-        ])
-        .arg("--calibration")
-        .arg(dir.path().join("fit.json"))
-        .args(["--json", "--"])
-        .args(sized())
+        .arg("--cpu")
+        .arg("--out")
+        .arg(&out)
+        // Its work dir goes under the test's temp dir, whose path then marks every process.
+        .env("TMPDIR", dir.path())
+        .env("PIPETTE_BIN_DIR", bin)
+        .env("PIPETTE_MEGATRON_PYTHON", common::venv_python())
+        .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(estimate.status.success(), "{estimate:?}");
-    let estimate: Value = serde_json::from_slice(&estimate.stdout).unwrap();
-    let calibrated = estimate["memory"]["peak_bytes"].as_f64().unwrap();
-    let error = (calibrated - measured) / measured * 100.0;
+    let said = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        tail(&String::from_utf8_lossy(&run.stderr), 40)
+    );
+    assert!(
+        run.status.success(),
+        "scripts/gpu-check --cpu failed (examples/pretrain_gpt.py was checked with megatron-core \
+         {CHECKED_MEGATRON}, this venv has {}):\n{said}",
+        megatron_version()
+    );
+    let result: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(result["schema"], "pipette-gpu-check/1");
+    assert_eq!(
+        result["provenance"]["versions"]["megatron-core"],
+        CHECKED_MEGATRON
+    );
+    let trials = result["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2, "{said}");
+    for t in trials {
+        let ranks = t["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 2, "every rank reports: {t}");
+        for r in ranks {
+            assert_eq!(r["kind"], "peak_rss", "{r}");
+            assert!(
+                r["bytes"].as_u64().unwrap() > 200 << 20,
+                "a Megatron rank holds hundreds of MB: {r}"
+            );
+        }
+    }
+    let check = &result["independent_trial"];
+    let after = check["error_after_pct"].as_f64().unwrap();
+    assert!(
+        after.abs() <= 10.0,
+        "calibrated estimate {after:+.1} % off: {check}"
+    );
+    assert!(
+        !result["profile"]["measured_perf"].is_null(),
+        "the profile carries the sweep"
+    );
+    let job = &result["job"];
+    assert_eq!(job["exit_code"], 0, "{job}");
+    assert!(
+        !job["megatron_parameter_lines"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{job}"
+    );
+    assert!(
+        !job["checkpoint"]["shards"].as_array().unwrap().is_empty(),
+        "{job}"
+    );
     eprintln!(
-        "micro-batch 2: measured {:.0} MiB; default estimate {:+.1} %, calibrated (fitted on 1 and 4) {error:+.1} %; whole test {:.1} s",
-        measured / (1u64 << 20) as f64,
-        peak["error_before_pct"].as_f64().unwrap_or(f64::NAN),
+        "micro-batch 2: measured {:.0} MiB; default estimate {:+.1} %, calibrated {after:+.1} %; \
+         gpu-check --cpu {:.1} s",
+        check["measured_peak_bytes"].as_f64().unwrap() / (1u64 << 20) as f64,
+        check["error_before_pct"].as_f64().unwrap_or(f64::NAN),
         started.elapsed().as_secs_f64()
     );
-    assert!(error.abs() <= 10.0, "calibrated estimate {error:+.1} % off");
+    eprintln!("{}", String::from_utf8_lossy(&run.stdout));
     assert_nothing_left(&dir.path().display().to_string());
 }

@@ -1164,3 +1164,18 @@ pub fn two_local_cpu_nodes(bin: &str, subcommand: Option<&str>, dir: &Path) -> C
         .arg(torchrun());
     command
 }
+
+/// Stops a pipette-run that is still running as a user's Ctrl-C twice would (the second
+/// kills at once), and reaps it: what a failed test's guard does so that its job does not
+/// run on into the next test.
+pub fn interrupt_twice_and_reap(child: &mut Child) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+
+    if child.try_wait().ok().flatten().is_none() {
+        let pid = Pid::from_raw(child.id() as i32);
+        let _ = kill(pid, Signal::SIGINT);
+        let _ = kill(pid, Signal::SIGINT);
+        let _ = child.wait();
+    }
+}
