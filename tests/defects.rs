@@ -741,3 +741,114 @@ fn n10_an_input_file_must_be_a_regular_file() {
     );
     assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
+
+/// N4: raw control characters reached the terminal from GPU names, `SLURM_JOB_ID` (also
+/// into the launch scripts), `--include`, `PIPETTE_LOG` and TOML error snippets. Each is
+/// now escaped or refused; `fails` checks that stderr holds no control character.
+#[test]
+fn n4_strings_from_input_are_escaped_before_printing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let esc = "\u{1b}[2J\u{1b}[31m";
+    let hostfile = d.join("hosts");
+    std::fs::write(&hostfile, "a slots=1\n").unwrap();
+    fails(
+        &mut dry_run(
+            d,
+            &[
+                "--hostfile",
+                hostfile.to_str().unwrap(),
+                "--include",
+                &format!("a{esc}"),
+            ],
+        ),
+        66,
+        &["--include", "\\u{1b}[2J"],
+    );
+    fails(
+        dry_run(d, &[]).env("PIPETTE_LOG", format!("debug{esc}")),
+        2,
+        &["PIPETTE_LOG", "\\u{1b}[31m"],
+    );
+    let config = d.join("site.toml");
+    std::fs::write(&config, format!("launcher = \"ssh{esc}\"\n")).unwrap();
+    fails(
+        &mut dry_run(d, &["--config", config.to_str().unwrap()]),
+        2,
+        &["site.toml", "TOML parse error"],
+    );
+    fails(
+        dry_run(d, &[])
+            .env("SLURM_JOB_ID", format!("42{esc}"))
+            .env("SLURM_JOB_NODELIST", "a"),
+        66,
+        &[
+            "SLURM_JOB_ID",
+            "holds a blank, control or invisible character",
+        ],
+    );
+    let mut profile: Value =
+        serde_json::from_str(&std::fs::read_to_string(cluster_file()).unwrap()).unwrap();
+    profile["nodes"][0]["gpus"][0]["name"] = Value::from(format!("A100{esc}"));
+    let file = d.join("cluster.json");
+    std::fs::write(&file, profile.to_string()).unwrap();
+    fails(
+        &mut dry_run(d, &["--cluster", file.to_str().unwrap()]),
+        67,
+        &[
+            "nodes[0].gpus[0].name",
+            "control or invisible format character",
+        ],
+    );
+}
+
+/// N5: bidi and zero-width characters were accepted in host names, and `nodeA`/`NODEA`
+/// and `x`/`x.` were two nodes. Host names are compared case-insensitively without a
+/// trailing dot, everywhere (lists, filters, cluster files).
+#[test]
+fn n5_a_host_is_one_host_whatever_its_case_or_trailing_dot() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for invisible in ["\u{202e}", "\u{200b}", "\u{feff}"] {
+        fails(
+            &mut hostfile_dry_run(d, &format!("a{invisible}b slots=1\n")),
+            66,
+            &["invisible Unicode format character"],
+        );
+    }
+    fails(
+        &mut hostfile_dry_run(d, "nodeA slots=1\nNODEA. slots=1\n"),
+        66,
+        &["\"NODEA.\" is already listed on line 1"],
+    );
+    fails(
+        &mut dry_run(d, &["--hosts", "x,X."]),
+        66,
+        &["listed twice in --hosts"],
+    );
+    // The cluster file's a100-n00 and a100-n01 are the hostfile's A100-N00. and A100-N01.
+    let hostfile = d.join("hosts");
+    std::fs::write(&hostfile, "A100-N00. slots=8\nA100-N01 slots=8\n").unwrap();
+    let report = dry_run_json(
+        pipette_run(d)
+            .arg("--cluster")
+            .arg(cluster_file())
+            .arg("--hostfile")
+            .arg(&hostfile)
+            .args(["--dry-run", "--json", "train.py"])
+            .args(TINY_MODEL),
+    );
+    let mut shown = hosts(&report);
+    shown.sort();
+    assert_eq!(shown, ["A100-N00.", "A100-N01"]);
+    // --exclude names a host as the list does not spell it.
+    let report = dry_run_json(
+        pipette_run(d)
+            .arg("--cluster")
+            .arg(cluster_file())
+            .args(["--hosts", "a100-n00,a100-n01", "--exclude", "A100-N01."])
+            .args(["--dry-run", "--json", "train.py"])
+            .args(TINY_MODEL),
+    );
+    assert_eq!(hosts(&report), ["a100-n00"]);
+}
