@@ -852,3 +852,74 @@ fn n5_a_host_is_one_host_whatever_its_case_or_trailing_dot() {
     );
     assert_eq!(hosts(&report), ["a100-n00"]);
 }
+
+/// N13: a calibration file's factors were taken as they were: negative, 1e308, unknown
+/// fields, `[]`.
+#[test]
+fn n13_a_calibration_file_is_fully_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, needle) in [
+        (
+            r#"{"activation_factor": -1}"#,
+            "activation_factor is -1, out of range",
+        ),
+        (r#"{"gemm_scale": 1e308}"#, "gemm_scale is"),
+        (
+            r#"{"calibration": {"activation_factr": 1.2}}"#,
+            "unknown field",
+        ),
+        ("[]", "is not a JSON object"),
+    ] {
+        let file = dir.path().join("calibration.json");
+        std::fs::write(&file, text).unwrap();
+        fails(
+            pipette()
+                .args(["estimate", "--calibration"])
+                .arg(&file)
+                .arg("--")
+                .args(TINY_MODEL),
+            2,
+            &["--calibration", needle],
+        );
+    }
+}
+
+/// N14: `--rdzv-endpoint host:99999` silently used port 29500; `PET_MASTER_PORT=0` was
+/// accepted.
+#[test]
+fn n14_a_port_out_of_range_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    fails(
+        &mut dry_run(dir.path(), &["--rdzv-endpoint", "host:99999"]),
+        2,
+        &["--rdzv-endpoint", "\"99999\" is not a port number"],
+    );
+    fails(
+        dry_run(dir.path(), &[]).env("PET_MASTER_PORT", "0"),
+        2,
+        &["PET_MASTER_PORT", "from 1 to 65535"],
+    );
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+/// N15: misleading messages: a file on the run directory's path "already exists"; a
+/// site configuration's bad value was blamed on the command line.
+#[test]
+fn n15_messages_name_the_real_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("afile"), "").unwrap();
+    let run = d.join("afile/run");
+    fails(
+        &mut dry_run(d, &["--run-dir", run.to_str().unwrap()]),
+        2,
+        &["is a file, not a directory"],
+    );
+    let config = d.join("site.toml");
+    std::fs::write(&config, "grace = \"-1s\"\n").unwrap();
+    fails(
+        &mut dry_run(d, &["--config", config.to_str().unwrap()]),
+        2,
+        &["site.toml: grace = \"-1s\"", "fix the file"],
+    );
+}
