@@ -923,3 +923,53 @@ fn n15_messages_name_the_real_cause() {
         &["site.toml: grace = \"-1s\"", "fix the file"],
     );
 }
+
+/// N9: when torchrun exited 0 right after a few MB of output, the tail was missing from
+/// the node log and the terminal (0 of 8 runs kept it at 5-10 MB); a line without a
+/// newline was held whole however long. A stand-in torchrun writes 10 MB of lines, a last
+/// line and a 3 MB line without a newline, then exits 0.
+#[test]
+fn n9_every_line_before_a_successful_exit_arrives() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let torchrun = d.join("torchrun");
+    common::write_executable(
+        &torchrun,
+        "#!/bin/sh\nexec python3 -c '\nimport sys\nw = sys.stdout.write\n\
+         for i in range(100000):\n    w(\"line %06d %s\\n\" % (i, \"x\" * 88))\n\
+         w(\"last line\\n\")\nw(\"y\" * 3000000)\n'\n",
+    );
+    std::fs::write(d.join("train.py"), "").unwrap();
+    let out = succeeds(
+        pipette_run(d)
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .args([
+                "--hosts",
+                "node-a",
+                "--launcher",
+                "local",
+                "--nproc-per-node",
+                "1",
+            ])
+            .arg("--torchrun")
+            .arg(&torchrun)
+            .arg("--run-dir")
+            .arg(d.join("run"))
+            .arg("train.py"),
+    );
+    let log = std::fs::read(d.join("run/logs/node-a.log")).unwrap();
+    for (name, text) in [("terminal", out.stdout), ("node log", log)] {
+        let text = String::from_utf8_lossy(&text);
+        let lines = text.lines().filter(|l| l.contains("line 0")).count();
+        assert_eq!(lines, 100_000, "{name}");
+        assert!(text.contains("line 099999 "), "{name}");
+        assert!(text.contains("last line"), "{name}");
+        let cut = text.lines().last().unwrap_or_default();
+        assert!(
+            cut.ends_with("[pipette-run: line cut at 1048576 bytes, 1951424 more dropped]"),
+            "{name}: {}",
+            &cut[cut.len().saturating_sub(120)..]
+        );
+        assert!(cut.len() < (1 << 20) + 200, "{name}: {} bytes", cut.len());
+    }
+}

@@ -121,6 +121,9 @@ fn poll(job: &mut RunningJob) -> Vec<NodeFailure> {
         match command.try_status() {
             Ok(None) => {}
             Ok(Some(status)) => {
+                // Its output read to the end before its end is recorded: a success would
+                // otherwise lose the tail (10 MB written just before the exit was cut).
+                command.drain();
                 node.status = Some(status);
                 if !status.success() {
                     if let Some(command) = node.command.take() {
