@@ -973,3 +973,47 @@ fn n9_every_line_before_a_successful_exit_arrives() {
         assert!(cut.len() < (1 << 20) + 200, "{name}: {} bytes", cut.len());
     }
 }
+
+/// N17: `node_failed.detail` was torchrun's banner line, not the worker's error. A
+/// stand-in torchrun prints a worker's traceback and torchrun's report, and exits 1.
+#[test]
+fn n17_a_node_failure_s_detail_is_the_worker_s_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let torchrun = d.join("torchrun");
+    common::write_executable(
+        &torchrun,
+        "#!/bin/sh\ncat >&2 <<'X'\nTraceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n\
+         ValueError: the worker's own error\n\
+         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n\
+         ============================================================\ntrain.py FAILED\n\
+         ------------------------------------------------------------\nX\nexit 1\n",
+    );
+    std::fs::write(d.join("train.py"), "").unwrap();
+    let out = pipette_run(d)
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .args([
+            "--hosts",
+            "node-a",
+            "--launcher",
+            "local",
+            "--nproc-per-node",
+            "1",
+        ])
+        .args(["--max-replans", "0"])
+        .arg("--torchrun")
+        .arg(&torchrun)
+        .arg("--run-dir")
+        .arg(d.join("run"))
+        .arg("train.py")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let events = pipette::supervise::events::read_events(&d.join("run/events.jsonl")).unwrap();
+    let failed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["event"] == "node_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{events:?}");
+    assert_eq!(failed[0]["detail"], "ValueError: the worker's own error");
+}
