@@ -310,7 +310,7 @@ fn endpoint(s: &str) -> Result<String, String> {
         }
         _ => None,
     };
-    match port.map(|p| super::values::positive::<u16>(p)) {
+    match port.map(super::values::positive::<u16>) {
         Some(Err(_)) => Err(format!(
             "{s:?}: the port {:?} is not a port number (give HOST:PORT, the port from 1 to 65535)",
             port.unwrap_or_default()
