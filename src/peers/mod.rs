@@ -59,6 +59,13 @@ pub struct PeerOptions {
 /// torchrun's agents would.
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The most handshakes the leader runs at once: further connections are closed unread
+/// until one ends (the copies of a job join within a few at a time).
+const MAX_HANDSHAKES: usize = 64;
+
+/// The most refused connections logged one by one; one line then says the rest are not.
+const MAX_REFUSALS_LOGGED: usize = 10;
+
 /// Why the copies could not become one job.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
@@ -172,22 +179,39 @@ impl Fleet {
             })?;
         let deadline = Instant::now() + options.join_timeout;
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        // Handshakes under way and refusals logged, both bounded: a flood of connections
+        // started one thread and logged one line each, without limit.
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let refusals = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let acceptor = std::thread::spawn(move || {
+            use std::sync::atomic::Ordering;
             while stop_rx.try_recv().is_err() {
                 match listener.accept() {
+                    Ok((stream, _)) if in_flight.load(Ordering::SeqCst) >= MAX_HANDSHAKES => {
+                        drop(stream);
+                    }
                     Ok((stream, peer)) => {
                         let (secret, tx, log) =
                             (secret.clone(), tx.clone(), Arc::clone(&accept_log));
+                        let (in_flight, refusals) = (Arc::clone(&in_flight), Arc::clone(&refusals));
+                        in_flight.fetch_add(1, Ordering::SeqCst);
                         std::thread::spawn(move || {
                             let _ = stream.set_nonblocking(false);
                             match wire::accept(stream, &secret, Purpose::Control) {
                                 Ok(channel) => {
                                     let _ = tx.send((peer, channel));
                                 }
-                                Err(e) => log(&format!(
-                                    "refused a copy of pipette-run connecting from {peer}: {e} (it runs nothing)"
-                                )),
+                                Err(e) => match refusals.fetch_add(1, Ordering::SeqCst) {
+                                    n if n < MAX_REFUSALS_LOGGED => log(&format!(
+                                        "refused a copy of pipette-run connecting from {peer}: {e} (it runs nothing)"
+                                    )),
+                                    n if n == MAX_REFUSALS_LOGGED => log(
+                                        "further refused connections are not logged (something keeps connecting to the control port)",
+                                    ),
+                                    _ => {}
+                                },
                             }
+                            in_flight.fetch_sub(1, Ordering::SeqCst);
                         });
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
