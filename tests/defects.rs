@@ -391,7 +391,7 @@ fn defect_10_negative_numbers_get_their_valid_range() {
         ("--max-replans", "-1", "from 0 to 4294967295"),
         ("--memory-headroom", "-0.1", "a fraction from 0"),
         ("--budget", "-5", "from 0 to"),
-        ("--master-port", "-1", "from 0 to 65535"),
+        ("--master-port", "-1", "from 1 to 65535"),
         ("--nproc-per-node", "-2", "from 1 to 1024"),
     ] {
         let stderr = fails(
