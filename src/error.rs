@@ -103,6 +103,7 @@ impl Error {
             Error::Render(RenderError::Args { .. } | RenderError::Unrepresentable { .. }) => {
                 ExitCode::ModelArgs
             }
+            Error::Render(RenderError::RunDirWrite { .. }) => ExitCode::CannotWrite,
             Error::Render(_) => ExitCode::Usage,
             Error::Profile(e) => match e {
                 ProfileRunError::NoNodes | ProfileRunError::MixedNodes { .. } => ExitCode::NodeList,

@@ -37,6 +37,9 @@ pub enum ExitCode {
     /// `pipette doctor` found a node that would fail a run for a reason other than these
     /// (no PyTorch, a broken python or driver, GPU and CPU nodes mixed, a full disk).
     NodeNotReady = 73,
+    /// The run directory could not be written: a full or read-only disk, a missing
+    /// permission (`sysexits.h`'s EX_IOERR).
+    CannotWrite = 74,
     /// The job made no progress for the stall timeout and could not be re-planned (a hang
     /// has no worker exit code; this is the code `timeout` gives).
     Stalled = 124,
@@ -126,6 +129,11 @@ pub const ROWS: &[Row] = &[
         "pipette doctor found a node not ready to run (no PyTorch, a broken python or driver, GPU and CPU nodes mixed, a full disk); its report says what to fix",
     ),
     row(
+        ExitCode::CannotWrite,
+        "74",
+        "the run directory could not be written (a full or read-only disk, a missing permission); nothing was launched",
+    ),
+    row(
         ExitCode::Stalled,
         "124",
         "the job stalled (no progress for --stall-timeout) and could not be re-planned",
@@ -205,7 +213,7 @@ const HELP_BYTES: [u8; HELP_LEN] = {
 mod tests {
     use super::*;
 
-    const ALL: [ExitCode; 13] = [
+    const ALL: [ExitCode; 14] = [
         ExitCode::Success,
         ExitCode::Usage,
         ExitCode::ModelArgs,
@@ -217,6 +225,7 @@ mod tests {
         ExitCode::NoTorchrun,
         ExitCode::TrialFailed,
         ExitCode::NodeNotReady,
+        ExitCode::CannotWrite,
         ExitCode::Stalled,
         ExitCode::CannotStart,
     ];
@@ -245,7 +254,7 @@ mod tests {
             "  66     the node list is malformed (Slurm/PBS variables, --hostfile, --hosts, --include/--exclude)"
         );
         assert_eq!(
-            lines[15],
+            lines[16],
             "  other  the exit code of the first training worker that failed"
         );
         assert!(!HELP.ends_with('\n'));

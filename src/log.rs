@@ -188,11 +188,42 @@ pub fn warn(text: &str) {
     log(Level::Warn, "pipette", text);
 }
 
-/// `text`'s lines, each as printed: stamp, program, the level's word, the line.
+/// `text`'s lines, each as printed: stamp, program, the level's word, the line (made
+/// [`printable`]: a message may quote anything the user or a node gave).
 pub fn lines(stamp: &str, program: &str, level: Level, text: &str) -> Vec<String> {
     text.lines()
-        .map(|line| format!("{stamp} {program}: {}{line}\n", level.word()))
+        .map(|line| format!("{stamp} {program}: {}{}\n", level.word(), printable(line)))
         .collect()
+}
+
+/// `text` with every control character but the tab, and every Unicode format character,
+/// escaped (`\u{1b}`, `\u{202e}`): what reaches a terminal or a file cannot move the cursor,
+/// recolour, reorder or hide what follows.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| (c.is_control() && c != '\t') || is_format_char(c);
+    if !text.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Whether `c` is a Unicode format character (general category Cf): the bidirectional
+/// controls, zero-width joiners and spaces, the byte-order mark and their kin. They print
+/// as nothing, so a name holding one reads as another.
+pub fn is_format_char(c: char) -> bool {
+    matches!(c as u32,
+        0xAD | 0x600..=0x605 | 0x61C | 0x6DD | 0x70F | 0x890..=0x891 | 0x8E2 | 0x180E
+        | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2064 | 0x2066..=0x206F | 0xFEFF
+        | 0xFFF9..=0xFFFB | 0x110BD | 0x110CD | 0x13430..=0x1343F | 0x1BCA0..=0x1BCA3
+        | 0x1D173..=0x1D17A | 0xE0001 | 0xE0020..=0xE007F)
 }
 
 /// `HH:MM:SSZ` of `time` (UTC).

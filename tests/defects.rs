@@ -391,7 +391,7 @@ fn defect_10_negative_numbers_get_their_valid_range() {
         ("--max-replans", "-1", "from 0 to 4294967295"),
         ("--memory-headroom", "-0.1", "a fraction from 0"),
         ("--budget", "-5", "from 0 to"),
-        ("--master-port", "-1", "from 0 to 65535"),
+        ("--master-port", "-1", "from 1 to 65535"),
         ("--nproc-per-node", "-2", "from 1 to 1024"),
     ] {
         let stderr = fails(
@@ -740,4 +740,280 @@ fn n10_an_input_file_must_be_a_regular_file() {
         &["--calibration /dev/zero", "is not a regular file"],
     );
     assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+/// N4: raw control characters reached the terminal from GPU names, `SLURM_JOB_ID` (also
+/// into the launch scripts), `--include`, `PIPETTE_LOG` and TOML error snippets. Each is
+/// now escaped or refused; `fails` checks that stderr holds no control character.
+#[test]
+fn n4_strings_from_input_are_escaped_before_printing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let esc = "\u{1b}[2J\u{1b}[31m";
+    let hostfile = d.join("hosts");
+    std::fs::write(&hostfile, "a slots=1\n").unwrap();
+    fails(
+        &mut dry_run(
+            d,
+            &[
+                "--hostfile",
+                hostfile.to_str().unwrap(),
+                "--include",
+                &format!("a{esc}"),
+            ],
+        ),
+        66,
+        &["--include", "\\u{1b}[2J"],
+    );
+    fails(
+        dry_run(d, &[]).env("PIPETTE_LOG", format!("debug{esc}")),
+        2,
+        &["PIPETTE_LOG", "\\u{1b}[31m"],
+    );
+    let config = d.join("site.toml");
+    std::fs::write(&config, format!("launcher = \"ssh{esc}\"\n")).unwrap();
+    fails(
+        &mut dry_run(d, &["--config", config.to_str().unwrap()]),
+        2,
+        &["site.toml", "TOML parse error"],
+    );
+    fails(
+        dry_run(d, &[])
+            .env("SLURM_JOB_ID", format!("42{esc}"))
+            .env("SLURM_JOB_NODELIST", "a"),
+        66,
+        &[
+            "SLURM_JOB_ID",
+            "holds a blank, control or invisible character",
+        ],
+    );
+    let mut profile: Value =
+        serde_json::from_str(&std::fs::read_to_string(cluster_file()).unwrap()).unwrap();
+    profile["nodes"][0]["gpus"][0]["name"] = Value::from(format!("A100{esc}"));
+    let file = d.join("cluster.json");
+    std::fs::write(&file, profile.to_string()).unwrap();
+    fails(
+        &mut dry_run(d, &["--cluster", file.to_str().unwrap()]),
+        67,
+        &[
+            "nodes[0].gpus[0].name",
+            "control or invisible format character",
+        ],
+    );
+}
+
+/// N5: bidi and zero-width characters were accepted in host names, and `nodeA`/`NODEA`
+/// and `x`/`x.` were two nodes. Host names are compared case-insensitively without a
+/// trailing dot, everywhere (lists, filters, cluster files).
+#[test]
+fn n5_a_host_is_one_host_whatever_its_case_or_trailing_dot() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for invisible in ["\u{202e}", "\u{200b}", "\u{feff}"] {
+        fails(
+            &mut hostfile_dry_run(d, &format!("a{invisible}b slots=1\n")),
+            66,
+            &["invisible Unicode format character"],
+        );
+    }
+    fails(
+        &mut hostfile_dry_run(d, "nodeA slots=1\nNODEA. slots=1\n"),
+        66,
+        &["\"NODEA.\" is already listed on line 1"],
+    );
+    fails(
+        &mut dry_run(d, &["--hosts", "x,X."]),
+        66,
+        &["listed twice in --hosts"],
+    );
+    // The cluster file's a100-n00 and a100-n01 are the hostfile's A100-N00. and A100-N01.
+    let hostfile = d.join("hosts");
+    std::fs::write(&hostfile, "A100-N00. slots=8\nA100-N01 slots=8\n").unwrap();
+    let report = dry_run_json(
+        pipette_run(d)
+            .arg("--cluster")
+            .arg(cluster_file())
+            .arg("--hostfile")
+            .arg(&hostfile)
+            .args(["--dry-run", "--json", "train.py"])
+            .args(TINY_MODEL),
+    );
+    let mut shown = hosts(&report);
+    shown.sort();
+    assert_eq!(shown, ["A100-N00.", "A100-N01"]);
+    // --exclude names a host as the list does not spell it.
+    let report = dry_run_json(
+        pipette_run(d)
+            .arg("--cluster")
+            .arg(cluster_file())
+            .args(["--hosts", "a100-n00,a100-n01", "--exclude", "A100-N01."])
+            .args(["--dry-run", "--json", "train.py"])
+            .args(TINY_MODEL),
+    );
+    assert_eq!(hosts(&report), ["a100-n00"]);
+}
+
+/// N13: a calibration file's factors were taken as they were: negative, 1e308, unknown
+/// fields, `[]`.
+#[test]
+fn n13_a_calibration_file_is_fully_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, needle) in [
+        (
+            r#"{"activation_factor": -1}"#,
+            "activation_factor is -1, out of range",
+        ),
+        (r#"{"gemm_scale": 1e308}"#, "gemm_scale is"),
+        (
+            r#"{"calibration": {"activation_factr": 1.2}}"#,
+            "unknown field",
+        ),
+        ("[]", "is not a JSON object"),
+    ] {
+        let file = dir.path().join("calibration.json");
+        std::fs::write(&file, text).unwrap();
+        fails(
+            pipette()
+                .args(["estimate", "--calibration"])
+                .arg(&file)
+                .arg("--")
+                .args(TINY_MODEL),
+            2,
+            &["--calibration", needle],
+        );
+    }
+}
+
+/// N14: `--rdzv-endpoint host:99999` silently used port 29500; `PET_MASTER_PORT=0` was
+/// accepted.
+#[test]
+fn n14_a_port_out_of_range_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    fails(
+        &mut dry_run(dir.path(), &["--rdzv-endpoint", "host:99999"]),
+        2,
+        &["--rdzv-endpoint", "\"99999\" is not a port number"],
+    );
+    fails(
+        dry_run(dir.path(), &[]).env("PET_MASTER_PORT", "0"),
+        2,
+        &["PET_MASTER_PORT", "from 1 to 65535"],
+    );
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+/// N15: misleading messages: a file on the run directory's path "already exists"; a
+/// site configuration's bad value was blamed on the command line.
+#[test]
+fn n15_messages_name_the_real_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("afile"), "").unwrap();
+    let run = d.join("afile/run");
+    fails(
+        &mut dry_run(d, &["--run-dir", run.to_str().unwrap()]),
+        2,
+        &["is a file, not a directory"],
+    );
+    let config = d.join("site.toml");
+    std::fs::write(&config, "grace = \"-1s\"\n").unwrap();
+    fails(
+        &mut dry_run(d, &["--config", config.to_str().unwrap()]),
+        2,
+        &["site.toml: grace = \"-1s\"", "fix the file"],
+    );
+}
+
+/// N9: when torchrun exited 0 right after a few MB of output, the tail was missing from
+/// the node log and the terminal (0 of 8 runs kept it at 5-10 MB); a line without a
+/// newline was held whole however long. A stand-in torchrun writes 10 MB of lines, a last
+/// line and a 3 MB line without a newline, then exits 0.
+#[test]
+fn n9_every_line_before_a_successful_exit_arrives() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let torchrun = d.join("torchrun");
+    common::write_executable(
+        &torchrun,
+        "#!/bin/sh\nexec python3 -c '\nimport sys\nw = sys.stdout.write\n\
+         for i in range(100000):\n    w(\"line %06d %s\\n\" % (i, \"x\" * 88))\n\
+         w(\"last line\\n\")\nw(\"y\" * 3000000)\n'\n",
+    );
+    std::fs::write(d.join("train.py"), "").unwrap();
+    let out = succeeds(
+        pipette_run(d)
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .args([
+                "--hosts",
+                "node-a",
+                "--launcher",
+                "local",
+                "--nproc-per-node",
+                "1",
+            ])
+            .arg("--torchrun")
+            .arg(&torchrun)
+            .arg("--run-dir")
+            .arg(d.join("run"))
+            .arg("train.py"),
+    );
+    let log = std::fs::read(d.join("run/logs/node-a.log")).unwrap();
+    for (name, text) in [("terminal", out.stdout), ("node log", log)] {
+        let text = String::from_utf8_lossy(&text);
+        let lines = text.lines().filter(|l| l.contains("line 0")).count();
+        assert_eq!(lines, 100_000, "{name}");
+        assert!(text.contains("line 099999 "), "{name}");
+        assert!(text.contains("last line"), "{name}");
+        let cut = text.lines().last().unwrap_or_default();
+        assert!(
+            cut.ends_with("[pipette-run: line cut at 1048576 bytes, 1951424 more dropped]"),
+            "{name}: {}",
+            &cut[cut.len().saturating_sub(120)..]
+        );
+        assert!(cut.len() < (1 << 20) + 200, "{name}: {} bytes", cut.len());
+    }
+}
+
+/// N17: `node_failed.detail` was torchrun's banner line, not the worker's error. A
+/// stand-in torchrun prints a worker's traceback and torchrun's report, and exits 1.
+#[test]
+fn n17_a_node_failure_s_detail_is_the_worker_s_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let torchrun = d.join("torchrun");
+    common::write_executable(
+        &torchrun,
+        "#!/bin/sh\ncat >&2 <<'X'\nTraceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n\
+         ValueError: the worker's own error\n\
+         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n\
+         ============================================================\ntrain.py FAILED\n\
+         ------------------------------------------------------------\nX\nexit 1\n",
+    );
+    std::fs::write(d.join("train.py"), "").unwrap();
+    let out = pipette_run(d)
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .args([
+            "--hosts",
+            "node-a",
+            "--launcher",
+            "local",
+            "--nproc-per-node",
+            "1",
+        ])
+        .args(["--max-replans", "0"])
+        .arg("--torchrun")
+        .arg(&torchrun)
+        .arg("--run-dir")
+        .arg(d.join("run"))
+        .arg("train.py")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let events = pipette::supervise::events::read_events(&d.join("run/events.jsonl")).unwrap();
+    let failed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["event"] == "node_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{events:?}");
+    assert_eq!(failed[0]["detail"], "ValueError: the worker's own error");
 }

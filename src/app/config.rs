@@ -395,7 +395,16 @@ pub(super) fn read_calibration(path: &Path) -> Result<Calibration, Error> {
     let text = crate::input_file::read_to_string(path).map_err(|e| bad(e.to_string()))?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let object = value.get("calibration").cloned().unwrap_or(value);
-    serde_json::from_value(object).map_err(|e| bad(e.to_string()))
+    // serde would read `[]` as a struct of defaults.
+    if !object.is_object() {
+        return Err(bad(
+            "is not a JSON object of calibration factors".to_string()
+        ));
+    }
+    let calibration: Calibration =
+        serde_json::from_value(object).map_err(|e| bad(e.to_string()))?;
+    calibration.check().map_err(bad)?;
+    Ok(calibration)
 }
 
 #[cfg(test)]

@@ -47,7 +47,10 @@ pub fn parse_run(
         Some(site) => site::apply(run_command(), site),
         None => run_command(),
     };
-    let matches = command.try_get_matches_from(args)?;
+    let matches = command.try_get_matches_from(args).map_err(|e| match site {
+        Some(site) => site::blame_the_file(e, site, args),
+        None => e,
+    })?;
     RunCli::from_arg_matches(&matches)
 }
 

@@ -86,6 +86,58 @@ pub fn parse_site_config(
     })
 }
 
+/// `error` from parsing with the file's values as defaults, naming the file when the bad
+/// value is the file's (the command line does not give that option): as a default, it
+/// was reported as if the command line had given it.
+pub fn blame_the_file(
+    error: clap::Error,
+    config: &SiteConfig,
+    args: &[std::ffi::OsString],
+) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        error.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return error;
+    }
+    let text = |kind| match error.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let (Some(option), Some(value)) = (
+        text(ContextKind::InvalidArg),
+        text(ContextKind::InvalidValue),
+    ) else {
+        return error;
+    };
+    let Some(from_file) = config.values.iter().find(|v| {
+        let long = format!("--{}", v.key);
+        v.value == value
+            && (option == long || option.starts_with(&format!("{long} ")))
+            && !args.iter().any(|a| {
+                let a = a.to_string_lossy();
+                a == long || a.starts_with(&format!("{long}="))
+            })
+    }) else {
+        return error;
+    };
+    let detail = error.to_string();
+    let detail = detail.lines().next().unwrap_or_default();
+    let why = detail.split_once("': ").map_or(detail, |(_, why)| why);
+    clap::Error::raw(
+        error.kind(),
+        format!(
+            "{}: {} = {:?}: {} (fix the file, or give --{} on the command line)\n",
+            config.path.display(),
+            from_file.key,
+            from_file.value,
+            one_line(why.trim_start_matches("error: ")),
+            from_file.key
+        ),
+    )
+}
+
 /// `command` with the file's values as its options' defaults.
 pub fn apply(command: clap::Command, config: &SiteConfig) -> clap::Command {
     config.values.iter().fold(command, |command, v| {

@@ -55,7 +55,8 @@ pub struct TorchrunOptions {
         long = "rdzv-endpoint",
         alias = "rdzv_endpoint",
         env = "PET_RDZV_ENDPOINT",
-        default_value = ""
+        default_value = "",
+        value_parser = endpoint
     )]
     pub rdzv_endpoint: String,
 
@@ -180,7 +181,7 @@ pub struct TorchrunOptions {
         env = "PET_MASTER_PORT",
         default_value_t = 29500,
         allow_negative_numbers = true,
-        value_parser = whole::<u16>
+        value_parser = super::values::positive::<u16>
     )]
     pub master_port: u16,
 
@@ -296,6 +297,25 @@ impl TorchrunOptions {
             }
         }
         out
+    }
+}
+
+/// `HOST[:PORT]` (`[V6]:PORT`, or a bare IPv6 address): a port given must be one
+/// (1 to 65535). `host:99999` was read as no port, and 29500 silently used.
+fn endpoint(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    let port = match t.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && (!host.contains(':') || host.ends_with(']')) => {
+            Some(port)
+        }
+        _ => None,
+    };
+    match port.map(super::values::positive::<u16>) {
+        Some(Err(_)) => Err(format!(
+            "{s:?}: the port {:?} is not a port number (give HOST:PORT, the port from 1 to 65535)",
+            port.unwrap_or_default()
+        )),
+        _ => Ok(s.to_string()),
     }
 }
 

@@ -115,7 +115,7 @@ pub fn allocate(
             let index = profile.node_indices();
             spec.nodes
                 .iter()
-                .find(|n| !index.contains_key(n.host.as_str()))
+                .find(|n| !index.contains_key(&super::host_key(&n.host)))
         } {
             return Err(AllocationError::NotInProfile {
                 path: path.display().to_string(),
@@ -138,9 +138,11 @@ pub fn allocate(
     }
     let index = profile.map(|(_, p)| (p, p.node_indices()));
     let profiled = |host: &str| {
-        index
-            .as_ref()
-            .and_then(|(p, index)| index.get(host).and_then(|i| p.nodes[*i].gpus()))
+        index.as_ref().and_then(|(p, index)| {
+            index
+                .get(&super::host_key(host))
+                .and_then(|i| p.nodes[*i].gpus())
+        })
     };
     let mut hosts = Vec::with_capacity(spec.nodes.len());
     let pbs = matches!(spec.source, NodeSource::Pbs { .. });

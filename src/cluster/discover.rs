@@ -196,7 +196,10 @@ pub fn discover(
             ));
         }
         let nodes = slurm_nodes(env, list_variable, list, &mut warnings)?;
-        let job_id = variable(env, "SLURM_JOB_ID").or_else(|| variable(env, "SLURM_JOBID"));
+        let job_id = match variable(env, "SLURM_JOB_ID") {
+            Some(_) => job_id(env, "SLURM_JOB_ID")?,
+            None => job_id(env, "SLURM_JOBID")?,
+        };
         let source = NodeSource::Slurm {
             variable: list_variable.to_string(),
         };
@@ -207,7 +210,7 @@ pub fn discover(
         let source = NodeSource::Pbs {
             path: path.to_string(),
         };
-        (nodes, source, variable(env, "PBS_JOBID"))
+        (nodes, source, job_id(env, "PBS_JOBID")?)
     } else if let Some(path) = &request.hostfile {
         warn_ignored(&mut warnings, request, "--hostfile", false);
         let nodes = hostfile::read_hostfile(path)?;
@@ -251,6 +254,27 @@ pub fn discover(
 }
 
 /// A variable's value, with unset and empty (or blank) treated alike.
+/// The scheduler's job id in `name`: it becomes the rendezvous id, printed and written
+/// into every launch script, so a blank, control or format character in it is refused.
+fn job_id<'a>(env: &'a Environment, name: &str) -> Result<Option<&'a str>, DiscoveryError> {
+    match variable(env, name) {
+        Some(id)
+            if id
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || crate::log::is_format_char(c)) =>
+        {
+            Err(DiscoveryError::BadVariable {
+                variable: name.to_string(),
+                value: shown_host(id),
+                problem: "holds a blank, control or invisible character".to_string(),
+                hint: "a job id is a word such as 4242 or 12.server; check the job's environment"
+                    .to_string(),
+            })
+        }
+        id => Ok(id),
+    }
+}
+
 fn variable<'a>(env: &'a Environment, name: &str) -> Option<&'a str> {
     env.get(name)
         .map(|value| value.trim())
@@ -305,7 +329,7 @@ fn reject_duplicates(hosts: &[String], origin: &str) -> Result<(), DiscoveryErro
     let mut seen = HashMap::with_capacity(hosts.len());
     for host in hosts {
         check_host_name(origin, host)?;
-        if seen.insert(host.as_str(), ()).is_some() {
+        if seen.insert(super::host_key(host), ()).is_some() {
             return Err(DiscoveryError::DuplicateHost {
                 host: host.clone(),
                 origin: origin.to_string(),
@@ -432,7 +456,7 @@ fn pbs_nodes(path: PathBuf) -> Result<Vec<Node>, DiscoveryError> {
             });
         }
         check_host_name(&format!("{} line {}", origin(), number + 1), host)?;
-        match index.get(host) {
+        match index.get(&super::host_key(host)) {
             Some(&at) => {
                 // Past MAX_SLOTS lines a host's count is only ever compared with its GPUs.
                 if let Slots::Count(n) = &mut nodes[at].slots {
@@ -446,7 +470,7 @@ fn pbs_nodes(path: PathBuf) -> Result<Vec<Node>, DiscoveryError> {
                 })
             }
             None => {
-                index.insert(host.to_string(), nodes.len());
+                index.insert(super::host_key(host), nodes.len());
                 nodes.push(Node {
                     host: host.to_string(),
                     slots: Slots::Count(1),

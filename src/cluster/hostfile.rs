@@ -13,7 +13,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use super::{host_name_problem, shown_host, Node, Slots, MAX_NODES, MAX_SLOTS};
+use super::{host_key, host_name_problem, shown_host, Node, Slots, MAX_NODES, MAX_SLOTS};
 
 /// Why a hostfile could not be read. Line numbers count from 1.
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +146,7 @@ pub fn read_hostfile(path: &Path) -> Result<Vec<Node>, HostfileError> {
 pub fn parse_hostfile(text: &str, path: &Path) -> Result<Vec<Node>, HostfileError> {
     let mut nodes: Vec<Node> = Vec::new();
     // Each host's first line: a set, so a long file is read in linear time.
-    let mut first_lines: HashMap<&str, usize> = HashMap::new();
+    let mut first_lines: HashMap<String, usize> = HashMap::new();
     // Editors on Windows may start the file with a byte-order mark.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (index, raw) in text.lines().enumerate() {
@@ -200,7 +200,7 @@ pub fn parse_hostfile(text: &str, path: &Path) -> Result<Vec<Node>, HostfileErro
                 }
             }
         }
-        if let Some(&first_line) = first_lines.get(host) {
+        if let Some(&first_line) = first_lines.get(&host_key(host)) {
             return Err(HostfileError::DuplicateHost {
                 path: path.to_path_buf(),
                 line,
@@ -217,7 +217,7 @@ pub fn parse_hostfile(text: &str, path: &Path) -> Result<Vec<Node>, HostfileErro
             host: host.to_string(),
             slots,
         });
-        first_lines.insert(host, line);
+        first_lines.insert(host_key(host), line);
     }
     if nodes.is_empty() {
         return Err(HostfileError::NoHosts {
@@ -460,10 +460,10 @@ pub fn apply_filter(
         return Ok(nodes);
     }
     let mode = filter.mode;
-    let index: HashMap<&str, &Node> = nodes.iter().map(|n| (n.host.as_str(), n)).collect();
+    let index: HashMap<String, &Node> = nodes.iter().map(|n| (host_key(&n.host), n)).collect();
     // Check every entry against the list first, so errors do not depend on order.
     for entry in &filter.entries {
-        let Some(node) = index.get(entry.host.as_str()) else {
+        let Some(node) = index.get(&host_key(&entry.host)) else {
             return Err(FilterError::UnknownHost {
                 mode,
                 host: entry.host.clone(),
@@ -492,15 +492,15 @@ pub fn apply_filter(
             }
         }
     }
-    let entries: HashMap<&str, &FilterEntry> = filter
+    let entries: HashMap<String, &FilterEntry> = filter
         .entries
         .iter()
-        .map(|e| (e.host.as_str(), e))
+        .map(|e| (host_key(&e.host), e))
         .collect();
     drop(index);
     let mut kept = Vec::new();
     for node in nodes {
-        let entry = entries.get(node.host.as_str()).copied();
+        let entry = entries.get(&host_key(&node.host)).copied();
         let node = match (mode, entry) {
             (FilterMode::Include, None) => None,
             (FilterMode::Include, Some(entry)) => match &entry.slots {

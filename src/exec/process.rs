@@ -31,10 +31,16 @@ use super::{
 /// down through its closed standard input before it kills `ssh`/`srun` itself.
 pub const REMOTE_TEARDOWN_MARGIN: Duration = Duration::from_secs(3);
 
-/// How long to wait for the output pipes to close once the process group is gone. Only a
-/// process that left the group (its own `setsid`) can hold them longer; its output is then
-/// cut short rather than waited for.
+/// How long to wait, once the process group is gone, for the output readers to make
+/// progress: they are waited for as long as they read (a node that wrote 10 MB just before
+/// it exited lost the tail when the readers had 2 s in all), and given up after this long
+/// without a byte. Only a process that left the group (its own `setsid`) can hold the pipes
+/// open; its output is then cut short rather than waited for.
 const PIPE_CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// The longest line passed on whole: a longer one is cut there and marked (a 300 MB line
+/// without a newline was held whole in memory).
+pub const MAX_LINE: usize = 1 << 20;
 
 /// A command started with [`super::spawn`]. Dropping it kills the command (and, for remote
 /// transports, tears the remote side down: through the watchdog over ssh, by having `srun`
@@ -67,6 +73,8 @@ struct Reader {
     captured: Arc<Mutex<Vec<u8>>>,
     done: mpsc::Receiver<()>,
     limit: Option<usize>,
+    /// Bytes read so far: whether the reader still makes progress.
+    read: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl RunningCommand {
@@ -301,10 +309,18 @@ impl RunningCommand {
         &self.label
     }
 
-    /// Joins the readers (bounded) and takes the captured output.
+    /// Once the command has ended: waits until everything it wrote has been read and
+    /// passed on (to the sink: the terminal and the node's log), so that the tail is not
+    /// lost when its success is recorded. A no-op while it runs.
+    pub fn drain(&mut self) {
+        if let Some(status) = self.status {
+            self.collect(status);
+        }
+    }
+
+    /// Joins the readers (while they make progress) and takes the captured output.
     pub(super) fn collect(&mut self, status: Status) -> Output {
-        let deadline = Instant::now() + PIPE_CLOSE_WAIT;
-        let take = |reader: Option<Reader>| reader.map(|r| r.finish(deadline)).unwrap_or_default();
+        let take = |reader: Option<Reader>| reader.map(Reader::finish).unwrap_or_default();
         let stdout = take(self.stdout.take());
         let stderr = take(self.stderr.take());
         Output {
@@ -387,14 +403,18 @@ impl Reader {
         let sink = options.sink.clone();
         let host = host.to_owned();
         let buffer = Arc::clone(&captured);
+        let read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = Arc::clone(&read);
         std::thread::spawn(move || {
             let mut reader = BufReader::new(pipe);
             let mut line = Vec::new();
             loop {
                 line.clear();
-                match reader.read_until(b'\n', &mut line) {
+                match read_line(&mut reader, &mut line) {
                     Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                    Ok(n) => {
+                        counter.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
                 if skip.is_some_and(|skip| skip(&line)) {
                     continue;
@@ -417,6 +437,7 @@ impl Reader {
             captured,
             done,
             limit,
+            read,
         }
     }
 
@@ -425,12 +446,58 @@ impl Reader {
         tail(&buf, self.limit).to_vec()
     }
 
-    fn finish(self, deadline: Instant) -> Vec<u8> {
-        let _ = self
-            .done
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    /// Waits for the reader to reach the end of its pipe, as long as it keeps reading.
+    fn finish(self) -> Vec<u8> {
+        let progress = || self.read.load(std::sync::atomic::Ordering::Relaxed);
+        let mut seen = progress();
+        while let Err(mpsc::RecvTimeoutError::Timeout) = self.done.recv_timeout(PIPE_CLOSE_WAIT) {
+            let now = progress();
+            if now == seen {
+                break;
+            }
+            seen = now;
+        }
         self.snapshot()
     }
+}
+
+/// One line of `reader` into `line` (with its newline), at most [`MAX_LINE`] bytes of it:
+/// the rest of a longer line is read and dropped, and the line says so. Returns the bytes
+/// read (0 at the end).
+fn read_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> std::io::Result<usize> {
+    let mut n = reader
+        .by_ref()
+        .take(MAX_LINE as u64)
+        .read_until(b'\n', line)?;
+    if line.len() < MAX_LINE || line.ends_with(b"\n") {
+        return Ok(n);
+    }
+    let mut dropped = 0usize;
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            break;
+        }
+        match buf.iter().position(|b| *b == b'\n') {
+            Some(at) => {
+                reader.consume(at + 1);
+                dropped += at;
+                n += at + 1;
+                break;
+            }
+            None => {
+                let len = buf.len();
+                reader.consume(len);
+                dropped += len;
+                n += len;
+            }
+        }
+    }
+    line.extend_from_slice(
+        format!(" [pipette-run: line cut at {MAX_LINE} bytes, {dropped} more dropped]\n")
+            .as_bytes(),
+    );
+    Ok(n)
 }
 
 fn tail(buf: &[u8], limit: Option<usize>) -> &[u8] {

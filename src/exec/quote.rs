@@ -136,6 +136,8 @@ pub fn host_problem(host: &str) -> Option<&'static str> {
         Some("starts with '-', which ssh and srun would read as an option")
     } else if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
         Some("contains a blank or a control character")
+    } else if host.chars().any(crate::log::is_format_char) {
+        Some("contains an invisible Unicode format character (bidirectional or zero-width), which would show as another name")
     } else {
         None
     }

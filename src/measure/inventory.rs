@@ -104,7 +104,8 @@ pub fn parse_gpu_query(text: &str) -> Result<Vec<GpuRecord>, ParseError> {
             .map(str::to_owned);
         gpus.push(GpuRecord {
             index,
-            name: name.to_owned(),
+            // A node's own text: shown escaped, never as terminal controls.
+            name: crate::log::printable(name).into_owned(),
             memory_bytes,
             pci_bus_id,
         });

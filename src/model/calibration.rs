@@ -23,7 +23,7 @@ pub const HOST_LAYER_PASS_MS: f64 = 0.84;
 
 /// Correction factors shared by the memory and time models.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Calibration {
     /// Memory: measured activation bytes over the formula's (Korthikanti et al. 2022 as
     /// extended in [`super::memory`]). Covers what the formula leaves out: temporaries
@@ -94,9 +94,150 @@ impl Default for Calibration {
     }
 }
 
+impl Calibration {
+    /// Every factor within the range a model can use, as `field: problem (range)`. A file
+    /// is read field by field: a negative factor, 1e308 or infinity would make every
+    /// estimate meaningless (or infinite) without a word. The ranges hold every value a
+    /// fit produces (trial::fit's and model::validation's), with room to set one by hand.
+    pub fn check(&self) -> Result<(), String> {
+        let shares = "a share from 0 to 1";
+        let fields: [(&str, f64, f64, f64, &str); 11] = [
+            (
+                "activation_factor",
+                self.activation_factor,
+                0.01,
+                100.0,
+                "a factor from 0.01 to 100",
+            ),
+            (
+                "allocator_slack",
+                self.allocator_slack,
+                0.0,
+                10.0,
+                "a share from 0 to 10",
+            ),
+            (
+                "compute_efficiency",
+                self.compute_efficiency,
+                0.001,
+                1.0,
+                "a share from 0.001 to 1",
+            ),
+            (
+                "measured_compute_efficiency",
+                self.measured_compute_efficiency,
+                0.001,
+                1.0,
+                "a share from 0.001 to 1",
+            ),
+            ("tp_comm_overlap", self.tp_comm_overlap, 0.0, 1.0, shares),
+            (
+                "grad_reduce_overlap",
+                self.grad_reduce_overlap,
+                0.0,
+                1.0,
+                shares,
+            ),
+            (
+                "param_gather_overlap",
+                self.param_gather_overlap,
+                0.0,
+                1.0,
+                shares,
+            ),
+            (
+                "gemm_scale",
+                self.gemm_scale,
+                0.001,
+                1000.0,
+                "a scale from 0.001 to 1000",
+            ),
+            (
+                "kernel_cost_scale",
+                self.kernel_cost_scale,
+                0.0,
+                1000.0,
+                "a scale from 0 to 1000",
+            ),
+            (
+                "collective_latency_scale",
+                self.collective_latency_scale,
+                0.0,
+                1000.0,
+                "a scale from 0 to 1000",
+            ),
+            (
+                "host_layer_pass_ms",
+                self.host_layer_pass_ms,
+                0.0,
+                1000.0,
+                "ms from 0 to 1000",
+            ),
+        ];
+        for (name, value, low, high, range) in fields {
+            if !(low..=high).contains(&value) {
+                return Err(format!("{name} is {value}, out of range (give {range})"));
+            }
+        }
+        if self.overhead_bytes > MAX_OVERHEAD_BYTES {
+            return Err(format!(
+                "overhead_bytes is {}, out of range (give at most {MAX_OVERHEAD_BYTES}, 1 TiB)",
+                self.overhead_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The most per-GPU overhead a calibration may carry: 1 TiB, above any GPU's memory.
+const MAX_OVERHEAD_BYTES: u64 = 1 << 40;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// N13: calibration files were partly validated (negative factors, 1e308, unknown
+    /// fields were taken as they were).
+    #[test]
+    fn n13_a_calibration_is_checked_field_by_field() {
+        assert!(Calibration::default().check().is_ok());
+        let d = Calibration::default;
+        for c in [
+            Calibration {
+                activation_factor: -1.0,
+                ..d()
+            },
+            Calibration {
+                activation_factor: 1e308,
+                ..d()
+            },
+            Calibration {
+                compute_efficiency: 0.0,
+                ..d()
+            },
+            Calibration {
+                gemm_scale: f64::INFINITY,
+                ..d()
+            },
+            Calibration {
+                tp_comm_overlap: 1.5,
+                ..d()
+            },
+            Calibration {
+                host_layer_pass_ms: f64::NAN,
+                ..d()
+            },
+            Calibration {
+                overhead_bytes: u64::MAX,
+                ..d()
+            },
+        ] {
+            let e = c.check().unwrap_err();
+            assert!(e.contains("out of range"), "{c:?}: {e}");
+        }
+        let unknown = serde_json::from_str::<Calibration>(r#"{"activation_factr": 1.2}"#);
+        assert!(unknown.unwrap_err().to_string().contains("unknown field"));
+    }
 
     #[test]
     fn missing_fields_read_as_defaults() {

@@ -59,6 +59,16 @@ pub struct PeerOptions {
 /// torchrun's agents would.
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The most handshakes the leader runs at once: further connections are closed unread
+/// until one ends (the copies of a job join within a few at a time).
+const MAX_HANDSHAKES: usize = 64;
+
+/// How often an agent that cannot reach its leader says it is still trying.
+const WAITING_NOTE: Duration = Duration::from_secs(30);
+
+/// The most refused connections logged one by one; one line then says the rest are not.
+const MAX_REFUSALS_LOGGED: usize = 10;
+
 /// Why the copies could not become one job.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
@@ -172,22 +182,39 @@ impl Fleet {
             })?;
         let deadline = Instant::now() + options.join_timeout;
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        // Handshakes under way and refusals logged, both bounded: a flood of connections
+        // started one thread and logged one line each, without limit.
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let refusals = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let acceptor = std::thread::spawn(move || {
+            use std::sync::atomic::Ordering;
             while stop_rx.try_recv().is_err() {
                 match listener.accept() {
+                    Ok((stream, _)) if in_flight.load(Ordering::SeqCst) >= MAX_HANDSHAKES => {
+                        drop(stream);
+                    }
                     Ok((stream, peer)) => {
                         let (secret, tx, log) =
                             (secret.clone(), tx.clone(), Arc::clone(&accept_log));
+                        let (in_flight, refusals) = (Arc::clone(&in_flight), Arc::clone(&refusals));
+                        in_flight.fetch_add(1, Ordering::SeqCst);
                         std::thread::spawn(move || {
                             let _ = stream.set_nonblocking(false);
                             match wire::accept(stream, &secret, Purpose::Control) {
                                 Ok(channel) => {
                                     let _ = tx.send((peer, channel));
                                 }
-                                Err(e) => log(&format!(
-                                    "refused a copy of pipette-run connecting from {peer}: {e} (it runs nothing)"
-                                )),
+                                Err(e) => match refusals.fetch_add(1, Ordering::SeqCst) {
+                                    n if n < MAX_REFUSALS_LOGGED => log(&format!(
+                                        "refused a copy of pipette-run connecting from {peer}: {e} (it runs nothing)"
+                                    )),
+                                    n if n == MAX_REFUSALS_LOGGED => log(
+                                        "further refused connections are not logged (something keeps connecting to the control port)",
+                                    ),
+                                    _ => {}
+                                },
                             }
+                            in_flight.fetch_sub(1, Ordering::SeqCst);
                         });
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -358,7 +385,7 @@ impl Fleet {
 pub fn follow(copies: &Copies, options: &PeerOptions, log: &Log) -> Result<i32, PeerError> {
     let leader_ip = resolve(&copies.leader)?;
     let leader = SocketAddr::new(leader_ip, options.port);
-    let mut channel = reach(leader, options)?;
+    let mut channel = reach(leader, options, log)?;
     let own_ip = match copies.name.as_deref().map(resolve) {
         Some(Ok(ip)) => ip,
         _ => channel
@@ -416,11 +443,22 @@ pub fn follow(copies: &Copies, options: &PeerOptions, log: &Log) -> Result<i32, 
 }
 
 /// Connects and authenticates to the leader, retrying until the join timeout (the leader
-/// may start after us). A refusal (wrong secret) is final.
-fn reach(leader: SocketAddr, options: &PeerOptions) -> Result<Channel, PeerError> {
-    let deadline = Instant::now() + options.join_timeout;
+/// may start after us). A refusal (wrong secret) is final. Says every [`WAITING_NOTE`]
+/// that it is still waiting, and why: a missing leader was a silent 600 s wait.
+fn reach(leader: SocketAddr, options: &PeerOptions, log: &Log) -> Result<Channel, PeerError> {
+    let started = Instant::now();
+    let deadline = started + options.join_timeout;
     let mut last = String::from("no attempt");
+    let mut next_note = started + WAITING_NOTE;
     while Instant::now() < deadline {
+        if Instant::now() >= next_note {
+            log(&format!(
+                "still waiting for the leader at {leader} after {} ({last}); giving up after {}",
+                crate::exec::format_duration(started.elapsed()),
+                crate::exec::format_duration(options.join_timeout)
+            ));
+            next_note += WAITING_NOTE;
+        }
         match TcpStream::connect_timeout(&leader, Duration::from_secs(5)) {
             Ok(stream) => match wire::connect(stream, &options.secret, Purpose::Control) {
                 Ok(channel) => return Ok(channel),

@@ -250,6 +250,10 @@ pub enum RenderError {
     TemplateDir { path: String, message: String },
     #[error("cannot write the run directory {path}: {message}")]
     RunDir { path: String, message: String },
+    /// The file system refused a write (full, read-only, no permission): not the user's
+    /// arguments, so not their exit code.
+    #[error("cannot write the run directory {path}: {message} (free space, or choose a writable --run-dir)")]
+    RunDirWrite { path: String, message: String },
 }
 
 impl RenderError {

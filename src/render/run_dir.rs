@@ -48,12 +48,42 @@ const NUMBERED_TRIES: u32 = 1000;
 pub fn refuse_existing_run_dir(dir: &Path) -> Result<(), RenderError> {
     match std::fs::symlink_metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        _ => Err(RenderError::RunDir {
+        // `afile/run` was said to "already exist".
+        Err(e) => Err(io_failure(dir, e)),
+        Ok(_) => Err(RenderError::RunDir {
             path: dir.display().to_string(),
             message: "it already exists (each launch, and each dry run, writes a new \
                       directory): remove it, or choose another --run-dir"
                 .to_string(),
         }),
+    }
+}
+
+/// `e` on `path` as the error it is: a path the user chose that cannot be a directory
+/// (a file on its way) is theirs to fix (exit 2); a full or read-only disk or a missing
+/// permission is the file system's ([`RenderError::RunDirWrite`], exit 74).
+fn io_failure(path: &Path, e: std::io::Error) -> RenderError {
+    use std::io::ErrorKind;
+    let path_text = path.display().to_string();
+    // `mkdir -p` over a file says EEXIST.
+    let a_file = e.kind() == ErrorKind::NotADirectory
+        || (e.kind() == ErrorKind::AlreadyExists && path.exists() && !path.is_dir());
+    if a_file {
+        return RenderError::RunDir {
+            path: path_text,
+            message: "a part of its path is a file, not a directory: choose another --run-dir"
+                .to_string(),
+        };
+    }
+    match e.kind() {
+        ErrorKind::AlreadyExists => RenderError::RunDir {
+            path: path_text,
+            message: format!("{e}: choose another --run-dir"),
+        },
+        _ => RenderError::RunDirWrite {
+            path: path_text,
+            message: e.to_string(),
+        },
     }
 }
 
@@ -67,7 +97,7 @@ pub fn claim_run_dir(dir: &Path, numbered: bool) -> Result<PathBuf, RenderError>
         message,
     };
     if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| fail(parent, e.to_string()))?;
+        std::fs::create_dir_all(parent).map_err(|e| io_failure(parent, e))?;
     }
     let tries = if numbered { NUMBERED_TRIES } else { 1 };
     for n in 1..=tries {
@@ -84,7 +114,7 @@ pub fn claim_run_dir(dir: &Path, numbered: bool) -> Result<PathBuf, RenderError>
         match std::fs::DirBuilder::new().mode(0o700).create(&candidate) {
             Ok(()) => return Ok(candidate),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(fail(&candidate, e.to_string())),
+            Err(e) => return Err(io_failure(&candidate, e)),
         }
     }
     match numbered {
@@ -127,7 +157,7 @@ pub fn write_run_dir(spec: &LaunchSpec, dir: &Path) -> Result<(), RenderError> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| fail(dir, e.to_string()))?;
+        .map_err(|e| io_failure(dir, e))?;
     for file in &spec.files {
         if file.path.contains('/') || file.path.starts_with('.') || file.path.is_empty() {
             return Err(fail(
@@ -142,19 +172,21 @@ pub fn write_run_dir(spec: &LaunchSpec, dir: &Path) -> Result<(), RenderError> {
             .create_new(true)
             .mode(mode)
             .open(&path)
-            .map_err(|e| {
-                let hint = if e.kind() == std::io::ErrorKind::AlreadyExists {
-                    " (it holds an earlier launch: choose another --run-dir, or remove it)"
-                } else {
-                    ""
-                };
-                fail(dir, format!("{}: {e}{hint}", file.path))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => fail(
+                    dir,
+                    format!(
+                        "{}: {e} (it holds an earlier launch: choose another --run-dir, or remove it)",
+                        file.path
+                    ),
+                ),
+                _ => io_failure(&path, e),
             })?;
         out.write_all(file.contents.as_bytes())
-            .map_err(|e| fail(&path, e.to_string()))?;
+            .map_err(|e| io_failure(&path, e))?;
         // The umask may have cleared bits the scripts need.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-            .map_err(|e| fail(&path, e.to_string()))?;
+            .map_err(|e| io_failure(&path, e))?;
     }
     Ok(())
 }
@@ -163,6 +195,31 @@ pub fn write_run_dir(spec: &LaunchSpec, dir: &Path) -> Result<(), RenderError> {
 mod tests {
     use super::*;
     use crate::render::RunFile;
+
+    /// N15: a full or read-only disk exited 2, as if the command line were wrong; a file
+    /// on the run directory's path was said to "already exist".
+    #[test]
+    fn n15_the_file_system_s_refusals_are_told_apart_from_the_user_s() {
+        use std::io::{Error, ErrorKind};
+        for kind in [
+            ErrorKind::StorageFull,
+            ErrorKind::ReadOnlyFilesystem,
+            ErrorKind::PermissionDenied,
+        ] {
+            let e = io_failure(Path::new("/r"), Error::from(kind));
+            assert!(
+                matches!(e, RenderError::RunDirWrite { .. }),
+                "{kind:?}: {e}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("afile");
+        std::fs::write(&file, "").unwrap();
+        let e = claim_run_dir(&file.join("run"), false).unwrap_err();
+        assert!(e.to_string().contains("is a file, not a directory"), "{e}");
+        let e = refuse_existing_run_dir(&file.join("run")).unwrap_err();
+        assert!(e.to_string().contains("is a file, not a directory"), "{e}");
+    }
 
     fn spec(files: Vec<RunFile>) -> LaunchSpec {
         LaunchSpec {

@@ -121,6 +121,12 @@ fn poll(job: &mut RunningJob) -> Vec<NodeFailure> {
         match command.try_status() {
             Ok(None) => {}
             Ok(Some(status)) => {
+                // Its output read to the end before its end is recorded: a success would
+                // otherwise lose the tail (10 MB written just before the exit was cut). A
+                // failure's is read to the end by `classify`, which keeps it.
+                if status.success() {
+                    command.drain();
+                }
                 node.status = Some(status);
                 if !status.success() {
                     if let Some(command) = node.command.take() {
@@ -180,7 +186,12 @@ fn classify(host: &str, node_rank: u64, command: RunningCommand, status: Status)
             return failure;
         }
     };
-    failure.detail = output.last_line().unwrap_or_default();
+    // The worker's own error (its last Python exception before torchrun's report), not
+    // torchrun's banner line, which was always the detail.
+    let text = format!("{}\n{}", output.stdout_text(), output.stderr_text());
+    failure.detail = crate::trial::logs::last_exception_line(&text)
+        .or_else(|| output.last_line())
+        .unwrap_or_default();
     match status {
         Status::Signaled(signal) => {
             failure.reason = FailureReason::Signal;

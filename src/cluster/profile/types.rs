@@ -860,12 +860,9 @@ impl ClusterProfile {
         let mut nodes = Vec::with_capacity(wanted.len());
         let mut index = Vec::with_capacity(wanted.len());
         // One lookup table, not a scan per host: allocations may hold thousands of nodes.
-        let mut position = std::collections::HashMap::with_capacity(self.nodes.len());
-        for (i, host) in self.hosts().enumerate() {
-            position.entry(host).or_insert(i);
-        }
+        let position = self.node_indices();
         for want in wanted {
-            let Some(&i) = position.get(want.host) else {
+            let Some(&i) = position.get(&crate::cluster::host_key(want.host)) else {
                 return Err(format!("has no node {:?}", want.host));
             };
             let node = &self.nodes[i];
@@ -894,8 +891,10 @@ impl ClusterProfile {
                     }
                 }
             };
+            // Named as the allocation names it (`nodeA` may be the file's `NODEA.`), so
+            // the stages after this one compare names as they are.
             nodes.push(NodeProfile {
-                host: node.host.clone(),
+                host: want.host.to_string(),
                 gpus,
             });
             index.push(i);
@@ -910,16 +909,20 @@ impl ClusterProfile {
 
     /// The position of `host` in `nodes` (and in `node_links`).
     pub fn node_index(&self, host: &str) -> Option<usize> {
-        self.nodes.iter().position(|n| n.host == host)
+        let key = crate::cluster::host_key(host);
+        self.nodes
+            .iter()
+            .position(|n| crate::cluster::host_key(&n.host) == key)
     }
 
     /// Every node's position by its host name, for looking up many hosts: a lookup per
     /// host by [`Self::node_index`] made 100,000 nodes take minutes.
-    pub fn node_indices(&self) -> std::collections::HashMap<&str, usize> {
+    /// Keyed by [`crate::cluster::host_key`].
+    pub fn node_indices(&self) -> std::collections::HashMap<String, usize> {
         self.nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| (n.host.as_str(), i))
+            .map(|(i, n)| (crate::cluster::host_key(&n.host), i))
             .collect()
     }
 }

@@ -365,6 +365,20 @@ pub(crate) fn check_gpu(origin: &str, path: &str, gpu: &GpuSpec) -> Result<(), P
             "is empty (give the GPU model, e.g. \"A100-SXM4-80GB\")".into(),
         ));
     }
+    if gpu
+        .name
+        .chars()
+        .any(|c| c.is_control() || crate::log::is_format_char(c))
+    {
+        return Err(invalid(
+            origin,
+            &field_path(path, "name"),
+            format!(
+                "is {:?}, which holds a control or invisible format character (write the GPU model as nvidia-smi prints it)",
+                gpu.name
+            ),
+        ));
+    }
     if gpu.memory_bytes == 0 {
         return Err(ProfileError::ZeroMemory {
             origin: origin.into(),
@@ -493,7 +507,7 @@ pub(crate) fn check_hosts(
             ),
         ));
     }
-    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (i, host) in hosts.iter().enumerate() {
         if let Some(problem) = crate::cluster::host_name_problem(host) {
             return Err(invalid(
@@ -505,7 +519,7 @@ pub(crate) fn check_hosts(
                 ),
             ));
         }
-        if let Some(&first) = seen.get(host.as_str()) {
+        if let Some(&first) = seen.get(&crate::cluster::host_key(host)) {
             return Err(ProfileError::DuplicateHost {
                 origin: origin.into(),
                 path: path_of(i),
@@ -513,7 +527,7 @@ pub(crate) fn check_hosts(
                 first: path_of(first),
             });
         }
-        seen.insert(host, i);
+        seen.insert(crate::cluster::host_key(host), i);
     }
     Ok(())
 }

@@ -132,11 +132,23 @@ enum Verdict {
 /// Why a connection was not established.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
-    #[error("{0}")]
+    #[error("{}", io_text(.0))]
     Io(#[from] std::io::Error),
     /// The peer does not hold the job's secret (or speaks another protocol).
     #[error("{0}")]
     Refused(String),
+}
+
+/// A handshake's I/O error as people read it: a read that timed out is "Resource
+/// temporarily unavailable (os error 11)" to the system, a silent peer to us.
+fn io_text(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+            "the peer sent nothing within {} s (the handshake's limit)",
+            HANDSHAKE_TIMEOUT.as_secs()
+        ),
+        _ => e.to_string(),
+    }
 }
 
 /// One end of an authenticated connection: send with [`Channel::sender`] (from any thread),
@@ -462,6 +474,18 @@ pub(super) fn from_hex(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// N16: a connection that sent nothing was reported as "os error 11".
+    #[test]
+    fn n16_a_silent_peer_is_named_as_such() {
+        let e = HandshakeError::from(std::io::Error::from(std::io::ErrorKind::WouldBlock));
+        assert_eq!(
+            e.to_string(),
+            "the peer sent nothing within 20 s (the handshake's limit)"
+        );
+        let e = HandshakeError::from(std::io::Error::from_raw_os_error(11));
+        assert!(e.to_string().contains("sent nothing"), "{e}");
+    }
     use std::net::TcpListener;
 
     fn secret(text: &str) -> JobSecret {
