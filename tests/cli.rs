@@ -146,6 +146,66 @@ fn a_misspelt_megatron_option_is_named_with_the_one_meant() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains("did you mean"));
 }
 
+/// Under `cargo run` (CARGO set), cargo's LD_LIBRARY_PATH entries (the target directory,
+/// the toolchain's libraries) never reach the nodes; what is forwarded from here is shown
+/// by name in the dry run (its values are in the launch scripts), and no line of the dry
+/// run is wider than 100 columns.
+#[test]
+fn the_dry_run_names_forwarded_variables_and_forwards_nothing_of_cargos() {
+    let dir = tempfile::tempdir().unwrap();
+    let toolchain = "/root/.rustup/toolchains/stable-x86_64-unknown-linux-gnu";
+    let long_path = format!(
+        "/opt/{}/bin:/usr/bin:/bin",
+        "a-long-venv-directory".repeat(6)
+    );
+    let out = pipette_run()
+        .env("CARGO", "/root/.cargo/bin/cargo")
+        .env("CARGO_MANIFEST_DIR", "/src/pipette")
+        .env("HOME", "/root")
+        .env(
+            "LD_LIBRARY_PATH",
+            format!("/src/pipette/target/debug/deps:{toolchain}/lib:/opt/cuda/lib64"),
+        )
+        .env("PATH", &long_path)
+        .env("NCCL_DEBUG", "INFO")
+        .arg("--cluster")
+        .arg(example("examples/clusters/a100-2x8.json"))
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .args([
+            "--dry-run",
+            "--model",
+            "gpt3-1.3b",
+            "--nproc-per-node",
+            "8",
+            "train.py",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = String::from_utf8(out.stdout).unwrap();
+    let wide: Vec<&str> = shown.lines().filter(|l| l.chars().count() > 100).collect();
+    assert!(wide.is_empty(), "{wide:#?}");
+    assert!(
+        shown.contains(r#"PATH="$PATH""#) && !shown.contains(&long_path),
+        "{shown}"
+    );
+    assert!(shown.contains("shown by name"), "{shown}");
+    let script = std::fs::read_to_string(dir.path().join("run/launch-0-a100-n00.sh")).unwrap();
+    assert!(script.contains(&long_path), "{script}");
+    assert!(
+        script.contains("LD_LIBRARY_PATH='/opt/cuda/lib64'"),
+        "{script}"
+    );
+    for text in [&shown, &script] {
+        assert!(!text.contains("target/debug") && !text.contains(toolchain));
+    }
+}
+
 #[test]
 fn pet_environment_variables_set_torchrun_options() {
     let report = dry_run_json(

@@ -534,6 +534,17 @@ fn short_help_leaves_torchrun_options_to_long_help() {
         short_lines * 2 < long_lines,
         "{short_lines} of {long_lines}"
     );
+    // A screenful: each option's first clause (it was 189 lines), no line over 100 columns;
+    // --help keeps the rest, the variables and what each exit code means.
+    assert!(short_lines <= 100, "-h is {short_lines} lines:\n{short}");
+    for text in [&short, &long] {
+        let wide: Vec<&str> = text.lines().filter(|l| l.chars().count() > 100).collect();
+        assert!(wide.is_empty(), "{wide:#?}");
+    }
+    assert!(short.contains("--dry-run        Show what would run (nodes, model, settings, plan, commands) and launch"), "{short}");
+    assert!(!short.contains("PIPETTE_CLUSTER") && long.contains("[env: PIPETTE_CLUSTER]"));
+    assert!(short.contains("Exit codes: 0, 2, 65,") && long.contains("malformed command line"));
+    assert!(long.contains("profiles are cached under ~/.cache/pipette-run/profiles"));
 }
 
 #[test]

@@ -63,7 +63,10 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
                         .and_then(|f| f.to_str()),
                 })
                 .collect();
-            print!("{}", commands_to_human(&shown));
+            print!(
+                "{}",
+                commands_to_human(&shown, &config.discovery.environment)
+            );
         }
         if let Some(dir) = &run.report.run_dir {
             println!("\nRun directory: {dir}");
@@ -73,7 +76,7 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
             let (commands, lines, notes) =
                 trial::trial_commands(template, plan, config.trial.iters, &[])
                     .map_err(launch_error)?;
-            print_trial_commands(&commands, &lines, &notes);
+            print_trial_commands(&commands, &lines, &notes, config);
         }
     }
     Ok(())
@@ -529,7 +532,7 @@ pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(),
         let (commands, lines, notes) =
             trial::trial_commands(&job.template, &job.plan, config.trial.iters, &[])
                 .map_err(launch_error)?;
-        print_trial_commands(&commands, &lines, &notes);
+        print_trial_commands(&commands, &lines, &notes, config);
         return Ok(());
     }
     // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
@@ -548,6 +551,7 @@ pub(super) fn print_trial_commands(
     commands: &[(String, exec::NodeCommand)],
     lines: &[String],
     notes: &[String],
+    config: &RunConfig,
 ) {
     println!("\nTrial run, one command per node (unless --no-trial or --calibration):");
     let shown: Vec<ShownCommand<'_>> = commands
@@ -559,7 +563,10 @@ pub(super) fn print_trial_commands(
             script: None,
         })
         .collect();
-    print!("{}", commands_to_human(&shown));
+    print!(
+        "{}",
+        commands_to_human(&shown, &config.discovery.environment)
+    );
     for note in notes {
         print!("{}", wrap(&format!("  note: {note}\n"), WIDTH));
     }

@@ -120,11 +120,89 @@ fn short_help_without_torchrun(command: clap::Command) -> clap::Command {
     command
         .mut_args(|arg| match is_torchrun_option(&arg) {
             true => arg.hide_short_help(true),
-            false => arg,
+            false => first_sentence_for_short_help(arg),
         })
-        .after_help(format!("{TORCHRUN_OPTIONS_NOTE}\n\n{EXIT_CODES_HELP}"))
+        .after_help(format!("{TORCHRUN_OPTIONS_NOTE}\n\n{}", short_exit_codes()))
         .after_long_help(EXIT_CODES_HELP)
 }
+
+/// The exit codes as `-h` names them, in one line (`--help` says what each means).
+fn short_exit_codes() -> String {
+    let codes: Vec<&str> = crate::exit::ROWS.iter().map(|r| r.code).collect();
+    format!(
+        "Exit codes: {} (--help says what each means)",
+        codes.join(", ")
+    )
+}
+
+/// `-h` says each option's first clause, `--help` all of it and the option's variable: so
+/// `-h` stays within a screenful (it was 189 lines).
+fn first_sentence_for_short_help(arg: clap::Arg) -> clap::Arg {
+    if arg.get_long_help().is_some() {
+        return arg;
+    }
+    let Some(help) = arg.get_help().map(ToString::to_string) else {
+        return arg;
+    };
+    let env = arg
+        .get_env()
+        .filter(|_| !arg.is_hide_env_set())
+        .map(|name| name.to_string_lossy().into_owned());
+    let short = first_sentence(&help).unwrap_or(&help).to_owned();
+    match env {
+        Some(name) => arg
+            .help(short)
+            .long_help(format!("{help} [env: {name}]"))
+            .hide_env(true),
+        None if short != help => arg.help(short).long_help(help),
+        None => arg,
+    }
+}
+
+/// What `-h` says of an option whose help says more: its first clause, up to the first
+/// `. `, `; ` or `: ` outside parentheses (not the `.` of `e.g.`, `i.e.` or `...`), or up to
+/// a parenthesis that ends the clause; once at least [`SHORT_HELP_MIN`] characters are said.
+fn first_sentence(text: &str) -> Option<&str> {
+    let mut depth = 0usize;
+    let mut opened = 0usize;
+    let bytes = text.as_bytes();
+    for (i, c) in text.char_indices() {
+        let next = bytes.get(i + 1).copied();
+        let clause_end = |b: Option<u8>| matches!(b, None | Some(b'.' | b';' | b':' | b','));
+        let cut = match c {
+            '(' => {
+                if depth == 0 {
+                    opened = i;
+                }
+                depth += 1;
+                None
+            }
+            ')' => {
+                depth = depth.saturating_sub(1);
+                // A parenthesis that ends the clause says more of what went before it.
+                (depth == 0 && clause_end(next)).then_some(opened)
+            }
+            '.' => {
+                let before = &text[..i];
+                (depth == 0
+                    && next == Some(b' ')
+                    && !(before.ends_with("e.g")
+                        || before.ends_with("i.e")
+                        || before.ends_with('.')))
+                .then_some(i)
+            }
+            ';' | ':' => (depth == 0 && next == Some(b' ')).then_some(i),
+            _ => None,
+        };
+        if let Some(at) = cut.filter(|at| *at >= SHORT_HELP_MIN) {
+            return Some(text[..at].trim_end());
+        }
+    }
+    None
+}
+
+/// The fewest characters `-h` says of an option (shorter first clauses run on).
+const SHORT_HELP_MIN: usize = 16;
 
 /// Whether `arg` is one of torchrun's options (they carry torchrun's help heading).
 pub fn is_torchrun_option(arg: &clap::Arg) -> bool {
@@ -602,6 +680,30 @@ fn parse_recompute(text: &str) -> Result<Recompute, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn short_help_takes_the_first_clause() {
+        let cases = [
+            (
+                "Print the result as JSON on stdout (for tools); messages go to stderr. When",
+                Some("Print the result as JSON on stdout"),
+            ),
+            ("Show what would run (nodes, plan) and launch nothing", None),
+            (
+                "Annealing evaluations per mapped configuration (default: 1,000 per GPU)",
+                Some("Annealing evaluations per mapped configuration"),
+            ),
+            (
+                "Pick a value, e.g. tp. Then more",
+                Some("Pick a value, e.g. tp"),
+            ),
+            ("... for this many reports", None),
+            ("Short: then more", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(first_sentence(text), want, "{text}");
+        }
+    }
+
     use super::*;
     use clap::CommandFactory;
 

@@ -330,22 +330,56 @@ pub fn is_credential(name: &str) -> bool {
 const NOT_FORWARDED: &[&str] = &["CUDA_VISIBLE_DEVICES"];
 
 /// The variables of `environment` that every node should see ([`FORWARDED_PREFIXES`],
-/// [`FORWARDED_NAMES`]; ssh and srun do not carry the launching shell's environment).
+/// [`FORWARDED_NAMES`]; ssh and srun do not carry the launching shell's environment),
+/// without what `cargo run` added to them ([`without_cargo_paths`]).
 pub fn forwarded_env<I, K, V>(environment: I) -> BTreeMap<String, String>
 where
     I: IntoIterator<Item = (K, V)>,
     K: Into<String>,
     V: Into<String>,
 {
-    environment
+    let all: BTreeMap<String, String> = environment
         .into_iter()
         .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+    all.iter()
         .filter(|(k, _)| {
             (FORWARDED_PREFIXES.iter().any(|p| k.starts_with(p))
                 || FORWARDED_NAMES.contains(&k.as_str()))
                 && !NOT_FORWARDED.contains(&k.as_str())
         })
+        .filter_map(|(k, v)| Some((k.clone(), without_cargo_paths(k, v, &all)?)))
         .collect()
+}
+
+/// `value` of `name` without what cargo put there when pipette-run runs under `cargo run`
+/// (`CARGO` is set): the target directory and the toolchain's libraries in
+/// `LD_LIBRARY_PATH`. A training job has no use for Rust's libraries, and they would
+/// shadow the nodes' own. (`PATH` is the user's: rustup's proxy only repeats an entry of
+/// it.) `None` when nothing is left.
+fn without_cargo_paths(name: &str, value: &str, env: &BTreeMap<String, String>) -> Option<String> {
+    if !env.contains_key("CARGO") || name != "LD_LIBRARY_PATH" {
+        return Some(value.to_string());
+    }
+    let cargos: Vec<String> = [
+        env.get("CARGO_TARGET_DIR").cloned(),
+        env.get("CARGO_MANIFEST_DIR").map(|d| format!("{d}/target")),
+        env.get("RUSTUP_HOME").map(|d| format!("{d}/toolchains")),
+        env.get("HOME").map(|d| format!("{d}/.rustup/toolchains")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let kept: Vec<&str> = value
+        .split(':')
+        .filter(|entry| {
+            !(entry.contains("/lib/rustlib/")
+                || cargos
+                    .iter()
+                    .any(|dir| entry == dir || entry.starts_with(&format!("{dir}/"))))
+        })
+        .collect();
+    (!kept.is_empty()).then(|| kept.join(":"))
 }
 
 /// The launch of `input`: Megatron arguments, per-node torchrun commands and scripts, and
@@ -909,6 +943,41 @@ pub fn file_name_part(host: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// `cargo run` put the target directory and the toolchain's libraries in
+    /// LD_LIBRARY_PATH: none of it reaches the nodes; outside cargo the same value passes
+    /// untouched, and PATH always does.
+    #[test]
+    fn what_cargo_run_adds_is_not_forwarded() {
+        let tc = "/root/.rustup/toolchains/stable-x86_64-unknown-linux-gnu";
+        let ld = format!(
+            "/w/target/debug:/w/target/debug/deps:{tc}/lib/rustlib/x86_64-unknown-linux-gnu/lib:{tc}/lib:/opt/cuda/lib64"
+        );
+        let path = "/root/.cargo/bin:/root/.cargo/bin:/usr/bin";
+        let base = [
+            ("LD_LIBRARY_PATH", ld.as_str()),
+            ("PATH", path),
+            ("HOME", "/root"),
+            ("CARGO_MANIFEST_DIR", "/w"),
+        ];
+        let outside = forwarded_env(base);
+        assert_eq!(outside["LD_LIBRARY_PATH"], ld);
+        assert_eq!(outside["PATH"], path);
+        let under_cargo = forwarded_env(
+            base.into_iter()
+                .chain([("CARGO", "/root/.cargo/bin/cargo")]),
+        );
+        assert_eq!(under_cargo["LD_LIBRARY_PATH"], "/opt/cuda/lib64");
+        assert_eq!(under_cargo["PATH"], path);
+        assert!(!under_cargo.contains_key("CARGO") && !under_cargo.contains_key("HOME"));
+        // Nothing left: not forwarded at all.
+        let only_cargo = forwarded_env([
+            ("LD_LIBRARY_PATH", "/w/target/debug"),
+            ("CARGO_MANIFEST_DIR", "/w"),
+            ("CARGO", "cargo"),
+        ]);
+        assert!(!only_cargo.contains_key("LD_LIBRARY_PATH"));
+    }
+
     use super::*;
     use crate::config::settings_from_megatron_args;
 

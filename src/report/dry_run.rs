@@ -1,5 +1,7 @@
 //! What `pipette-run --dry-run` shows: every input pipette-run found, before planning.
 
+use std::collections::BTreeMap;
+
 use comfy_table::{presets::NOTHING, CellAlignment, Table};
 use serde::Serialize;
 
@@ -400,13 +402,35 @@ pub struct ShownCommand<'a> {
 /// Node 0's command wrapped to [`super::WIDTH`] columns (a shell line continued with `\`,
 /// still runnable when pasted), then where every other node's command is: its launch
 /// script in the run directory, one line per node up to [`MAX_COMMAND_ROWS`] of them,
-/// else one line for all.
-pub fn commands_to_human(nodes: &[ShownCommand<'_>]) -> String {
+/// else one line for all. A variable the node gets with the value it has `here` (this
+/// process's environment: forwarded, see `render::forwarded_env`) is shown by name,
+/// `PATH="$PATH"`, which runs the same when pasted here; the launch scripts hold the values.
+pub fn commands_to_human(nodes: &[ShownCommand<'_>], here: &BTreeMap<String, String>) -> String {
     let Some(first) = nodes.first() else {
         return String::new();
     };
     let mut out = format!("  # node rank 0 ({})\n", first.host);
-    out.push_str(&wrap_shell(first.line, super::WIDTH, "  ", "      "));
+    let mut by_name: Vec<&str> = Vec::new();
+    let words: Vec<String> = shell_words(first.line)
+        .into_iter()
+        .map(|word| match forwarded_as_is(word, here) {
+            Some(name) => {
+                by_name.push(name);
+                format!("{name}=\"${name}\"")
+            }
+            None => word.to_owned(),
+        })
+        .collect();
+    if !by_name.is_empty() {
+        out.push_str(&super::wrap(
+            &format!(
+                "  # forwarded from this environment, shown by name (the launch scripts hold the values): {}\n",
+                by_name.join(", ")
+            ),
+            super::WIDTH,
+        ));
+    }
+    out.push_str(&wrap_shell(&words.join(" "), super::WIDTH, "  ", "      "));
     let rest = &nodes[1..];
     let same = "the same command with its own --node-rank and CUDA_VISIBLE_DEVICES";
     if rest.len() <= MAX_COMMAND_ROWS {
@@ -436,6 +460,14 @@ pub fn commands_to_human(nodes: &[ShownCommand<'_>]) -> String {
         ));
     }
     out
+}
+
+/// The name of `word` when it is `NAME='value'` (as `render` quotes it) with the value
+/// `NAME` has `here`.
+fn forwarded_as_is<'w>(word: &'w str, here: &BTreeMap<String, String>) -> Option<&'w str> {
+    let (name, quoted) = word.split_once('=')?;
+    let value = here.get(name)?;
+    (crate::exec::is_env_name(name) && quoted == crate::exec::single_quote(value)).then_some(name)
 }
 
 /// Other nodes listed one per line up to this many.
@@ -519,10 +551,10 @@ mod tests {
             script: Some("launch.sh"),
         };
         let few: Vec<_> = (0..3).map(cmd).collect();
-        let shown = commands_to_human(&few);
+        let shown = commands_to_human(&few, &BTreeMap::new());
         assert_eq!(shown.lines().count(), 4, "{shown}");
         let many: Vec<_> = (0..100).map(cmd).collect();
-        let shown = commands_to_human(&many);
+        let shown = commands_to_human(&many, &BTreeMap::new());
         assert!(shown.lines().count() <= 5, "{shown}");
         assert!(shown.contains("node ranks 1-99"), "{shown}");
     }

@@ -220,7 +220,8 @@ impl Ledger {
             if let Some(tokens) = i.tokens_per_s_per_gpu {
                 let mfu = match i.mfu {
                     Some(m) => format!(", MFU {:.2} %", 100.0 * m),
-                    None => ", MFU not known (no peak FLOP/s at this precision)".to_string(),
+                    // See model::time::mfu_peak_tflops: only a datasheet peak bounds it.
+                    None => ", no MFU (no datasheet peak at this precision; a measured matmul rate is no bound)".to_string(),
                 };
                 out.push_str(&format!("  {tokens:.0} tokens/s per GPU{mfu}\n"));
             }

@@ -128,6 +128,16 @@ pub fn median_is_stable(lines: &[IterationLine]) -> bool {
     }
 }
 
+/// Whether to stop the trial now (TERM to its workers): its time per iteration is settled
+/// ([`median_is_stable`]) and it has iterations left to save. A run that has reached its
+/// last iteration is ending by itself: a TERM then only races its ranks' exit, and a rank
+/// stopped in its teardown lost its peak-memory report (a trial candidate that had run
+/// every iteration came back without rank 0's peak).
+pub fn worth_stopping(lines: &[IterationLine]) -> bool {
+    let finished = lines.iter().any(|l| l.total > 0 && l.iteration >= l.total);
+    !finished && median_is_stable(lines)
+}
+
 /// Whether the failing rank's error — its traceback's last line, `Type: message` — is
 /// running out of memory: PyTorch's CUDA allocator (`torch.OutOfMemoryError: CUDA out of
 /// memory`), Python's `MemoryError`, or a CPU allocation that failed
@@ -294,6 +304,26 @@ mod tests {
         let mut twice = lines(&[900.0, 100.0, 110.0]);
         twice.extend(lines(&[900.0, 100.0, 110.0]));
         assert!(!median_is_stable(&twice));
+    }
+
+    /// The trial race: the median settled on the last iteration; stopping then would only
+    /// race the ranks' own exit (and their peak-memory reports).
+    #[test]
+    fn a_trial_on_its_last_iteration_is_not_stopped() {
+        let lines = |ms: &[f64], total| -> Vec<IterationLine> {
+            ms.iter()
+                .enumerate()
+                .map(|(i, &elapsed_ms)| IterationLine {
+                    iteration: i as u64 + 1,
+                    total,
+                    elapsed_ms,
+                })
+                .collect()
+        };
+        let steady = [900.0, 100.0, 101.0, 100.5];
+        assert!(worth_stopping(&lines(&steady, 10)));
+        assert!(!worth_stopping(&lines(&steady, 4)));
+        assert!(!worth_stopping(&lines(&[900.0, 100.0, 110.0, 100.0], 10)));
     }
 
     #[test]

@@ -226,9 +226,27 @@ pub enum TrialError {
         tail: String,
         command: String,
     },
-    #[error("the trial run finished but {missing} of {expected} ranks reported no peak memory (is PYTHONPATH replaced by the script or its environment?)")]
-    NoResults { expected: usize, missing: usize },
+    /// Ranks whose peak-memory report (the trial hook's result line) never came; what
+    /// pipette-run knows of why.
+    #[error("the trial run ended but rank(s) {} of {expected} reported no peak memory: {} (the trial hook, sitecustomize.py on PYTHONPATH, reports at a worker's exit; every node's output is in {logs})", list_ranks(.missing), if *.stopped_early { "pipette-run stopped the run with TERM once its time per iteration was settled, and these ranks ended before their hook reported" } else { "the run ended by itself, and these ranks exited without Python's exit handlers running (os._exit, a signal, or a script that replaced sitecustomize or PYTHONPATH)" })]
+    NoResults {
+        expected: usize,
+        missing: Vec<u64>,
+        stopped_early: bool,
+        logs: String,
+    },
 }
+
+/// `0, 3, 5`, the first [`SHOWN_RANKS`] of them and how many more.
+fn list_ranks(ranks: &[u64]) -> String {
+    let shown: Vec<String> = ranks.iter().take(SHOWN_RANKS).map(u64::to_string).collect();
+    match ranks.len().saturating_sub(SHOWN_RANKS) {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
+    }
+}
+
+const SHOWN_RANKS: usize = 8;
 
 /// A training script that failed in the trial: where, how, and its own last words.
 #[derive(Debug, thiserror::Error)]
@@ -464,7 +482,7 @@ pub fn run_trial(
             for event in rx.try_iter() {
                 take(event, &mut results, &mut iterations, &mut memory_lines);
             }
-            if request.stop_when_stable && !stopped_early && logs::median_is_stable(&iterations) {
+            if request.stop_when_stable && !stopped_early && logs::worth_stopping(&iterations) {
                 // TERM to the workers, as torchrun stops them: the hook reports each
                 // rank's peak on the way out; a script that handles TERM itself runs on
                 // to its last iteration, which is as good.
@@ -568,9 +586,14 @@ pub fn run_trial(
     ranks.dedup_by_key(|r| r.rank);
     let expected = request.plan.config.world_size() as usize;
     if ranks.len() < expected {
+        let missing = (0..expected as u64)
+            .filter(|r| !ranks.iter().any(|got| got.rank == *r as i64))
+            .collect();
         return Err(TrialError::NoResults {
             expected,
-            missing: expected - ranks.len(),
+            missing,
+            stopped_early,
+            logs: logs.dir.display().to_string(),
         });
     }
     iterations.sort_by_key(|l| l.iteration);
@@ -1024,6 +1047,33 @@ mod tests {
 
     fn w(text: &str) -> Vec<String> {
         text.split_whitespace().map(str::to_string).collect()
+    }
+
+    /// A missing peak-memory report names the ranks and what pipette-run did or saw,
+    /// never a guess about the user's environment first.
+    #[test]
+    fn a_missing_report_says_what_pipette_run_knows() {
+        let e = TrialError::NoResults {
+            expected: 8,
+            missing: vec![0],
+            stopped_early: true,
+            logs: "/r/trial-logs/2".into(),
+        };
+        let text = e.to_string();
+        assert!(text.starts_with("the trial run ended but rank(s) 0 of 8 reported no peak memory: pipette-run stopped the run with TERM"), "{text}");
+        assert!(text.contains("/r/trial-logs/2"), "{text}");
+        let e = TrialError::NoResults {
+            expected: 16,
+            missing: (0..10).collect(),
+            stopped_early: false,
+            logs: "/r".into(),
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("rank(s) 0, 1, 2, 3, 4, 5, 6, 7 and 2 more of 16"),
+            "{text}"
+        );
+        assert!(text.contains("the run ended by itself"), "{text}");
     }
 
     /// A run that took twice the estimate reads "2.03× the estimate", never "-50.8 %".

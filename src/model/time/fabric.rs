@@ -315,12 +315,22 @@ fn measured_fp32(gpu: &GpuSpec) -> Option<f64> {
         .or((gpu.provenance.source == Source::Measured).then_some(gpu.peak_tflops.fp16))
 }
 
-/// The peak a job training in `precision` on `gpu` is held against for its MFU, TFLOPS:
-/// the rate the time model's GEMM efficiencies are shares of ([`matmul_peak`]). So an fp32
-/// job on a CPU stand-in is held against the CPU's measured fp32 matmul rate, and one on a
-/// GPU against the CUDA cores' share of the fp16 peak.
+/// The peak a job training in `precision` on `gpu` is held against for its MFU, TFLOPS: a
+/// rate the job cannot beat, so that MFU never passes 100 %. That is a datasheet figure:
+/// the tensor peak in bf16/fp16, the CUDA cores' share of the fp16 peak
+/// ([`FP32_SHARE_OF_FP16_PEAK`]) in fp32. `None` where the only rate known is a measured
+/// matmul rate (a CPU stand-in, whose profile peak is its measured matmul): the job's own
+/// matrix multiplies can run faster than the probe's (another shape, more threads), and a
+/// CPU run showed "MFU 107 %" against it.
 pub fn mfu_peak_tflops(gpu: &GpuSpec, precision: Precision) -> Option<f64> {
-    matmul_peak(gpu, training_dtype(precision))
+    if gpu.provenance.source == Source::Measured {
+        return None;
+    }
+    match training_dtype(precision) {
+        Dtype::Fp32 => Some(gpu.peak_tflops.fp16 * FP32_SHARE_OF_FP16_PEAK),
+        dtype => gpu.peak_tflops.get(dtype),
+    }
+    .filter(|p| *p > 0.0)
 }
 
 /// The dtype the matrix multiplies of `precision` training run in.

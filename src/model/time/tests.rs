@@ -637,16 +637,23 @@ fn a_cpu_stand_in_trained_in_fp32_runs_at_its_measured_fp32_rate() {
     assert_eq!((g.tflops, g.basis), (0.149, ThroughputBasis::Measured));
 }
 
-/// The MFU shown during training is held against the rate the model's GEMM efficiencies
-/// are shares of. Before, an fp32 job had no peak and its MFU was "not known", although
-/// the CPU stand-in of every CPU run carries its measured fp32 rate.
+/// The MFU shown during training is held against a rate the job cannot beat: a datasheet
+/// peak. A CPU stand-in's peak is its measured matmul rate, which a CPU job beat (its
+/// summary said "MFU 107.13 %"): it gets no MFU. A GPU whose fp32 matmul was measured is
+/// still held against its datasheet's fp32 figure.
 #[test]
-fn the_mfu_peak_is_the_rate_matrix_multiplies_are_priced_at() {
+fn the_mfu_peak_is_a_datasheet_bound_never_a_measured_rate() {
     let cpu = cpu_stand_in();
-    assert_eq!(mfu_peak_tflops(&cpu, Precision::Fp32), Some(0.149));
-    assert_eq!(mfu_peak_tflops(&cpu, Precision::Bf16), Some(0.149));
-    let a100 = a100();
+    assert_eq!(mfu_peak_tflops(&cpu, Precision::Fp32), None);
+    assert_eq!(mfu_peak_tflops(&cpu, Precision::Bf16), None);
+    let mut a100 = a100();
     assert_eq!(mfu_peak_tflops(&a100, Precision::Bf16), Some(312.0));
+    assert_eq!(mfu_peak_tflops(&a100, Precision::Fp32), Some(312.0 / 16.0));
+    a100.measured_tflops.push(MeasuredTflops {
+        dtype: Dtype::Fp32,
+        tflops: 30.0,
+        provenance: Provenance::new(Source::Measured),
+    });
     assert_eq!(mfu_peak_tflops(&a100, Precision::Fp32), Some(312.0 / 16.0));
     // A GPU with no bf16 tensor cores has no bf16 peak to hold a job against.
     let v100 = gpu("Tesla V100-SXM2-32GB", None, 125.0);
