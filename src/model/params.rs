@@ -335,7 +335,10 @@ impl ParameterBreakdown {
     /// expert parallelism divides them).
     pub fn experts_in(&self, start: u64, layers: u64) -> u64 {
         let Some(m) = &self.moe else { return 0 };
-        let moe = (start..start.saturating_add(layers))
+        let end = start
+            .saturating_add(layers)
+            .min(self.moe_layers.len() as u64);
+        let moe = (start.min(end)..end)
             .filter(|i| self.is_moe_layer(*i))
             .count() as u64;
         m.experts().saturating_mul(moe)
