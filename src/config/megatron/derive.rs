@@ -384,7 +384,10 @@ fn uneven_virtual_pipeline(
             "--num-layers-per-virtual-pipeline-stage {l} cannot be used with --decoder-first/last-pipeline-num-layers (Megatron refuses it: use --num-virtual-stages-per-pipeline-rank)"
         )));
     }
-    let named = raw.first_stage_layers.unwrap_or(0) + raw.last_stage_layers.unwrap_or(0);
+    let named = raw
+        .first_stage_layers
+        .unwrap_or(0)
+        .saturating_add(raw.last_stage_layers.unwrap_or(0));
     let named_stages =
         u64::from(raw.first_stage_layers.is_some()) + u64::from(raw.last_stage_layers.is_some());
     if named > num_layers || (named_stages >= pp && named != num_layers) {
