@@ -76,6 +76,30 @@ def _start():
     # Nothing else in validate_args or the model depends on the answer.
     arguments.get_device_arch_version = lambda: 9
 
+    # STUB (the second): multi-latent attention builds its rotary embedding without
+    # passing --use-cpu-initialization on, so the embedding asks torch.cuda for a device
+    # (and YaRN's moves its tables to the GPU whatever it is told; `reference` builds MLA
+    # with plain RoPE for that reason). Rotary embeddings hold buffers, not parameters:
+    # building them on the CPU changes no count.
+    import functools
+    from megatron.core.transformer import multi_latent_attention as mla
+
+    mla.RotaryEmbedding = functools.partial(mla.RotaryEmbedding, use_cpu_initialization=True)
+
+    # STUB (the third): the local layer spec gives multi-latent attention the local
+    # DotProductAttention, which does not take MLA's separate key and value widths (only
+    # Transformer Engine's does). Core attention has no parameters in either: the local
+    # one is built without those two widths.
+    from megatron.core.transformer import dot_product_attention as dpa
+
+    class _LocalCoreAttention(dpa.DotProductAttention):
+        def __init__(self, *a, k_channels=None, v_channels=None, **kw):
+            super().__init__(*a, **kw)
+
+    from megatron.core.models import backends
+
+    backends.DotProductAttention = _LocalCoreAttention
+
     # An in-process store: one rank, no ports.
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
@@ -150,13 +174,32 @@ def reference(case):
     whole.pipeline_model_parallel_size = 1
     whole.virtual_pipeline_model_parallel_size = None
     whole.sequence_parallel = False
+    # Experts whole on this one rank, each counted once.
+    whole.expert_model_parallel_size = 1
+    whole.expert_tensor_parallel_size = 1
     model_config = gpt_config_from_args(whole)
+    if getattr(model_config, "multi_latent_attention", False):
+        model_config.rope_type = "rope"  # see the second STUB in _start
+    # The alltoall and flex dispatchers set up CUDA buffers when built; dispatchers hold no
+    # parameters, so the count is built with the allgather one (validate_args above
+    # judged the user's).
+    if getattr(model_config, "num_moe_experts", None):
+        model_config.moe_token_dispatcher_type = "allgather"
     pg_collection = ProcessGroupCollection.use_mpu_process_groups()
     with torch.device("meta"):
         model = GPTModelBuilder(model_config).build_model(
             pg_collection, pre_process=True, post_process=True
         )
     parameters = sum(p.numel() for p in model.parameters())
+    # Active per token: the routed experts past the router's top-k in every MoE layer
+    # (decoder and multi-token prediction) are not used by a given token.
+    topk = args.moe_router_topk if args.num_experts else 0
+    inactive = sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if ".local_experts." in name
+        and int(name.split(".local_experts.")[1].split(".")[0]) >= topk
+    )
     if any(p.device.type != "meta" for p in model.parameters()):
         raise RuntimeError("a parameter left the meta device (memory was allocated)")
 
@@ -172,6 +215,7 @@ def reference(case):
 
     return {
         "parameters": parameters,
+        "active_parameters": parameters - inactive,
         "padded_vocab_size": args.padded_vocab_size,
         "theoretical_parameters": theoretical,
         "derived": derived,

@@ -16,12 +16,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use pipette::config::megatron::model_from_megatron_args;
 use pipette::config::presets::{self, PRESETS};
 use pipette::config::{
     settings_from_megatron_args, Normalization, PositionEmbedding, Precision, Recompute,
     RecomputeMethod, Settings,
 };
-use pipette::model::params::{padded_vocab_size, total_parameters};
+use pipette::model::params::{padded_vocab_size, total_parameters, ParameterBreakdown};
 use serde_json::{json, Value};
 
 /// A Megatron argument list and the name it is reported under.
@@ -154,6 +155,7 @@ const REFUSED: &[(&str, &str, &str)] = &[
     ("option without value", "--num-layers", "expected one argument"),
     ("removed option", "--batch-size 4", "--batch-size argument is no longer valid"),
     ("negative", "--num-layers -4", ""),
+    ("mla query norm without q-lora", "--position-embedding-type rope --multi-latent-attention --qk-layernorm", "q_lora_rank is None"),
 ];
 
 fn refused_cases() -> Vec<Case> {
@@ -166,11 +168,94 @@ fn refused_cases() -> Vec<Case> {
         .collect()
 }
 
+/// Mixture-of-experts models shaped like the published ones, at a size Megatron builds
+/// in seconds on a CPU: expert counts, top-k, expert widths and layer patterns scaled down,
+/// every kind of tensor kept.
+const MOE: &[(&str, &str)] = &[
+    (
+        "moe: mixtral-like (GQA, SwiGLU experts, top-2 of 8)",
+        "--swiglu --normalization RMSNorm --disable-bias-linear --position-embedding-type rope \
+         --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 \
+         --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 512 \
+         --moe-token-dispatcher-type alltoall",
+    ),
+    (
+        "moe: qwen3-like (GQA, qk-layernorm, wide heads, top-4 of 16)",
+        "--swiglu --normalization RMSNorm --disable-bias-linear --position-embedding-type rope \
+         --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 \
+         --kv-channels 48 --qk-layernorm --num-experts 16 --moe-router-topk 4 \
+         --moe-ffn-hidden-size 64 --moe-token-dispatcher-type alltoall",
+    ),
+    (
+        "moe: deepseek-v3-like (MLA, shared expert, first 3 dense, MTP)",
+        "--num-layers 6 --swiglu --normalization RMSNorm --disable-bias-linear \
+         --position-embedding-type rope --untie-embeddings-and-output-weights \
+         --multi-latent-attention --q-lora-rank 96 --kv-lora-rank 64 --qk-head-dim 32 \
+         --qk-pos-emb-head-dim 16 --v-head-dim 32 --qk-layernorm --ffn-hidden-size 384 \
+         --num-experts 16 --moe-router-topk 4 --moe-ffn-hidden-size 48 \
+         --moe-shared-expert-intermediate-size 48 --moe-layer-freq ([0]*3+[1]*3) \
+         --mtp-num-layers 1 --moe-token-dispatcher-type alltoall",
+    ),
+    (
+        "moe: small (GeLU, biases, LayerNorm, every other layer)",
+        "--num-experts 4 --moe-ffn-hidden-size 128 --moe-layer-freq 2",
+    ),
+    (
+        "moe: MLA without q-lora, biases, LayerNorm, MTP after a dense layer",
+        "--position-embedding-type rope --multi-latent-attention --kv-lora-rank 32 \
+         --qk-head-dim 32 --qk-pos-emb-head-dim 16 --v-head-dim 24 \
+         --num-experts 4 --moe-layer-freq ([1]*3+[0]*1) --mtp-num-layers 2",
+    ),
+    (
+        "moe: qk-layernorm dense with LayerNorm",
+        "--qk-layernorm --group-query-attention --num-query-groups 4",
+    ),
+];
+
+fn moe_cases() -> Vec<Case> {
+    MOE.iter()
+        .map(|(name, extra)| Case {
+            name: name.to_string(),
+            args: words(&format!("{BASE} {extra}")),
+        })
+        .collect()
+}
+
 fn all_cases() -> Vec<Case> {
     let mut cases = preset_cases();
     cases.extend(feature_cases());
     cases.extend(refused_cases());
+    cases.extend(moe_cases());
     cases
+}
+
+/// Total and active parameters of MoE, MLA, multi-token-prediction and QK-norm models equal
+/// those of the model megatron-core builds (active: its tensors less the routed experts
+/// past the router's top-k in every MoE layer).
+#[test]
+fn moe_parameter_counts_equal_megatrons() {
+    let verdicts = megatron();
+    let mut table = String::from("case                                                              total (ours = Megatron)  active\n");
+    for case in moe_cases() {
+        let v = accepted(&case, verdicts);
+        let model = model_from_megatron_args(&case.args, None)
+            .unwrap_or_else(|e| panic!("{}: we refuse what Megatron accepts: {e}", case.name));
+        let b = ParameterBreakdown::new(&model, 1);
+        table.push_str(&format!(
+            "{:<66}{:<25}{}\n",
+            case.name,
+            b.total(),
+            b.active()
+        ));
+        assert_eq!(Some(b.total()), v["parameters"].as_u64(), "{}", case.name);
+        assert_eq!(
+            Some(b.active()),
+            v["active_parameters"].as_u64(),
+            "{}",
+            case.name
+        );
+    }
+    println!("{table}");
 }
 
 /// Megatron's verdict on every case, by case name (one Python process for all).

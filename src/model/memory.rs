@@ -286,9 +286,19 @@ pub fn estimate_memory_with(
     let m = (training.global_batch_size / b.saturating_mul(dp).max(1)).max(1);
     let sequence_parallel = config.sequence_parallel && tp > 1;
 
-    let shard = ShardParameters::new(model, tp);
+    let shard = ShardParameters::new(model, tp, config.ep, config.etp);
     let (weight, gradient, optimizer) = bytes_per_parameter(training.precision);
     let optimizer_shards = if config.distributed_optimizer { dp } else { 1 };
+    let expert_optimizer_shards = if config.distributed_optimizer {
+        config.expert_dp().max(1)
+    } else {
+        1
+    };
+    let mut starts = Vec::with_capacity(stage_layers.len());
+    stage_layers.iter().fold(0u64, |start, layers| {
+        starts.push(start);
+        start.saturating_add(*layers)
+    });
 
     // Per micro-batch terms, in bytes.
     let e = element_bytes(training.precision);
@@ -318,11 +328,15 @@ pub fn estimate_memory_with(
         .map(|(i, &layers)| {
             let first = i == 0;
             let last = i as u64 + 1 == pp;
-            let params = shard.stage(layers, first, last);
+            let parts = shard.stage_parts(starts[i], layers, first, last);
+            let params = parts.dense.saturating_add(parts.experts);
             let weight_bytes = params.saturating_mul(weight);
             let gradient_bytes = params.saturating_mul(gradient);
             let optimizer_bytes = saturate(
-                (u128::from(params) * u128::from(optimizer)).div_ceil(u128::from(optimizer_shards)),
+                (u128::from(parts.dense) * u128::from(optimizer))
+                    .div_ceil(u128::from(optimizer_shards))
+                    + (u128::from(parts.experts) * u128::from(optimizer))
+                        .div_ceil(u128::from(expert_optimizer_shards)),
             );
             let weights_and_optimizer_bytes = weight_bytes
                 .saturating_add(gradient_bytes)
@@ -424,10 +438,27 @@ struct ShardParameters {
     output: u64,
     /// The same when the last stage is also the first (tied embeddings share the weight).
     output_on_first: u64,
+    /// An MoE layer's parameters on one rank apart from its routed experts (attention,
+    /// shared experts over tp; norms and router replicated), and its routed experts over
+    /// ep × etp, which the expert-data-parallel group shards the optimizer over.
+    moe_layer: u64,
+    experts_layer: u64,
+    moe_layers: Vec<bool>,
+    /// The multi-token-prediction block on the last stage: its dense part and its experts.
+    mtp: u64,
+    mtp_experts: u64,
+}
+
+/// A stage's parameters on one rank: those the data-parallel group shards the distributed
+/// optimizer over, and the routed experts, which the expert-data-parallel group shards.
+struct StageParameters {
+    dense: u64,
+    experts: u64,
 }
 
 impl ShardParameters {
-    fn new(model: &ModelSpec, tp: u64) -> Self {
+    /// At tensor-parallel size `tp`, the routed experts split over `ep` × `etp` ranks.
+    fn new(model: &ModelSpec, tp: u64, ep: u64, etp: u64) -> Self {
         let all = ParameterBreakdown::new(model, tp);
         let h = model.hidden_size;
         // Replicated on every tensor-parallel rank: the two norms and the biases of the
@@ -445,14 +476,83 @@ impl ShardParameters {
         let sharded = all.layer.total().saturating_sub(replicated);
         let word = all.word_embedding.div_ceil(tp);
         let untied = all.output_layer.div_ceil(tp);
+        // Multi-latent attention's down projections are duplicated on every tp rank
+        // (MLASelfAttention builds them with parallel_mode "duplicated").
+        let mla_down = model.mla.as_ref().map_or(0, |mla| {
+            let h = model.hidden_size;
+            h.saturating_mul(mla.q_lora_rank.unwrap_or(0))
+                .saturating_add(
+                    h.saturating_mul(mla.kv_lora_rank.saturating_add(mla.qk_pos_emb_head_dim)),
+                )
+        });
+        let attention_replicated = all
+            .layer
+            .input_norm
+            .saturating_add(all.layer.pre_mlp_norm)
+            .saturating_add(all.layer.qk_norm)
+            .saturating_add(mla_down)
+            .saturating_add(if model.add_bias_linear { h } else { 0 });
+        let attention_sharded = all.layer.attention().saturating_sub(attention_replicated);
+        let attention = attention_sharded
+            .div_ceil(tp)
+            .saturating_add(attention_replicated);
+        let experts_split = ep.max(1).saturating_mul(etp.max(1));
+        let (moe_layer, experts_layer) = match &all.moe {
+            Some(m) => (
+                attention
+                    .saturating_add(m.router)
+                    .saturating_add(m.shared_experts.div_ceil(tp)),
+                m.experts().div_ceil(experts_split),
+            ),
+            None => (0, 0),
+        };
+        let dense_layer = sharded.div_ceil(tp).saturating_add(replicated);
+        let mtp_layers = model.mtp_layers;
+        let mtp_moe = all.mtp_moe_layers;
+        let mtp_extra = all
+            .layer
+            .input_norm
+            .saturating_mul(3)
+            .saturating_add(h.saturating_mul(h).saturating_mul(2).div_ceil(tp));
+        let mtp = mtp_extra.saturating_mul(mtp_layers).saturating_add(
+            moe_layer
+                .saturating_mul(mtp_moe)
+                .saturating_add(dense_layer.saturating_mul(mtp_layers.saturating_sub(mtp_moe))),
+        );
         ShardParameters {
             padded_vocab: all.padded_vocab_size,
-            layer: sharded.div_ceil(tp).saturating_add(replicated),
+            layer: dense_layer,
             embedding: word.saturating_add(all.position_embedding),
             final_norm: all.final_norm,
             output: if all.tied_embeddings { word } else { untied },
             output_on_first: if all.tied_embeddings { 0 } else { untied },
+            moe_layer,
+            experts_layer,
+            moe_layers: all.moe_layers.clone(),
+            mtp,
+            mtp_experts: experts_layer.saturating_mul(mtp_moe),
         }
+    }
+
+    /// The stage holding decoder layers `start .. start + layers`.
+    fn stage_parts(&self, start: u64, layers: u64, first: bool, last: bool) -> StageParameters {
+        // Only layers the pattern lists can be MoE (a dense model lists none), so a
+        // stage's range is walked no further than the pattern.
+        let end = start
+            .saturating_add(layers)
+            .min(self.moe_layers.len() as u64);
+        let moe = (start.min(end)..end)
+            .filter(|i| self.moe_layers[*i as usize])
+            .count() as u64;
+        let mut dense = self
+            .stage(layers - moe, first, last)
+            .saturating_add(self.moe_layer.saturating_mul(moe));
+        let mut experts = self.experts_layer.saturating_mul(moe);
+        if last {
+            dense = dense.saturating_add(self.mtp);
+            experts = experts.saturating_add(self.mtp_experts);
+        }
+        StageParameters { dense, experts }
     }
 
     fn stage(&self, layers: u64, first: bool, last: bool) -> u64 {

@@ -17,7 +17,25 @@
 //! | `output_layer.weight` | padded vocab × h | untied embeddings (and a tied copy on the last stage when pp > 1) |
 //!
 //! with q = heads × kv channels and kv = query groups × kv channels. The output layer has
-//! no bias. Megatron's own `theoretical_memory_usage` leaves the linear biases and the
+//! no bias.
+//!
+//! Beyond the dense layer (megatron-core 0.19.2, local spec, as `scripts/megatron_reference.py`
+//! lists the tensors):
+//! - `--qk-layernorm`: `q_layernorm` and `k_layernorm` over one head (kv channels);
+//! - multi-latent attention replaces `linear_qkv` with `linear_q_proj` (h → heads·(qk+rope))
+//!   or `linear_q_down_proj` (h → q-lora) and `linear_q_up_proj` (q-lora → heads·(qk+rope)),
+//!   `linear_kv_down_proj` (h → kv-lora + rope) and `linear_kv_up_proj` (kv-lora →
+//!   heads·(qk+v)), none with a bias; with `--qk-layernorm` a norm over the q-lora and the
+//!   kv-lora latents; `linear_proj` takes heads·v;
+//! - an MoE layer's MLP is `router` (E × h, + E bias with linear biases), E experts
+//!   each a `linear_fc1`/`linear_fc2` of the expert width (with biases when linear biases
+//!   are on), and `shared_experts` (no biases; Megatron refuses them);
+//! - each multi-token-prediction layer holds `enorm`, `hnorm`, `eh_proj` (2h → h, no bias),
+//!   one transformer layer (MoE when the decoder's last layer is) and a `final_layernorm`;
+//!   all on the last pipeline stage, sharing the embedding and output layer.
+//!
+//! Active parameters count top-k of the E routed experts in every MoE layer, decoder and
+//! multi-token prediction alike. Megatron's own `theoretical_memory_usage` leaves the linear biases and the
 //! learned position embeddings out; these counts do not.
 //!
 //! Totals count every parameter of the whole model once, whatever the tensor-parallel size;
@@ -60,6 +78,10 @@ pub struct LayerParameters {
     pub mlp_up: u64,
     /// `linear_fc2`: down projection.
     pub mlp_down: u64,
+    /// `q_layernorm` / `k_layernorm` (`--qk-layernorm`), or multi-latent attention's
+    /// latent norms.
+    #[serde(default)]
+    pub qk_norm: u64,
 }
 
 impl LayerParameters {
@@ -71,14 +93,62 @@ impl LayerParameters {
             self.pre_mlp_norm,
             self.mlp_up,
             self.mlp_down,
+            self.qk_norm,
+        ]
+        .into_iter()
+        .fold(0, u64::saturating_add)
+    }
+
+    /// The attention half of the layer: norms, projections (what an MoE layer shares with
+    /// a dense one).
+    pub fn attention(&self) -> u64 {
+        [
+            self.input_norm,
+            self.qkv,
+            self.attention_output,
+            self.qk_norm,
+            self.pre_mlp_norm,
         ]
         .into_iter()
         .fold(0, u64::saturating_add)
     }
 }
 
-/// The model's parameters by part, so that per-stage counts can be built from it.
+/// The MLP of an MoE layer, replacing the dense layer's `mlp_up` / `mlp_down`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoeLayerParameters {
+    /// `router`: E × h (+ E bias).
+    pub router: u64,
+    /// One routed expert's `linear_fc1` + `linear_fc2`.
+    pub expert: u64,
+    pub num_experts: u64,
+    pub router_topk: u64,
+    /// `shared_experts`: `linear_fc1` + `linear_fc2`.
+    pub shared_experts: u64,
+}
+
+impl MoeLayerParameters {
+    /// All routed experts of the layer.
+    pub fn experts(&self) -> u64 {
+        self.expert.saturating_mul(self.num_experts)
+    }
+
+    /// The whole MoE MLP.
+    pub fn total(&self) -> u64 {
+        self.router
+            .saturating_add(self.experts())
+            .saturating_add(self.shared_experts)
+    }
+
+    /// The routed experts a token does not use.
+    pub fn inactive(&self) -> u64 {
+        self.expert
+            .saturating_mul(self.num_experts.saturating_sub(self.router_topk))
+    }
+}
+
+/// The model's parameters by part, so that per-stage counts can be built from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParameterBreakdown {
     /// The vocabulary after padding for the tensor-parallel size the breakdown was made for.
     pub padded_vocab_size: u64,
@@ -87,8 +157,22 @@ pub struct ParameterBreakdown {
     /// `position_embeddings`: max positions × hidden with learned absolute positions, else 0.
     pub position_embedding: u64,
     pub num_layers: u64,
-    /// One transformer layer (all layers are alike).
+    /// One dense transformer layer (an MoE layer has its attention half and `moe`'s MLP).
     pub layer: LayerParameters,
+    /// The MLP of the MoE layers, and which decoder layers are MoE.
+    #[serde(default)]
+    pub moe: Option<MoeLayerParameters>,
+    #[serde(default)]
+    pub moe_layers: Vec<bool>,
+    /// The multi-token-prediction block, on the last stage.
+    #[serde(default)]
+    pub mtp: u64,
+    /// Routed-expert parameters of the multi-token-prediction block (in `mtp`).
+    #[serde(default)]
+    pub mtp_experts: u64,
+    /// Multi-token-prediction layers that are MoE layers.
+    #[serde(default)]
+    pub mtp_moe_layers: u64,
     /// `final_layernorm`, on the last stage.
     pub final_norm: u64,
     /// `output_layer`: padded vocab × hidden when the embeddings are untied, else 0 (see
@@ -116,10 +200,62 @@ impl ParameterBreakdown {
         };
         let gates = if spec.swiglu { 2 } else { 1 };
         let qkv_bias = spec.add_bias_linear || spec.add_qkv_bias;
+        // A norm over `n` values: weight, and bias with LayerNorm.
+        let norm_of = |n: u64| match spec.normalization {
+            Normalization::LayerNorm => n.saturating_mul(2),
+            Normalization::RMSNorm => n,
+        };
+        let (qkv, attention_output, qk_norm) = match &spec.mla {
+            None => (
+                linear(h, qkv_out, qkv_bias),
+                linear(query, h, spec.add_bias_linear),
+                if spec.qk_layernorm {
+                    norm_of(spec.kv_channels).saturating_mul(2)
+                } else {
+                    0
+                },
+            ),
+            Some(mla) => {
+                let heads = spec.num_attention_heads;
+                let q_head = mla.qk_head_dim.saturating_add(mla.qk_pos_emb_head_dim);
+                let q_out = heads.saturating_mul(q_head);
+                let q = match mla.q_lora_rank {
+                    None => linear(h, q_out, false),
+                    Some(r) => linear(h, r, false).saturating_add(linear(r, q_out, false)),
+                };
+                let kv_down = linear(
+                    h,
+                    mla.kv_lora_rank.saturating_add(mla.qk_pos_emb_head_dim),
+                    false,
+                );
+                let kv_up = linear(
+                    mla.kv_lora_rank,
+                    heads.saturating_mul(mla.qk_head_dim.saturating_add(mla.v_head_dim)),
+                    false,
+                );
+                let norms = if spec.qk_layernorm {
+                    norm_of(mla.kv_lora_rank).saturating_add(mla.q_lora_rank.map_or(0, norm_of))
+                } else {
+                    0
+                };
+                (
+                    q.saturating_add(kv_down).saturating_add(kv_up),
+                    linear(
+                        heads.saturating_mul(mla.v_head_dim),
+                        h,
+                        spec.add_bias_linear,
+                    ),
+                    norms,
+                )
+            }
+        };
+        let mlp = |width: u64, bias: bool| {
+            linear(h, width.saturating_mul(gates), bias).saturating_add(linear(width, h, bias))
+        };
         let layer = LayerParameters {
             input_norm: norm,
-            qkv: linear(h, qkv_out, qkv_bias),
-            attention_output: linear(query, h, spec.add_bias_linear),
+            qkv,
+            attention_output,
             pre_mlp_norm: norm,
             mlp_up: linear(
                 h,
@@ -127,7 +263,27 @@ impl ParameterBreakdown {
                 spec.add_bias_linear,
             ),
             mlp_down: linear(spec.ffn_hidden_size, h, spec.add_bias_linear),
+            qk_norm,
         };
+        let moe = spec.moe.as_ref().map(|m| MoeLayerParameters {
+            router: linear(h, m.num_experts, spec.add_bias_linear),
+            expert: mlp(m.ffn_hidden_size, spec.add_bias_linear),
+            num_experts: m.num_experts,
+            router_topk: m.router_topk,
+            shared_experts: m.shared_expert_ffn.map_or(0, |f| mlp(f, false)),
+        });
+        let moe_layers = spec.moe.as_ref().map_or(Vec::new(), |m| m.layers.clone());
+        // Multi-token prediction follows the decoder's last layer (MoE or dense).
+        let mtp_is_moe = moe_layers.last().copied().unwrap_or(false);
+        let mtp_layer = match (&moe, mtp_is_moe) {
+            (Some(m), true) => layer.attention().saturating_add(m.total()),
+            _ => layer.total(),
+        };
+        let mtp_each = norm
+            .saturating_mul(3)
+            .saturating_add(linear(h.saturating_mul(2), h, false))
+            .saturating_add(mtp_layer);
+        let mtp_moe_layers = if mtp_is_moe { spec.mtp_layers } else { 0 };
         let word_embedding = vocab.saturating_mul(h);
         ParameterBreakdown {
             padded_vocab_size: vocab,
@@ -140,6 +296,13 @@ impl ParameterBreakdown {
             },
             num_layers: spec.num_layers,
             layer,
+            mtp: mtp_each.saturating_mul(spec.mtp_layers),
+            mtp_experts: moe
+                .map_or(0, |m| m.experts())
+                .saturating_mul(mtp_moe_layers),
+            mtp_moe_layers,
+            moe,
+            moe_layers,
             final_norm: norm,
             output_layer: if spec.untie_embeddings_and_output_weights {
                 word_embedding
@@ -155,9 +318,51 @@ impl ParameterBreakdown {
         self.word_embedding.saturating_add(self.position_embedding)
     }
 
+    /// Decoder layer `i` (from 0): its attention half, and a dense or an MoE MLP.
+    pub fn layer_total(&self, i: u64) -> u64 {
+        match (&self.moe, self.is_moe_layer(i)) {
+            (Some(m), true) => self.layer.attention().saturating_add(m.total()),
+            _ => self.layer.total(),
+        }
+    }
+
+    /// Whether decoder layer `i` (from 0) is an MoE layer.
+    pub fn is_moe_layer(&self, i: u64) -> bool {
+        self.moe_layers.get(i as usize).copied().unwrap_or(false)
+    }
+
+    /// The routed-expert parameters of decoder layers `start .. start + layers` (each whole:
+    /// expert parallelism divides them).
+    pub fn experts_in(&self, start: u64, layers: u64) -> u64 {
+        let Some(m) = &self.moe else { return 0 };
+        let end = start
+            .saturating_add(layers)
+            .min(self.moe_layers.len() as u64);
+        let moe = (start.min(end)..end)
+            .filter(|i| self.is_moe_layer(*i))
+            .count() as u64;
+        m.experts().saturating_mul(moe)
+    }
+
     /// All transformer layers.
     pub fn layers(&self) -> u64 {
-        self.layer.total().saturating_mul(self.num_layers)
+        if self.moe.is_none() {
+            return self.layer.total().saturating_mul(self.num_layers);
+        }
+        (0..self.num_layers)
+            .map(|i| self.layer_total(i))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Parameters a token goes through: the total less the routed experts beyond top-k in
+    /// every MoE layer (decoder and multi-token prediction).
+    pub fn active(&self) -> u64 {
+        let Some(m) = &self.moe else {
+            return self.total();
+        };
+        let moe = self.moe_layers.iter().filter(|x| **x).count() as u64 + self.mtp_moe_layers;
+        self.total()
+            .saturating_sub(m.inactive().saturating_mul(moe))
     }
 
     /// The whole model, each parameter once (a tied output layer is the word embedding).
@@ -167,6 +372,7 @@ impl ParameterBreakdown {
             self.layers(),
             self.final_norm,
             self.output_layer,
+            self.mtp,
         ]
         .into_iter()
         .fold(0, u64::saturating_add)
@@ -177,8 +383,23 @@ impl ParameterBreakdown {
     /// final norm and the output layer. With tied embeddings a last stage that is not also
     /// the first keeps its own copy of the word embeddings as the output weight (Megatron
     /// allocates it and all-reduces its gradient with the first stage).
+    ///
+    /// The stage's layers are taken as the first ones; with dense and MoE layers mixed
+    /// use [`ParameterBreakdown::stage_from`].
     pub fn stage(&self, layers: u64, first: bool, last: bool) -> u64 {
-        let mut n = self.layer.total().saturating_mul(layers);
+        self.stage_from(0, layers, first, last)
+    }
+
+    /// [`ParameterBreakdown::stage`] for the stage holding decoder layers
+    /// `start .. start + layers`; the last stage also holds the multi-token prediction.
+    pub fn stage_from(&self, start: u64, layers: u64, first: bool, last: bool) -> u64 {
+        let mut n = if self.moe.is_none() {
+            self.layer.total().saturating_mul(layers)
+        } else {
+            (start..start.saturating_add(layers))
+                .map(|i| self.layer_total(i))
+                .fold(0, u64::saturating_add)
+        };
         if first {
             n = n.saturating_add(self.embedding());
         }
@@ -190,7 +411,10 @@ impl ParameterBreakdown {
             } else {
                 self.word_embedding
             };
-            n = n.saturating_add(self.final_norm).saturating_add(output);
+            n = n
+                .saturating_add(self.final_norm)
+                .saturating_add(output)
+                .saturating_add(self.mtp);
         }
         n
     }

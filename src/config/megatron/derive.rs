@@ -184,6 +184,12 @@ fn mla(raw: &RawArgs) -> Result<Option<MlaSpec>, ArgsError> {
             "--multi-latent-attention and --group-query-attention are both given (Megatron refuses grouped-query with multi-latent attention: drop one)".to_string(),
         ));
     }
+    if raw.qk_layernorm && raw.q_lora_rank.is_none() {
+        // MLASelfAttention (megatron-core 0.19.2) refuses a query norm it would not use.
+        return Err(contradiction(
+            "--qk-layernorm with --multi-latent-attention needs --q-lora-rank (Megatron refuses a query norm without the query's low-rank latent: add --q-lora-rank or drop --qk-layernorm)".to_string(),
+        ));
+    }
     Ok(Some(MlaSpec {
         q_lora_rank: raw.q_lora_rank,
         kv_lora_rank: raw.kv_lora_rank.unwrap_or(32),
@@ -387,7 +393,10 @@ fn uneven_virtual_pipeline(
             "--num-layers-per-virtual-pipeline-stage {l} cannot be used with --decoder-first/last-pipeline-num-layers (Megatron refuses it: use --num-virtual-stages-per-pipeline-rank)"
         )));
     }
-    let named = raw.first_stage_layers.unwrap_or(0) + raw.last_stage_layers.unwrap_or(0);
+    let named = raw
+        .first_stage_layers
+        .unwrap_or(0)
+        .saturating_add(raw.last_stage_layers.unwrap_or(0));
     let named_stages =
         u64::from(raw.first_stage_layers.is_some()) + u64::from(raw.last_stage_layers.is_some());
     if named > num_layers || (named_stages >= pp && named != num_layers) {

@@ -145,6 +145,16 @@ pub fn settings_from_megatron_args(
     Ok(settings)
 }
 
+/// The model the arguments describe, including the parts the memory and time models do
+/// not price yet (experts, multi-latent attention, multi-token prediction, QK norms): what
+/// parameter counting needs. Planning goes through [`settings_from_megatron_args`].
+pub fn model_from_megatron_args(
+    args: &[String],
+    preset: Option<&str>,
+) -> Result<ModelSpec, ArgsError> {
+    read_settings(args, preset, &[]).map(|s| s.model)
+}
+
 /// Everything the arguments say, including the parts the cost models cannot price yet.
 fn read_settings(
     args: &[String],
