@@ -113,6 +113,41 @@ pub struct TrainingSettings {
     /// `--tp-comm-overlap`: tensor-parallel collectives overlap the GEMMs (Transformer Engine).
     #[serde(default)]
     pub tp_comm_overlap: bool,
+    /// `--fp8-format` / `--fp4-format` and their recipes: the linear layers' GEMMs run in
+    /// FP8 or FP4 (Transformer Engine). The planner never changes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_precision: Option<LowPrecision>,
+}
+
+/// Low-precision GEMMs, as Megatron's `--fp8-*` / `--fp4-*` options say them (names as in
+/// megatron-core's `TransformerConfig`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LowPrecision {
+    pub bits: LowBits,
+    /// `--fp8-format` (`e4m3`, `hybrid`) or `--fp4-format` (`e2m1`).
+    pub format: String,
+    /// `--fp8-recipe` (`delayed`, the default, `tensorwise`, `blockwise`, `mxfp8`,
+    /// `custom`) or `--fp4-recipe` (`nvfp4`, the default, `custom`).
+    pub recipe: String,
+    /// `--fp8-param-gather` / `--fp4-param-gather`: the weights are kept (and all-gathered)
+    /// in the low precision only, so no second copy beside the 16-bit one.
+    pub param_gather: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LowBits {
+    Fp8,
+    Fp4,
+}
+
+impl LowBits {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LowBits::Fp8 => "fp8",
+            LowBits::Fp4 => "fp4",
+        }
+    }
 }
 
 impl TrainingSettings {
@@ -138,6 +173,7 @@ impl TrainingSettings {
             overlap_param_gather: false,
             grad_reduce_in_bf16: false,
             tp_comm_overlap: false,
+            low_precision: None,
         }
     }
 }

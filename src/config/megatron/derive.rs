@@ -5,7 +5,8 @@
 use super::read::{Granularity, RawArgs, Vocabulary};
 use super::{contradiction, ArgsError};
 use crate::config::{
-    presets, ModelSpec, Normalization, PositionEmbedding, Precision, Recompute, TrainingSettings,
+    presets, LowBits, LowPrecision, ModelSpec, Normalization, PositionEmbedding, Precision,
+    Recompute, TrainingSettings,
 };
 
 fn require(raw: &RawArgs, value: Option<u64>, option: &'static str) -> Result<u64, ArgsError> {
@@ -319,5 +320,37 @@ pub(super) fn training_settings(
         overlap_param_gather: raw.overlap_param_gather,
         grad_reduce_in_bf16: raw.grad_reduce_in_bf16,
         tp_comm_overlap: raw.tp_comm_overlap,
+        low_precision: low_precision(raw)?,
     })
+}
+
+/// `--fp8-*` / `--fp4-*`, with Megatron's own rules (validate_args: not both formats; a
+/// recipe or param gather without its format).
+fn low_precision(raw: &RawArgs) -> Result<Option<LowPrecision>, ArgsError> {
+    let lone = |option: &str, format: &str| {
+        Err(contradiction(format!(
+            "{option} is given without {format} (Megatron ignores or refuses it: add {format} \
+             or drop {option})"
+        )))
+    };
+    match (&raw.fp8_format, &raw.fp4_format) {
+        (Some(_), Some(_)) => Err(contradiction(
+            "--fp8-format and --fp4-format are both given (Megatron refuses: choose one)"
+                .to_string(),
+        )),
+        (Some(format), None) => Ok(Some(LowPrecision {
+            bits: LowBits::Fp8,
+            format: format.clone(),
+            recipe: raw.fp8_recipe.clone().unwrap_or_else(|| "delayed".into()),
+            param_gather: raw.fp8_param_gather,
+        })),
+        (None, Some(format)) => Ok(Some(LowPrecision {
+            bits: LowBits::Fp4,
+            format: format.clone(),
+            recipe: raw.fp4_recipe.clone().unwrap_or_else(|| "nvfp4".into()),
+            param_gather: raw.fp4_param_gather,
+        })),
+        (None, None) if raw.fp4_param_gather => lone("--fp4-param-gather", "--fp4-format"),
+        (None, None) => Ok(None),
+    }
 }

@@ -60,6 +60,12 @@ pub(super) struct RawArgs {
     pub(super) overlap_param_gather: bool,
     pub(super) grad_reduce_in_bf16: bool,
     pub(super) tp_comm_overlap: bool,
+    pub(super) fp8_format: Option<String>,
+    pub(super) fp8_recipe: Option<String>,
+    pub(super) fp8_param_gather: bool,
+    pub(super) fp4_format: Option<String>,
+    pub(super) fp4_recipe: Option<String>,
+    pub(super) fp4_param_gather: bool,
     /// Megatron options written with underscores (`--num_layers`): not Megatron's, but
     /// worth a hint when the dashed one is missing.
     pub(super) underscored: Vec<String>,
@@ -149,6 +155,8 @@ fn set_flag(raw: &mut RawArgs, read: Read, option: &str) -> Result<(), ArgsError
         Field::OverlapParamGather => raw.overlap_param_gather = true,
         Field::GradReduceInBf16 => raw.grad_reduce_in_bf16 = true,
         Field::TpCommOverlap => raw.tp_comm_overlap = true,
+        Field::Fp8ParamGather => raw.fp8_param_gather = true,
+        Field::Fp4ParamGather => raw.fp4_param_gather = true,
         _ => {}
     }
     Ok(())
@@ -247,6 +255,19 @@ fn set_value(raw: &mut RawArgs, read: Read, option: &str, value: &str) -> Result
                 RecomputeMethod::from_megatron_name(&choice(&["uniform", "block"])?)
         }
         Field::RecomputeNumLayers => raw.recompute_num_layers = Some(positive()?),
+        // The choices of megatron-core's TransformerConfig (fp8, fp8_recipe, fp4, fp4_recipe).
+        Field::Fp8Format => raw.fp8_format = Some(choice(&["e4m3", "hybrid"])?),
+        Field::Fp8Recipe => {
+            raw.fp8_recipe = Some(choice(&[
+                "tensorwise",
+                "delayed",
+                "mxfp8",
+                "blockwise",
+                "custom",
+            ])?)
+        }
+        Field::Fp4Format => raw.fp4_format = Some(choice(&["e2m1"])?),
+        Field::Fp4Recipe => raw.fp4_recipe = Some(choice(&["nvfp4", "custom"])?),
         Field::Save => raw.save = Some(value.to_string()),
         Field::Load => raw.load = Some(value.to_string()),
         Field::SaveInterval => raw.save_interval = Some(positive()?),
@@ -326,6 +347,12 @@ pub(super) fn merge(preset: RawArgs, user: RawArgs) -> RawArgs {
         overlap_param_gather: user.overlap_param_gather || preset.overlap_param_gather,
         grad_reduce_in_bf16: user.grad_reduce_in_bf16 || preset.grad_reduce_in_bf16,
         tp_comm_overlap: user.tp_comm_overlap || preset.tp_comm_overlap,
+        fp8_format: user.fp8_format.or(preset.fp8_format),
+        fp8_recipe: user.fp8_recipe.or(preset.fp8_recipe),
+        fp8_param_gather: user.fp8_param_gather || preset.fp8_param_gather,
+        fp4_format: user.fp4_format.or(preset.fp4_format),
+        fp4_recipe: user.fp4_recipe.or(preset.fp4_recipe),
+        fp4_param_gather: user.fp4_param_gather || preset.fp4_param_gather,
         underscored: user.underscored,
     }
 }
