@@ -776,6 +776,7 @@ fn round_trip_is_identity() {
     measured.nodes.push(NodeProfile {
         host: "spare".into(),
         gpus: GpuInventory::Unknown,
+        nvlink_domain: None,
     });
     let mut node_links = LinkMatrix::uniform(3, 23.5, Provenance::new(Source::Estimated));
     node_links.set(2, 0, 1e-3);

@@ -113,6 +113,7 @@ pub(crate) fn check(file: ProfileFile, origin: &str) -> Result<ClusterProfile, P
         nodes.push(NodeProfile {
             host: node.host,
             gpus,
+            nvlink_domain: node.nvlink_domain.filter(|d| !d.trim().is_empty()),
         });
     }
 

@@ -47,6 +47,7 @@ fn cluster(nodes: usize, per_node: usize, intra: f64, inter: f64) -> ClusterProf
                         .collect(),
                     links: LinkMatrix::uniform(per_node, intra, p.clone()),
                 },
+                nvlink_domain: None,
             })
             .collect(),
         node_links: LinkMatrix::uniform(nodes, inter, p),
@@ -1105,4 +1106,28 @@ fn fp8_runs_the_linear_gemms_at_the_kinds_fp8_rate_and_pays_for_quantising() {
     assert_eq!(b, GpuKind::Blackwell);
     let fp4 = b.low_precision_speedup(LowBits::Fp4).unwrap();
     assert!((fp4 / b.low_precision_speedup(LowBits::Fp8).unwrap() - 2.0).abs() < 1e-12);
+}
+
+#[test]
+fn nodes_of_one_nvlink_domain_talk_at_nvlink_rates_over_no_nic() {
+    // tp 4 over two nodes of two GPUs: across nodes one link (20 GB/s) unless the nodes
+    // share an NVLink domain, where the GPU-pair rate (200) holds and no NIC share applies.
+    let config = ParallelConfig::even(8, 4, 1, 1, 1);
+    let mut case = Case::new(cluster(2, 2, 200.0, 20.0), config, 4);
+    case.cluster.node_links.nics_per_node = Some(4);
+    let apart = case.run(TimeModel::Pipette);
+    assert_eq!(apart.stages[0].tp_link.as_ref().unwrap().gb_per_s, 80.0);
+    for node in &mut case.cluster.nodes {
+        node.nvlink_domain = Some("rack-0".into());
+    }
+    let together = case.run(TimeModel::Pipette);
+    assert_eq!(together.stages[0].tp_link.as_ref().unwrap().gb_per_s, 200.0);
+    assert!(together.iteration_ms < apart.iteration_ms);
+    assert_eq!(together.iteration_ms, case.fast());
+    // Another domain: the network again.
+    case.cluster.nodes[1].nvlink_domain = Some("rack-1".into());
+    assert_eq!(
+        case.run(TimeModel::Pipette).iteration_ms,
+        apart.iteration_ms
+    );
 }
