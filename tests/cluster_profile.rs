@@ -12,10 +12,13 @@ use pipette::cluster::{ClusterProfile, ProfileError};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-const EXAMPLES: [&str; 8] = [
+const EXAMPLES: [&str; 11] = [
     "a100-2x8.json",
     "a100-4x8-degraded.json",
     "a100-v100-mixed-4x8.json",
+    "dgx-b200-16x8.json",
+    "dgx-h200-16x8.json",
+    "gb200-nvl72-4racks.json",
     "h100-128x8.json",
     "h100-16x8.json",
     "h100-a100-mixed-4x8.json",
@@ -663,7 +666,7 @@ fn schema_version_and_field_names_are_checked() {
     );
     let mut typo = base();
     typo["nodes"][0]["gpu_link"] = json!({});
-    assert_error(&typo, "cluster.json: nodes[0].gpu_link is not a field of a node (its fields are host, gpus, gpu_links; check the spelling)");
+    assert_error(&typo, "cluster.json: nodes[0].gpu_link is not a field of a node (its fields are host, gpus, gpu_links, nvlink_domain; check the spelling)");
     assert_error(
         &set(base(), "/node_links/provenance/source", json!("guessed")),
         "node_links.provenance.source is \"guessed\" (write one of \"measured\", \"datasheet\", \"imported\", \"estimated\")",
@@ -776,6 +779,7 @@ fn round_trip_is_identity() {
     measured.nodes.push(NodeProfile {
         host: "spare".into(),
         gpus: GpuInventory::Unknown,
+        nvlink_domain: None,
     });
     let mut node_links = LinkMatrix::uniform(3, 23.5, Provenance::new(Source::Estimated));
     node_links.set(2, 0, 1e-3);
@@ -929,4 +933,25 @@ fn pointers(value: &Value, at: &str) -> Vec<String> {
         _ => {}
     }
     out
+}
+
+/// The GB200 NVL72 example: 4 racks of 18 trays of 4 GPUs, each rack one NVLink domain,
+/// four NICs per tray; FP8 and FP4 peaks from the datasheet.
+#[test]
+fn the_gb200_nvl72_example_has_four_domains_of_eighteen_trays() {
+    let p = example("gb200-nvl72-4racks.json");
+    assert_eq!((p.nodes.len(), p.gpu_count()), (72, Some(288)));
+    let mut domains: Vec<&str> = p
+        .nodes
+        .iter()
+        .map(|n| n.nvlink_domain.as_deref().unwrap())
+        .collect();
+    domains.dedup();
+    assert_eq!(domains.len(), 4);
+    assert!(p.nodes[..18]
+        .iter()
+        .all(|n| n.nvlink_domain == p.nodes[0].nvlink_domain));
+    assert_eq!(p.node_links.nics_per_node, Some(4));
+    let peak = p.nodes[0].gpus().unwrap()[0].peak_tflops;
+    assert_eq!((peak.fp8, peak.fp4), (Some(5000.0), Some(10000.0)));
 }

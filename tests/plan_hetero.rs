@@ -288,6 +288,7 @@ fn mixed_cluster(kinds: &[(usize, usize)]) -> ClusterProfile {
                     gpus,
                     links: LinkMatrix::uniform(4, 200.0, Provenance::new(Source::Estimated)),
                 },
+                nvlink_domain: None,
             });
         }
     }

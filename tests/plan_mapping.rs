@@ -112,6 +112,7 @@ fn random_cluster(
                     gpus: (0..g).map(|i| a100(i as u32)).collect(),
                     links,
                 },
+                nvlink_domain: None,
             }
         })
         .collect();

@@ -268,3 +268,17 @@ fn nic_counts_of_real_layouts() {
         .unwrap();
     assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
 }
+
+/// The NVLink domain from `nvidia-smi -q`'s fabric block, captured on a GB200 tray, and
+/// none from a node whose fabric registration failed (zero cluster UUID, clique 0) or
+/// from output without a fabric block (an older GPU).
+#[test]
+fn nvlink_domain_from_the_fabric_block() {
+    use pipette::measure::inventory::parse_fabric;
+    assert_eq!(
+        parse_fabric(&fixture("gb200-fabric-q.txt")).as_deref(),
+        Some("dc6e40c4-d722-4357-9ba6-5291dd461278/2")
+    );
+    assert_eq!(parse_fabric(&fixture("fabric-insufficient-q.txt")), None);
+    assert_eq!(parse_fabric(&fixture("v100-sxm2-8x-topo.txt")), None);
+}

@@ -104,6 +104,7 @@ pub fn mixed(kinds: &[NodeKind], per_node: usize, seed: u64) -> ClusterProfile {
                         .collect(),
                     links: LinkMatrix::from_rows(&gpu_rows, provenance.clone()).expect("square"),
                 },
+                nvlink_domain: None,
             }
         })
         .collect();

@@ -259,6 +259,7 @@ fn finish(
             .map(|host| NodeProfile {
                 host,
                 gpus: GpuInventory::Unknown,
+                nvlink_domain: None,
             })
             .collect(),
     };

@@ -151,6 +151,10 @@ pub struct TrainingSettings {
     pub first_stage_layers: Option<u64>,
     #[serde(default)]
     pub last_stage_layers: Option<u64>,
+    /// `--fp8-format` / `--fp4-format` and their recipes: the linear layers' GEMMs run in
+    /// FP8 or FP4 (Transformer Engine). The planner never changes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_precision: Option<LowPrecision>,
 }
 
 fn default_recompute_modules() -> Vec<RecomputeModule> {
@@ -159,6 +163,37 @@ fn default_recompute_modules() -> Vec<RecomputeModule> {
 
 fn one() -> u64 {
     1
+}
+
+/// Low-precision GEMMs, as Megatron's `--fp8-*` / `--fp4-*` options say them (names as in
+/// megatron-core's `TransformerConfig`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LowPrecision {
+    pub bits: LowBits,
+    /// `--fp8-format` (`e4m3`, `hybrid`) or `--fp4-format` (`e2m1`).
+    pub format: String,
+    /// `--fp8-recipe` (`delayed`, the default, `tensorwise`, `blockwise`, `mxfp8`,
+    /// `custom`) or `--fp4-recipe` (`nvfp4`, the default, `custom`).
+    pub recipe: String,
+    /// `--fp8-param-gather` / `--fp4-param-gather`: the weights are kept (and all-gathered)
+    /// in the low precision only, so no second copy beside the 16-bit one.
+    pub param_gather: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LowBits {
+    Fp8,
+    Fp4,
+}
+
+impl LowBits {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LowBits::Fp8 => "fp8",
+            LowBits::Fp4 => "fp4",
+        }
+    }
 }
 
 impl TrainingSettings {
@@ -189,6 +224,7 @@ impl TrainingSettings {
             expert_tensor_parallel: None,
             first_stage_layers: None,
             last_stage_layers: None,
+            low_precision: None,
         }
     }
 }

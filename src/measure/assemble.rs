@@ -319,6 +319,7 @@ pub(super) fn assemble(
         nodes.push(NodeProfile {
             host: node.host.clone(),
             gpus: GpuInventory::Known { gpus, links },
+            nvlink_domain: inv.nvlink_domain.clone(),
         });
     }
     let node_links = match node_pairs {

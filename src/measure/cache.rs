@@ -175,6 +175,7 @@ mod tests {
             nodes: vec![NodeProfile {
                 host: "n1".into(),
                 gpus: GpuInventory::Unknown,
+                nvlink_domain: None,
             }],
             node_links: LinkMatrix::uniform(1, 1.0, Provenance::new(Source::Measured)),
         };

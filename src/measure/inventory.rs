@@ -275,6 +275,61 @@ pub fn parse_topology(text: &str) -> Result<Topology, ParseError> {
     Ok(Topology { gpus, classes })
 }
 
+/// `nvidia-smi` arguments that print every GPU's details, the `Fabric` block among them
+/// (what [`parse_fabric`] reads).
+pub const QUERY_ALL_ARGS: [&str; 1] = ["-q"];
+
+/// The NVLink domain `nvidia-smi -q` reports for a node: `CLUSTERUUID/CLIQUEID` of the
+/// first GPU whose `Fabric` block says `State : Completed` and `Status : Success` with a
+/// cluster UUID that is not all zeros (NVML's rule: the status counts only once the state
+/// is complete; a zero UUID is what non-MNNVL GPUs such as the H100 report). `None`: no
+/// such block (no multi-node NVLink, or its registration failed).
+pub fn parse_fabric(text: &str) -> Option<String> {
+    let mut in_fabric = false;
+    let (mut state, mut status, mut clique, mut cluster) = (None, None, None, None);
+    let mut found = None;
+    let mut finish = |state: &mut Option<String>,
+                      status: &mut Option<String>,
+                      clique: &mut Option<String>,
+                      cluster: &mut Option<String>| {
+        let ok = state.as_deref() == Some("Completed") && status.as_deref() == Some("Success");
+        if let (true, Some(c), Some(u)) = (ok, clique.take(), cluster.take()) {
+            let zero = u.chars().all(|ch| ch == '0' || ch == '-');
+            if !zero && found.is_none() {
+                found = Some(format!("{u}/{c}"));
+            }
+        }
+        *state = None;
+        *status = None;
+        *clique = None;
+        *cluster = None;
+    };
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed == "Fabric" {
+            finish(&mut state, &mut status, &mut clique, &mut cluster);
+            in_fabric = true;
+            continue;
+        }
+        if !in_fabric {
+            continue;
+        }
+        let Some((key, value)) = trimmed.split_once(':') else {
+            continue;
+        };
+        let value = Some(value.trim().to_owned());
+        match key.trim() {
+            "State" => state = value,
+            "Status" => status = value,
+            "CliqueId" => clique = value,
+            "ClusterUUID" => cluster = value,
+            _ => {}
+        }
+    }
+    finish(&mut state, &mut status, &mut clique, &mut cluster);
+    found
+}
+
 /// Removes ANSI escape sequences (`ESC [ ... letter`, and lone `ESC x`).
 fn strip_ansi(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -572,6 +627,9 @@ pub struct NodeInventory {
     /// The node's RDMA ports (`/sys/class/infiniband`, see [`super::nics`]); empty on CPU
     /// nodes and where none are listed.
     pub rdma_ports: Vec<super::nics::RdmaPort>,
+    /// The node's NVLink domain ([`parse_fabric`]); `None` on CPU nodes and where the
+    /// NVLink ends at the node.
+    pub nvlink_domain: Option<String>,
     /// Things worth telling the user (a topology that could not be read, ...).
     pub warnings: Vec<String>,
 }
@@ -696,10 +754,18 @@ pub fn take_inventory(
         Err(e) => return Err(e.into()),
     };
     let rdma_ports = rdma_ports(request, host, &mut warnings)?;
+    // A failing `-q` only leaves the domain unknown: the node's NVLink ends at the node.
+    let query = NodeCommand::new(request.nvidia_smi).args(QUERY_ALL_ARGS);
+    let nvlink_domain = match exec::run(request.transport, host, &query, request.timeout) {
+        Ok(o) if o.status.success() => parse_fabric(&o.stdout_text()),
+        Ok(_) => None,
+        Err(e) => return Err(e.into()),
+    };
     Ok(NodeInventory {
         host: host.to_owned(),
         devices: NodeDevices::Gpus { gpus, topology },
         rdma_ports,
+        nvlink_domain,
         warnings,
     })
 }
@@ -791,6 +857,7 @@ fn cpu_inventory(
             model,
         },
         rdma_ports: Vec::new(),
+        nvlink_domain: None,
         warnings: Vec::new(),
     })
 }

@@ -602,6 +602,7 @@ mod tests {
                 .map(|h| NodeProfile {
                     host: (*h).into(),
                     gpus: GpuInventory::Unknown,
+                    nvlink_domain: None,
                 })
                 .collect(),
             node_links: m,
@@ -623,6 +624,7 @@ mod tests {
                 model: "Xeon".into(),
             },
             rdma_ports: vec![],
+            nvlink_domain: None,
             warnings: vec![],
         }
     }
@@ -809,6 +811,7 @@ mod tests {
                 topology: None,
             },
             rdma_ports: vec![],
+            nvlink_domain: None,
             warnings: vec![],
         };
         let err = backend_of(&[gpu, cpu_node("c")]).unwrap_err();

@@ -95,7 +95,7 @@ use serde::{Deserialize, Serialize};
 use super::calibration::Calibration;
 use super::parallel::ParallelConfig;
 use super::params::ParameterBreakdown;
-use crate::config::{ModelSpec, Precision, Recompute, RecomputeMethod, TrainingSettings};
+use crate::config::{LowBits, ModelSpec, Precision, Recompute, RecomputeMethod, TrainingSettings};
 
 /// Memory per GPU of every pipeline stage of one configuration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -190,6 +190,32 @@ pub enum AttentionKernel {
 
 /// Bytes per parameter of the weights, the gradient buffer and the optimizer state
 /// (before any distributed-optimizer sharding), for Adam (see the module doc's table).
+/// The low-precision weight copies Transformer Engine keeps beside the 16-bit weights of
+/// a stage's `layers` transformer layers under `--fp8-format` / `--fp4-format`: each linear
+/// layer's weight quantised row-wise and column-wise (the transposed copy the backward
+/// GEMMs read), one byte each in FP8, half a byte plus an FP8 scale per 16 in NVFP4. With
+/// `--fp8-param-gather` the low-precision weight replaces the 16-bit one, so the copies
+/// cost about what the 16-bit weight did: nothing extra (Megatron-LM #2063 reports MXFP8
+/// param gather costing more on GB200; not modelled). The output layer stays 16-bit.
+fn low_precision_copy_bytes(
+    model: &ModelSpec,
+    training: &TrainingSettings,
+    tp: u64,
+    layers: u64,
+) -> u64 {
+    let Some(low) = training.low_precision.as_ref().filter(|l| !l.param_gather) else {
+        return 0;
+    };
+    let per_byte = match low.bits {
+        LowBits::Fp8 => 2.0,
+        LowBits::Fp4 => 2.0 * (0.5 + 1.0 / 16.0),
+    };
+    let l = ParameterBreakdown::new(model, tp).layer;
+    let linear = (l.qkv + l.attention_output + l.mlp_up + l.mlp_down) as f64 / tp.max(1) as f64;
+    // Far below u64::MAX for any model that fits a GPU; `as` saturates beyond.
+    (linear * layers as f64 * per_byte) as u64
+}
+
 pub fn bytes_per_parameter(precision: Precision) -> (u64, u64, u64) {
     match precision {
         Precision::Bf16 => (2, 4, 12),
@@ -340,7 +366,8 @@ pub fn estimate_memory_with(
             );
             let weights_and_optimizer_bytes = weight_bytes
                 .saturating_add(gradient_bytes)
-                .saturating_add(optimizer_bytes);
+                .saturating_add(optimizer_bytes)
+                .saturating_add(low_precision_copy_bytes(model, training, tp, layers));
 
             let in_flight = in_flight_microbatches(pp, i as u64, m, v);
             let k = in_flight as f64;
@@ -663,6 +690,35 @@ mod tests {
 
     fn estimate(model: &ModelSpec, global: u64, config: &ParallelConfig) -> MemoryEstimate {
         estimate_memory(model, &training(global), config, &no_calibration())
+    }
+
+    #[test]
+    fn fp8_weight_copies_cost_two_bytes_per_linear_weight_unless_gathered_in_fp8() {
+        use crate::config::LowPrecision;
+        let model = llama_like();
+        let config = ParallelConfig::even(model.num_layers, 2, 2, 1, 1);
+        let base = estimate_memory(&model, &training(8), &config, &no_calibration());
+        let fp8 = |param_gather| {
+            let mut t = training(8);
+            t.low_precision = Some(LowPrecision {
+                bits: LowBits::Fp8,
+                format: "hybrid".into(),
+                recipe: "delayed".into(),
+                param_gather,
+            });
+            estimate_memory(&model, &t, &config, &no_calibration())
+        };
+        let l = ParameterBreakdown::new(&model, 2).layer;
+        let linear = (l.qkv + l.attention_output + l.mlp_up + l.mlp_down) / 2;
+        for (b, f) in base.stages.iter().zip(&fp8(false).stages) {
+            assert_eq!(
+                f.weights_and_optimizer_bytes - b.weights_and_optimizer_bytes,
+                2 * linear * 16,
+                "16 layers a stage, an FP8 and a transposed copy of each linear weight"
+            );
+            assert_eq!(f.activation_bytes, b.activation_bytes);
+        }
+        assert_eq!(fp8(true).stages, base.stages, "--fp8-param-gather");
     }
 
     #[test]

@@ -341,6 +341,7 @@ mod tests {
                             .collect(),
                         links: LinkMatrix::uniform(2, 200.0, p.clone()),
                     },
+                    nvlink_domain: None,
                 })
                 .collect(),
             node_links: LinkMatrix::uniform(nodes.len(), 20.0, p),

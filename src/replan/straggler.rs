@@ -140,6 +140,7 @@ mod tests {
                 gpus: vec![a100(0), a100(1)],
                 links: LinkMatrix::uniform(2, 240.0, Provenance::new(Source::Estimated)),
             },
+            nvlink_domain: None,
         }
     }
 

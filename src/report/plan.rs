@@ -179,6 +179,16 @@ fn headline(plan: &Plan) -> String {
             with_stated_error(e.iteration_ms, e.time.model), e.time.microbatches,
         )),
     }
+    if let Some(b) = &e.in_16_bit {
+        out.push_str(&format!(
+            "  {}: the same plan in BF16 would take {:.1} ms per iteration ({:.2}x this \
+             plan's time) and {:.1} GiB at its peak\n",
+            b.low_precision,
+            b.iteration_ms,
+            b.iteration_ms / e.iteration_ms,
+            b.peak_memory_bytes as f64 / GIB
+        ));
+    }
     let gain_of = |ms: f64| {
         if plan.baseline_mapping_ms > 0.0 {
             (plan.baseline_mapping_ms - ms) / plan.baseline_mapping_ms * 100.0

@@ -127,6 +127,9 @@ pub fn candidate_plan(
             usable_memory_bytes: plan.estimate.usable_memory_bytes,
             time,
             memory,
+            // Not costed again for a runner-up the trial picked: the plan report then
+            // leaves the 16-bit comparison out.
+            in_16_bit: None,
         },
         baseline_mapping_ms: ranked.iteration_ms,
         placement: ranked.placement.clone(),

@@ -98,10 +98,12 @@ pub(crate) mod tests {
                 NodeProfile {
                     host: "n0".into(),
                     gpus: gpus.clone(),
+                    nvlink_domain: None,
                 },
                 NodeProfile {
                     host: "n1".into(),
                     gpus,
+                    nvlink_domain: None,
                 },
             ],
             node_links: LinkMatrix::from_rows(
@@ -170,6 +172,7 @@ pub(crate) mod tests {
             .map(|i| NodeProfile {
                 host: format!("n{i}"),
                 gpus: GpuInventory::Unknown,
+                nvlink_domain: None,
             })
             .collect()
     }
@@ -323,6 +326,26 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn nvlink_domains_read_back_and_are_left_out_when_none() {
+        let mut profile = two_nodes();
+        assert!(!profile.to_json_pretty().contains("nvlink_domain"));
+        profile.nodes[0].nvlink_domain = Some("rack-0".into());
+        let text = profile.to_json_pretty();
+        assert!(text.contains("\"nvlink_domain\": \"rack-0\""), "{text}");
+        assert_eq!(
+            ClusterProfile::from_json_str(&text, "d.json").unwrap(),
+            profile
+        );
+        let picked = profile
+            .subset(&[NodeSelection {
+                host: "n0",
+                devices: DeviceSelection::All,
+            }])
+            .unwrap();
+        assert_eq!(picked.nodes[0].nvlink_domain.as_deref(), Some("rack-0"));
+    }
+
+    #[test]
     fn nics_per_node_reads_back_and_belongs_to_node_links() {
         let mut profile = two_nodes();
         profile.node_links.nics_per_node = Some(4);
@@ -356,6 +379,7 @@ pub(crate) mod tests {
             .map(|i| NodeProfile {
                 host: format!("n{i}"),
                 gpus: GpuInventory::Unknown,
+                nvlink_domain: None,
             })
             .collect();
         let text = profile.to_json_pretty();

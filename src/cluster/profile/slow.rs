@@ -273,6 +273,7 @@ mod tests {
                         gpus: vec![cpu(0, *tflops)],
                         links: LinkMatrix::uniform(1, 1.0, measured()),
                     },
+                    nvlink_domain: None,
                 })
                 .collect(),
             node_links: LinkMatrix::uniform(n, 2.5, node_links),

@@ -204,6 +204,11 @@ pub struct NodeProfile {
     /// The host name the launcher reaches the node by.
     pub host: String,
     pub gpus: GpuInventory,
+    /// The NVLink fabric the node's GPUs belong to beyond the node (`nvidia-smi -q`'s
+    /// fabric ClusterUUID and CliqueId: an NVL72 rack): nodes with the same id reach each
+    /// other's GPUs at their `gpu_links` rates, over no NIC. `None`: the node's NVLink ends
+    /// at the node.
+    pub nvlink_domain: Option<String>,
 }
 
 /// What a profile knows of a node's GPUs.
@@ -896,6 +901,7 @@ impl ClusterProfile {
             nodes.push(NodeProfile {
                 host: want.host.to_string(),
                 gpus,
+                nvlink_domain: node.nvlink_domain.clone(),
             });
             index.push(i);
         }
@@ -952,6 +958,8 @@ pub(crate) struct NodeFile {
     pub gpus: GpusFile,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_links: Option<LinksFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<String>,
 }
 
 /// `"gpus"`: a list, or the string `"unknown"`.
@@ -1070,11 +1078,13 @@ impl From<&ClusterProfile> for ProfileFile {
                         host: node.host.clone(),
                         gpus: GpusFile::Unknown,
                         gpu_links: None,
+                        nvlink_domain: node.nvlink_domain.clone(),
                     },
                     GpuInventory::Known { gpus, links } => NodeFile {
                         host: node.host.clone(),
                         gpus: GpusFile::List(gpus.clone()),
                         gpu_links: Some(links.into()),
+                        nvlink_domain: node.nvlink_domain.clone(),
                     },
                 })
                 .collect(),

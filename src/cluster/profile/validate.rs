@@ -116,6 +116,7 @@ pub(crate) fn check(file: ProfileFile, origin: &str) -> Result<ClusterProfile, P
         nodes.push(NodeProfile {
             host: node.host,
             gpus,
+            nvlink_domain: node.nvlink_domain.filter(|d| !d.trim().is_empty()),
         });
     }
 

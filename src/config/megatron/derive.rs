@@ -5,8 +5,9 @@
 use super::read::{Granularity, RawArgs, Vocabulary};
 use super::{contradiction, ArgsError};
 use crate::config::{
-    presets, Dispatcher, DropPolicy, LoadBalancing, MlaSpec, ModelSpec, MoeSpec, Normalization,
-    PositionEmbedding, Precision, Recompute, RecomputeModule, TrainingSettings,
+    presets, Dispatcher, DropPolicy, LoadBalancing, LowBits, LowPrecision, MlaSpec, ModelSpec,
+    MoeSpec, Normalization, PositionEmbedding, Precision, Recompute, RecomputeModule,
+    TrainingSettings,
 };
 
 fn require(raw: &RawArgs, value: Option<u64>, option: &'static str) -> Result<u64, ArgsError> {
@@ -469,5 +470,37 @@ pub(super) fn training_settings(
         expert_tensor_parallel: raw.expert_tensor_parallel,
         first_stage_layers: raw.first_stage_layers,
         last_stage_layers: raw.last_stage_layers,
+        low_precision: low_precision(raw)?,
     })
+}
+
+/// `--fp8-*` / `--fp4-*`, with Megatron's own rules (validate_args: not both formats; a
+/// recipe or param gather without its format).
+fn low_precision(raw: &RawArgs) -> Result<Option<LowPrecision>, ArgsError> {
+    let lone = |option: &str, format: &str| {
+        Err(contradiction(format!(
+            "{option} is given without {format} (Megatron ignores or refuses it: add {format} \
+             or drop {option})"
+        )))
+    };
+    match (&raw.fp8_format, &raw.fp4_format) {
+        (Some(_), Some(_)) => Err(contradiction(
+            "--fp8-format and --fp4-format are both given (Megatron refuses: choose one)"
+                .to_string(),
+        )),
+        (Some(format), None) => Ok(Some(LowPrecision {
+            bits: LowBits::Fp8,
+            format: format.clone(),
+            recipe: raw.fp8_recipe.clone().unwrap_or_else(|| "delayed".into()),
+            param_gather: raw.fp8_param_gather,
+        })),
+        (None, Some(format)) => Ok(Some(LowPrecision {
+            bits: LowBits::Fp4,
+            format: format.clone(),
+            recipe: raw.fp4_recipe.clone().unwrap_or_else(|| "nvfp4".into()),
+            param_gather: raw.fp4_param_gather,
+        })),
+        (None, None) if raw.fp4_param_gather => lone("--fp4-param-gather", "--fp4-format"),
+        (None, None) => Ok(None),
+    }
 }

@@ -115,6 +115,12 @@ pub enum Field {
     RecomputeModules,
     DecoderFirstPipelineNumLayers,
     DecoderLastPipelineNumLayers,
+    Fp8Format,
+    Fp8Recipe,
+    Fp8ParamGather,
+    Fp4Format,
+    Fp4Recipe,
+    Fp4ParamGather,
 }
 
 /// What rewriting the arguments for a plan does with an option.
@@ -278,6 +284,12 @@ pub const OPTIONS: &[MegatronOption] = {
         flag("overlap-param-gather-with-optimizer-step", Ignored)
             .rewritten(Rewrite::Needs(VirtualStagesAndDistributedOptimizer)),
         flag("grad-reduce-in-bf16", Setting(GradReduceInBf16)),
+        value("fp8-format", Setting(Fp8Format)),
+        value("fp8-recipe", Setting(Fp8Recipe)),
+        flag("fp8-param-gather", Setting(Fp8ParamGather)),
+        value("fp4-format", Setting(Fp4Format)),
+        value("fp4-recipe", Setting(Fp4Recipe)),
+        flag("fp4-param-gather", Setting(Fp4ParamGather)),
         flag("tp-comm-overlap", Setting(TpCommOverlap))
             .rewritten(Rewrite::Needs(SequenceParallelism)),
         flag("distribute-saved-activations", Ignored)

@@ -93,6 +93,12 @@ pub(super) struct RawArgs {
     /// Options the planner does not model (`Read::Unsupported` at a value other than the
     /// neutral one), as written, with what they change: such a run is launched unplanned.
     pub(super) unmodelled: Vec<(String, &'static str)>,
+    pub(super) fp8_format: Option<String>,
+    pub(super) fp8_recipe: Option<String>,
+    pub(super) fp8_param_gather: bool,
+    pub(super) fp4_format: Option<String>,
+    pub(super) fp4_recipe: Option<String>,
+    pub(super) fp4_param_gather: bool,
     /// Megatron options written with underscores (`--num_layers`): not Megatron's, but
     /// worth a hint when the dashed one is missing.
     pub(super) underscored: Vec<String>,
@@ -187,6 +193,8 @@ fn set_flag(raw: &mut RawArgs, read: Read, option: &str) -> Result<(), ArgsError
         Field::OverlapParamGather => raw.overlap_param_gather = true,
         Field::GradReduceInBf16 => raw.grad_reduce_in_bf16 = true,
         Field::TpCommOverlap => raw.tp_comm_overlap = true,
+        Field::Fp8ParamGather => raw.fp8_param_gather = true,
+        Field::Fp4ParamGather => raw.fp4_param_gather = true,
         _ => {}
     }
     Ok(())
@@ -281,6 +289,19 @@ fn set_value(raw: &mut RawArgs, read: Read, option: &str, value: &str) -> Result
                 RecomputeMethod::from_megatron_name(&choice(&["uniform", "block"])?)
         }
         Field::RecomputeNumLayers => raw.recompute_num_layers = Some(positive()?),
+        // The choices of megatron-core's TransformerConfig (fp8, fp8_recipe, fp4, fp4_recipe).
+        Field::Fp8Format => raw.fp8_format = Some(choice(&["e4m3", "hybrid"])?),
+        Field::Fp8Recipe => {
+            raw.fp8_recipe = Some(choice(&[
+                "tensorwise",
+                "delayed",
+                "mxfp8",
+                "blockwise",
+                "custom",
+            ])?)
+        }
+        Field::Fp4Format => raw.fp4_format = Some(choice(&["e2m1"])?),
+        Field::Fp4Recipe => raw.fp4_recipe = Some(choice(&["nvfp4", "custom"])?),
         Field::Save => raw.save = Some(value.to_string()),
         Field::Load => raw.load = Some(value.to_string()),
         Field::SaveInterval => raw.save_interval = Some(positive()?),
@@ -495,6 +516,12 @@ pub(super) fn merge(preset: RawArgs, user: RawArgs) -> RawArgs {
         first_stage_layers: user.first_stage_layers.or(preset.first_stage_layers),
         last_stage_layers: user.last_stage_layers.or(preset.last_stage_layers),
         unmodelled: [preset.unmodelled, user.unmodelled].concat(),
+        fp8_format: user.fp8_format.or(preset.fp8_format),
+        fp8_recipe: user.fp8_recipe.or(preset.fp8_recipe),
+        fp8_param_gather: user.fp8_param_gather || preset.fp8_param_gather,
+        fp4_format: user.fp4_format.or(preset.fp4_format),
+        fp4_recipe: user.fp4_recipe.or(preset.fp4_recipe),
+        fp4_param_gather: user.fp4_param_gather || preset.fp4_param_gather,
         underscored: user.underscored,
     }
 }

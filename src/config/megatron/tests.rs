@@ -319,6 +319,30 @@ fn vocabulary_from_tokenizers() {
 }
 
 #[test]
+fn low_precision_options_are_read_with_megatrons_names_and_defaults() {
+    use crate::config::{LowBits, LowPrecision};
+    let low = |args: &str| settings(args).unwrap().training.low_precision;
+    assert_eq!(low("--bf16"), None);
+    assert_eq!(
+        low("--bf16 --fp8-format hybrid"),
+        Some(LowPrecision {
+            bits: LowBits::Fp8,
+            format: "hybrid".into(),
+            recipe: "delayed".into(),
+            param_gather: false,
+        })
+    );
+    let mx = low("--bf16 --fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather").unwrap();
+    assert_eq!((mx.recipe.as_str(), mx.param_gather), ("mxfp8", true));
+    let fp4 = low("--bf16 --fp4-format e2m1").unwrap();
+    assert_eq!((fp4.bits, fp4.recipe.as_str()), (LowBits::Fp4, "nvfp4"));
+    let text = contradiction_text("--bf16 --fp8-format hybrid --fp4-format e2m1");
+    assert!(text.contains("choose one"), "{text}");
+    assert!(contradiction_text("--bf16 --fp4-param-gather").contains("--fp4-format"));
+    assert!(settings("--bf16 --fp8-recipe fast").is_err());
+}
+
+#[test]
 fn precision_flags() {
     assert_eq!(
         settings("--bf16").unwrap().training.precision,

@@ -204,6 +204,7 @@ impl ConfigCosts {
             act_bytes,
             attention: options.attention,
             fused_softmax: fused_softmax_available(model, config.micro_batch, config.tp),
+            low_precision: training.low_precision.as_ref().map(|l| l.bits),
         };
         let slow_softmax = options.attention == AttentionKernel::Unfused && !shape.fused_softmax;
         // Per stage: (all-reduce pairs, single collectives) of the tp latencies.

@@ -60,7 +60,7 @@ pub(super) fn ring_bottleneck<F: Fabric + ?Sized>(fabric: &F, group: &[Device]) 
         let next = if i + 1 == n { 0 } else { i + 1 };
         let (a, b) = (group[i], group[next]);
         let mut bw = fabric.gb_per_s(a, b);
-        if a.node != b.node {
+        if fabric.over_network(a.node, b.node) {
             let on = |node: usize| group.iter().filter(|d| d.node == node).count();
             bw *= fabric
                 .nic_share(a.node, on(a.node))
@@ -80,7 +80,7 @@ pub(super) fn ring_bottleneck<F: Fabric + ?Sized>(fabric: &F, group: &[Device]) 
 #[inline]
 pub fn dp_ring_link<F: Fabric + ?Sized>(fabric: &F, a: Device, b: Device, tp: usize) -> f64 {
     let bw = fabric.gb_per_s(a, b);
-    if a.node == b.node {
+    if !fabric.over_network(a.node, b.node) {
         bw
     } else {
         bw * fabric

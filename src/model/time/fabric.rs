@@ -44,6 +44,11 @@ pub trait Fabric {
     /// rank), so each holds `GPUs / tp` of them: [`Fabric::nic_share`] of that many. One
     /// when the profile does not know the NICs.
     fn dp_ring_nic_share(&self, node: usize, tp: usize) -> f64;
+    /// Whether traffic between GPUs of nodes `a` and `b` goes through the nodes' NICs:
+    /// distinct nodes outside one NVLink domain.
+    fn over_network(&self, a: usize, b: usize) -> bool {
+        a != b
+    }
 }
 
 /// What the per-operation costs need of one GPU.
@@ -107,6 +112,8 @@ pub struct ClusterFabric {
     slowest_intra: Vec<f64>,
     /// NICs per node (`node_links.nics_per_node`), if the profile knows them.
     nics_per_node: Option<f64>,
+    /// Per node: its NVLink domain as an index (`None`: its NVLink ends at the node).
+    domain: Vec<Option<u32>>,
     /// The tables of every GPU kind: the profile's measured ones where it has them.
     tables: PerfTables,
 }
@@ -166,6 +173,7 @@ impl ClusterFabric {
             perf,
             slowest_intra,
             nics_per_node: cluster.node_links.nics_per_node.map(f64::from),
+            domain: domain_indices(cluster),
             tables,
         })
     }
@@ -222,9 +230,23 @@ impl Fabric for ClusterFabric {
         if from.node == to.node {
             let slot = self.slots[from.node];
             self.gpu_links[slot.link_base + from.gpu * slot.gpus + to.gpu]
+        } else if !self.over_network(from.node, to.node) {
+            // One NVLink domain: the GPUs reach each other at the nodes' GPU-pair rates,
+            // the slower node's slowest pair bounding.
+            let rate = self.slowest_intra[from.node].min(self.slowest_intra[to.node]);
+            if rate.is_finite() {
+                rate
+            } else {
+                self.node_links.get(from.node, to.node)
+            }
         } else {
             self.node_links.get(from.node, to.node)
         }
+    }
+
+    #[inline]
+    fn over_network(&self, a: usize, b: usize) -> bool {
+        a != b && (self.domain[a].is_none() || self.domain[a] != self.domain[b])
     }
 
     #[inline]
@@ -250,6 +272,23 @@ impl Fabric for ClusterFabric {
         let members = (self.slots[node].gpus / tp.max(1)).max(1);
         self.nic_share(node, members)
     }
+}
+
+/// Each node's NVLink domain as an index into the distinct ids, in node order.
+fn domain_indices(cluster: &ClusterProfile) -> Vec<Option<u32>> {
+    let mut ids: Vec<&str> = Vec::new();
+    cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            let id = n.nvlink_domain.as_deref()?;
+            let at = ids.iter().position(|x| *x == id).unwrap_or_else(|| {
+                ids.push(id);
+                ids.len() - 1
+            });
+            Some(at as u32)
+        })
+        .collect()
 }
 
 /// The per-operation rate of one GPU: its datasheet peak for the training dtype (fp32: the

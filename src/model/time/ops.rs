@@ -29,7 +29,7 @@
 //! configuration and GPU kind.
 
 use crate::cluster::profile::{AttentionShape, GemmLayout, GemmShape};
-use crate::config::{ModelSpec, PositionEmbedding};
+use crate::config::{LowBits, ModelSpec, PositionEmbedding};
 use crate::model::calibration::Calibration;
 use crate::model::flops::{AttentionMask, LayerFlops};
 use crate::model::memory::AttentionKernel;
@@ -102,6 +102,19 @@ pub struct OpShape<'a> {
     /// Unfused attention runs Megatron's fused softmax kernel
     /// ([`fused_softmax_available`]), not PyTorch's.
     pub fused_softmax: bool,
+    /// The transformer layers' linear GEMMs run in FP8 or FP4 (`--fp8-format`,
+    /// `--fp4-format`); attention and the output layer stay 16-bit.
+    pub low_precision: Option<LowBits>,
+}
+
+/// Bytes written per element when Transformer Engine quantises a GEMM operand: the
+/// row-wise and the column-wise (transposed, for the other two GEMMs) copies, one byte
+/// each in FP8; in NVFP4 half a byte each plus an FP8 scale per 16 elements.
+fn quantised_bytes(bits: LowBits) -> f64 {
+    match bits {
+        LowBits::Fp8 => 2.0,
+        LowBits::Fp4 => 2.0 * (0.5 + 1.0 / 16.0),
+    }
 }
 
 /// One transformer layer's linear layers on one GPU of a tp group of `t`, as (in, out):
@@ -264,10 +277,17 @@ impl KindOps {
                 + gemm(output, input, tokens, Layout::Wgrad);
             (fwd, bwd)
         };
+        // FP8/FP4: the linear GEMMs at the kind's low-precision rate for their shape (its
+        // 16-bit efficiency there times the speed-up, [`super::perf::GpuKind::low_precision_speedup`]);
+        // a kind without such tensor cores keeps its 16-bit rate.
+        let low = shape
+            .low_precision
+            .and_then(|bits| Some((bits, table.kind.low_precision_speedup(bits)?)));
+        let speedup = low.map_or(1.0, |(_, x)| x);
         for (input, output) in layer_linears(model, t) {
             let (fwd, bwd) = linear(input, output);
-            ops.layer_fwd.gflop += fwd;
-            ops.layer_bwd.gflop += bwd;
+            ops.layer_fwd.gflop += fwd / speedup;
+            ops.layer_bwd.gflop += bwd / speedup;
         }
         let logits = if shape.model.vocab_size > 0 {
             let v = padded_vocab_size(model, shape.tp) as f64 / t;
@@ -308,6 +328,19 @@ impl KindOps {
             layer_bytes += 2.0 * tokens * (q + kv) / t * e;
             layer_kernels += 1.0;
         }
+        // Quantising each linear layer's input (forward) and incoming gradient (backward):
+        // read the 16-bit tensor, write its low-precision copies, one kernel each. Weights
+        // are quantised once per step, not per micro-batch, and left out.
+        let (mut quant_fwd, mut quant_bwd) = (OpCost::default(), OpCost::default());
+        if let Some((bits, _)) = low {
+            let q = quantised_bytes(bits);
+            for (input, output) in layer_linears(model, t) {
+                quant_fwd.add(memory(tokens * input * (e + q), 1.0), 1.0);
+                quant_bwd.add(memory(tokens * output * (e + q), 1.0), 1.0);
+            }
+        }
+        ops.layer_fwd.add(quant_fwd, 1.0);
+        ops.layer_bwd.add(quant_bwd, 1.0);
         let layer_mem = memory(layer_bytes, layer_kernels);
         ops.layer_fwd.add(layer_mem, 1.0);
         ops.layer_bwd

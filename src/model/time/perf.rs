@@ -48,18 +48,29 @@ pub enum GpuKind {
     V100,
     /// Anything else: the A100's efficiencies stand in.
     Other,
+    /// B100, B200, GB200, B300, GB300: no published Blackwell GEMM table, so the H100's
+    /// efficiencies stand in (the estimate's notes say so), with Blackwell's HBM.
+    Blackwell,
 }
 
 impl GpuKind {
     /// Every kind, in index order.
-    pub const ALL: [GpuKind; 4] = [GpuKind::A100, GpuKind::H100, GpuKind::V100, GpuKind::Other];
+    pub const ALL: [GpuKind; 5] = [
+        GpuKind::A100,
+        GpuKind::H100,
+        GpuKind::V100,
+        GpuKind::Other,
+        GpuKind::Blackwell,
+    ];
 
     /// The kind of a GPU by its name as nvidia-smi prints it (`NVIDIA A100-SXM4-80GB`,
     /// `H100 80GB HBM3`, `Tesla V100-SXM2-32GB`). H200 and GH200 count as H100 (same
     /// tensor cores).
     pub fn of(name: &str) -> GpuKind {
         let upper = name.to_ascii_uppercase();
-        if upper.contains("H100") || upper.contains("H200") || upper.contains("H800") {
+        if ["B100", "B200", "B300"].iter().any(|b| upper.contains(b)) {
+            GpuKind::Blackwell
+        } else if upper.contains("H100") || upper.contains("H200") || upper.contains("H800") {
             GpuKind::H100
         } else if upper.contains("A100") || upper.contains("A800") {
             GpuKind::A100
@@ -81,6 +92,32 @@ impl GpuKind {
             GpuKind::H100 => "H100",
             GpuKind::V100 => "V100",
             GpuKind::Other => "other GPU",
+            GpuKind::Blackwell => "Blackwell",
+        }
+    }
+
+    /// How many times faster a linear layer's GEMMs run in `bits` than in BF16 on this
+    /// kind, at any shape: the ratio of the best-shape FP8 and BF16 matmul throughputs
+    /// measured by brute-force shape search (MAMF, "maximum achievable matmul FLOPS",
+    /// torch `matmul`, stas00/ml-engineering `compute/accelerator/README.md`, CC-BY-SA-4.0,
+    /// as transcribed in the MoE/CP/FP8 development set's `gemm_fp8_vs_bf16_microbenchmarks`):
+    /// H100 SXM 1,402.6 / 794.5 = 1.765 (H200 and GH200 count as H100); B200 3,432.5 /
+    /// 1,745.0 = 1.967 (GB200 1.984 and B300 1.896 are within 4 %: B200's stands for the
+    /// kind). FP4 has no published MAMF: it is taken to reach the share of its datasheet
+    /// peak that FP8 reaches, i.e. FP8's ratio times the datasheet FP4/FP8 ratio (2 on
+    /// B200). `None`: no tensor cores for it (A100, V100; Megatron's Transformer Engine
+    /// refuses FP8 there).
+    pub fn low_precision_speedup(self, bits: crate::config::LowBits) -> Option<f64> {
+        const H100_FP8: f64 = 1402.6 / 794.5;
+        const BLACKWELL_FP8: f64 = 3432.5 / 1745.0;
+        const B200_FP4_OVER_FP8: f64 = 9000.0 / 4500.0;
+        match (self, bits) {
+            (GpuKind::H100, crate::config::LowBits::Fp8) => Some(H100_FP8),
+            (GpuKind::Blackwell, crate::config::LowBits::Fp8) => Some(BLACKWELL_FP8),
+            (GpuKind::Blackwell, crate::config::LowBits::Fp4) => {
+                Some(BLACKWELL_FP8 * B200_FP4_OVER_FP8)
+            }
+            _ => None,
         }
     }
 }
@@ -164,7 +201,7 @@ type ShapeKey = (u64, u64, u64, u64, u8);
 /// profile's sweep measured where it has them.
 #[derive(Debug, Clone)]
 pub struct PerfTables {
-    tables: [Arc<PerfTable>; 4],
+    tables: [Arc<PerfTable>; 5],
 }
 
 impl PerfTables {
@@ -211,8 +248,8 @@ impl PerfTables {
     }
 }
 
-fn shipped_tables() -> &'static [Arc<PerfTable>; 4] {
-    static TABLES: OnceLock<[Arc<PerfTable>; 4]> = OnceLock::new();
+fn shipped_tables() -> &'static [Arc<PerfTable>; 5] {
+    static TABLES: OnceLock<[Arc<PerfTable>; 5]> = OnceLock::new();
     TABLES.get_or_init(|| {
         let a100 = parse(A100_JSON);
         let h100 = parse(H100_JSON);
@@ -226,6 +263,12 @@ fn shipped_tables() -> &'static [Arc<PerfTable>; 4] {
                 true,
             )),
             Arc::new(PerfTable::new(GpuKind::Other, &a100, None, true)),
+            Arc::new(PerfTable::new(
+                GpuKind::Blackwell,
+                &h100,
+                Some((B200_PEAK_TFLOPS, B200_HBM_GB_PER_S)),
+                true,
+            )),
         ]
     })
 }
@@ -243,6 +286,11 @@ pub struct Efficiency {
 const A100_JSON: &str = include_str!("../../../data/perf/a100.json");
 const H100_JSON: &str = include_str!("../../../data/perf/h100.json");
 
+/// B200 HBM3e: 8 TB/s (DGX B200, NVIDIA DGX BasePOD reference architecture; see
+/// `measure::inventory`'s B200 sheet).
+const B200_HBM_GB_PER_S: f64 = 8000.0;
+/// B200 dense BF16 tensor peak: 2,250 TFLOPS (HGX B200 datasheet, dense).
+const B200_PEAK_TFLOPS: f64 = 2250.0;
 /// V100 HBM2: 900 GB/s (NVIDIA V100 datasheet).
 const V100_HBM_GB_PER_S: f64 = 900.0;
 /// V100 dense fp16 tensor peak: 125 TFLOPS (NVIDIA V100 SXM2 datasheet).

@@ -47,6 +47,7 @@ fn cluster(nodes: usize, per_node: usize, intra: f64, inter: f64) -> ClusterProf
                         .collect(),
                     links: LinkMatrix::uniform(per_node, intra, p.clone()),
                 },
+                nvlink_domain: None,
             })
             .collect(),
         node_links: LinkMatrix::uniform(nodes, inter, p),
@@ -1017,6 +1018,7 @@ fn pytorch_softmax_costs_bytes_kernels_and_host_time() {
         act_bytes: 2.0,
         attention: AttentionKernel::Unfused,
         fused_softmax,
+        low_precision: None,
     };
     let stage = StageShape {
         layers: 1,
@@ -1062,4 +1064,81 @@ fn pytorch_softmax_costs_bytes_kernels_and_host_time() {
     let fast = case.run(TimeModel::Pipette);
     assert!(close(fast.stages[0].host_ms, 8.0 * 3.0));
     assert!(!fast.notes.iter().any(|n| n.contains("softmax")));
+}
+
+#[test]
+fn fp8_runs_the_linear_gemms_at_the_kinds_fp8_rate_and_pays_for_quantising() {
+    use super::ops::{KindOps, OpShape, StageShape};
+    use crate::config::LowBits;
+    let model = gpt();
+    let calibration = Calibration::default();
+    let shape = |low_precision| OpShape {
+        model: &model,
+        micro_batch: 1,
+        tp: 2,
+        sequence_parallel: true,
+        act_bytes: 2.0,
+        attention: AttentionKernel::Fused,
+        fused_softmax: true,
+        low_precision,
+    };
+    let stage = StageShape {
+        layers: 1,
+        first: false,
+        last: false,
+        recomputed_layers: 0,
+        selective: false,
+    };
+    let h100 = PerfTable::get(GpuKind::H100);
+    let bf16 = KindOps::new(&shape(None), h100, &calibration).stage(&stage);
+    let fp8 = KindOps::new(&shape(Some(LowBits::Fp8)), h100, &calibration).stage(&stage);
+    // The attention core stays: only the linear share of the work shrinks, by 1.765.
+    let linear_gflop = |o: &super::ops::StageOps| o.forward.gflop;
+    let speedup = GpuKind::H100.low_precision_speedup(LowBits::Fp8).unwrap();
+    assert!((speedup - 1402.6 / 794.5).abs() < 1e-12);
+    assert!(linear_gflop(&fp8) < linear_gflop(&bf16));
+    assert!(
+        linear_gflop(&fp8) > linear_gflop(&bf16) / speedup,
+        "attention stays bf16"
+    );
+    assert!(
+        fp8.forward.fixed_ms > bf16.forward.fixed_ms,
+        "quantisation kernels"
+    );
+    assert!(fp8.backward.fixed_ms > bf16.backward.fixed_ms);
+    // No FP8 tensor cores on an A100: the same work as in BF16, nothing to quantise.
+    let a100 = PerfTable::get(GpuKind::A100);
+    assert_eq!(
+        KindOps::new(&shape(Some(LowBits::Fp8)), a100, &calibration).stage(&stage),
+        KindOps::new(&shape(None), a100, &calibration).stage(&stage)
+    );
+    // Blackwell: close to 2x, and FP4 twice that again.
+    let b = GpuKind::of("NVIDIA B200");
+    assert_eq!(b, GpuKind::Blackwell);
+    let fp4 = b.low_precision_speedup(LowBits::Fp4).unwrap();
+    assert!((fp4 / b.low_precision_speedup(LowBits::Fp8).unwrap() - 2.0).abs() < 1e-12);
+}
+
+#[test]
+fn nodes_of_one_nvlink_domain_talk_at_nvlink_rates_over_no_nic() {
+    // tp 4 over two nodes of two GPUs: across nodes one link (20 GB/s) unless the nodes
+    // share an NVLink domain, where the GPU-pair rate (200) holds and no NIC share applies.
+    let config = ParallelConfig::even(8, 4, 1, 1, 1);
+    let mut case = Case::new(cluster(2, 2, 200.0, 20.0), config, 4);
+    case.cluster.node_links.nics_per_node = Some(4);
+    let apart = case.run(TimeModel::Pipette);
+    assert_eq!(apart.stages[0].tp_link.as_ref().unwrap().gb_per_s, 80.0);
+    for node in &mut case.cluster.nodes {
+        node.nvlink_domain = Some("rack-0".into());
+    }
+    let together = case.run(TimeModel::Pipette);
+    assert_eq!(together.stages[0].tp_link.as_ref().unwrap().gb_per_s, 200.0);
+    assert!(together.iteration_ms < apart.iteration_ms);
+    assert_eq!(together.iteration_ms, case.fast());
+    // Another domain: the network again.
+    case.cluster.nodes[1].nvlink_domain = Some("rack-1".into());
+    assert_eq!(
+        case.run(TimeModel::Pipette).iteration_ms,
+        apart.iteration_ms
+    );
 }

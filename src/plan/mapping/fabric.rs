@@ -72,6 +72,11 @@ impl Fabric for PairFabric<'_> {
     fn dp_ring_nic_share(&self, node: usize, tp: usize) -> f64 {
         self.inner.dp_ring_nic_share(node, tp)
     }
+
+    #[inline]
+    fn over_network(&self, a: usize, b: usize) -> bool {
+        self.inner.over_network(a, b)
+    }
 }
 
 /// A [`Fabric`] that can be asked to bring a link's figure into the cache ahead of use.

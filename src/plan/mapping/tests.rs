@@ -237,6 +237,7 @@ fn random_cluster(rng: &mut ChaCha8Rng, nodes: usize, g: usize) -> ClusterProfil
                             .collect(),
                         links,
                     },
+                    nvlink_domain: None,
                 }
             })
             .collect(),

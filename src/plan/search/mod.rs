@@ -67,7 +67,7 @@ pub use rank::{derive_seed, simpler};
 use report::{even_split, stage_plans};
 pub use report::{
     rank_mapping, EvenSplit, HeterogeneousPlan, Plan, PlanEstimate, PlanStats, RankMapping,
-    RankedConfig, SearchSettings, StagePlan, Ties,
+    RankedConfig, SearchSettings, SixteenBitEstimate, StagePlan, Ties,
 };
 
 /// Plans `settings` on `cluster` (see the module doc).
@@ -343,6 +343,35 @@ pub fn plan(
         ),
         even_split: even_split(settings, cluster, options, time.iteration_ms),
     });
+    let in_16_bit = match &settings.training.low_precision {
+        None => None,
+        Some(low) => {
+            let training = crate::config::TrainingSettings {
+                low_precision: None,
+                ..settings.training.clone()
+            };
+            let request = TimeRequest {
+                training: &training,
+                ..request
+            };
+            let memory = estimate_memory(
+                &settings.model,
+                &training,
+                &best.config,
+                &options.calibration,
+            );
+            Some(SixteenBitEstimate {
+                low_precision: format!(
+                    "{} {}, {} recipe",
+                    low.bits.as_str().to_uppercase(),
+                    low.format,
+                    low.recipe
+                ),
+                iteration_ms: estimate(&request, options.time_model)?.iteration_ms,
+                peak_memory_bytes: memory.peak_bytes,
+            })
+        }
+    };
     let mapping = rank_mapping(cluster, &state, best.method, best.evaluations);
     Ok(Plan {
         config: best.config.clone(),
@@ -354,6 +383,7 @@ pub fn plan(
             usable_memory_bytes: usable,
             time,
             memory,
+            in_16_bit,
         },
         baseline_mapping_ms: best.iteration_ms,
         placement,

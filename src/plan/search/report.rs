@@ -114,6 +114,20 @@ pub struct PlanEstimate {
     pub usable_memory_bytes: u64,
     pub time: TimeEstimate,
     pub memory: MemoryEstimate,
+    /// Under `--fp8-format` / `--fp4-format`: what the same plan (configuration and
+    /// placement) would take in 16-bit, so a user sees what the low precision buys. The
+    /// planner never changes the precision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_16_bit: Option<SixteenBitEstimate>,
+}
+
+/// The plan's estimate without the low precision.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SixteenBitEstimate {
+    /// The plan's low precision, e.g. `fp8 hybrid, delayed scaling`.
+    pub low_precision: String,
+    pub iteration_ms: f64,
+    pub peak_memory_bytes: u64,
 }
 
 /// One mapped configuration.

@@ -513,6 +513,7 @@ pub(crate) mod tests {
                             gpus: (0..gpus).map(a100).collect(),
                             links: LinkMatrix::uniform(gpus as usize, 240.0, estimated()),
                         },
+                        nvlink_domain: None,
                     })
                     .collect(),
                 node_links: LinkMatrix::uniform(nodes, 25.0, estimated()),
