@@ -283,7 +283,12 @@ pub fn useful_counts(
 
 /// `plan`, made on the first `used` nodes of `order`, in the whole profile's positions,
 /// with the other nodes as its spares (in the profile's order).
-fn on_profile(mut plan: Plan, cluster: &ClusterProfile, order: &[usize], used: usize) -> Plan {
+pub(crate) fn on_profile(
+    mut plan: Plan,
+    cluster: &ClusterProfile,
+    order: &[usize],
+    used: usize,
+) -> Plan {
     let position = |n: usize| order[n];
     for device in &mut plan.placement.devices {
         device.node = position(device.node);
@@ -306,13 +311,13 @@ fn on_profile(mut plan: Plan, cluster: &ClusterProfile, order: &[usize], used: u
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cluster::profile::{GpuInventory, GpuSpec, LinkMatrix, NodeProfile, PeakTflops};
     use crate::cluster::profile::{Provenance, Source};
     use crate::config::settings_from_megatron_args;
 
-    fn settings(layers: u64, global: u64) -> Settings {
+    pub(crate) fn settings(layers: u64, global: u64) -> Settings {
         let args: Vec<String> = format!(
             "--num-layers {layers} --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 \
              --max-position-embeddings 1024 --vocab-size 32000 --global-batch-size {global} --bf16"
@@ -325,7 +330,7 @@ mod tests {
 
     /// `tflops.len()` nodes `n0, n1, ...` of `per_node` GPUs at their node's rate, every node
     /// pair at 25 GB/s except those of the nodes in `slow_links`, at 2.5 GB/s.
-    fn cluster(tflops: &[f64], per_node: usize, slow_links: &[usize]) -> ClusterProfile {
+    pub(crate) fn cluster(tflops: &[f64], per_node: usize, slow_links: &[usize]) -> ClusterProfile {
         let p = Provenance::new(Source::Estimated);
         let nodes = tflops.len();
         let rows: Vec<Vec<f64>> = (0..nodes)
