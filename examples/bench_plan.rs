@@ -1,6 +1,8 @@
 //! Times the full planner (candidates, memory filter, ranking, rank mapping of the best
-//! configurations) on 16, 32 (mixed A100/V100), 64, 1024, 1024 mixed H100/A100, 8192 and
-//! 16,384 GPUs (Llama-3-405B) and prints a table; run by `scripts/bench-plan`. Evaluations
+//! configurations) on 16, 32 (mixed A100/V100), 64, 1024, 1024 mixed H100/A100, 8192,
+//! 16,384 GPUs (Llama-3-405B), 127 of 128 H100 nodes (GPT-3 175B, batch 1536) and 100,000
+//! GPUs (12,500 nodes, sampled links) and prints a table; every case plans with the node
+//! subset search ([`pipette::plan::plan_subset`]); run by `scripts/bench-plan`. Evaluations
 //! are time-model evaluations: one per ranked configuration, and one per state of every
 //! mapping search (incremental ones included). Each case runs in a process of its own, so
 //! its peak memory (the process's max RSS from getrusage: the cluster, the planner and
@@ -12,7 +14,8 @@
 //! that it changed nothing.
 //!
 //! Usage: `cargo run --release --example bench_plan [-- CASES...] [--repeat N] [--threads N]
-//! [--budget N] [--top]` where a case is its key: 16, 32, 64, 1024, 1024-mix, 8192, 16384;
+//! [--budget N] [--top] [--sweep LO]` where a case is its key: 16, 32, 64, 1024, 1024-mix,
+//! 8192, 16384, 127, 12500 (`--sweep LO` also plans each node count from LO up separately);
 //! `--budget` sets the annealing evaluations per mapped configuration (to see what a budget
 //! buys), `--top` lists every mapped configuration's default-order, searched and mapped
 //! estimates.
@@ -23,7 +26,8 @@ use std::time::Instant;
 
 use pipette::cluster::ClusterProfile;
 use pipette::config::settings_from_megatron_args;
-use pipette::plan::{plan, PlanOptions};
+use pipette::plan::subset::node_order;
+use pipette::plan::{plan, plan_subset, PlanOptions};
 
 #[path = "../benches/support/clusters.rs"]
 mod clusters;
@@ -38,7 +42,7 @@ struct Case {
     args: &'static [&'static str],
 }
 
-const CASES: [Case; 7] = [
+const CASES: [Case; 9] = [
     Case {
         key: "16",
         gpus: 16,
@@ -92,6 +96,24 @@ const CASES: [Case; 7] = [
         model: "llama3-405b",
         args: &[],
     },
+    // A 128-node job after one node failed (issue 32): 127 nodes have no layout for this
+    // batch, so the planner chooses a subset and names the rest as spares.
+    Case {
+        key: "127",
+        gpus: 1016,
+        cluster: "h100-128x8.json less 1",
+        model: "gpt3-175b",
+        args: &["--global-batch-size", "1536"],
+    },
+    // 100,000 GPUs (issue 32): node links sampled (a figure per node and 8 measured pairs
+    // from each), as a profile of that many nodes holds them.
+    Case {
+        key: "12500",
+        gpus: 100_000,
+        cluster: "generated 12500x8 H100 s",
+        model: "llama3-405b",
+        args: &["--global-batch-size", "16384"],
+    },
 ];
 
 fn h100() -> pipette::cluster::profile::GpuSpec {
@@ -125,6 +147,13 @@ fn load(case: &Case) -> ClusterProfile {
         ),
         "8192" => clusters::generated(1024, 8, &h100(), 380.0, 46.5, 8192),
         "16384" => clusters::generated(2048, 8, &h100(), 380.0, 46.5, 16384),
+        "12500" => clusters::sampled(12_500, 8, &h100(), 380.0, 46.5, 8, 12_500),
+        "127" => {
+            let path =
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/clusters/h100-128x8.json");
+            let full = ClusterProfile::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            full.at_positions(&(0..127).collect::<Vec<_>>())
+        }
         _ => {
             let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("examples/clusters")
@@ -163,7 +192,14 @@ fn digest(plan: &pipette::plan::Plan) -> String {
 /// Plans `case` `repeat` times on `threads` threads (0: all) and prints a row per run.
 /// `budget`: annealing evaluations per mapped configuration (`None`: the planner's
 /// default); `top`: also list every mapped configuration (to stderr).
-fn run_case(case: &Case, repeat: usize, threads: usize, budget: Option<u64>, top: bool) {
+fn run_case(
+    case: &Case,
+    repeat: usize,
+    threads: usize,
+    budget: Option<u64>,
+    top: bool,
+    sweep: Option<usize>,
+) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -193,7 +229,7 @@ fn run_case(case: &Case, repeat: usize, threads: usize, budget: Option<u64>, top
         let cpu_before = usage().1;
         let start = Instant::now();
         let result = pool
-            .install(|| plan(&settings, &cluster, &options))
+            .install(|| plan_subset(&settings, &cluster, &options))
             .unwrap_or_else(|e| panic!("{e}"));
         let wall = start.elapsed().as_secs_f64();
         let (rss_mib, cpu_after) = usage();
@@ -211,6 +247,14 @@ fn run_case(case: &Case, repeat: usize, threads: usize, budget: Option<u64>, top
                 pipette::plan::SearchMethod::Identity => "identity",
             }
         );
+        let used = case.gpus
+            / cluster
+                .nodes
+                .first()
+                .and_then(|n| n.gpus())
+                .map_or(1, |g| g.len().max(1))
+            - result.spares.len();
+        let shape = format!("{shape} n{used}");
         println!(
             "{:>8}  {:<28} {:<11} {:>8.3} {:>8.3} {:>8.0} {:>9} {:>7} {:>12} {:>12.0}  {:<34} {:>10.1} {:>10.1}  {}",
             case.key,
@@ -245,6 +289,56 @@ fn run_case(case: &Case, repeat: usize, threads: usize, budget: Option<u64>, top
             }
         }
     }
+    if let Some(lo) = sweep {
+        let chosen = pool
+            .install(|| plan_subset(&settings, &cluster, &options))
+            .unwrap_or_else(|e| panic!("{e}"));
+        sweep_counts(
+            &cluster,
+            &settings,
+            &options,
+            lo,
+            chosen.estimate.iteration_ms,
+        );
+    }
+}
+
+/// Plans every node count from `lo` to the cluster's separately (each on the best nodes
+/// by the profile, as the subset search orders them) and prints the fastest beside the
+/// subset search's plan (`chosen_ms`): the subset search must come within 2 % of it.
+fn sweep_counts(
+    cluster: &ClusterProfile,
+    settings: &pipette::config::Settings,
+    options: &PlanOptions,
+    lo: usize,
+    chosen_ms: f64,
+) {
+    let order: Vec<usize> = node_order(settings, cluster, options)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let start = Instant::now();
+    let mut best: Option<(usize, f64)> = None;
+    let mut planned = 0;
+    for n in lo..=cluster.nodes.len() {
+        if let Ok(p) = plan(settings, &cluster.at_positions(&order[..n]), options) {
+            planned += 1;
+            let ms = p.estimate.iteration_ms;
+            if best.is_none_or(|(_, b)| ms < b) {
+                best = Some((n, ms));
+            }
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    match best {
+        Some((n, ms)) => println!(
+            "sweep {lo}..={}: {planned} counts plan, fastest {ms:.1} ms on {n} nodes ({wall:.1} s); subset search {chosen_ms:.1} ms = {:+.2} %",
+            cluster.nodes.len(),
+            (chosen_ms / ms - 1.0) * 100.0
+        ),
+        None => println!("sweep {lo}..={}: no count plans", cluster.nodes.len()),
+    }
 }
 
 fn main() {
@@ -254,6 +348,7 @@ fn main() {
     let mut child = false;
     let mut budget = None;
     let mut top = false;
+    let mut sweep = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -277,12 +372,19 @@ fn main() {
                 )
             }
             "--top" => top = true,
+            "--sweep" => {
+                sweep = Some(
+                    args.next()
+                        .and_then(|n| n.parse().ok())
+                        .expect("--sweep takes the fewest nodes"),
+                )
+            }
             // One case in this process: what the parent runs for each case.
             "--one" => child = true,
             key => {
                 assert!(
                     CASES.iter().any(|c| c.key == key),
-                    "unknown case {key:?} (cases: 16, 32, 64, 1024, 1024-mix, 8192, 16384)"
+                    "unknown case {key:?} (cases: 16, 32, 64, 1024, 1024-mix, 8192, 16384, 127, 12500)"
                 );
                 keys.push(key.to_string());
             }
@@ -294,7 +396,7 @@ fn main() {
         .collect();
     if child {
         for case in selected {
-            run_case(case, repeat, threads, budget, top);
+            run_case(case, repeat, threads, budget, top, sweep);
         }
         return;
     }
@@ -336,6 +438,11 @@ fn main() {
                     .flat_map(|b| ["--budget".to_string(), b.to_string()]),
             )
             .args(top.then_some("--top"))
+            .args(
+                sweep
+                    .iter()
+                    .flat_map(|lo| ["--sweep".to_string(), lo.to_string()]),
+            )
             .status()
             .expect("the benchmark runs itself for each case");
         if !status.success() {

@@ -92,7 +92,9 @@ impl Error {
             Error::Plan(e) => match e {
                 PlanError::NothingFits { .. } => ExitCode::NothingFits,
                 PlanError::NoCandidates { .. } => ExitCode::ModelArgs,
-                PlanError::UnsupportedTimeModel(_) => ExitCode::Usage,
+                PlanError::UnsupportedTimeModel(_) | PlanError::TooFewNodes { .. } => {
+                    ExitCode::Usage
+                }
                 PlanError::EmptyCluster
                 | PlanError::UnknownGpus { .. }
                 | PlanError::MixedGpuCounts { .. }

@@ -40,7 +40,7 @@ use pipette::config::settings_from_megatron_args;
 use pipette::launch::CheckpointState;
 use pipette::model::ParallelConfig;
 use pipette::plan::PlanOptions;
-use pipette::replan::failure::{checkpoint_format, replan, ReplanError};
+use pipette::replan::failure::{checkpoint_format, replan, Failed, ReplanError};
 use pipette::supervise::events::read_events;
 
 /// The end-to-end tests share two cores: one job at a time.
@@ -720,8 +720,11 @@ fn replan_rule_keeps_tp_and_pp_when_the_survivors_allow_it() {
     let r = replan(
         &s,
         &cluster,
-        &["node-a".into(), "node-c".into()],
-        &previous,
+        Failed {
+            survivors: &["node-a".into(), "node-c".into()],
+            spares: &[],
+            previous: &previous,
+        },
         &PlanOptions::default(),
         CheckpointState::At(4),
         &checkpoint_format(&[]),
@@ -748,8 +751,11 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
     let r = replan(
         &s,
         &cluster,
-        &survivors,
-        &previous,
+        Failed {
+            survivors: &survivors,
+            spares: &[],
+            previous: &previous,
+        },
         &options,
         CheckpointState::At(4),
         &checkpoint_format(&[]),
@@ -766,8 +772,11 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
     let err = replan(
         &s,
         &cluster,
-        &survivors,
-        &previous,
+        Failed {
+            survivors: &survivors,
+            spares: &[],
+            previous: &previous,
+        },
         &options,
         CheckpointState::At(4),
         &checkpoint_format(&legacy),
@@ -781,8 +790,11 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
     let err = replan(
         &s,
         &cluster,
-        &survivors,
-        &dist_opt,
+        Failed {
+            survivors: &survivors,
+            spares: &[],
+            previous: &dist_opt,
+        },
         &options,
         CheckpointState::At(4),
         &checkpoint_format(&[]),
@@ -806,8 +818,11 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
     let r = replan(
         &pinned,
         &cluster,
-        &survivors,
-        &previous,
+        Failed {
+            survivors: &survivors,
+            spares: &[],
+            previous: &previous,
+        },
         &options,
         CheckpointState::At(4),
         &checkpoint_format(&[]),
@@ -826,8 +841,11 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
     let r = replan(
         &s,
         &cluster,
-        &survivors,
-        &previous,
+        Failed {
+            survivors: &survivors,
+            spares: &[],
+            previous: &previous,
+        },
         &options,
         CheckpointState::None,
         &checkpoint_format(&legacy),

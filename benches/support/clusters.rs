@@ -115,3 +115,72 @@ pub fn mixed(kinds: &[NodeKind], per_node: usize, seed: u64) -> ClusterProfile {
         node_links,
     }
 }
+
+/// `nodes` identical nodes whose node links were measured on a sample (what a profile of
+/// thousands of nodes holds, [`LinkMatrix::sampled`]): each node's NIC figure jittered by
+/// ±1.5 %, 2 % of the nodes at 40–60 % of it, and `pairs_per_node` measured pairs from each
+/// node to the next ones. GPU pairs inside a node at `intra`.
+#[allow(dead_code)] // used by examples/bench_plan.rs only, not by benches/plan.rs
+pub fn sampled(
+    nodes: usize,
+    per_node: usize,
+    gpu: &GpuSpec,
+    intra: f64,
+    inter: f64,
+    pairs_per_node: usize,
+    seed: u64,
+) -> ClusterProfile {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let provenance = Provenance::new(Source::Estimated).with_note("generated for the benchmark");
+    let jitter = |rng: &mut ChaCha8Rng, x: f64| x * rng.random_range(0.985..1.015);
+    let per_endpoint: Vec<f64> = (0..nodes)
+        .map(|_| {
+            let degraded = rng.random::<f64>() < 0.02;
+            let base = if degraded {
+                inter * rng.random_range(0.4..0.6)
+            } else {
+                inter
+            };
+            jitter(&mut rng, base)
+        })
+        .collect();
+    let mut pairs = Vec::with_capacity(nodes * pairs_per_node);
+    for a in 0..nodes {
+        for k in 1..=pairs_per_node.min(nodes.saturating_sub(1)) {
+            let b = (a + k) % nodes;
+            let figure = jitter(&mut rng, per_endpoint[a].min(per_endpoint[b]));
+            pairs.push((a, b, figure));
+        }
+    }
+    let node_links =
+        LinkMatrix::sampled(per_endpoint, pairs, provenance.clone()).expect("pairs inside");
+    let gpu_rows: Vec<Vec<f64>> = (0..per_node)
+        .map(|a| {
+            (0..per_node)
+                .map(|b| if a == b { 0.0 } else { intra })
+                .collect()
+        })
+        .collect();
+    let gpu_links = LinkMatrix::from_rows(&gpu_rows, provenance).expect("square");
+    let nodes = (0..nodes)
+        .map(|n| NodeProfile {
+            host: format!("node{n:05}"),
+            gpus: GpuInventory::Known {
+                gpus: (0..per_node)
+                    .map(|i| GpuSpec {
+                        index: i as u32,
+                        ..gpu.clone()
+                    })
+                    .collect(),
+                links: gpu_links.clone(),
+            },
+            nvlink_domain: None,
+        })
+        .collect();
+    ClusterProfile {
+        measured_perf: Vec::new(),
+        note: Some("generated for the planner benchmark (sampled node links)".into()),
+        nodes,
+        node_links,
+    }
+}

@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::cli::{
     AccessOptions, DiscoveryOptions, ModelOptions, NodeOptions, PlanningOptions, RunCli,
 };
+use crate::cluster::allocation::NodeRange;
 use crate::cluster::{AllocationRequest, ClusterSpec, DiscoveryRequest, Environment, NodeSource};
 use crate::config::Settings;
 use crate::error::Error;
@@ -189,7 +190,7 @@ impl RunConfig {
             },
             settings: SettingsInputs::new(&cli.model),
             reprofile: cli.profiling.reprofile,
-            planning: PlanningConfig::new(&cli.planning, cli.pipette.seed),
+            planning: PlanningConfig::new(&cli.planning, cli.pipette.seed).with_min_nodes(t.nnodes),
             trial: TrialConfig {
                 before_launch: !cli.trial.no_trial && cli.planning.calibration.is_none(),
                 iters: cli.trial.trial_iters,
@@ -303,6 +304,7 @@ impl PlanningConfig {
             mapping_threshold: planning.mapping_threshold / 100.0,
             ..PlanOptions::default()
         };
+        base.nodes.spares = planning.spares;
         if let Some(headroom) = planning.memory_headroom {
             base.headroom = headroom;
         }
@@ -310,6 +312,15 @@ impl PlanningConfig {
             base,
             calibration: planning.calibration.clone(),
         }
+    }
+
+    /// `--nnodes MIN:MAX`: the plan uses at least MIN nodes, the nodes above its need are
+    /// spares. A single count (`--nnodes N`) only checks the nodes found, as before.
+    pub(super) fn with_min_nodes(mut self, nnodes: Option<NodeRange>) -> Self {
+        if let Some(range) = nnodes.filter(|r| r.min < r.max) {
+            self.base.nodes.min_nodes = range.min as usize;
+        }
+        self
     }
 
     /// The planner's options for these settings: the time options from the Megatron

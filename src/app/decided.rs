@@ -80,7 +80,7 @@ pub(super) fn decide(
 ) -> Result<Decision, Error> {
     let ours = match ours {
         Some(plan) => plan,
-        None => plan::plan(free, profile, options)?,
+        None => plan::plan_subset(free, profile, options)?,
     };
     if !wrote_parallel_settings(args) && !pin_yours {
         return Ok(Decision {
@@ -118,7 +118,7 @@ pub(super) fn decide(
     }
     let mut settings = free.clone();
     settings.constraints = yours_constraints(free);
-    let plan = plan::plan(&settings, profile, options)?;
+    let plan = plan::plan_subset(&settings, profile, options)?;
     Ok(Decision {
         plan,
         yours: Some(report),

@@ -168,7 +168,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
             let profile = allocation.narrow(path, &full).map_err(allocation_error)?;
             let options =
                 PlanningConfig::new(&args.planning, args.output.seed).plan_options(&settings)?;
-            let plan = plan::plan(&settings, &profile, &options)?;
+            let plan = plan::plan_subset(&settings, &profile, &options)?;
             if let Some(picture) = args.show.as_deref().and_then(Picture::from_name) {
                 print!("{}", picture.text(&plan, &profile));
             } else if args.output.json {

@@ -209,7 +209,7 @@ impl<'a> TrialRounds<'a> {
                 ),
             );
         }
-        self.plan = plan::plan(self.settings, self.profile, &self.options)?;
+        self.plan = plan::plan_subset(self.settings, self.profile, &self.options)?;
         Ok(Seen::Replanned)
     }
 
@@ -225,7 +225,7 @@ impl<'a> TrialRounds<'a> {
         self.options.calibration = fitted.calibration.clone();
         log::log(Level::Info, "trial", &fitted.to_human());
         self.report = Some(fitted);
-        let replanned = plan::plan(self.settings, self.profile, &self.options)?;
+        let replanned = plan::plan_subset(self.settings, self.profile, &self.options)?;
         let changes = config_changes(&self.plan.config, &replanned.config);
         let changed = !changes.is_empty();
         if changed {

@@ -124,6 +124,12 @@ pub struct PlanningOptions {
     #[arg(long = "mapping-threshold", value_name = "PERCENT", default_value_t = 100.0 * crate::plan::search::DEFAULT_MAPPING_THRESHOLD, value_parser = parse_percent)]
     pub mapping_threshold: f64,
 
+    /// Keep at least N nodes out of the plan as hot spares (the worst measured): a spare
+    /// takes a failed node's place without a re-plan. Without it, nodes the fastest plan
+    /// does not need are spares too
+    #[arg(long, env = "PIPETTE_SPARES", value_name = "N", default_value_t = 0, allow_negative_numbers = true, value_parser = whole_usize)]
+    pub spares: usize,
+
     /// GPU memory to keep free beyond the estimate: a fraction (0.05, the default) or
     /// GiB (4GiB)
     #[arg(long = "memory-headroom", value_name = "AMOUNT", allow_negative_numbers = true, value_parser = parse_headroom)]

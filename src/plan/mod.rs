@@ -8,6 +8,8 @@
 //!   the best;
 //! - [`hetero`]: on clusters that mix kinds of GPU, the orders of the kinds along the
 //!   pipeline; [`layers`]: each stage's share of the layers by its speed and memory;
+//! - [`subset`]: [`plan_subset`] plans on the nodes that make the fastest job and names the
+//!   rest as hot spares;
 //! - [`mapping`]: which host gets which node rank and which GPU each local rank uses
 //!   (annealing, exhaustive search, incremental evaluation of the time model).
 
@@ -16,6 +18,7 @@ pub mod layers;
 pub mod mapping;
 pub mod search;
 pub mod space;
+pub mod subset;
 
 pub use mapping::{MappingSearch, MappingState, SearchMethod};
 pub use search::{
@@ -24,3 +27,4 @@ pub use search::{
     StagePlan, Ties, COMPAT_BUDGET, DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_MAPPING_THRESHOLD,
     DEFAULT_TOP_K,
 };
+pub use subset::{plan_subset, NodeBounds};

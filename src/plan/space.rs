@@ -31,6 +31,9 @@ pub struct SpaceOptions {
     /// planner's splits by stage speed and memory. Off: even splits only (what the plan
     /// report compares a mixed-GPU plan with).
     pub uneven_layers: bool,
+    /// Only these `(tp, pp)` shapes (`None`: every shape): the subset search
+    /// ([`super::subset`]) ranks each shape on the one node count it is best at.
+    pub shapes: Option<Vec<(u64, u64)>>,
 }
 
 impl Default for SpaceOptions {
@@ -39,6 +42,7 @@ impl Default for SpaceOptions {
             max_micro_batch: 16,
             max_virtual_stages: 8,
             uneven_layers: true,
+            shapes: None,
         }
     }
 }
@@ -71,7 +75,12 @@ pub fn candidates(
             continue;
         }
         for pp in divisors(world / tp, model.num_layers) {
-            if pinned.pipeline_parallel.is_some_and(|p| p != pp) {
+            if pinned.pipeline_parallel.is_some_and(|p| p != pp)
+                || options
+                    .shapes
+                    .as_ref()
+                    .is_some_and(|s| !s.contains(&(tp, pp)))
+            {
                 continue;
             }
             let dp = world / (tp * pp);
@@ -128,7 +137,7 @@ pub fn candidates(
 /// Trial division stops at `at_most` when that comes before √n, so a huge `n` (a global
 /// batch of 2^64 − 1) costs no more than its small divisors: the micro-batch and the
 /// pipeline size are bounded long before. `d <= n / d` is `d * d <= n` without overflow.
-fn divisors(n: u64, at_most: u64) -> Vec<u64> {
+pub(crate) fn divisors(n: u64, at_most: u64) -> Vec<u64> {
     let mut small = Vec::new();
     let mut large = Vec::new();
     let mut d: u64 = 1;

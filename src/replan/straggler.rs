@@ -13,7 +13,7 @@ use crate::launch::CheckpointState;
 use crate::model::time::estimate_time;
 use crate::plan::{Plan, PlanOptions};
 
-use super::failure::{replan, CheckpointFormat, Replanned};
+use super::failure::{replan, CheckpointFormat, Failed, Replanned};
 
 /// `profile` with every GPU of `host` `slowdown` times slower (its peak and measured
 /// throughput divided by it): the cluster as the straggler report measured it.
@@ -100,12 +100,18 @@ pub fn choices(
         let r = r.map_err(|e| e.to_string())?;
         Ok((time(&r.plan, &r.profile)?, r))
     };
+    // A re-map keeps every node: leaving the slow one out is the third choice.
+    let mut every_node = options.clone();
+    every_node.nodes.min_nodes = hosts.len();
     let remap = timed(replan(
         settings,
         &slow,
-        hosts,
-        &plan.config,
-        options,
+        Failed {
+            survivors: hosts,
+            spares: &[],
+            previous: &plan.config,
+        },
+        &every_node,
         checkpoint,
         format,
     ));
@@ -113,8 +119,11 @@ pub fn choices(
     let leave_out = timed(replan(
         settings,
         profile,
-        &rest,
-        &plan.config,
+        Failed {
+            survivors: &rest,
+            spares: &[],
+            previous: &plan.config,
+        },
         options,
         checkpoint,
         format,

@@ -218,9 +218,28 @@ fn headline(plan: &Plan) -> String {
             gain_of(e.iteration_ms),
         ));
     }
-
+    out.push_str(&spares(&plan.spares));
     out
 }
+
+/// The nodes the plan leaves out, at most [`SPARES_SHOWN`] of them by name; empty when none.
+fn spares(hosts: &[String]) -> String {
+    if hosts.is_empty() {
+        return String::new();
+    }
+    let mut names = hosts[..hosts.len().min(SPARES_SHOWN)].join(", ");
+    if hosts.len() > SPARES_SHOWN {
+        names.push_str(&format!(" and {} more", hosts.len() - SPARES_SHOWN));
+    }
+    format!(
+        "  spares: {} node{} not launched, kept to take a failed node's place: {names}\n",
+        hosts.len(),
+        if hosts.len() == 1 { "" } else { "s" },
+    )
+}
+
+/// Spares named in the plan's headline; the JSON has every one.
+const SPARES_SHOWN: usize = 8;
 
 /// How the runner-up ([`Plan::runner_up`]) compares, from the same numbers as the table
 /// and the ties: `runner-up #2 tp 1 × pp 2 ...: 12.0 ms, 1.1 ms (9.2 %) slower; against

@@ -24,7 +24,7 @@ use crate::launch::{
     self, read_checkpoint, Attempt, CheckpointState, JobTemplate, LaunchError, Layout, Planning,
     Resume, RunningJob,
 };
-use crate::replan::failure::{checkpoint_format, replan, ReplanError};
+use crate::replan::failure::{checkpoint_format, replan, Failed, ReplanError};
 use crate::replan::straggler::RunningPlan;
 
 /// What the driver shares across attempts.
@@ -574,8 +574,11 @@ impl Driver<'_> {
                 let replanned = replan(
                     &inputs.settings,
                     profile,
-                    &survivors,
-                    &plan.config,
+                    Failed {
+                        survivors: &survivors,
+                        spares: &plan.spares,
+                        previous: &plan.config,
+                    },
                     &inputs.options,
                     checkpoint,
                     &checkpoint_format(&template.script.args),

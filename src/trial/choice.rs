@@ -119,6 +119,7 @@ pub fn candidate_plan(
     );
     Ok(Plan {
         config: ranked.config.clone(),
+        spares: plan.spares.clone(),
         mapping: rank_mapping(cluster, &state, ranked.method, ranked.evaluations),
         estimate: PlanEstimate {
             iteration_ms: time.iteration_ms,

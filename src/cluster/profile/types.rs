@@ -913,6 +913,19 @@ impl ClusterProfile {
         })
     }
 
+    /// The nodes at `positions`, in that order, with every GPU and the links between them.
+    ///
+    /// # Panics
+    /// When a position is not below the node count.
+    pub fn at_positions(&self, positions: &[usize]) -> ClusterProfile {
+        ClusterProfile {
+            note: self.note.clone(),
+            nodes: positions.iter().map(|&n| self.nodes[n].clone()).collect(),
+            node_links: self.node_links.select(positions),
+            measured_perf: self.measured_perf.clone(),
+        }
+    }
+
     /// The position of `host` in `nodes` (and in `node_links`).
     pub fn node_index(&self, host: &str) -> Option<usize> {
         let key = crate::cluster::host_key(host);

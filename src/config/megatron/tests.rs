@@ -504,9 +504,8 @@ fn unsupported_and_removed_options() {
 
 #[test]
 fn absurd_sizes_are_refused() {
-    let text = contradiction_text(
-        "--hidden-size 4000000000000 --num-attention-heads 1 --num-layers 1000",
-    );
+    let text =
+        contradiction_text("--hidden-size 4000000000000 --num-attention-heads 1 --num-layers 1000");
     assert!(text.contains("too large"), "{text}");
     let text = contradiction_text("--num-layers 100000");
     assert!(text.contains("over 65536"), "{text}");

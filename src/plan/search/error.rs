@@ -58,6 +58,13 @@ pub enum PlanError {
     Time(#[from] TimeError),
     #[error(transparent)]
     Mapping(#[from] MappingError),
+    #[error("keeping {spares} spare node(s) leaves {left} of the {nodes} node(s), fewer than the {min_nodes} the job needs (ask for fewer --spares, or lower --nnodes MIN)")]
+    TooFewNodes {
+        nodes: usize,
+        spares: usize,
+        left: usize,
+        min_nodes: usize,
+    },
 }
 
 /// Bytes as GiB for messages.

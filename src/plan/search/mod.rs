@@ -375,6 +375,7 @@ pub fn plan(
     let mapping = rank_mapping(cluster, &state, best.method, best.evaluations);
     Ok(Plan {
         config: best.config.clone(),
+        spares: Vec::new(),
         mapping,
         estimate: PlanEstimate {
             iteration_ms: time.iteration_ms,

@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::model::calibration::Calibration;
 use crate::model::time::{TimeModel, TimeOptions};
 use crate::plan::space::SpaceOptions;
+use crate::plan::subset::NodeBounds;
 
 /// Memory kept free on every GPU beyond the estimate's peak.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -75,6 +76,9 @@ pub struct PlanOptions {
     /// job keeps the order a user expects (rank 0 on the first host) for a gain the model
     /// cannot tell from its error.
     pub mapping_threshold: f64,
+    /// How many of the profile's nodes a plan may use: read by
+    /// [`crate::plan::plan_subset`], not by [`super::plan`], which uses every node.
+    pub nodes: NodeBounds,
 }
 
 impl Default for PlanOptions {
@@ -91,6 +95,7 @@ impl Default for PlanOptions {
             seed: 0,
             top_k: DEFAULT_TOP_K,
             mapping_threshold: DEFAULT_MAPPING_THRESHOLD,
+            nodes: NodeBounds::default(),
         }
     }
 }

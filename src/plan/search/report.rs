@@ -21,6 +21,9 @@ use crate::plan::mapping::{MappingState, SearchMethod};
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
     pub config: ParallelConfig,
+    /// The profile's nodes the plan leaves out, host names (`[]` when none): hot spares,
+    /// not launched, ready to take a failed node's place ([`crate::plan::subset`]).
+    pub spares: Vec<String>,
     pub mapping: RankMapping,
     pub estimate: PlanEstimate,
     /// The same configuration on torchrun's default placement, ms per iteration.
