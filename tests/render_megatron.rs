@@ -258,6 +258,10 @@ fn cases() -> Vec<Case> {
         Case::new(None, custom, 2, 3, 2, 2)
             .vpp(2)
             .stages(&[4, 4, 4]),
+        // Qwen3's dense shape: the same with query/key norms.
+        Case::new(None, &format!("{custom} --qk-layernorm"), 4, 2, 4, 1)
+            .stages(&[6, 6])
+            .sp(),
         // The user's own parallel options are replaced; the script's options pass through.
         Case::new(
             None,

@@ -38,6 +38,7 @@
 //! |---|---|---|
 //! | input norm's input, QKV input | 2·e·sbh | only with sequence parallelism |
 //! | Q, K, V | e·sb·(q + 2kv) | yes |
+//! | Q and K before the query/key norms (`--qk-layernorm` only) | e·sb·(q + kv) | yes |
 //! | attention output (linear_proj's input) | e·sb·q | yes |
 //! | attention dropout mask | sbh | only with sequence parallelism |
 //! | pre-MLP norm's input, fc1 input | 2·e·sbh | only with sequence parallelism |
@@ -264,8 +265,11 @@ pub fn layer_activation_bytes(
     let gates = if model.swiglu { 2.0 } else { 1.0 };
     // Two norm inputs, the QKV and fc1 inputs (e bytes each), two dropout masks (1 byte).
     let replicated = (4.0 * e + 2.0) * sb * h;
+    // `--qk-layernorm` (Qwen3, OLMo 2): the query and key norms keep their inputs, the
+    // un-normed Q and K, beside the normed ones core attention keeps.
+    let qk_norm_inputs = if model.qk_layernorm { q + kv } else { 0.0 };
     // Q, K, V and the attention output; fc1's output and the activation's output.
-    let sharded = e * sb * (2.0 * q + 2.0 * kv + (gates + 1.0) * f);
+    let sharded = e * sb * (2.0 * q + 2.0 * kv + qk_norm_inputs + (gates + 1.0) * f);
     let scores = match kernel {
         AttentionKernel::Fused => 0.0,
         AttentionKernel::Unfused => (2.0 * e + 1.0) * model.num_attention_heads as f64 * s * sb,
@@ -748,6 +752,24 @@ mod tests {
         // Selective recomputation (or flash attention): 34·sbh/t.
         close(layer(8, true, AttentionKernel::Fused), sbh * 34.0 / 8.0);
         close(layer(8, false, AttentionKernel::Fused), sbh * (10.0 + 3.0));
+    }
+
+    #[test]
+    fn qk_layernorm_keeps_q_and_k_before_their_norms() {
+        let plain = gpt3_175b();
+        let normed = ModelSpec {
+            qk_layernorm: true,
+            ..gpt3_175b()
+        };
+        let layer = |m: &ModelSpec, t| {
+            layer_activation_bytes(m, 2, t, true, Precision::Bf16, AttentionKernel::Fused)
+        };
+        // e·sb·(q + kv)/t more: 2 bytes × 2048 × 2 tokens × (12288 + 12288) / 8.
+        for t in [1, 8] {
+            let extra = 2.0 * 2048.0 * 2.0 * (12288.0 + 12288.0) / t as f64;
+            let got = layer(&normed, t) - layer(&plain, t);
+            assert!((got - extra).abs() <= 1e-9 * extra, "{got} != {extra}");
+        }
     }
 
     #[test]

@@ -282,6 +282,9 @@ impl DryRunReport {
         } else {
             "no linear biases"
         });
+        if s.qk_layernorm {
+            traits.push("query/key norms");
+        }
         out.push_str(&format!("  {}\n", traits.join(", ")));
     }
 

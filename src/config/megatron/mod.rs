@@ -52,7 +52,8 @@
 //!
 //! Mixture of experts (`--num-experts`, `--moe-*`, `--moe-layer-freq` lists), multi-latent
 //! attention, multi-token prediction, QK norms, `--recompute-modules` and the user's uneven
-//! stages are read into typed settings. Options that change the model in ways the cost
+//! stages are read into typed settings; of them, QK norms are priced (their activations and
+//! kernels), so a dense Qwen3-like model plans. Options that change the model in ways the cost
 //! models do not cover (context parallelism, hybrid Mamba stacks, ...) and read parts the
 //! cost models do not price yet give [`ArgsError::Unmodelled`]: `pipette-run` then launches
 //! the script with planning off, as torchrun would ([`crate::config::planning_off`]),
@@ -146,7 +147,7 @@ pub fn settings_from_megatron_args(
 }
 
 /// The model the arguments describe, including the parts the memory and time models do
-/// not price yet (experts, multi-latent attention, multi-token prediction, QK norms): what
+/// not price yet (experts, multi-latent attention, multi-token prediction): what
 /// parameter counting needs. Planning goes through [`settings_from_megatron_args`].
 pub fn model_from_megatron_args(
     args: &[String],
@@ -215,9 +216,6 @@ fn not_yet_planned(model: &ModelSpec) -> Option<(String, &'static str)> {
             format!("--mtp-num-layers {}", model.mtp_layers),
             "multi-token prediction",
         ));
-    }
-    if model.qk_layernorm {
-        return Some(("--qk-layernorm".into(), "query/key layer norms"));
     }
     None
 }

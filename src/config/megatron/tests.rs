@@ -838,3 +838,11 @@ fn uneven_stages_as_written_skip_megatrons_divisibility_check() {
     )
     .is_err());
 }
+
+#[test]
+fn a_dense_model_with_qk_layernorm_plans() {
+    // Qwen3's dense models: the query/key norms are priced (activations and kernels), so
+    // the model plans instead of launching with planning off.
+    let s = settings("--qk-layernorm --group-query-attention --num-query-groups 4").unwrap();
+    assert!(s.model.qk_layernorm);
+}

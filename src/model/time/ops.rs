@@ -328,6 +328,11 @@ impl KindOps {
             layer_bytes += 2.0 * tokens * (q + kv) / t * e;
             layer_kernels += 1.0;
         }
+        if model.qk_layernorm {
+            // The query and key norms over each head: read and write Q and K, a kernel each.
+            layer_bytes += 2.0 * tokens * (q + kv) / t * e;
+            layer_kernels += 2.0;
+        }
         // Quantising each linear layer's input (forward) and incoming gradient (backward):
         // read the 16-bit tensor, write its low-precision copies, one kernel each. Weights
         // are quantised once per step, not per micro-batch, and left out.

@@ -1142,3 +1142,52 @@ fn nodes_of_one_nvlink_domain_talk_at_nvlink_rates_over_no_nic() {
         apart.iteration_ms
     );
 }
+
+#[test]
+fn qk_layernorm_reads_and_writes_q_and_k_in_two_more_kernels() {
+    use super::ops::{KindOps, OpShape, StageShape};
+    let plain = gpt();
+    let normed = ModelSpec {
+        qk_layernorm: true,
+        ..gpt()
+    };
+    let table = PerfTable::get(GpuKind::A100);
+    let calibration = Calibration::default();
+    let ops = |model: &ModelSpec| {
+        let shape = OpShape {
+            model,
+            micro_batch: 2,
+            tp: 4,
+            sequence_parallel: false,
+            act_bytes: 2.0,
+            attention: AttentionKernel::Fused,
+            fused_softmax: true,
+            low_precision: None,
+        };
+        let stage = StageShape {
+            layers: 1,
+            first: false,
+            last: false,
+            recomputed_layers: 0,
+            selective: false,
+        };
+        KindOps::new(&shape, table, &calibration).stage(&stage)
+    };
+    let (without, with) = (ops(&plain), ops(&normed));
+    // Q and K of 2 × seq tokens, each tp rank's share, read and written once forward (twice
+    // backward), and two kernels each way; the GEMMs do not change.
+    let tokens = (2 * plain.seq_length) as f64;
+    let qk = ((plain.num_attention_heads + plain.num_query_groups) * plain.kv_channels) as f64;
+    let bytes = 2.0 * tokens * qk / 4.0 * 2.0;
+    let kernel_ms = table.memory_kernel_us * calibration.kernel_cost_scale / 1e3;
+    let hbm = table.hbm_gb_per_s * 1e6;
+    assert_eq!(with.forward.gflop, without.forward.gflop);
+    assert!(close(
+        with.forward.fixed_ms - without.forward.fixed_ms,
+        bytes / hbm + 2.0 * kernel_ms
+    ));
+    assert!(close(
+        with.backward.fixed_ms - without.backward.fixed_ms,
+        2.0 * bytes / hbm + 2.0 * kernel_ms
+    ));
+}
