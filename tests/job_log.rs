@@ -255,6 +255,8 @@ fn a_launch_tells_its_whole_story() {
     settings.add_filter(r"iterations \d+–\d+", "iterations [A]–[B]");
     settings.add_filter(r"at iteration \d+", "at iteration [K]");
     settings.add_filter(r"\(iteration \d+\)", "(iteration [K])");
+    // The recovery's iterations left are the total less the checkpoint's iteration [K].
+    settings.add_filter(r"per iteration \(\d+", "per iteration ([N]");
     // The same, when the line broke inside it.
     settings.add_filter(r"(?m)^(pipette-run: warning: +)\d+\)", "$1[K])");
     settings.add_filter(
