@@ -605,6 +605,46 @@ mod tests {
             .contains("torch format"));
     }
 
+    /// A straggler's "swap for spare": the plan as it was, the straggler's place taken by
+    /// the best-measured spare (n4, not n5 with its slow links); nothing without a spare.
+    #[test]
+    fn a_straggler_is_swapped_for_the_best_spare() {
+        use crate::plan::subset::tests::{cluster, settings};
+        let s = settings(8, 16);
+        let c = cluster(&[312.0; 6], 2, &[5]);
+        let mut options = PlanOptions::default();
+        options.nodes.spares = 2;
+        let running = plan_subset(&s, &c, &options).unwrap();
+        assert_eq!(running.spares, ["n4", "n5"]);
+        let rest: Vec<String> = ["n0", "n2", "n3"].map(String::from).to_vec();
+        let failed = |spares| Failed {
+            survivors: &rest,
+            spares,
+            previous: &running.config,
+        };
+        let swapped = swap_for_spares(
+            &s,
+            &c,
+            failed(&running.spares),
+            &options,
+            CheckpointState::At(4),
+        )
+        .unwrap();
+        assert_eq!(swapped.recovery, Recovery::Spare);
+        assert_eq!(swapped.plan.config, running.config);
+        let mut order = swapped.plan.mapping.node_order.clone();
+        order.sort();
+        assert_eq!(order, ["n0", "n2", "n3", "n4"]);
+        assert_eq!(swapped.plan.spares, ["n5"]);
+        assert!(
+            swapped.notes[0].starts_with("recovery: spare: "),
+            "{:?}",
+            swapped.notes
+        );
+        let none = swap_for_spares(&s, &c, failed(&[]), &options, CheckpointState::At(4));
+        assert_eq!(none.unwrap_err(), "the plan has no spare");
+    }
+
     /// The decision over a table of failures: spare, subset, reshard, fresh, give up.
     #[test]
     fn the_recovery_follows_spares_checkpoints_and_formats() {
