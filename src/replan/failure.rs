@@ -228,24 +228,10 @@ pub fn replan(
 ) -> Result<Replanned, ReplanError> {
     let Failed {
         survivors,
-        spares,
         previous,
+        ..
     } = failed;
-    let alive = |host: &str| survivors.iter().any(|s| s == host);
-    let spare = |host: &str| spares.iter().any(|s| s == host) && !alive(host);
-    let selections: Vec<NodeSelection<'_>> = profile
-        .nodes
-        .iter()
-        .filter(|n| alive(&n.host) || spare(&n.host))
-        .map(|n| NodeSelection {
-            host: &n.host,
-            devices: DeviceSelection::All,
-        })
-        .collect();
-    if !profile.nodes.iter().any(|n| alive(&n.host)) {
-        return Err(ReplanError::NoSurvivors);
-    }
-    let profile = profile.subset(&selections).map_err(ReplanError::Profile)?;
+    let profile = remaining(profile, &failed)?;
     let nodes = profile.nodes.len();
     let mut notes = Vec::new();
     let mut free = settings.clone();
@@ -258,10 +244,7 @@ pub fn replan(
     let mut options = options.clone();
     options.nodes.spares = 0;
     let options = &options;
-    let left = settings
-        .training
-        .train_iters
-        .map(|total| total.saturating_sub(checkpoint.iteration().unwrap_or(0)));
+    let left = iterations_left(settings, checkpoint);
     let swap = swap_in_spares(settings, &profile, survivors, previous, options);
 
     if !checkpoint.exists() {
@@ -381,6 +364,62 @@ pub fn replan(
         alternatives: vec![chosen],
         notes,
     })
+}
+
+/// The spare swap alone: the failed plan kept, every setting pinned, the best-measured of
+/// `failed.spares` taking the places of the nodes missing from `failed.survivors`, the
+/// rank mapping searched again. What a straggler's "swap for a spare" runs (the straggler
+/// is then the node missing). `Err` says why it cannot run (no spare, too few).
+pub fn swap_for_spares(
+    settings: &Settings,
+    profile: &ClusterProfile,
+    failed: Failed<'_>,
+    options: &PlanOptions,
+    checkpoint: CheckpointState,
+) -> Result<Replanned, String> {
+    if failed.spares.is_empty() {
+        return Err("the plan has no spare".into());
+    }
+    let profile = remaining(profile, &failed).map_err(|e| e.to_string())?;
+    let mut options = options.clone();
+    options.nodes.spares = 0;
+    let swapped = swap_in_spares(
+        settings,
+        &profile,
+        failed.survivors,
+        failed.previous,
+        &options,
+    )?;
+    let spare = alternative(Recovery::Spare, &swapped.0);
+    let left = iterations_left(settings, checkpoint);
+    Ok(take_spare(profile, swapped, vec![spare], Vec::new(), left))
+}
+
+/// The part of `profile` a failure leaves: its survivors and its spares.
+fn remaining(profile: &ClusterProfile, failed: &Failed<'_>) -> Result<ClusterProfile, ReplanError> {
+    let alive = |host: &str| failed.survivors.iter().any(|s| s == host);
+    let spare = |host: &str| failed.spares.iter().any(|s| s == host) && !alive(host);
+    if !profile.nodes.iter().any(|n| alive(&n.host)) {
+        return Err(ReplanError::NoSurvivors);
+    }
+    let selections: Vec<NodeSelection<'_>> = profile
+        .nodes
+        .iter()
+        .filter(|n| alive(&n.host) || spare(&n.host))
+        .map(|n| NodeSelection {
+            host: &n.host,
+            devices: DeviceSelection::All,
+        })
+        .collect();
+    profile.subset(&selections).map_err(ReplanError::Profile)
+}
+
+/// Iterations left to train after resuming from `checkpoint` (`None`: no `--train-iters`).
+fn iterations_left(settings: &Settings, checkpoint: CheckpointState) -> Option<u64> {
+    settings
+        .training
+        .train_iters
+        .map(|total| total.saturating_sub(checkpoint.iteration().unwrap_or(0)))
 }
 
 fn even(config: &ParallelConfig) -> bool {
@@ -566,6 +605,46 @@ mod tests {
             .contains("torch format"));
     }
 
+    /// A straggler's "swap for spare": the plan as it was, the straggler's place taken by
+    /// the best-measured spare (n4, not n5 with its slow links); nothing without a spare.
+    #[test]
+    fn a_straggler_is_swapped_for_the_best_spare() {
+        use crate::plan::subset::tests::{cluster, settings};
+        let s = settings(8, 16);
+        let c = cluster(&[312.0; 6], 2, &[5]);
+        let mut options = PlanOptions::default();
+        options.nodes.spares = 2;
+        let running = plan_subset(&s, &c, &options).unwrap();
+        assert_eq!(running.spares, ["n4", "n5"]);
+        let rest: Vec<String> = ["n0", "n2", "n3"].map(String::from).to_vec();
+        let failed = |spares| Failed {
+            survivors: &rest,
+            spares,
+            previous: &running.config,
+        };
+        let swapped = swap_for_spares(
+            &s,
+            &c,
+            failed(&running.spares),
+            &options,
+            CheckpointState::At(4),
+        )
+        .unwrap();
+        assert_eq!(swapped.recovery, Recovery::Spare);
+        assert_eq!(swapped.plan.config, running.config);
+        let mut order = swapped.plan.mapping.node_order.clone();
+        order.sort();
+        assert_eq!(order, ["n0", "n2", "n3", "n4"]);
+        assert_eq!(swapped.plan.spares, ["n5"]);
+        assert!(
+            swapped.notes[0].starts_with("recovery: spare: "),
+            "{:?}",
+            swapped.notes
+        );
+        let none = swap_for_spares(&s, &c, failed(&[]), &options, CheckpointState::At(4));
+        assert_eq!(none.unwrap_err(), "the plan has no spare");
+    }
+
     /// The decision over a table of failures: spare, subset, reshard, fresh, give up.
     #[test]
     fn the_recovery_follows_spares_checkpoints_and_formats() {
@@ -583,6 +662,8 @@ mod tests {
             spares: &'static [&'static str],
             checkpoint: CheckpointState,
             format: &'static str,
+            /// `--nnodes MIN:MAX`'s MIN (1 when not given).
+            min_nodes: usize,
             /// The recovery and the (tp, pp, dp) it runs, or `None`: the job gives up.
             expect: Option<(Recovery, (u64, u64, u64))>,
         }
@@ -598,6 +679,7 @@ mod tests {
             spares: &[],
             checkpoint: CheckpointState::At(4),
             format: "torch_dist",
+            min_nodes: 1,
             expect: Some((Recovery::Reshard, (1, 1, 2))),
         };
         let cases = [
@@ -612,6 +694,7 @@ mod tests {
                 spares: &["n4"],
                 checkpoint: CheckpointState::At(4),
                 format: "torch_dist",
+                min_nodes: 1,
                 expect: Some((Recovery::Spare, (2, 2, 2))),
             },
             Case {
@@ -625,6 +708,7 @@ mod tests {
                 spares: &[],
                 checkpoint: CheckpointState::At(4),
                 format: "torch_dist",
+                min_nodes: 1,
                 expect: Some((Recovery::Subset, (1, 1, 2))),
             },
             Case {
@@ -638,7 +722,22 @@ mod tests {
                 spares: &["n2", "n3"],
                 checkpoint: CheckpointState::At(4),
                 format: "torch",
+                min_nodes: 1,
                 expect: Some((Recovery::Spare, (1, 1, 2))),
+            },
+            Case {
+                name: "--nnodes 3:4: three cannot split the batch and two are too few: give up",
+                nodes: 4,
+                per_node: 1,
+                layers: 8,
+                batch: 8,
+                previous: (1, 1, 4),
+                survivors: &["n0", "n1", "n3"],
+                spares: &[],
+                checkpoint: CheckpointState::At(4),
+                format: "torch",
+                min_nodes: 3,
+                expect: None,
             },
             PP3_ON_TWO,
             Case {
@@ -651,6 +750,7 @@ mod tests {
                 name: "nothing saved: planned afresh",
                 checkpoint: CheckpointState::None,
                 format: "torch",
+                min_nodes: 1,
                 expect: Some((Recovery::Fresh, (1, 1, 2))),
                 ..PP3_ON_TWO
             },
@@ -661,6 +761,7 @@ mod tests {
             let (tp, pp, dp) = case.previous;
             let mut options = PlanOptions::default();
             options.space.uneven_layers = false;
+            options.nodes.min_nodes = case.min_nodes;
             let mut previous = ParallelConfig::even(case.layers, tp, pp, dp, 1);
             if case.expect.is_some_and(|(r, _)| r == Recovery::Spare) {
                 let mut pinned = s.clone();

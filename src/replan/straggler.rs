@@ -1,5 +1,6 @@
 //! The plans a straggler leaves us: keep the plan, re-map on every node with the straggler
-//! at its measured speed, or leave it out. Each is planned and timed by the model on the
+//! at its measured speed, leave it out, or, when the plan has hot spares, swap it for one
+//! (the plan kept, the spare in its place). Each is planned and timed by the model on the
 //! cluster as it now is (the straggler's GPUs slowed by the measured factor), so that the
 //! supervisor ([`crate::supervise::stragglers`]) can weigh them against a restart. Pure.
 //!
@@ -13,7 +14,7 @@ use crate::launch::CheckpointState;
 use crate::model::time::estimate_time;
 use crate::plan::{Plan, PlanOptions};
 
-use super::failure::{replan, CheckpointFormat, Failed, Replanned};
+use super::failure::{replan, swap_for_spares, CheckpointFormat, Failed, Replanned};
 
 /// `profile` with every GPU of `host` `slowdown` times slower (its peak and measured
 /// throughput divided by it): the cluster as the straggler report measured it.
@@ -34,7 +35,7 @@ pub fn slowed(profile: &ClusterProfile, host: &str, slowdown: f64) -> ClusterPro
     profile
 }
 
-/// The three choices as the model sees them.
+/// The choices as the model sees them.
 #[derive(Debug, Clone)]
 pub struct StragglerChoices {
     /// The running plan on the cluster as it was profiled, ms per iteration (the model's).
@@ -46,6 +47,9 @@ pub struct StragglerChoices {
     pub remap: Result<(f64, Replanned), String>,
     /// Re-planned without the straggler, and its time.
     pub leave_out: Result<(f64, Replanned), String>,
+    /// The plan kept with a spare in the straggler's place, and its time; `None` when the
+    /// plan has no spare.
+    pub swap: Option<Result<(f64, Replanned), String>>,
 }
 
 /// The running plan and what the planner needs to plan it again: what a straggler's
@@ -96,43 +100,61 @@ pub fn choices(
     };
     let healthy_ms = time(plan, profile);
     let keep_ms = time(plan, &slow);
-    let timed = |r: Result<Replanned, super::failure::ReplanError>| {
-        let r = r.map_err(|e| e.to_string())?;
+    let timed = |r: Result<Replanned, String>| {
+        let r = r?;
         Ok((time(&r.plan, &r.profile)?, r))
     };
     // A re-map keeps every node: leaving the slow one out is the third choice.
     let mut every_node = options.clone();
     every_node.nodes.min_nodes = hosts.len();
-    let remap = timed(replan(
-        settings,
-        &slow,
-        Failed {
-            survivors: hosts,
-            spares: &[],
-            previous: &plan.config,
-        },
-        &every_node,
-        checkpoint,
-        format,
-    ));
+    let remap = timed(
+        replan(
+            settings,
+            &slow,
+            Failed {
+                survivors: hosts,
+                spares: &[],
+                previous: &plan.config,
+            },
+            &every_node,
+            checkpoint,
+            format,
+        )
+        .map_err(|e| e.to_string()),
+    );
     let rest: Vec<String> = hosts.iter().filter(|h| *h != host).cloned().collect();
-    let leave_out = timed(replan(
-        settings,
-        profile,
-        Failed {
-            survivors: &rest,
-            spares: &[],
-            previous: &plan.config,
-        },
-        options,
-        checkpoint,
-        format,
-    ));
+    let failed = Failed {
+        survivors: &rest,
+        spares: &plan.spares,
+        previous: &plan.config,
+    };
+    // On the cluster as profiled: the straggler is not in it, the spare runs at its speed.
+    let swap = (!plan.spares.is_empty()).then(|| {
+        timed(swap_for_spares(
+            settings, profile, failed, options, checkpoint,
+        ))
+    });
+    let leave_out = timed(
+        replan(
+            settings,
+            profile,
+            Failed {
+                survivors: &rest,
+                spares: &[],
+                previous: &plan.config,
+            },
+            options,
+            checkpoint,
+            format,
+        )
+        .map_err(|e| e.to_string()),
+    );
     StragglerChoices {
         healthy_ms,
         keep_ms,
         remap,
         leave_out,
+        swap,
     }
 }
 

@@ -38,7 +38,7 @@ pub enum Ending {
 }
 
 /// What the supervisor does about a straggler: re-map around it (on the cluster with its
-/// GPUs at their measured speed) or leave it out.
+/// GPUs at their measured speed), leave it out, or swap it for a hot spare.
 #[derive(Debug, Clone)]
 pub struct StragglerAct {
     pub host: String,
@@ -176,6 +176,7 @@ pub fn decide(facts: &Facts<'_>) -> Decision {
         Ending::Straggler(act) => {
             let what = match act.choice {
                 super::stragglers::Choice::LeaveOut => "left out",
+                super::stragglers::Choice::SwapSpare => "swapped for a spare",
                 super::stragglers::Choice::Remap => "re-mapped around",
                 super::stragglers::Choice::Keep => "kept",
             };
@@ -288,7 +289,12 @@ pub fn suspects(ending: &Ending, unresponsive: &[String]) -> Vec<String> {
     match ending {
         Ending::Failed(failures) => blamed(failures),
         Ending::Stalled(_) => unresponsive.to_vec(),
-        Ending::Straggler(act) if act.choice == super::stragglers::Choice::LeaveOut => {
+        Ending::Straggler(act)
+            if matches!(
+                act.choice,
+                super::stragglers::Choice::LeaveOut | super::stragglers::Choice::SwapSpare
+            ) =>
+        {
             vec![act.host.clone()]
         }
         Ending::Finished | Ending::Signal(_) | Ending::Straggler(_) => Vec::new(),
@@ -592,6 +598,17 @@ mod tests {
                 left_out: &["b"],
                 next: replan(CheckpointState::At(8), Some(("/ck", Some(8)))),
                 end: "straggler b (2.00× slower than the others) left out (per iteration: keep 300.0 ms, re-map not possible, leave out 200.0 ms)",
+                ..BASE
+            },
+            Case {
+                name: "a straggler swapped for a spare: left out like a failed node",
+                ending: Ending::Straggler(Box::new(straggler(Choice::SwapSpare))),
+                save: Some("/ck"),
+                checkpoint: Some(CheckpointState::At(8)),
+                exit_code: ExitCode::Internal.code(),
+                left_out: &["b"],
+                next: replan(CheckpointState::At(8), Some(("/ck", Some(8)))),
+                end: "straggler b (2.00× slower than the others) swapped for a spare (per iteration: keep 300.0 ms, re-map not possible, leave out 200.0 ms)",
                 ..BASE
             },
             Case {

@@ -24,7 +24,7 @@ use crate::launch::{
     self, read_checkpoint, Attempt, CheckpointState, JobTemplate, LaunchError, Layout, Planning,
     Resume, RunningJob,
 };
-use crate::replan::failure::{checkpoint_format, replan, Failed, ReplanError};
+use crate::replan::failure::{checkpoint_format, replan, swap_for_spares, Failed, ReplanError};
 use crate::replan::straggler::RunningPlan;
 
 /// What the driver shares across attempts.
@@ -571,18 +571,27 @@ impl Driver<'_> {
                     Ending::Straggler(act) => act.profile.as_ref().unwrap_or(profile),
                     _ => profile,
                 };
-                let replanned = replan(
-                    &inputs.settings,
-                    profile,
-                    Failed {
-                        survivors: &survivors,
-                        spares: &plan.spares,
-                        previous: &plan.config,
-                    },
-                    &inputs.options,
-                    checkpoint,
-                    &checkpoint_format(&template.script.args),
-                );
+                let failed = Failed {
+                    survivors: &survivors,
+                    spares: &plan.spares,
+                    previous: &plan.config,
+                };
+                let replanned = match ending {
+                    // What was costed and chosen: the plan kept, a spare in its place.
+                    Ending::Straggler(act) if act.choice == Choice::SwapSpare => {
+                        let (settings, options) = (&inputs.settings, &inputs.options);
+                        swap_for_spares(settings, profile, failed, options, checkpoint)
+                    }
+                    _ => replan(
+                        &inputs.settings,
+                        profile,
+                        failed,
+                        &inputs.options,
+                        checkpoint,
+                        &checkpoint_format(&template.script.args),
+                    )
+                    .map_err(|e| e.to_string()),
+                };
                 match replanned {
                     Ok(r) => (
                         Layout::Planned {
@@ -593,7 +602,7 @@ impl Driver<'_> {
                         r.resharded,
                         r.notes,
                     ),
-                    Err(e) => return Err(refuse(e.to_string(), left_out, survivors)),
+                    Err(e) => return Err(refuse(e, left_out, survivors)),
                 }
             }
             (Layout::Planned { .. }, Planning::Off { .. }) => {
@@ -612,21 +621,29 @@ impl Driver<'_> {
             }
             _ => false,
         };
+        // The nodes the next attempt runs on: survivors, and spares that took a failed
+        // node's place (a survivor a subset leaves out is not among them).
+        let nodes: Vec<String> = next.spec.nodes.iter().map(|n| n.host.clone()).collect();
+        let spares_in: Vec<String> = nodes
+            .iter()
+            .filter(|h| !survivors.contains(h))
+            .cloned()
+            .collect();
         let text = match (from, to) {
             (Some(from), Some(to)) => replan_text(
-                survivors.len(),
-                &left_out,
+                (nodes.len(), &left_out, &spares_in),
                 (from, to),
                 mapping_changed,
                 kept_tp_pp,
                 resume.as_ref(),
             ),
-            _ => relaunch_text(survivors.len(), &left_out, world_sizes),
+            _ => relaunch_text(nodes.len(), &left_out, world_sizes),
         };
         self.emit(Event::Replan {
             attempt: next.number,
             left_out,
-            nodes: survivors,
+            nodes,
+            spares_in,
             from: from.cloned(),
             to: to.cloned(),
             world_sizes,

@@ -138,8 +138,12 @@ pub enum Event {
         /// The next attempt.
         attempt: u32,
         left_out: Vec<String>,
-        /// The survivors.
+        /// The nodes the next attempt runs on, in node-rank order: survivors and spares
+        /// swapped in.
         nodes: Vec<String>,
+        /// The hot spares among `nodes` (never launched before; they take failed or
+        /// straggling nodes' places).
+        spares_in: Vec<String>,
         /// The plans before and after; null when planning is off (the same script and
         /// arguments run on the survivors' world).
         from: Option<ParallelConfig>,

@@ -101,6 +101,7 @@ impl Reporter {
             Event::Replan {
                 left_out,
                 nodes,
+                spares_in,
                 from,
                 to,
                 world_sizes,
@@ -113,8 +114,7 @@ impl Reporter {
                 (Some(from), Some(to)) => format!(
                     "re-planned: {}",
                     replan_text(
-                        nodes.len(),
-                        left_out,
+                        (nodes.len(), left_out, spares_in),
                         (from, to),
                         *mapping_changed,
                         *kept_tp_pp,
@@ -185,26 +185,31 @@ pub fn layout_text(config: Option<&ParallelConfig>, world_size: u64) -> String {
 pub fn relaunch_text(survivors: usize, left_out: &[String], world_sizes: (u64, u64)) -> String {
     format!(
         "{survivors} node(s) left{}; world size {} → {}, the same script and arguments (planning off); starting again",
-        left_out_text(left_out),
+        left_out_text(left_out, &[]),
         world_sizes.0,
         world_sizes.1
     )
 }
 
-fn left_out_text(left_out: &[String]) -> String {
-    if left_out.is_empty() {
-        " (none left out)".to_string()
+/// ` (left out node-b; spare node-e swapped in)`: who is gone and which spares took
+/// their places.
+fn left_out_text(left_out: &[String], spares_in: &[String]) -> String {
+    let mut parts = vec![if left_out.is_empty() {
+        "none left out".to_string()
     } else {
-        format!(" (left out {})", left_out.join(", "))
+        format!("left out {}", left_out.join(", "))
+    }];
+    if !spares_in.is_empty() {
+        parts.push(format!("spare {} swapped in", spares_in.join(", ")));
     }
+    format!(" ({})", parts.join("; "))
 }
 
 /// What a re-plan decided, in words: for the `re-planned:` line and the summary. Says
 /// exactly what changed: the GPUs, each configuration field that differs, or that the
 /// configuration stayed the same (`mapping_changed`: whether the ranks sit elsewhere).
 pub fn replan_text(
-    survivors: usize,
-    left_out: &[String],
+    (nodes, left_out, spares_in): (usize, &[String], &[String]),
     (from, to): (&ParallelConfig, &ParallelConfig),
     mapping_changed: bool,
     kept_tp_pp: bool,
@@ -229,8 +234,8 @@ pub fn replan_text(
         changes.join(", ")
     };
     format!(
-        "{survivors} node(s) left{}; {what}{}{}",
-        left_out_text(left_out),
+        "{nodes} node(s) left{}; {what}{}{}",
+        left_out_text(left_out, spares_in),
         if kept_tp_pp {
             "; tp × pp kept: the checkpoint loads as it is"
         } else {
@@ -364,6 +369,7 @@ mod tests {
             attempt: 2,
             left_out: vec!["node-b".into()],
             nodes: vec!["node-a".into(), "node-c".into()],
+            spares_in: Vec::new(),
             from: Some(from.clone()),
             to: Some(to.clone()),
             world_sizes: (6, 4),
@@ -383,8 +389,14 @@ mod tests {
                 "  a note".to_string(),
             ]
         );
-        assert!(replan_text(2, &[], (&from, &to), true, false, None)
+        assert!(replan_text((2, &[], &[]), (&from, &to), true, false, None)
             .ends_with("dp 3 → 2; no checkpoint to resume: starting again"));
+        // A spare that took the failed node's place is named.
+        let spares_in = ["node-e".to_string()];
+        assert_eq!(
+            replan_text((3, &["node-b".into()], &spares_in), (&from, &from), true, true, None),
+            "3 node(s) left (left out node-b; spare node-e swapped in); same configuration, new mapping; tp × pp kept: the checkpoint loads as it is; no checkpoint to resume: starting again"
+        );
     }
 
     #[test]
@@ -392,7 +404,7 @@ mod tests {
         let from = ParallelConfig::even(4, 1, 1, 4, 1);
         let mut to = from.clone();
         assert_eq!(
-            replan_text(4, &[], (&from, &to), true, false, None),
+            replan_text((4, &[], &[]), (&from, &to), true, false, None),
             "4 node(s) left (none left out); same configuration, new mapping; no checkpoint to resume: starting again"
         );
         to.micro_batch = 2;

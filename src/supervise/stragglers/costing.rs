@@ -1,5 +1,5 @@
 //! Costing a straggler's choices (keep going at its pace, re-map around it, leave its node
-//! out) and deciding whether to act: [`weigh`] scales the model's times for each
+//! out, swap it for a hot spare when the plan has one) and deciding whether to act: [`weigh`] scales the model's times for each
 //! ([`crate::replan::straggler`] plans them) to the job's measured pace, [`decide`] weighs
 //! the gain against a restart's cost. Both pure: the driver gathers the facts and acts.
 
@@ -25,6 +25,9 @@ pub enum Choice {
     Remap,
     /// Leave it out and plan again on the rest.
     LeaveOut,
+    /// Keep the plan and put one of its hot spares in the straggler's place (only when the
+    /// plan has spares).
+    SwapSpare,
 }
 
 impl Choice {
@@ -34,6 +37,7 @@ impl Choice {
             Choice::Keep => "keep",
             Choice::Remap => "re-map",
             Choice::LeaveOut => "leave out",
+            Choice::SwapSpare => "swap for spare",
         }
     }
 }
@@ -116,7 +120,8 @@ impl RestartCost {
 }
 
 /// Whether to act on a straggler, and how (see the module doc): the choice that saves the
-/// most time over the remaining iterations, when that beats the restart's cost, in `act`
+/// most time over the remaining iterations (a spare swap over an equal one: it keeps the
+/// layout), when that beats the restart's cost, in `act`
 /// mode, with a checkpoint to resume from, a re-plan left under `--max-replans`, and not
 /// within the cooldown of the last action.
 pub fn decide(facts: &ActFacts<'_>) -> Verdict {
@@ -211,7 +216,8 @@ pub struct Found<'a> {
 /// The choices a straggler leaves, costed, and what to do.
 #[derive(Debug, Clone)]
 pub struct Weighed {
-    /// Keep, re-map and leave out (keep alone with planning off).
+    /// Keep, re-map, leave out and, with spares, swap for a spare (keep alone with
+    /// planning off).
     pub choices: Vec<Costed>,
     pub remaining_iterations: u64,
     pub restart: RestartCost,
@@ -269,8 +275,8 @@ pub fn weigh(found: &Found<'_>) -> Weighed {
     }
 }
 
-/// Keep, re-map and leave out as the model times them, scaled to the job's measured pace;
-/// and the slowed cluster a re-map plans on.
+/// Keep, re-map, leave out and swap for a spare (with spares) as the model times them,
+/// scaled to the job's measured pace; and the slowed cluster a re-map plans on.
 fn cost(
     running: &RunningPlan<'_>,
     straggler: &Straggler,
@@ -317,10 +323,14 @@ fn cost(
     };
     let remap = costed(Choice::Remap, slowed_scale, &model.remap);
     let leave_out = costed(Choice::LeaveOut, healthy_scale, &model.leave_out);
-    (
-        vec![keep, remap, leave_out],
-        model.remap.ok().map(|(_, r)| r.profile),
-    )
+    // The spare runs at the healthy nodes' pace; last, so that it wins a tie (max_by).
+    let swap = model
+        .swap
+        .as_ref()
+        .map(|swap| costed(Choice::SwapSpare, healthy_scale, swap));
+    let mut choices = vec![keep, remap, leave_out];
+    choices.extend(swap);
+    (choices, model.remap.ok().map(|(_, r)| r.profile))
 }
 
 #[cfg(test)]
@@ -503,6 +513,19 @@ pub(crate) mod tests {
         }
 
         fn job(nodes: usize, gpus: u32, tp: u64, pp: u64, vocab: u64) -> Job {
+            job_with_spares(nodes, gpus, tp, pp, vocab, 0)
+        }
+
+        /// [`job`], planned with `spares` hot spares (`--spares`): the attempt runs on the
+        /// plan's nodes.
+        fn job_with_spares(
+            nodes: usize,
+            gpus: u32,
+            tp: u64,
+            pp: u64,
+            vocab: u64,
+            spares: usize,
+        ) -> Job {
             let estimated = || Provenance::new(Source::Estimated);
             let profile = ClusterProfile {
                 note: None,
@@ -527,9 +550,14 @@ pub(crate) mod tests {
             let mut settings = settings_from_megatron_args(&args, None, &[]).unwrap();
             settings.constraints.tensor_parallel = Some(tp);
             settings.constraints.pipeline_parallel = Some(pp);
-            let options = PlanOptions::default();
-            let plan = crate::plan::plan(&settings, &profile, &options).unwrap();
-            let hosts = profile.nodes.iter().map(|n| n.host.clone()).collect();
+            let mut options = PlanOptions::default();
+            options.nodes.spares = spares;
+            let plan = if spares == 0 {
+                crate::plan::plan(&settings, &profile, &options).unwrap()
+            } else {
+                crate::plan::plan_subset(&settings, &profile, &options).unwrap()
+            };
+            let hosts = plan.mapping.node_order.clone();
             Job {
                 settings,
                 options,
@@ -552,6 +580,14 @@ pub(crate) mod tests {
         fn data_parallel() -> Job {
             let job = job(4, 2, 2, 1, 32_000);
             assert_eq!(job.plan.config.dp, 4);
+            job
+        }
+
+        /// Data parallel over four of five nodes of two GPUs (tp=2 pp=1 dp=4), n4 a spare.
+        fn data_parallel_with_spare() -> Job {
+            let job = job_with_spares(5, 2, 2, 1, 32_000, 1);
+            assert_eq!(job.plan.config.dp, 4);
+            assert_eq!(job.plan.spares, ["n4"]);
             job
         }
 
@@ -739,6 +775,48 @@ pub(crate) mod tests {
             assert!(severe.choices[2]
                 .detail
                 .ends_with("dp=3 micro-batch 16 on n0, n2, n3"));
+        }
+
+        /// The fourth choice: with a spare, a straggler in a data-parallel job is
+        /// swapped for it (the plan kept, the job back at its pace), which beats leaving it
+        /// out (fewer replicas); without spares the choice is not offered.
+        #[test]
+        fn a_spare_takes_a_stragglers_place() {
+            let swap = Case {
+                name: "swap: a spare runs the straggler's ranks",
+                job: data_parallel_with_spare,
+                action: Choice::SwapSpare,
+                ..SEVERE
+            };
+            let swapped = weighed(&swap);
+            assert_eq!(swapped.verdict.action, Choice::SwapSpare, "{swapped:?}");
+            let choices: Vec<Choice> = swapped.choices.iter().map(|c| c.choice).collect();
+            assert_eq!(
+                choices,
+                [
+                    Choice::Keep,
+                    Choice::Remap,
+                    Choice::LeaveOut,
+                    Choice::SwapSpare
+                ]
+            );
+            let ms = predicted(&swapped, Choice::SwapSpare).unwrap();
+            assert!((900.0..1100.0).contains(&ms), "{swapped:?}");
+            assert!(ms < predicted(&swapped, Choice::LeaveOut).unwrap());
+            let detail = &swapped.choices[3].detail;
+            assert!(
+                detail.contains("dp=4") && detail.ends_with("on n0, n2, n3, n4"),
+                "{detail}"
+            );
+            // Reported, not acted on, outside act mode; never offered without a spare.
+            let report = weighed(&Case {
+                mode: StragglerMode::Report,
+                ..swap
+            });
+            assert_eq!(report.verdict.action, Choice::Keep);
+            assert!(report.verdict.why.contains("reported only"), "{report:?}");
+            let plain = weighed(&SEVERE);
+            assert!(plain.choices.iter().all(|c| c.choice != Choice::SwapSpare));
         }
 
         #[test]

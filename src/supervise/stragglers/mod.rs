@@ -362,6 +362,7 @@ pub fn event_lines(event: &super::events::Event) -> Vec<String> {
         Choice::Keep => "keeping the plan".to_string(),
         Choice::Remap => format!("re-mapping around {}", s.host),
         Choice::LeaveOut => format!("leaving {} out", s.host),
+        Choice::SwapSpare => format!("swapping {} for a spare", s.host),
     };
     lines.push(format!("  {action}: {}", verdict.why));
     lines
