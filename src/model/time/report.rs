@@ -41,10 +41,25 @@ impl ConfigCosts {
         let data_parallel = self.data_parallel_report(fabric, cluster, devices);
 
         let optimizer_ms = self.optimizer_step_ms(fabric, devices);
+        // The critical stage's slowest GPU prices the MoE terms ([`super::moe`]).
+        let critical_group = self.group(devices, replica, critical_stage);
+        let critical_gpu = critical_group[self
+            .slowest_compute(fabric, critical_group, critical_stage)
+            .1];
+        let expert = self.expert_report(fabric, devices, critical_stage, critical_gpu);
+        let (dispatch_ms, expert_dp_exposed_ms) = if self.expert.is_some() {
+            (
+                self.dispatch_ms(fabric, devices),
+                self.expert_sync_ms(fabric, devices),
+            )
+        } else {
+            (0.0, 0.0)
+        };
         let iteration_ms = pipeline
             + data_parallel.reduce_exposed_ms
             + data_parallel.param_gather_exposed_ms
-            + optimizer_ms;
+            + optimizer_ms
+            + (dispatch_ms + expert_dp_exposed_ms);
         let mut notes = self.notes.clone();
         // Only where no fp32 figure was measured (a CPU stand-in's is).
         if devices
@@ -102,6 +117,9 @@ impl ConfigCosts {
             stages,
             pipeline: pipeline_comm,
             data_parallel,
+            expert_parallel_ms: dispatch_ms,
+            expert_dp_exposed_ms,
+            expert,
             notes,
         }
     }
