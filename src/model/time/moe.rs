@@ -830,3 +830,90 @@ impl ConfigCosts {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cluster::ClusterProfile;
+    use crate::config::megatron::model_from_megatron_args;
+    use crate::config::{Precision, TrainingSettings};
+    use crate::model::calibration::Calibration;
+    use crate::model::parallel::{ParallelConfig, Placement};
+    use crate::model::time::{estimate, TimeEstimate, TimeModel, TimeOptions, TimeRequest};
+
+    fn model(moe: bool) -> crate::config::ModelSpec {
+        let mut args = "--num-layers 4 --hidden-size 1024 --ffn-hidden-size 4096 \
+                        --num-attention-heads 16 --seq-length 2048 \
+                        --max-position-embeddings 2048 --vocab-size 32000 --swiglu \
+                        --micro-batch-size 1 --global-batch-size 64 --bf16"
+            .to_string();
+        if moe {
+            args.push_str(" --num-experts 16 --moe-router-topk 2 --moe-ffn-hidden-size 1024");
+        }
+        let words: Vec<String> = args.split_whitespace().map(str::to_string).collect();
+        model_from_megatron_args(&words, None).unwrap()
+    }
+
+    /// tp 1, pp 1, dp 16 on two 8-GPU H100 nodes, experts over `ep` ranks.
+    fn run(model: &crate::config::ModelSpec, ep: u64) -> TimeEstimate {
+        let cluster = ClusterProfile::from_json_str(
+            include_str!("../../../examples/clusters/h100-16x8.json"),
+            "h100-16x8.json",
+        )
+        .unwrap();
+        let training = TrainingSettings::new(64, Precision::Bf16);
+        let mut config = ParallelConfig::even(model.num_layers, 1, 1, 16, 1);
+        config.ep = ep;
+        estimate(
+            &TimeRequest {
+                model,
+                training: &training,
+                config: &config,
+                cluster: &cluster,
+                placement: &Placement::identity(16, 8),
+                calibration: &Calibration::default(),
+                options: TimeOptions::default(),
+            },
+            TimeModel::Pipette,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn an_expert_group_across_nodes_pays_the_network_for_its_all_to_all() {
+        let moe = model(true);
+        let inside = run(&moe, 8);
+        let across = run(&moe, 16);
+        let (a, b) = (inside.expert.unwrap(), across.expert.unwrap());
+        assert!(
+            !a.dispatch.crosses_nodes && b.dispatch.crosses_nodes,
+            "{a:?} {b:?}"
+        );
+        assert!(b.dispatch.ms > 2.0 * a.dispatch.ms, "{a:?} {b:?}");
+        // Four all-to-alls per MoE layer and micro-batch, over every slot.
+        assert_eq!(a.collectives_per_microbatch, 16.0);
+        assert!((a.dispatch_ms - 4.0 * a.dispatch_per_microbatch_ms).abs() < 1e-9);
+        // Twice the experts per rank: each computes half the tokens per expert.
+        assert!((a.experts_per_rank - 2.0 * b.experts_per_rank).abs() < 1e-12);
+        assert!((b.tokens_per_expert - 2.0 * a.tokens_per_expert).abs() < 1e-9);
+        // The terms add up to the iteration.
+        let sum = across.steady_ms
+            + across.bubble_ms
+            + across.pipeline_p2p_ms
+            + across.data_parallel_exposed_ms
+            + across.param_gather_exposed_ms
+            + across.optimizer_ms
+            + across.expert_parallel_ms
+            + across.expert_dp_exposed_ms;
+        assert!((sum - across.iteration_ms).abs() < 1e-6 * across.iteration_ms);
+    }
+
+    #[test]
+    fn a_dense_model_has_no_expert_terms_and_ep_one_no_all_to_all() {
+        let dense = run(&model(false), 1);
+        assert!(dense.expert.is_none());
+        assert_eq!(dense.expert_parallel_ms + dense.expert_dp_exposed_ms, 0.0);
+        let local = run(&model(true), 1).expert.unwrap();
+        assert_eq!(local.dispatch_ms, 0.0);
+        assert!(local.experts_ms > 0.0 && local.router_ms > 0.0 && local.permute_ms > 0.0);
+    }
+}
