@@ -6,6 +6,7 @@
 pub mod calibration;
 pub mod flops;
 pub mod memory;
+pub mod moe_activations;
 pub mod moe_validation;
 pub mod parallel;
 pub mod params;

@@ -156,7 +156,7 @@ impl ExpertKindOps {
         let t = shape.tp.max(1) as f64;
         let e = shape.act_bytes;
         let h = model.hidden_size as f64;
-        let tokens = (model.seq_length * shape.micro_batch) as f64 / expert.cp.max(1) as f64;
+        let tokens = model.seq_length as f64 * shape.micro_batch as f64 / expert.cp.max(1) as f64;
         // Megatron requires sequence parallelism for MoE with tp > 1: the MoE layer sees
         // the rank's share of the tokens.
         let rank_tokens = if shape.tp > 1 { tokens / t } else { tokens };
@@ -277,8 +277,8 @@ impl ExpertKindOps {
             let v = mla.v_head_dim as f64;
             let rope = mla.qk_pos_emb_head_dim as f64;
             let kv_rank = mla.kv_lora_rank as f64;
-            let q = (model.num_attention_heads * model.kv_channels) as f64;
-            let kv = (model.num_query_groups * model.kv_channels) as f64;
+            let q = model.num_attention_heads as f64 * model.kv_channels as f64;
+            let kv = model.num_query_groups as f64 * model.kv_channels as f64;
             let (qkv_f, qkv_b) = linear(tokens, h, (q + 2.0 * kv) / t);
             let (out_f, out_b) = linear(tokens, q / t, h);
             let dense = (plus(qkv_f, out_f, 1.0), plus(qkv_b, out_b, 1.0));
@@ -441,7 +441,7 @@ impl ExpertCosts {
         let ep = config.ep.max(1);
         let etp = config.etp.max(1);
         let t = config.tp.max(1) as f64;
-        let tokens = (model.seq_length * config.micro_batch) as f64 / config.cp.max(1) as f64;
+        let tokens = model.seq_length as f64 * config.micro_batch as f64 / config.cp.max(1) as f64;
         let rank_tokens = if config.tp > 1 { tokens / t } else { tokens };
         let load = load_factor(moe);
         let k = moe.router_topk.max(1) as f64;
@@ -455,7 +455,12 @@ impl ExpertCosts {
         let recompute_moe = config.recompute == Recompute::Selective
             && training.recompute_modules.contains(&RecomputeModule::Moe);
         let params = ParameterBreakdown::new(model, config.tp);
-        let edp = ((config.tp * config.cp.max(1) * config.dp) / (ep * etp)).max(1);
+        let edp = (config
+            .tp
+            .saturating_mul(config.cp.max(1))
+            .saturating_mul(config.dp)
+            / ep.saturating_mul(etp))
+        .max(1);
         let mut out = ExpertCosts {
             dispatcher: moe.dispatcher,
             ep: ep as usize,
