@@ -208,13 +208,18 @@ impl ExpertKindOps {
             let load = load_factor(moe);
             // The dense MLP this layer does not run, as [`KindOps`] priced it.
             let dense_f = model.ffn_hidden_size as f64;
-            let (up_f, up_b) = linear(tokens, h, gates * dense_f / t);
-            let (down_f, down_b) = linear(tokens, dense_f / t, h);
-            let act = memory((gates + 1.0) * tokens * dense_f / t * e, 0.0);
-            ops.dense_mlp = (
-                plus(plus(up_f, down_f, 1.0), act, 1.0),
-                plus(plus(up_b, down_b, 1.0), twice(act), 1.0),
-            );
+            // A tensor-parallel MLP of `width` over the layer's tokens (its activation in
+            // `kernels` kernels: the dense one's are already counted with the layer's).
+            let mlp = |width: f64, kernels: f64| {
+                let (up_f, up_b) = linear(tokens, h, gates * width / t);
+                let (down_f, down_b) = linear(tokens, width / t, h);
+                let act = memory((gates + 1.0) * tokens * width / t * e, kernels);
+                (
+                    plus(plus(up_f, down_f, 1.0), act, 1.0),
+                    plus(plus(up_b, down_b, 1.0), twice(act), 1.0),
+                )
+            };
+            ops.dense_mlp = mlp(dense_f, 0.0);
             // Router: logits over the experts (fp32 softmax or sigmoid, top-k, scores).
             let (rf, rb) = linear(rank_tokens, h, experts);
             let router_kernels = memory(3.0 * rank_tokens * experts * 4.0, 4.0);
@@ -246,14 +251,7 @@ impl ExpertKindOps {
             ops.experts = (experts_fwd, experts_bwd);
             // The shared expert: a dense MLP of its width over the layer's tokens.
             if let Some(fs) = moe.shared_expert_ffn.filter(|&w| w > 0) {
-                let fs = fs as f64;
-                let (sf1, sb1) = linear(tokens, h, gates * fs / t);
-                let (sf2, sb2) = linear(tokens, fs / t, h);
-                let sact = memory((gates + 1.0) * tokens * fs / t * e, 1.0);
-                ops.shared = (
-                    plus(plus(sf1, sf2, 1.0), sact, 1.0),
-                    plus(plus(sb1, sb2, 1.0), twice(sact), 1.0),
-                );
+                ops.shared = mlp(fs as f64, 1.0);
             }
             if modules(RecomputeModule::Moe) {
                 ops.moe_recompute = plus(
@@ -852,7 +850,10 @@ mod tests {
                         --micro-batch-size 1 --global-batch-size 64 --bf16"
             .to_string();
         if moe {
-            args.push_str(" --num-experts 16 --moe-router-topk 2 --moe-ffn-hidden-size 1024");
+            args.push_str(
+                " --num-experts 16 --moe-router-topk 2 --moe-ffn-hidden-size 1024 \
+                 --moe-token-dispatcher-type alltoall",
+            );
         }
         let words: Vec<String> = args.split_whitespace().map(str::to_string).collect();
         model_from_megatron_args(&words, None).unwrap()
@@ -900,6 +901,15 @@ mod tests {
         // Twice the experts per rank: each computes half the tokens per expert.
         assert!((a.experts_per_rank - 2.0 * b.experts_per_rank).abs() < 1e-12);
         assert!((b.tokens_per_expert - 2.0 * a.tokens_per_expert).abs() < 1e-9);
+        // The report names the all-to-all and where it runs.
+        assert!(
+            across
+                .notes
+                .iter()
+                .any(|n| n.contains("alltoall dispatch and combine") && n.contains("across nodes")),
+            "{:?}",
+            across.notes
+        );
         // The terms add up to the iteration.
         let sum = across.steady_ms
             + across.bubble_ms

@@ -61,6 +61,33 @@ impl ConfigCosts {
             + optimizer_ms
             + (dispatch_ms + expert_dp_exposed_ms);
         let mut notes = self.notes.clone();
+        if let Some(x) = &expert {
+            notes.push(format!(
+                "experts: {} routed per rank over ep {} × etp {} (expert-dp {}), {:.0} tokens per expert and micro-batch at {:.2}× the mean load; per micro-batch on stage {critical_stage}: router {:.2} ms, permute/unpermute {:.2} ms, expert GEMMs {:.2} ms, shared expert {:.2} ms, MLA {:.2} ms, MTP {:.2} ms (the dense MLP's {:.2} ms left out)",
+                x.experts_per_rank, x.ep, x.etp, x.expert_dp, x.tokens_per_expert, x.load_factor,
+                x.router_ms, x.permute_ms, x.experts_ms, x.shared_expert_ms, x.mla_ms, x.mtp_ms,
+                x.dense_mlp_replaced_ms,
+            ));
+            if x.ep > 1 {
+                notes.push(format!(
+                    "{} dispatch and combine: {} collectives per micro-batch of {:.3} ms each ({}), {:.1} ms per micro-batch, {:.1} ms in the iteration; expert-data-parallel reduce {:.1} ms exposed",
+                    x.dispatcher,
+                    x.collectives_per_microbatch,
+                    x.dispatch.ms,
+                    if x.dispatch.crosses_nodes {
+                        format!(
+                            "across nodes: {} of the group on a node, {:.0} GB/s over the network",
+                            x.dispatch.on_node, x.dispatch.inter_gb_per_s
+                        )
+                    } else {
+                        format!("inside a node over {:.0} GB/s", x.dispatch.intra_gb_per_s)
+                    },
+                    x.dispatch_per_microbatch_ms,
+                    x.dispatch_ms,
+                    x.expert_dp_exposed_ms,
+                ));
+            }
+        }
         // Only where no fp32 figure was measured (a CPU stand-in's is).
         if devices
             .iter()
