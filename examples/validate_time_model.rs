@@ -25,6 +25,13 @@
 //!   --bf16 | --no-recompute | --flash-attention | --vocab N
 //!                              change one assumption about vTrain's runs
 //!   --quiet                    no per-run table
+//!   --moe-data FILE            the MoE development set (data/moe/dev.json): every run with
+//!                              a step time costed on H100 (examples/clusters/h100-128x8.json)
+//!                              or GB200 NVL72 trays, one scale per source, the error per
+//!                              run and source, Kendall's tau and the pick per layout sweep
+//!                              (pipette::model::moe_validation); written under "moe" in the
+//!                              JSON
+//!   --no-moe                   leave the MoE development set out
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -32,6 +39,7 @@ use std::process::ExitCode;
 use pipette::cluster::ClusterProfile;
 use pipette::config::Precision;
 use pipette::model::memory::AttentionKernel;
+use pipette::model::moe_validation::{validate_dev_set, DevReport};
 use pipette::model::time::TimeModel;
 use pipette::model::validation::{
     fit_calibration, parse_runs, predict, prepare, score, Fit, Prediction, PreparedRun,
@@ -50,6 +58,7 @@ struct Options {
     json: String,
     assumptions: RunAssumptions,
     quiet: bool,
+    moe_data: Option<PathBuf>,
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -67,6 +76,7 @@ fn parse_options() -> Result<Options, String> {
             .to_string(),
         assumptions: RunAssumptions::default(),
         quiet: false,
+        moe_data: Some(root.join("data/moe/dev.json")),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -98,6 +108,8 @@ fn parse_options() -> Result<Options, String> {
                     .map_err(|_| format!("--vocab {text:?} (want a whole number)"))?;
             }
             "--quiet" => o.quiet = true,
+            "--moe-data" => o.moe_data = Some(value()?.into()),
+            "--no-moe" => o.moe_data = None,
             "-h" | "--help" => {
                 return Err(
                     "see the usage at the top of examples/validate_time_model.rs".to_string(),
@@ -137,6 +149,8 @@ struct Report {
     cluster: String,
     assumptions: RunAssumptions,
     modes: Vec<ModeReport>,
+    /// The MoE development set (`None` with `--no-moe`).
+    moe: Option<DevReport>,
 }
 
 fn pct(x: f64) -> String {
@@ -297,11 +311,25 @@ fn run(o: &Options) -> Result<(), String> {
             single_runs: single_predictions,
         });
     }
+    let moe = match &o.moe_data {
+        Some(path) => {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+            let h100 = ClusterProfile::load(root.join("examples/clusters/h100-128x8.json"))
+                .map_err(|e| e.to_string())?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let dev = validate_dev_set(&text, &h100, &o.calibration)?;
+            println!("\n{}", dev.render());
+            Some(dev)
+        }
+        None => None,
+    };
     let report = Report {
         time_model: o.time_model,
         cluster: o.cluster.display().to_string(),
         assumptions: o.assumptions.clone(),
         modes,
+        moe,
     };
     let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
     if o.json == "-" {

@@ -278,7 +278,10 @@ pub(super) fn estimate(args: &EstimateArgs) -> Result<EstimateReport, Error> {
         .layers_per_stage
         .iter()
         .enumerate()
-        .map(|(i, layers)| breakdown.stage(*layers, i == 0, i == last))
+        .map(|(i, layers)| {
+            let start = config.layers_per_stage[..i].iter().sum();
+            breakdown.stage_from(start, *layers, i == 0, i == last)
+        })
         .collect();
     let mut report = EstimateReport {
         params: ParamsSection {

@@ -139,6 +139,21 @@ pub fn stage_flops(
     if last {
         forward += logits_flops(spec, config.micro_batch, config.tp);
     }
+    // MoE layers: the routed top-k experts, the shared expert and the router in place of
+    // the dense MLP (Megatron's num_floating_point_operations counts them so).
+    if let Some(moe) = &spec.moe {
+        let start: u64 = config.layers_per_stage.iter().take(stage).sum();
+        let moe_layers = (start..start + layers)
+            .filter(|i| moe.is_moe_layer(*i))
+            .count() as f64;
+        let tokens = config.micro_batch as f64 * spec.seq_length as f64;
+        let h = spec.hidden_size as f64;
+        let matrices = if spec.swiglu { 3.0 } else { 2.0 };
+        let widths = moe.router_topk as f64 * moe.ffn_hidden_size as f64
+            + moe.shared_expert_ffn.unwrap_or(0) as f64;
+        let moe_mlp = 2.0 * tokens * h * (widths * matrices + moe.num_experts as f64);
+        forward += moe_layers * (moe_mlp - layer.mlp);
+    }
     let chunks = config.vpp.unwrap_or(1).max(1);
     let (recompute, recomputed_layers) = match &config.recompute {
         Recompute::None => (0.0, 0),

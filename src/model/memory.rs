@@ -94,6 +94,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::calibration::Calibration;
+use super::moe_activations::moe_activations;
 use super::parallel::ParallelConfig;
 use super::params::ParameterBreakdown;
 use crate::config::{LowBits, ModelSpec, Precision, Recompute, RecomputeMethod, TrainingSettings};
@@ -160,6 +161,20 @@ pub struct ActivationBreakdown {
     /// Last stage: the loss's fp32 softmax and the inputs of the final norm and the output
     /// layer, for one micro-batch.
     pub output_bytes: u64,
+    /// The MoE and MLA layers' tensors beyond a dense layer's (router, dispatcher buffers,
+    /// permuted tokens, expert intermediates, MLA latents; [`super::moe_activations`]) and
+    /// the multi-token-prediction layers, over the micro-batches in flight, at an even
+    /// expert load; 0 for a dense model.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moe_bytes: u64,
+    /// What the busiest expert-parallel rank keeps above an even load (dropless routing):
+    /// the allowance a trial's measured peak fits.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moe_imbalance_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ActivationBreakdown {
@@ -170,6 +185,8 @@ impl ActivationBreakdown {
             self.recompute_bytes,
             self.embedding_bytes,
             self.output_bytes,
+            self.moe_bytes,
+            self.moe_imbalance_bytes,
         ]
         .into_iter()
         .fold(0, u64::saturating_add)
@@ -348,6 +365,7 @@ pub fn estimate_memory_with(
         training.precision,
         whole_kernel,
     );
+    let extra = moe_activations(model, training, config, e);
     let checkpoint = e * sbh / t_sp;
     let embedding_per_microbatch = 8.0 * sb + sbh / t_sp;
     let output = 4.0 * sb * shard.padded_vocab as f64 / t + 2.0 * e * sbh / t_sp;
@@ -412,7 +430,34 @@ pub fn estimate_memory_with(
             } else {
                 0.0
             };
+            // MoE and MLA layers beyond the dense ones, and the MTP layers on the last
+            // stage, for the chunk micro-batches in flight (full recomputation keeps only
+            // the layers' inputs: `extra` is zero then).
+            let moe_layers = model.moe.as_ref().map_or(0, |moe| {
+                (starts[i]..starts[i].saturating_add(layers))
+                    .filter(|l| moe.is_moe_layer(*l))
+                    .count() as u64
+            });
+            let mtp = if last { model.mtp_layers as f64 } else { 0.0 };
+            let mtp_moe = mtp
+                * f64::from(u8::from(model.moe.as_ref().is_some_and(|m| {
+                    m.is_moe_layer(model.num_layers.saturating_sub(1))
+                })));
+            let per_chunk = |routed: f64, mla: f64, dense: f64| {
+                (moe_layers as f64 + mtp_moe) * routed / v as f64
+                    + (chunk_layers + mtp / v as f64) * mla
+                    + mtp / v as f64 * dense
+            };
+            let (moe_bytes, moe_imbalance_bytes) = match config.recompute {
+                Recompute::Full { .. } => (0.0, 0.0),
+                _ => (
+                    k * per_chunk(extra.routed, extra.mla, layer),
+                    k * per_chunk(extra.imbalance, 0.0, 0.0),
+                ),
+            };
             let activations = ActivationBreakdown {
+                moe_bytes: to_bytes(moe_bytes.max(0.0)),
+                moe_imbalance_bytes: to_bytes(moe_imbalance_bytes),
                 per_layer_bytes: to_bytes(layer),
                 checkpoint_bytes: to_bytes(checkpoint_bytes),
                 layers_bytes: to_bytes(k * kept),

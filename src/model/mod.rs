@@ -6,6 +6,8 @@
 pub mod calibration;
 pub mod flops;
 pub mod memory;
+pub mod moe_activations;
+pub mod moe_validation;
 pub mod parallel;
 pub mod params;
 pub mod time;

@@ -323,6 +323,9 @@ pub(super) fn pipette_compat(
             param_gather_exposed_ms: 0.0,
             bottleneck,
         },
+        expert_parallel_ms: 0.0,
+        expert_dp_exposed_ms: 0.0,
+        expert: None,
         notes,
     }
 }
@@ -504,6 +507,9 @@ pub(super) fn amp(
                 link: link_ref(cluster, fabric, a, b),
             }),
         },
+        expert_parallel_ms: 0.0,
+        expert_dp_exposed_ms: 0.0,
+        expert: None,
         notes,
     }
 }

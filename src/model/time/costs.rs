@@ -11,6 +11,7 @@ use crate::model::memory::AttentionKernel;
 use crate::model::parallel::ParallelConfig;
 use crate::model::params::ParameterBreakdown;
 
+use super::moe::{stage_expert_params, stage_start, ExpertCosts, ExpertKindOps, ExpertShape};
 use super::ops::{
     fused_softmax_available, KindOps, OpCost, OpShape, StageOps, StageShape,
     FALLBACK_SOFTMAX_EXTRA_KERNELS, MEGATRON_LAYER_PASS_OPS,
@@ -82,6 +83,14 @@ pub struct ConfigCosts {
     pub(super) precision: Precision,
     /// Fixed notes on how the inputs were read.
     pub(super) notes: Vec<String>,
+    /// Expert parallelism's placement-independent costs ([`super::moe`]); `None` for a
+    /// dense model.
+    pub(super) expert: Option<ExpertCosts>,
+    /// Per GPU kind: the MoE, MLA and MTP operations; empty when the model has none.
+    pub(super) expert_ops: Vec<ExpertKindOps>,
+    pub(super) has_mla: bool,
+    /// The busiest expert-parallel rank's load over an even split (1 for a dense model).
+    pub(super) load: f64,
     /// Per GPU kind: the table priced with is another kind's stand-in.
     pub(super) borrowed: [bool; GpuKind::ALL.len()],
     /// Per GPU kind: where a measured table came from, and whether some shape was
@@ -192,6 +201,18 @@ impl ConfigCosts {
             notes: Vec::new(),
             borrowed: GpuKind::ALL.map(|k| tables.get(k).borrowed),
             measured: Default::default(),
+            expert: ExpertCosts::new(
+                model,
+                training,
+                config,
+                calibration,
+                tables,
+                act_bytes,
+                grad_element,
+            ),
+            expert_ops: Vec::new(),
+            has_mla: model.mla.is_some(),
+            load: model.moe.as_ref().map_or(1.0, super::moe::load_factor),
         };
         costs.p2p_mb = costs.p2p_bytes / 1e6;
 
@@ -276,7 +297,16 @@ impl ConfigCosts {
                 tp_pairs.push((0.0, 0.0));
             }
 
-            let stage_params = params.stage(config.layers_per_stage[s], first, last) as f64 / t;
+            // The stage's own layers (dense and MoE ones differ); routed experts reduce over
+            // the expert-data-parallel group instead ([`super::moe`]).
+            let stage_params = params.stage_from(
+                stage_start(config, s),
+                config.layers_per_stage[s],
+                first,
+                last,
+            ) as f64
+                / t
+                - stage_expert_params(&params, config, s);
             let grad_bytes = stage_params * grad_element;
             costs.grad_bytes.push(grad_bytes);
             let ring = (d - 1.0) / d;
@@ -289,12 +319,26 @@ impl ConfigCosts {
             };
             costs.dp_reduce_mb.push(reduce / 1e6);
             costs.dp_gather_mb.push(gather / 1e6);
-            costs.optimizer_bytes.push(optimizer_bytes(
+            let mut step_bytes = optimizer_bytes(
                 stage_params,
                 precision,
                 grad_element,
                 if config.distributed_optimizer { d } else { 1.0 },
-            ));
+            );
+            if let Some(x) = &costs.expert {
+                // The routed experts' state, sharded over the expert-data-parallel group.
+                step_bytes += optimizer_bytes(
+                    x.grad_bytes[s] / grad_element,
+                    precision,
+                    grad_element,
+                    if config.distributed_optimizer {
+                        x.edp as f64
+                    } else {
+                        1.0
+                    },
+                );
+            }
+            costs.optimizer_bytes.push(step_bytes);
         }
         for kind in GpuKind::ALL {
             let hbm_gb_per_s = tables.get(kind).hbm_gb_per_s;
@@ -324,7 +368,7 @@ impl ConfigCosts {
             );
             costs.p2p_latency_ms[kind.index()] = latency.p2p * us;
         }
-        costs.price_ops(&shape, config, calibration, tables);
+        costs.price_ops(&shape, config, training, calibration, tables);
         if slow_softmax {
             costs.notes.push(format!(
                 "unfused attention at micro-batch {} with {} heads per GPU: Megatron's fused \
@@ -347,13 +391,27 @@ impl ConfigCosts {
         &mut self,
         shape: &OpShape<'_>,
         config: &ParallelConfig,
+        training: &TrainingSettings,
         calibration: &Calibration,
         tables: &PerfTables,
     ) {
         let chunks = config.vpp.unwrap_or(1).max(1);
+        let model = shape.model;
+        let expert_shape = ExpertShape {
+            moe: model.moe.as_ref(),
+            mla: model.mla.as_ref(),
+            ep: config.ep,
+            etp: config.etp,
+            cp: config.cp,
+            modules: &training.recompute_modules,
+            selective: config.recompute == Recompute::Selective,
+        };
+        let beyond_dense = model.moe.is_some() || model.mla.is_some() || model.mtp_layers > 0;
         for kind in GpuKind::ALL {
             let table = tables.get(kind);
             let kind_ops = KindOps::new(shape, table, calibration);
+            let expert_ops = beyond_dense
+                .then(|| ExpertKindOps::new(shape, &expert_shape, table, calibration, &kind_ops));
             for s in 0..self.pp {
                 let layers = self.layers[s];
                 let recomputed_layers = match &config.recompute {
@@ -363,15 +421,22 @@ impl ConfigCosts {
                     },
                     _ => 0,
                 };
-                let stage = kind_ops.stage(&StageShape {
+                let mut stage = kind_ops.stage(&StageShape {
                     layers,
                     first: s == 0,
                     last: s + 1 == self.pp,
                     recomputed_layers,
                     selective: config.recompute == Recompute::Selective,
                 });
+                if let Some(extra) = &expert_ops {
+                    let moe_layers = self.expert.as_ref().map_or(0, |x| x.moe_layers[s]);
+                    stage = extra.stage(stage, layers, moe_layers, s + 1 == self.pp, self.has_mla);
+                }
                 self.ops.push(stage);
                 self.slot_ops.push(stage.slot());
+            }
+            if let Some(extra) = expert_ops {
+                self.expert_ops.push(extra);
             }
             if let Some(source) = &table.measured {
                 self.measured[kind.index()] =

@@ -131,7 +131,14 @@ impl ConfigCosts {
                 gather = gather.max(sync.param_gather_ms);
             }
         }
-        pipeline + grad + gather + self.optimizer_step_ms(fabric, devices)
+        // Expert parallelism's all-to-alls and expert-data-parallel reduce ([`super::moe`]);
+        // both 0 for a dense model.
+        let experts = if self.expert.is_some() {
+            self.dispatch_ms(fabric, devices) + self.expert_sync_ms(fabric, devices)
+        } else {
+            0.0
+        };
+        pipeline + grad + gather + self.optimizer_step_ms(fabric, devices) + experts
     }
 
     /// The optimizer step after the data-parallel synchronisation: the slowest stage's,

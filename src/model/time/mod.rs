@@ -112,6 +112,7 @@ pub mod compat;
 mod costs;
 mod evaluate;
 mod fabric;
+mod moe;
 mod ops;
 pub mod perf;
 mod report;
@@ -122,6 +123,7 @@ pub use fabric::{
     mfu_peak_tflops, tensor_dtype, ClusterFabric, Fabric, GpuPerf, GpuThroughput, ThroughputBasis,
     FP32_SHARE_OF_FP16_PEAK,
 };
+pub use moe::{load_factor, DispatchLink, ExpertTime, DROPLESS_LOAD};
 pub use ops::{sweep_shapes, MAX_SWEEP_GEMMS};
 pub use perf::PerfTables;
 
@@ -295,7 +297,8 @@ pub enum TimeError {
 
 /// The estimate of one iteration, every term visible. `iteration_ms` is the sum of
 /// `steady_ms`, `bubble_ms`, `pipeline_p2p_ms`, `data_parallel_exposed_ms`,
-/// `param_gather_exposed_ms` and `optimizer_ms`.
+/// `param_gather_exposed_ms`, `optimizer_ms`, `expert_parallel_ms` and
+/// `expert_dp_exposed_ms` (the last two 0 for a dense model).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TimeEstimate {
     /// Which model produced it.
@@ -324,6 +327,17 @@ pub struct TimeEstimate {
     pub stages: Vec<StageTime>,
     pub pipeline: PipelineComm,
     pub data_parallel: DataParallelComm,
+    /// Expert parallelism's dispatch and combine (all-to-all or all-gather/reduce-scatter)
+    /// over the slots of the slowest stage ([`moe`]'s module doc).
+    #[serde(default)]
+    pub expert_parallel_ms: f64,
+    /// The routed experts' expert-data-parallel gradient reduce and parameter gather left
+    /// exposed.
+    #[serde(default)]
+    pub expert_dp_exposed_ms: f64,
+    /// Every MoE, MLA and MTP term, and where the all-to-all runs; `None` for a dense model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert: Option<ExpertTime>,
     /// How the model read the inputs, and the quirks it keeps.
     pub notes: Vec<String>,
 }

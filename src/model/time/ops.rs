@@ -401,6 +401,16 @@ impl KindOps {
         ops
     }
 
+    /// One transformer layer, (forward, backward).
+    pub(super) fn layer(&self) -> (OpCost, OpCost) {
+        (self.layer_fwd, self.layer_bwd)
+    }
+
+    /// The last stage's final norm, logits and loss, (forward, backward).
+    pub(super) fn last(&self) -> (OpCost, OpCost) {
+        (self.last_fwd, self.last_bwd)
+    }
+
     /// A stage's forward, backward and recomputation on this kind.
     pub fn stage(&self, stage: &StageShape) -> StageOps {
         let layers = stage.layers as f64;

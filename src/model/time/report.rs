@@ -41,11 +41,53 @@ impl ConfigCosts {
         let data_parallel = self.data_parallel_report(fabric, cluster, devices);
 
         let optimizer_ms = self.optimizer_step_ms(fabric, devices);
+        // The critical stage's slowest GPU prices the MoE terms ([`super::moe`]).
+        let critical_group = self.group(devices, replica, critical_stage);
+        let critical_gpu = critical_group[self
+            .slowest_compute(fabric, critical_group, critical_stage)
+            .1];
+        let expert = self.expert_report(fabric, devices, critical_stage, critical_gpu);
+        let (dispatch_ms, expert_dp_exposed_ms) = if self.expert.is_some() {
+            (
+                self.dispatch_ms(fabric, devices),
+                self.expert_sync_ms(fabric, devices),
+            )
+        } else {
+            (0.0, 0.0)
+        };
         let iteration_ms = pipeline
             + data_parallel.reduce_exposed_ms
             + data_parallel.param_gather_exposed_ms
-            + optimizer_ms;
+            + optimizer_ms
+            + (dispatch_ms + expert_dp_exposed_ms);
         let mut notes = self.notes.clone();
+        if let Some(x) = &expert {
+            notes.push(format!(
+                "experts: {} routed per rank over ep {} × etp {} (expert-dp {}), {:.0} tokens per expert and micro-batch at {:.2}× the mean load; per micro-batch on stage {critical_stage}: router {:.2} ms, permute/unpermute {:.2} ms, expert GEMMs {:.2} ms, shared expert {:.2} ms, MLA {:.2} ms, MTP {:.2} ms (the dense MLP's {:.2} ms left out)",
+                x.experts_per_rank, x.ep, x.etp, x.expert_dp, x.tokens_per_expert, x.load_factor,
+                x.router_ms, x.permute_ms, x.experts_ms, x.shared_expert_ms, x.mla_ms, x.mtp_ms,
+                x.dense_mlp_replaced_ms,
+            ));
+            if x.ep > 1 {
+                notes.push(format!(
+                    "{} dispatch and combine: {} collectives per micro-batch of {:.3} ms each ({}), {:.1} ms per micro-batch, {:.1} ms in the iteration; expert-data-parallel reduce {:.1} ms exposed",
+                    x.dispatcher,
+                    x.collectives_per_microbatch,
+                    x.dispatch.ms,
+                    if x.dispatch.crosses_nodes {
+                        format!(
+                            "across nodes: {} of the group on a node, {:.0} GB/s over the network",
+                            x.dispatch.on_node, x.dispatch.inter_gb_per_s
+                        )
+                    } else {
+                        format!("inside a node over {:.0} GB/s", x.dispatch.intra_gb_per_s)
+                    },
+                    x.dispatch_per_microbatch_ms,
+                    x.dispatch_ms,
+                    x.expert_dp_exposed_ms,
+                ));
+            }
+        }
         // Only where no fp32 figure was measured (a CPU stand-in's is).
         if devices
             .iter()
@@ -102,6 +144,9 @@ impl ConfigCosts {
             stages,
             pipeline: pipeline_comm,
             data_parallel,
+            expert_parallel_ms: dispatch_ms,
+            expert_dp_exposed_ms,
+            expert,
             notes,
         }
     }
