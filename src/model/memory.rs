@@ -299,6 +299,15 @@ pub fn estimate_memory_with(
     calibration: &Calibration,
     kernel: AttentionKernel,
 ) -> MemoryEstimate {
+    // Context parallelism: every activation is that of the rank's s/cp tokens (Megatron
+    // runs fused attention under cp, so no score matrix is kept); the distributed
+    // optimizer shards over dp × cp.
+    let model = &*super::context::rank_model(model, config.cp);
+    let kernel = if config.cp > 1 {
+        AttentionKernel::Fused
+    } else {
+        kernel
+    };
     let all_layers = [model.num_layers];
     let stage_layers: &[u64] = if config.layers_per_stage.is_empty() {
         &all_layers
@@ -318,7 +327,11 @@ pub fn estimate_memory_with(
 
     let shard = ShardParameters::new(model, tp, config.ep, config.etp);
     let (weight, gradient, optimizer) = bytes_per_parameter(training.precision);
-    let optimizer_shards = if config.distributed_optimizer { dp } else { 1 };
+    let optimizer_shards = if config.distributed_optimizer {
+        dp.saturating_mul(config.cp.max(1))
+    } else {
+        1
+    };
     let expert_optimizer_shards = if config.distributed_optimizer {
         config.expert_dp().max(1)
     } else {
