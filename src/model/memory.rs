@@ -709,6 +709,30 @@ mod tests {
         estimate_memory(model, &training(global), config, &no_calibration())
     }
 
+    /// Context parallelism: a rank keeps its s/cp tokens' activations (Megatron's 2·cp
+    /// chunks) and the distributed optimizer shards over dp × cp; weights stay whole.
+    #[test]
+    fn context_parallelism_divides_activations_and_shards_the_optimizer_over_dp_times_cp() {
+        let mut model = llama_like();
+        model.seq_length = 32_768;
+        let mut plain = ParallelConfig::even(model.num_layers, 2, 1, 2, 1);
+        plain.distributed_optimizer = true;
+        plain.sequence_parallel = true;
+        let mut cp = plain.clone();
+        cp.cp = 4;
+        let (a, b) = (estimate(&model, 8, &plain), estimate(&model, 8, &cp));
+        let (a, b) = (&a.stages[0], &b.stages[0]);
+        assert_eq!(a.weight_bytes, b.weight_bytes);
+        assert_eq!(a.gradient_bytes, b.gradient_bytes);
+        let per_layer = |s: &StageMemory| s.activations.per_layer_bytes as f64;
+        assert!((per_layer(a) / per_layer(b) - 4.0).abs() < 1e-6);
+        assert_eq!(a.optimizer_bytes.div_ceil(4), b.optimizer_bytes);
+        // A million tokens neither overflows nor panics.
+        model.seq_length = 1 << 20;
+        cp.cp = 64;
+        assert!(estimate(&model, 8, &cp).peak_bytes > 0);
+    }
+
     #[test]
     fn fp8_weight_copies_cost_two_bytes_per_linear_weight_unless_gathered_in_fp8() {
         use crate::config::LowPrecision;
