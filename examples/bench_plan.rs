@@ -270,9 +270,17 @@ fn run_case(
         let wall = start.elapsed().as_secs_f64();
         let (rss_mib, cpu_after) = usage();
         let c = &result.config;
+        let cp = |cp: u64| {
+            if cp > 1 {
+                format!(" cp{cp}")
+            } else {
+                String::new()
+            }
+        };
         let shape = format!(
-            "tp{} pp{} dp{} mb{} v{} {}",
+            "tp{}{} pp{} dp{} mb{} v{} {}",
             c.tp,
+            cp(c.cp),
             c.pp,
             c.dp,
             c.micro_batch,
@@ -311,8 +319,9 @@ fn run_case(
         if top {
             for t in &result.top {
                 eprintln!(
-                    "  tp{} pp{} dp{} mb{} v{}: ident {:.1} searched {:.1} mapped {:.1} evals {}",
+                    "  tp{}{} pp{} dp{} mb{} v{}: ident {:.1} searched {:.1} mapped {:.1} evals {}",
                     t.config.tp,
+                    cp(t.config.cp),
                     t.config.pp,
                     t.config.dp,
                     t.config.micro_batch,

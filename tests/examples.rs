@@ -114,7 +114,12 @@ fn sbatch_examples_are_accepted_and_hold_what_a_real_cluster_needs() {
     let name = "gb200-nvl72.sbatch";
     let path = repo().join("examples/slurm").join(name);
     let script = std::fs::read_to_string(&path).unwrap();
-    assert!(Command::new("bash").arg("-n").arg(&path).status().unwrap().success());
+    assert!(Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success());
     assert_ready_for_a_real_cluster(name, &script);
     let directives = sbatch_directives(&script);
     assert!(

@@ -34,7 +34,7 @@ impl ConfigCosts {
         let (slot, critical_stage, pass) = self.replica(fabric, devices, replica);
         let (steady_ms, bubble_ms, pipeline_p2p_ms) = self.pipeline_terms(slot, pass);
 
-        let stages = (0..self.pp)
+        let stages: Vec<StageTime> = (0..self.pp)
             .map(|s| self.stage_report(fabric, cluster, devices, replica, s))
             .collect();
         let pipeline_comm = self.pipeline_report(fabric, cluster, devices, replica, pass);
@@ -78,6 +78,13 @@ impl ConfigCosts {
                     kind.as_str()
                 ));
             }
+        }
+        if self.cp > 1 {
+            notes.push(format!(
+                "context parallelism over {} ranks: {} ms of the key/value exchange per micro-batch left exposed on stage {critical_stage} (a p2p ring hides each step behind the attention it overlaps; allgather and a2a block)",
+                self.cp,
+                show(stages[critical_stage].cp_comm_ms)
+            ));
         }
         notes.push(format!(
             "1F1B critical path: {m} micro-batch slots + {bubble} bubble slots of stage {critical_stage}, and {passes} pass(es) through the pipeline (one per group of {pp} micro-batches)",
