@@ -537,3 +537,51 @@ fn long_contexts_plan_with_context_parallelism_inside_the_nvlink_domain() {
         assert!(plan.estimate.peak_memory_bytes <= plan.estimate.usable_memory_bytes);
     }
 }
+
+/// Two racks' trays, four of each: a stage's tp × cp ranks never span the two NVLink
+/// domains, though a single rack's trays may share one group.
+#[test]
+fn context_parallel_groups_never_cross_nvlink_domains() {
+    let racks = example("gb200-nvl72-4racks.json");
+    let cluster = racks.at_positions(&[14, 15, 16, 17, 18, 19, 20, 21]);
+    assert_ne!(
+        cluster.nodes[0].nvlink_domain,
+        cluster.nodes[7].nvlink_domain
+    );
+    let s = "131072";
+    let settings = preset(
+        "llama3-8b",
+        &[
+            "--seq-length",
+            s,
+            "--max-position-embeddings",
+            s,
+            "--global-batch-size",
+            "16",
+        ],
+    );
+    let options = PlanOptions {
+        mapping: MappingMode::Identity,
+        top_k: 8,
+        ..PlanOptions::default()
+    };
+    let plan = plan(&settings, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
+    assert!(plan.top.iter().any(|t| t.config.cp > 1));
+    assert!(
+        plan.top.iter().any(|t| t.config.tp * t.config.cp > 4),
+        "groups span trays"
+    );
+    for ranked in &plan.top {
+        let c = &ranked.config;
+        assert!(
+            c.tp * c.cp <= 16,
+            "{c:?} is wider than one rack's four trays"
+        );
+        for group in ranked.placement.devices.chunks((c.tp * c.cp) as usize) {
+            let domain = &cluster.nodes[group[0].node].nvlink_domain;
+            assert!(group
+                .iter()
+                .all(|d| &cluster.nodes[d.node].nvlink_domain == domain));
+        }
+    }
+}
