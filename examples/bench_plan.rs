@@ -42,7 +42,7 @@ struct Case {
     args: &'static [&'static str],
 }
 
-const CASES: [Case; 9] = [
+const CASES: [Case; 11] = [
     Case {
         key: "16",
         gpus: 16,
@@ -114,6 +114,36 @@ const CASES: [Case; 9] = [
         model: "llama3-405b",
         args: &["--global-batch-size", "16384"],
     },
+    // Long contexts (issue 30): 16 trays of one GB200 NVL72 rack (64 GPUs, one NVLink
+    // domain), context parallelism chosen by the model.
+    Case {
+        key: "gb200-128k",
+        gpus: 64,
+        cluster: "gb200-nvl72-4racks.json, 16 trays",
+        model: "llama3-70b",
+        args: &[
+            "--seq-length",
+            "131072",
+            "--max-position-embeddings",
+            "131072",
+            "--global-batch-size",
+            "64",
+        ],
+    },
+    Case {
+        key: "gb200-1m",
+        gpus: 64,
+        cluster: "gb200-nvl72-4racks.json, 16 trays",
+        model: "llama3-8b",
+        args: &[
+            "--seq-length",
+            "1048576",
+            "--max-position-embeddings",
+            "1048576",
+            "--global-batch-size",
+            "16",
+        ],
+    },
 ];
 
 fn h100() -> pipette::cluster::profile::GpuSpec {
@@ -148,6 +178,12 @@ fn load(case: &Case) -> ClusterProfile {
         "8192" => clusters::generated(1024, 8, &h100(), 380.0, 46.5, 8192),
         "16384" => clusters::generated(2048, 8, &h100(), 380.0, 46.5, 16384),
         "12500" => clusters::sampled(12_500, 8, &h100(), 380.0, 46.5, 8, 12_500),
+        "gb200-128k" | "gb200-1m" => {
+            let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("examples/clusters/gb200-nvl72-4racks.json");
+            let racks = ClusterProfile::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            racks.at_positions(&(0..16).collect::<Vec<_>>())
+        }
         "127" => {
             let path =
                 PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/clusters/h100-128x8.json");
@@ -234,9 +270,17 @@ fn run_case(
         let wall = start.elapsed().as_secs_f64();
         let (rss_mib, cpu_after) = usage();
         let c = &result.config;
+        let cp = |cp: u64| {
+            if cp > 1 {
+                format!(" cp{cp}")
+            } else {
+                String::new()
+            }
+        };
         let shape = format!(
-            "tp{} pp{} dp{} mb{} v{} {}",
+            "tp{}{} pp{} dp{} mb{} v{} {}",
             c.tp,
+            cp(c.cp),
             c.pp,
             c.dp,
             c.micro_batch,
@@ -275,8 +319,9 @@ fn run_case(
         if top {
             for t in &result.top {
                 eprintln!(
-                    "  tp{} pp{} dp{} mb{} v{}: ident {:.1} searched {:.1} mapped {:.1} evals {}",
+                    "  tp{}{} pp{} dp{} mb{} v{}: ident {:.1} searched {:.1} mapped {:.1} evals {}",
                     t.config.tp,
+                    cp(t.config.cp),
                     t.config.pp,
                     t.config.dp,
                     t.config.micro_batch,

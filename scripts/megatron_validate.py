@@ -155,6 +155,9 @@ def validate(case):
         "recompute_num_layers": args.recompute_num_layers,
         "num_layers": args.num_layers,
         "layers_per_stage": _layers_per_stage(config),
+        "context_parallel_size": args.context_parallel_size,
+        "cp_comm_type": args.cp_comm_type,
+        "fp8": args.fp8,
     }
 
 

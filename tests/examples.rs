@@ -108,6 +108,31 @@ fn sbatch_examples_are_accepted_and_hold_what_a_real_cluster_needs() {
         assert_ready_for_a_real_cluster(name, &script);
         assert_sbatch_accepts(&slurm, name, &script);
     }
+    // GB200 NVL72 (issue 30): the 16 trays in one segment of one block, one NVLink
+    // domain. The loopback Slurm (Debian's 22.05) predates `--segment` (Slurm 24.11,
+    // topology/block), so sbatch judges every other directive of the script.
+    let name = "gb200-nvl72.sbatch";
+    let path = repo().join("examples/slurm").join(name);
+    let script = std::fs::read_to_string(&path).unwrap();
+    assert!(Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success());
+    assert_ready_for_a_real_cluster(name, &script);
+    let directives = sbatch_directives(&script);
+    assert!(
+        directives.iter().any(|d| d == "--segment=16"),
+        "{name} does not keep its nodes in one NVLink domain: {directives:?}"
+    );
+    assert!(directives.iter().any(|d| d == "--nodes=16"));
+    let older: String = script
+        .lines()
+        .filter(|l| !l.starts_with("#SBATCH --segment"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_sbatch_accepts(&slurm, name, &older);
     let copies =
         std::fs::read_to_string(repo().join("examples/slurm/one-copy-per-node.sbatch")).unwrap();
     assert!(copies.contains("export PIPETTE_JOB_SECRET=$(head -c 32 /dev/urandom | base64)"));

@@ -476,3 +476,112 @@ fn the_mapping_keeps_torchruns_order_unless_it_gains_the_threshold() {
         pipette::plan::DEFAULT_MAPPING_THRESHOLD
     );
 }
+
+/// The first 16 trays of the example GB200 NVL72 rack: 64 GPUs in one NVLink domain.
+fn nvl72_16_trays() -> ClusterProfile {
+    let racks = example("gb200-nvl72-4racks.json");
+    let trays = racks.at_positions(&(0..16).collect::<Vec<_>>());
+    let domain = trays.nodes[0].nvlink_domain.clone();
+    assert!(
+        domain.is_some(),
+        "the example's trays name their NVLink domain"
+    );
+    assert!(trays.nodes.iter().all(|n| n.nvlink_domain == domain));
+    trays
+}
+
+/// Issue 30: a 128K-token Llama-3-70B and a 1M-token Llama-3-8B plan on 64 GB200 with a
+/// context-parallel size the model chose, Megatron's split rules kept, and every stage's
+/// tp × cp ranks on GPUs of one NVLink domain (timing: scripts/bench-plan).
+#[test]
+fn long_contexts_plan_with_context_parallelism_inside_the_nvlink_domain() {
+    let cluster = nvl72_16_trays();
+    for (name, seq, batch) in [
+        ("llama3-70b", 131_072u64, 64u64),
+        ("llama3-8b", 1_048_576, 16),
+    ] {
+        let s = seq.to_string();
+        let b = batch.to_string();
+        let settings = preset(
+            name,
+            &[
+                "--seq-length",
+                &s,
+                "--max-position-embeddings",
+                &s,
+                "--global-batch-size",
+                &b,
+            ],
+        );
+        let plan = plan(&settings, &cluster, &PlanOptions::default())
+            .unwrap_or_else(|e| panic!("{name} at {seq} tokens: {e}"));
+        let c = &plan.config;
+        assert!(c.cp > 1, "{name} at {seq} tokens planned without cp: {c:?}");
+        assert_eq!(seq % (2 * c.cp), 0);
+        if c.sequence_parallel {
+            assert_eq!((seq / c.cp) % c.tp, 0);
+        }
+        assert_eq!(c.world_size(), 64);
+        let block = (c.tp * c.cp) as usize;
+        for group in plan.placement.devices.chunks(block) {
+            let domain = &cluster.nodes[group[0].node].nvlink_domain;
+            assert!(
+                group
+                    .iter()
+                    .all(|d| &cluster.nodes[d.node].nvlink_domain == domain),
+                "a tp × cp group leaves the NVLink domain: {group:?}"
+            );
+        }
+        // The estimate shows the exchange and stays finite.
+        assert!(plan.estimate.iteration_ms.is_finite() && plan.estimate.iteration_ms > 0.0);
+        assert!(plan.estimate.peak_memory_bytes <= plan.estimate.usable_memory_bytes);
+    }
+}
+
+/// Two racks' trays, four of each: a stage's tp × cp ranks never span the two NVLink
+/// domains, though a single rack's trays may share one group.
+#[test]
+fn context_parallel_groups_never_cross_nvlink_domains() {
+    let racks = example("gb200-nvl72-4racks.json");
+    let cluster = racks.at_positions(&[14, 15, 16, 17, 18, 19, 20, 21]);
+    assert_ne!(
+        cluster.nodes[0].nvlink_domain,
+        cluster.nodes[7].nvlink_domain
+    );
+    let s = "131072";
+    let settings = preset(
+        "llama3-8b",
+        &[
+            "--seq-length",
+            s,
+            "--max-position-embeddings",
+            s,
+            "--global-batch-size",
+            "16",
+        ],
+    );
+    let options = PlanOptions {
+        mapping: MappingMode::Identity,
+        top_k: 8,
+        ..PlanOptions::default()
+    };
+    let plan = plan(&settings, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
+    assert!(plan.top.iter().any(|t| t.config.cp > 1));
+    assert!(
+        plan.top.iter().any(|t| t.config.tp * t.config.cp > 4),
+        "groups span trays"
+    );
+    for ranked in &plan.top {
+        let c = &ranked.config;
+        assert!(
+            c.tp * c.cp <= 16,
+            "{c:?} is wider than one rack's four trays"
+        );
+        for group in ranked.placement.devices.chunks((c.tp * c.cp) as usize) {
+            let domain = &cluster.nodes[group[0].node].nvlink_domain;
+            assert!(group
+                .iter()
+                .all(|d| &cluster.nodes[d.node].nvlink_domain == domain));
+        }
+    }
+}

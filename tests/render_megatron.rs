@@ -30,9 +30,9 @@ use std::time::Duration;
 
 use pipette::cluster::ClusterProfile;
 use pipette::config::megatron::Pin;
-use pipette::config::{settings_from_megatron_args, Recompute, RecomputeMethod, Settings};
+use pipette::config::{settings_from_megatron_args, LowBits, Recompute, RecomputeMethod, Settings};
 use pipette::model::parallel::ParallelConfig;
-use pipette::plan::{plan, PlanOptions};
+use pipette::plan::{plan, MappingMode, PlanOptions};
 use pipette::render::{render, LaunchSpec, RenderInput, ScriptInvocation, Templates};
 use serde_json::{json, Value};
 
@@ -173,6 +173,11 @@ impl Case {
             "recompute_num_layers": layers,
             "num_layers": self.settings.model.num_layers,
             "layers_per_stage": c.layers_per_stage,
+            "context_parallel_size": c.cp,
+            "cp_comm_type": [self.settings.training.cp_comm_type.megatron_name()],
+            "fp8": self.settings.training.low_precision.as_ref()
+                .filter(|l| l.bits == LowBits::Fp8)
+                .map(|l| l.format.clone()),
         })
     }
 }
@@ -478,10 +483,105 @@ fn planned_mixed_cases() -> Vec<Case> {
     .collect()
 }
 
+/// Issue 30: context-parallel and FP8 configurations the planner ranks best (every mapped
+/// one of each plan) for long sequences on the example clusters: across the network
+/// (H100 nodes), inside NVLink domains (GB200 trays), with each `--cp-comm-type`.
+fn planned_long_context_cases() -> Vec<Case> {
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/clusters");
+    let gb200 = ClusterProfile::load(examples.join("gb200-nvl72-4racks.json"))
+        .unwrap()
+        .at_positions(&(0..8).collect::<Vec<_>>());
+    let four = [0, 1, 2, 3];
+    let h100 = ClusterProfile::load(examples.join("h100-16x8.json"))
+        .unwrap()
+        .at_positions(&four);
+    let b200 = ClusterProfile::load(examples.join("dgx-b200-16x8.json"))
+        .unwrap()
+        .at_positions(&four);
+    let long = |seq: u64, batch: u64, extra: &str| {
+        format!(
+            "--seq-length {seq} --max-position-embeddings {seq} --global-batch-size {batch} {extra}"
+        )
+    };
+    let plans = [
+        (&h100, "llama3-8b", long(32_768, 64, "--fp8-format hybrid")),
+        (
+            &h100,
+            "llama3-8b",
+            long(
+                65_536,
+                32,
+                "--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 4",
+            ),
+        ),
+        (
+            &b200,
+            "llama3-70b",
+            long(65_536, 32, "--fp8-format e4m3 --fp8-recipe tensorwise"),
+        ),
+        (
+            &b200,
+            "llama3-8b",
+            long(131_072, 16, "--cp-comm-type allgather"),
+        ),
+        (
+            &gb200,
+            "llama3-8b",
+            long(131_072, 16, "--fp8-format hybrid --cp-comm-type a2a"),
+        ),
+        (
+            &gb200,
+            "llama3-70b",
+            long(32_768, 32, "--fp8-format hybrid --fp8-param-gather"),
+        ),
+    ];
+    let mut cases = Vec::new();
+    for (cluster, preset, user) in plans {
+        let user_args = words(&user);
+        let settings = settings_from_megatron_args(&user_args, Some(preset), &[])
+            .unwrap_or_else(|e| panic!("{preset} {user}: {e}"));
+        // Megatron judges the configurations; where their ranks run does not matter here.
+        let options = PlanOptions {
+            mapping: MappingMode::Identity,
+            top_k: 4,
+            ..PlanOptions::default()
+        };
+        let plan =
+            plan(&settings, cluster, &options).unwrap_or_else(|e| panic!("{preset} {user}: {e}"));
+        for ranked in &plan.top {
+            let c = &ranked.config;
+            cases.push(Case {
+                name: format!(
+                    "{preset} {user} planned tp{} cp{} pp{} dp{} mbs{}",
+                    c.tp, c.cp, c.pp, c.dp, c.micro_batch
+                ),
+                user_args: user_args.clone(),
+                settings: settings.clone(),
+                config: c.clone(),
+                script_options: Vec::new(),
+            });
+        }
+    }
+    let interesting = cases
+        .iter()
+        .filter(|c| c.config.cp > 1 || c.settings.training.low_precision.is_some())
+        .count();
+    assert!(interesting >= 20, "only {interesting} CP or FP8 plans");
+    assert!(
+        cases.iter().filter(|c| c.config.cp > 1).count() >= 10,
+        "the planner chose context parallelism too rarely"
+    );
+    assert!(cases
+        .iter()
+        .any(|c| c.config.cp > 1 && c.settings.training.low_precision.is_some()));
+    cases
+}
+
 #[test]
 fn megatron_accepts_every_rendered_argument_list_and_refuses_wrong_ones() {
     let mut cases = cases();
     cases.extend(planned_mixed_cases());
+    cases.extend(planned_long_context_cases());
     assert!(cases.len() >= 30, "the matrix has {} plans", cases.len());
     let mut inputs = Vec::new();
     for case in &cases {

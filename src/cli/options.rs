@@ -91,8 +91,8 @@ pub struct ModelOptions {
     #[arg(long = "model", env = "PIPETTE_MODEL", value_name = "PRESET")]
     pub preset: Option<String>,
 
-    /// Parallel settings the planner must keep, comma-separated: tp, pp, mbs, vpp, sp,
-    /// recompute, dist-opt take their value from the Megatron arguments; NAME=VALUE
+    /// Parallel settings the planner must keep, comma-separated: tp, pp, cp, mbs, vpp,
+    /// sp, recompute, dist-opt take their value from the Megatron arguments; NAME=VALUE
     /// fixes a value (e.g. tp=4, dp=8); `all` pins everything the arguments give;
     /// `yours` keeps the arguments' configuration unless the plan is faster by more than
     /// the time model's stated error. Without --pin, parallel sizes in the script's

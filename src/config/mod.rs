@@ -155,6 +155,58 @@ pub struct TrainingSettings {
     /// FP8 or FP4 (Transformer Engine). The planner never changes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub low_precision: Option<LowPrecision>,
+    /// `--context-parallel-size` as written (a hint unless pinned).
+    #[serde(default = "one")]
+    pub context_parallel: u64,
+    /// `--cp-comm-type`: how context-parallel ranks exchange keys and values. The user's
+    /// choice; the planner never changes it.
+    #[serde(default)]
+    pub cp_comm_type: CpCommType,
+    /// `--hierarchical-context-parallel-sizes` (the a2a and p2p levels of `a2a+p2p`,
+    /// innermost first); their product is the context-parallel size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hierarchical_context_parallel: Option<Vec<u64>>,
+}
+
+/// `--cp-comm-type` (Megatron's arguments.py; Transformer Engine's attention implements
+/// each): `p2p` passes key/value chunks around a ring, overlapped with the attention of
+/// the chunk in hand; `a2a` (Ulysses) trades the sequence split for a head split with two
+/// all-to-alls; `allgather` gathers the whole keys and values first; `a2a+p2p` runs a2a
+/// inside the first level of `--hierarchical-context-parallel-sizes` and p2p across.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CpCommType {
+    #[default]
+    #[serde(rename = "p2p")]
+    P2p,
+    #[serde(rename = "a2a")]
+    A2a,
+    #[serde(rename = "allgather")]
+    Allgather,
+    #[serde(rename = "a2a+p2p")]
+    A2aP2p,
+}
+
+impl CpCommType {
+    pub const ALL: [CpCommType; 4] = [
+        CpCommType::P2p,
+        CpCommType::A2a,
+        CpCommType::Allgather,
+        CpCommType::A2aP2p,
+    ];
+
+    /// The spelling Megatron takes.
+    pub fn megatron_name(self) -> &'static str {
+        match self {
+            CpCommType::P2p => "p2p",
+            CpCommType::A2a => "a2a",
+            CpCommType::Allgather => "allgather",
+            CpCommType::A2aP2p => "a2a+p2p",
+        }
+    }
+
+    pub fn from_megatron_name(word: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.megatron_name() == word)
+    }
 }
 
 fn default_recompute_modules() -> Vec<RecomputeModule> {
@@ -225,6 +277,9 @@ impl TrainingSettings {
             first_stage_layers: None,
             last_stage_layers: None,
             low_precision: None,
+            context_parallel: 1,
+            cp_comm_type: CpCommType::P2p,
+            hierarchical_context_parallel: None,
         }
     }
 }
@@ -284,6 +339,8 @@ pub struct Constraints {
     pub sequence_parallel: Option<bool>,
     pub recompute: Option<Recompute>,
     pub distributed_optimizer: Option<bool>,
+    #[serde(default)]
+    pub context_parallel: Option<u64>,
 }
 
 #[cfg(test)]

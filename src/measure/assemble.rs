@@ -85,7 +85,7 @@ impl NodePlan {
             .zip(&self.nproc)
             .map(|(inv, n)| match &inv.devices {
                 NodeDevices::Gpus { gpus, .. } => format!(
-                    "{}\tgpu\t{n}\t{}",
+                    "{}\tgpu\t{n}\t{}{}",
                     inv.host,
                     gpus.iter()
                         .take(*n as usize)
@@ -97,7 +97,13 @@ impl NodePlan {
                             g.pci_bus_id.as_deref().unwrap_or("")
                         ))
                         .collect::<Vec<_>>()
-                        .join(";")
+                        .join(";"),
+                    // A node that joined or left an NVLink domain (a rack recabled, a
+                    // tray moved) is measured again; nodes without one keep their key.
+                    inv.nvlink_domain
+                        .as_deref()
+                        .map(|d| format!("\tnvlink {d}"))
+                        .unwrap_or_default()
                 ),
                 NodeDevices::Cpus {
                     memory_bytes,

@@ -802,6 +802,44 @@ mod tests {
         assert_eq!(again, profile);
     }
 
+    /// Issue 30: the links entry's key holds each node's NVLink domain, so a node that
+    /// joined or left one is measured again; a node without one keeps its old key.
+    #[test]
+    fn the_cache_key_holds_the_nvlink_domain() {
+        let spec = spec(&["tray-0", "tray-1"]);
+        let options = ProfileOptions {
+            cache: None,
+            ..ProfileOptions::default()
+        };
+        let node = |host: &str, domain: Option<&str>| NodeInventory {
+            host: host.into(),
+            devices: NodeDevices::Gpus {
+                gpus: vec![inventory::GpuRecord {
+                    index: 0,
+                    name: "NVIDIA GB200".into(),
+                    memory_bytes: 186_000_000_000,
+                    pci_bus_id: None,
+                }],
+                topology: None,
+            },
+            rdma_ports: vec![],
+            nvlink_domain: domain.map(String::from),
+            warnings: vec![],
+        };
+        let key = |a: Option<&str>, b: Option<&str>| {
+            let inv = [node("tray-0", a), node("tray-1", b)];
+            let plan = NodePlan::new(&spec, &options, &inv);
+            cache::key_of(&plan.canonical(&inv, Backend::Nccl))
+        };
+        let rack = key(Some("rack-0"), Some("rack-0"));
+        assert_ne!(rack, key(Some("rack-0"), Some("rack-1")));
+        assert_ne!(rack, key(None, None));
+        assert_eq!(rack, key(Some("rack-0"), Some("rack-0")));
+        let inv = [node("tray-0", None)];
+        let plan = NodePlan::new(&spec, &options, &inv);
+        assert!(!plan.canonical(&inv, Backend::Nccl).contains("nvlink"));
+    }
+
     #[test]
     fn mixed_clusters_are_refused() {
         let gpu = NodeInventory {

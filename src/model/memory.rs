@@ -316,6 +316,15 @@ pub fn estimate_memory_with(
     calibration: &Calibration,
     kernel: AttentionKernel,
 ) -> MemoryEstimate {
+    // Context parallelism: every activation is that of the rank's s/cp tokens (Megatron
+    // runs fused attention under cp, so no score matrix is kept); the distributed
+    // optimizer shards over dp × cp.
+    let model = &*super::context::rank_model(model, config.cp);
+    let kernel = if config.cp > 1 {
+        AttentionKernel::Fused
+    } else {
+        kernel
+    };
     let all_layers = [model.num_layers];
     let stage_layers: &[u64] = if config.layers_per_stage.is_empty() {
         &all_layers
@@ -335,7 +344,11 @@ pub fn estimate_memory_with(
 
     let shard = ShardParameters::new(model, tp, config.ep, config.etp);
     let (weight, gradient, optimizer) = bytes_per_parameter(training.precision);
-    let optimizer_shards = if config.distributed_optimizer { dp } else { 1 };
+    let optimizer_shards = if config.distributed_optimizer {
+        dp.saturating_mul(config.cp.max(1))
+    } else {
+        1
+    };
     let expert_optimizer_shards = if config.distributed_optimizer {
         config.expert_dp().max(1)
     } else {
@@ -739,6 +752,30 @@ mod tests {
 
     fn estimate(model: &ModelSpec, global: u64, config: &ParallelConfig) -> MemoryEstimate {
         estimate_memory(model, &training(global), config, &no_calibration())
+    }
+
+    /// Context parallelism: a rank keeps its s/cp tokens' activations (Megatron's 2·cp
+    /// chunks) and the distributed optimizer shards over dp × cp; weights stay whole.
+    #[test]
+    fn context_parallelism_divides_activations_and_shards_the_optimizer_over_dp_times_cp() {
+        let mut model = llama_like();
+        model.seq_length = 32_768;
+        let mut plain = ParallelConfig::even(model.num_layers, 2, 1, 2, 1);
+        plain.distributed_optimizer = true;
+        plain.sequence_parallel = true;
+        let mut cp = plain.clone();
+        cp.cp = 4;
+        let (a, b) = (estimate(&model, 8, &plain), estimate(&model, 8, &cp));
+        let (a, b) = (&a.stages[0], &b.stages[0]);
+        assert_eq!(a.weight_bytes, b.weight_bytes);
+        assert_eq!(a.gradient_bytes, b.gradient_bytes);
+        let per_layer = |s: &StageMemory| s.activations.per_layer_bytes as f64;
+        assert!((per_layer(a) / per_layer(b) - 4.0).abs() < 1e-6);
+        assert_eq!(a.optimizer_bytes.div_ceil(4), b.optimizer_bytes);
+        // A million tokens neither overflows nor panics.
+        model.seq_length = 1 << 20;
+        cp.cp = 64;
+        assert!(estimate(&model, 8, &cp).peak_bytes > 0);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! a cluster profile, a placement) and returns numbers, each term kept visible.
 
 pub mod calibration;
+pub mod context;
 pub mod flops;
 pub mod memory;
 pub mod moe_activations;

@@ -11,13 +11,24 @@
 //! - the interleaved schedule needs pp > 2 (without p2p overlap), layers per stage divisible
 //!   by the virtual stages, an even split, and a micro-batch count divisible by pp
 //!   (core/pipeline_parallel/schedules.py: `microbatch_group_size_per_vp_stage` = pp);
-//! - sequence parallelism only with tp > 1; the distributed optimizer only matters with dp > 1.
+//! - sequence parallelism only with tp > 1; the distributed optimizer only matters with dp > 1;
+//! - context parallelism: 2·cp divides the sequence, each rank's s/cp tokens divide by tp
+//!   with sequence parallelism, a2a's head split ([`crate::model::context::context_split_error`]);
+//!   tp × cp × dp × pp is the world (EP folds out of tp × cp × dp).
+//!
+//! Where the groups may run: a tensor-parallel group inside one node, or inside one NVLink
+//! domain ([`SpaceOptions::nvlink_nodes`]) when the cluster has them; a stage's tp × cp
+//! ranks likewise inside one domain on such a cluster, never across two. On a cluster without
+//! NVLink domains a context-parallel group may span nodes over the network (its ring exchange
+//! overlaps the attention; Llama 3 trained CP 16 so). The group covers whole nodes or
+//! divides one, so that torchrun's contiguous blocks keep it aligned.
 //!
 //! Splits by GPU speed on mixed clusters (any layer count per stage, rendered as
 //! `--pipeline-model-parallel-layout` when first/last counts cannot say it) are added by
 //! the planner ([`super::layers`]), not here: they depend on where each stage runs.
 
 use crate::config::{Recompute, RecomputeMethod, Settings};
+use crate::model::context::context_split_error;
 use crate::model::ParallelConfig;
 
 /// Bounds of the search that are choices, not rules.
@@ -34,7 +45,18 @@ pub struct SpaceOptions {
     /// Only these `(tp, pp)` shapes (`None`: every shape): the subset search
     /// ([`super::subset`]) ranks each shape on the one node count it is best at.
     pub shapes: Option<Vec<(u64, u64)>>,
+    /// Context parallelism is searched from this sequence length on (a pinned cp is
+    /// always taken): below it no published recipe uses it, and every cp multiplies the
+    /// candidates.
+    pub context_parallel_from: u64,
+    /// Consecutive nodes of the profile's order that share one NVLink domain in every
+    /// aligned run (the planner fills it from the cluster); `None`: no NVLink domains.
+    pub nvlink_nodes: Option<u64>,
 }
+
+/// The shortest sequence for which context parallelism is searched by default: 8K tokens,
+/// the shortest at which NVIDIA's recipes use it (Llama 3.1 405B, CP 2).
+pub const CONTEXT_PARALLEL_FROM: u64 = 8192;
 
 impl Default for SpaceOptions {
     fn default() -> Self {
@@ -43,6 +65,8 @@ impl Default for SpaceOptions {
             max_virtual_stages: 8,
             uneven_layers: true,
             shapes: None,
+            context_parallel_from: CONTEXT_PARALLEL_FROM,
+            nvlink_nodes: None,
         }
     }
 }
@@ -67,60 +91,86 @@ pub fn candidates(
     if world == 0 || model.num_layers == 0 {
         return out;
     }
-    for tp in divisors(gpus_per_node, u64::MAX) {
+    let domain_nodes = options.nvlink_nodes.unwrap_or(1).max(1);
+    let fast_gpus = gpus_per_node.saturating_mul(domain_nodes);
+    // A group covers whole nodes or divides one.
+    let aligned = |n: u64| gpus_per_node % n == 0 || n % gpus_per_node == 0;
+    let training = &settings.training;
+    let levels = training.hierarchical_context_parallel.as_deref();
+    for tp in divisors(fast_gpus.min(world), u64::MAX) {
         if model.num_attention_heads % tp != 0
             || model.num_query_groups % tp != 0
             || pinned.tensor_parallel.is_some_and(|p| p != tp)
+            || !aligned(tp)
         {
             continue;
         }
-        for pp in divisors(world / tp, model.num_layers) {
-            if pinned.pipeline_parallel.is_some_and(|p| p != pp)
-                || options
-                    .shapes
-                    .as_ref()
-                    .is_some_and(|s| !s.contains(&(tp, pp)))
-            {
+        for cp in context_parallel_sizes(settings, world / tp, options) {
+            let block = tp * cp;
+            if !aligned(block) || (options.nvlink_nodes.is_some() && block > fast_gpus) {
                 continue;
             }
-            let dp = world / (tp * pp);
-            if pinned.data_parallel.is_some_and(|p| p != dp) || global_batch % dp != 0 {
-                continue;
-            }
-            for layers in layer_splits(model.num_layers, pp, options.uneven_layers) {
-                let even = layers.iter().all(|l| *l == layers[0]);
-                for micro_batch in divisors(global_batch / dp, options.max_micro_batch) {
-                    if pinned.micro_batch_size.is_some_and(|p| p != micro_batch) {
-                        continue;
-                    }
-                    let microbatches = global_batch / (micro_batch * dp);
-                    for vpp in virtual_stages(&layers, pp, microbatches, even, options) {
-                        if pinned
-                            .virtual_pipeline
-                            .is_some_and(|p| p != vpp.unwrap_or(1))
-                        {
+            for pp in divisors(world / block, model.num_layers) {
+                if pinned.pipeline_parallel.is_some_and(|p| p != pp)
+                    || options
+                        .shapes
+                        .as_ref()
+                        .is_some_and(|s| !s.contains(&(tp, pp)))
+                {
+                    continue;
+                }
+                let dp = world / (block * pp);
+                if pinned.data_parallel.is_some_and(|p| p != dp) || global_batch % dp != 0 {
+                    continue;
+                }
+                for layers in layer_splits(model.num_layers, pp, options.uneven_layers) {
+                    let even = layers.iter().all(|l| *l == layers[0]);
+                    for micro_batch in divisors(global_batch / dp, options.max_micro_batch) {
+                        if pinned.micro_batch_size.is_some_and(|p| p != micro_batch) {
                             continue;
                         }
-                        for recompute in recompute_modes(pinned.recompute.as_ref()) {
-                            for sequence_parallel in flag_choices(tp > 1, pinned.sequence_parallel)
+                        let microbatches = global_batch / (micro_batch * dp);
+                        for vpp in virtual_stages(&layers, pp, microbatches, even, options) {
+                            if pinned
+                                .virtual_pipeline
+                                .is_some_and(|p| p != vpp.unwrap_or(1))
                             {
-                                for distributed_optimizer in
-                                    flag_choices(dp > 1, pinned.distributed_optimizer)
+                                continue;
+                            }
+                            for recompute in recompute_modes(pinned.recompute.as_ref()) {
+                                for sequence_parallel in
+                                    flag_choices(tp > 1, pinned.sequence_parallel)
                                 {
-                                    out.push(ParallelConfig {
-                                        tp,
-                                        pp,
-                                        dp,
-                                        cp: 1,
-                                        ep: 1,
-                                        etp: 1,
-                                        micro_batch,
-                                        vpp,
-                                        recompute: recompute.clone(),
-                                        sequence_parallel,
-                                        distributed_optimizer,
-                                        layers_per_stage: layers.clone(),
-                                    });
+                                    for distributed_optimizer in
+                                        flag_choices(dp * cp > 1, pinned.distributed_optimizer)
+                                    {
+                                        let config = ParallelConfig {
+                                            tp,
+                                            pp,
+                                            dp,
+                                            cp,
+                                            ep: 1,
+                                            etp: 1,
+                                            micro_batch,
+                                            vpp,
+                                            recompute: recompute.clone(),
+                                            sequence_parallel,
+                                            distributed_optimizer,
+                                            layers_per_stage: layers.clone(),
+                                        };
+                                        if cp > 1
+                                            && context_split_error(
+                                                model,
+                                                &config,
+                                                training.cp_comm_type,
+                                                levels,
+                                            )
+                                            .is_some()
+                                        {
+                                            continue;
+                                        }
+                                        out.push(config);
+                                    }
                                 }
                             }
                         }
@@ -130,6 +180,23 @@ pub fn candidates(
         }
     }
     out
+}
+
+/// The context-parallel sizes to try with `ranks` = world / tp: the pinned one, else 1 and,
+/// from [`SpaceOptions::context_parallel_from`] tokens on, every divisor of `ranks` whose
+/// 2·cp chunks divide the sequence.
+fn context_parallel_sizes(settings: &Settings, ranks: u64, options: &SpaceOptions) -> Vec<u64> {
+    let s = settings.model.seq_length;
+    if let Some(cp) = settings.constraints.context_parallel {
+        return if ranks % cp == 0 { vec![cp] } else { vec![] };
+    }
+    if s < options.context_parallel_from {
+        return vec![1];
+    }
+    divisors(ranks, u64::MAX)
+        .into_iter()
+        .filter(|&cp| cp == 1 || s % cp.saturating_mul(2) == 0)
+        .collect()
 }
 
 /// The divisors of `n` up to `at_most`, ascending.

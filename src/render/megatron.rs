@@ -130,7 +130,6 @@ pub fn megatron_args(
 
     let mut kept: Vec<String> = Vec::new();
     let mut zero_stage = None;
-    let mut context_parallel = 1;
     let mut deepspeed_config_written = false;
     for item in &items {
         let text = &base[item.start..item.end];
@@ -154,10 +153,6 @@ pub fn megatron_args(
                         message: format!("expects 0, 1, 2 or 3, got {value:?}"),
                     },
                 )?);
-            }
-            Rewrite::ContextParallel => {
-                let value = item.value(&base).unwrap_or_default();
-                context_parallel = value.trim().parse::<u64>().unwrap_or(1);
             }
             Rewrite::DeepSpeedConfig => {
                 if let Some(path) = deepspeed_config {
@@ -187,6 +182,9 @@ pub fn megatron_args(
         "--pipeline-model-parallel-size".to_string(),
         config.pp.to_string(),
     ];
+    if config.cp > 1 {
+        planned.extend(["--context-parallel-size".to_string(), config.cp.to_string()]);
+    }
     planned.extend(pipeline_split(settings.model.num_layers, config)?);
     planned.extend([
         "--micro-batch-size".to_string(),
@@ -228,7 +226,7 @@ pub fn megatron_args(
     args.extend(tail.iter().cloned());
 
     let mut env = Vec::new();
-    if config.tp > 1 || context_parallel > 1 {
+    if config.tp > 1 || config.cp > 1 {
         env.push(("CUDA_DEVICE_MAX_CONNECTIONS".to_string(), "1".to_string()));
     }
     let zero_stage = zero_stage.unwrap_or(u64::from(config.distributed_optimizer));
@@ -247,6 +245,7 @@ fn check_config(settings: &Settings, config: &ParallelConfig) -> Result<(), Rend
         ("tp", config.tp),
         ("pp", config.pp),
         ("dp", config.dp),
+        ("cp", config.cp),
         ("micro_batch", config.micro_batch),
     ] {
         if value == 0 {
@@ -657,16 +656,28 @@ mod tests {
     }
 
     #[test]
-    fn context_parallel_needs_the_connections_variable_too() {
-        let s = settings(TINY);
-        let c = config(1, 1, 8, &[8]);
-        let out = megatron_args(
-            &s,
-            &w(&format!("{TINY} --context-parallel-size=2")),
-            &c,
-            None,
-        )
-        .unwrap();
+    fn the_plans_context_parallel_size_replaces_the_users_and_needs_the_connections_variable() {
+        let s = settings(&format!(
+            "{TINY} --context-parallel-size=2 --cp-comm-type a2a"
+        ));
+        let user = w(&format!(
+            "{TINY} --context-parallel-size=2 --cp-comm-type a2a"
+        ));
+        let c = ParallelConfig {
+            cp: 2,
+            dp: 4,
+            ..config(1, 1, 8, &[8])
+        };
+        let out = megatron_args(&s, &user, &c, None).unwrap();
+        let text = out.args.join(" ");
+        assert!(text.contains("--context-parallel-size 2"), "{text}");
+        assert!(!text.contains("--context-parallel-size=2"), "{text}");
+        // The exchange stays the user's choice.
+        assert!(text.contains("--cp-comm-type a2a"), "{text}");
         assert_eq!(out.env.len(), 1);
+        // A plan without context parallelism drops the user's size and the variable.
+        let out = megatron_args(&s, &user, &config(1, 1, 8, &[8]), None).unwrap();
+        assert!(!out.args.join(" ").contains("--context-parallel-size"));
+        assert!(out.env.is_empty());
     }
 }

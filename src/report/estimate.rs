@@ -43,10 +43,11 @@ impl EstimateReport {
     pub fn to_human(&self) -> String {
         let c = &self.config;
         let mut out = format!(
-            "tp {} × pp {} × dp {} = {} GPUs, micro-batch {}{}{}{}{}\n",
+            "tp {} × pp {} × dp {}{} = {} GPUs, micro-batch {}{}{}{}{}\n",
             c.tp,
             c.pp,
             c.dp,
+            super::plan::context_text(c),
             c.world_size(),
             c.micro_batch,
             c.vpp

@@ -560,13 +560,23 @@ fn terms(t: &TimeEstimate) -> [(&'static str, f64); 6] {
 /// `tp 2 × pp 4 × dp 4, micro-batch 1, selective recompute, ...`
 pub fn describe(c: &ParallelConfig) -> String {
     format!(
-        "tp {} × pp {} × dp {}, micro-batch {}{}",
+        "tp {} × pp {} × dp {}{}, micro-batch {}{}",
         c.tp,
         c.pp,
         c.dp,
+        context_text(c),
         c.micro_batch,
         c.options_text()
     )
+}
+
+/// ` × cp 8` with context parallelism, else empty.
+pub fn context_text(c: &ParallelConfig) -> String {
+    if c.cp > 1 {
+        format!(" × cp {}", c.cp)
+    } else {
+        String::new()
+    }
 }
 
 fn recompute(r: &Recompute) -> &'static str {

@@ -5,8 +5,8 @@
 use super::read::{Granularity, RawArgs, Vocabulary};
 use super::{contradiction, ArgsError};
 use crate::config::{
-    presets, Dispatcher, DropPolicy, LoadBalancing, LowBits, LowPrecision, MlaSpec, ModelSpec,
-    MoeSpec, Normalization, PositionEmbedding, Precision, Recompute, RecomputeModule,
+    presets, CpCommType, Dispatcher, DropPolicy, LoadBalancing, LowBits, LowPrecision, MlaSpec,
+    ModelSpec, MoeSpec, Normalization, PositionEmbedding, Precision, Recompute, RecomputeModule,
     TrainingSettings,
 };
 
@@ -447,6 +447,7 @@ pub(super) fn training_settings(
     }
     let tensor_parallel = raw.tensor_parallel.unwrap_or(1);
     let pipeline_parallel = raw.pipeline_parallel.unwrap_or(1);
+    context_parallel_rules(raw)?;
     Ok(TrainingSettings {
         global_batch_size,
         micro_batch_size,
@@ -471,7 +472,35 @@ pub(super) fn training_settings(
         first_stage_layers: raw.first_stage_layers,
         last_stage_layers: raw.last_stage_layers,
         low_precision: low_precision(raw)?,
+        context_parallel: raw.context_parallel.unwrap_or(1),
+        cp_comm_type: raw.cp_comm_type.unwrap_or_default(),
+        hierarchical_context_parallel: raw.hierarchical_context_parallel.clone(),
     })
+}
+
+/// Megatron's rules for the context-parallel options (arguments.py validate_args):
+/// `a2a+p2p` needs `--hierarchical-context-parallel-sizes`, whose product is then the
+/// context-parallel size.
+fn context_parallel_rules(raw: &RawArgs) -> Result<(), ArgsError> {
+    let comm = raw.cp_comm_type.unwrap_or_default();
+    match &raw.hierarchical_context_parallel {
+        None if comm == CpCommType::A2aP2p => Err(contradiction(
+            "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A P (Megatron refuses it without: give the a2a and p2p sizes, whose product is the context-parallel size)".to_string(),
+        )),
+        Some(sizes) => {
+            let product = sizes.iter().try_fold(1u64, |p, s| p.checked_mul(*s));
+            match (product, raw.context_parallel) {
+                (None, _) => Err(contradiction(format!(
+                    "--hierarchical-context-parallel-sizes {sizes:?} multiply past any GPU count: check them"
+                ))),
+                (Some(p), Some(cp)) if p != cp => Err(contradiction(format!(
+                    "--hierarchical-context-parallel-sizes multiply to {p}, --context-parallel-size is {cp} (Megatron requires them equal: fix one)"
+                ))),
+                _ => Ok(()),
+            }
+        }
+        None => Ok(()),
+    }
 }
 
 /// `--fp8-*` / `--fp4-*`, with Megatron's own rules (validate_args: not both formats; a

@@ -121,6 +121,9 @@ pub enum Field {
     Fp4Format,
     Fp4Recipe,
     Fp4ParamGather,
+    ContextParallel,
+    CpCommType,
+    HierarchicalContextParallelSizes,
 }
 
 /// What rewriting the arguments for a plan does with an option.
@@ -140,8 +143,6 @@ pub enum Rewrite {
     DeepSpeedConfig,
     /// Kept; its value is the ZeRO stage of the rendered `ds_config.json`.
     ZeroStage,
-    /// Kept; above 1 it makes Megatron require `CUDA_DEVICE_MAX_CONNECTIONS=1`.
-    ContextParallel,
 }
 
 /// What a plan must have for Megatron to accept a flag of the user's.
@@ -340,15 +341,18 @@ pub const OPTIONS: &[MegatronOption] = {
         value("v-head-dim", Setting(VHeadDim)),
         value("mtp-num-layers", Setting(MtpNumLayers)),
         flag("qk-layernorm", Setting(QkLayernorm)),
+        // Context parallelism: the plan decides the size; how the ranks exchange keys and
+        // values stays the user's choice (arguments.py _add_distributed_args).
+        value("context-parallel-size", Setting(ContextParallel)).planned(),
+        options("cp-comm-type", Setting(CpCommType)),
+        options(
+            "hierarchical-context-parallel-sizes",
+            Setting(HierarchicalContextParallelSizes),
+        ),
         // Kept: Megatron reads it only under selective recomputation, whichever the plan picks.
         options("recompute-modules", Setting(RecomputeModules)),
         // Options that change the model or the parallel layout beyond what the parameter,
         // memory and time models know.
-        value(
-            "context-parallel-size",
-            unsupported("context parallelism", Some(1)),
-        )
-        .rewritten(Rewrite::ContextParallel),
         flag("quick-geglu", unsupported("gated GeLU", None)),
         value("hybrid-layer-pattern", unsupported("hybrid models", None)),
         value(

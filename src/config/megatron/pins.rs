@@ -34,6 +34,7 @@ pub enum Pin {
     SequenceParallel(Option<bool>),
     Recompute(Option<Recompute>),
     DistributedOptimizer(Option<bool>),
+    ContextParallel(Option<u64>),
     All,
     Yours,
 }
@@ -50,6 +51,7 @@ impl Pin {
             Pin::SequenceParallel(_) => "sp",
             Pin::Recompute(_) => "recompute",
             Pin::DistributedOptimizer(_) => "dist-opt",
+            Pin::ContextParallel(_) => "cp",
             Pin::All => "all",
             Pin::Yours => "yours",
         }
@@ -64,7 +66,8 @@ impl fmt::Display for Pin {
             | Pin::PipelineParallel(Some(n))
             | Pin::DataParallel(n)
             | Pin::MicroBatch(Some(n))
-            | Pin::VirtualPipeline(Some(n)) => write!(f, "={n}"),
+            | Pin::VirtualPipeline(Some(n))
+            | Pin::ContextParallel(Some(n)) => write!(f, "={n}"),
             Pin::SequenceParallel(Some(b)) | Pin::DistributedOptimizer(Some(b)) => {
                 write!(f, "={b}")
             }
@@ -82,7 +85,7 @@ impl fmt::Display for Pin {
     }
 }
 
-const PIN_KEYS: &str = "tp, pp, dp, mbs, vpp, sp, recompute, dist-opt, all, yours";
+const PIN_KEYS: &str = "tp, pp, dp, cp, mbs, vpp, sp, recompute, dist-opt, all, yours";
 
 /// Reads the value of pipette's `--pin` option (e.g. `tp,pp=2,dp=8`).
 pub fn parse_pins(text: &str) -> Result<Vec<Pin>, ArgsError> {
@@ -115,6 +118,7 @@ pub fn parse_pins(text: &str) -> Result<Vec<Pin>, ArgsError> {
             "pp" => Pin::PipelineParallel(value.map(size).transpose()?),
             "mbs" => Pin::MicroBatch(value.map(size).transpose()?),
             "vpp" => Pin::VirtualPipeline(value.map(size).transpose()?),
+            "cp" => Pin::ContextParallel(value.map(size).transpose()?),
             "dp" => match value {
                 Some(v) => Pin::DataParallel(size(v)?),
                 None => {
@@ -240,6 +244,11 @@ pub(super) fn constraints(
         c.sequence_parallel = Some(training.sequence_parallel);
         c.recompute = Some(training.recompute.clone());
         c.distributed_optimizer = Some(training.distributed_optimizer);
+        c.context_parallel = Some(training.context_parallel);
+    }
+    // `a2a+p2p`'s levels fix the context-parallel size (their product).
+    if let Some(sizes) = &training.hierarchical_context_parallel {
+        c.context_parallel = Some(sizes.iter().product());
     }
     for pin in pins {
         match pin {
@@ -288,6 +297,15 @@ pub(super) fn constraints(
             Pin::DistributedOptimizer(v) => {
                 c.distributed_optimizer = Some(v.unwrap_or(training.distributed_optimizer))
             }
+            Pin::ContextParallel(v) => {
+                let cp = given(*v, raw.context_parallel, "cp", "--context-parallel-size")?;
+                if let Some(levels) = c.context_parallel.filter(|l| *l != cp) {
+                    return Err(contradiction(format!(
+                        "pinned cp={cp}, but --hierarchical-context-parallel-sizes multiply to {levels} (Megatron requires them equal: pin cp={levels} or change the sizes)"
+                    )));
+                }
+                c.context_parallel = Some(cp)
+            }
         }
     }
     check_pins(model, training, &c)?;
@@ -329,6 +347,15 @@ fn check_pins(
                     layers / pp
                 )));
             }
+        }
+    }
+    if let Some(cp) = c.context_parallel.filter(|cp| *cp > 1) {
+        let s = model.seq_length;
+        if s % cp.saturating_mul(2) != 0 {
+            // arguments.py: each rank takes two of 2·cp load-balanced chunks.
+            return Err(contradiction(format!(
+                "cp={cp} needs --seq-length {s} to be a multiple of 2 × {cp} (Megatron splits each sequence into 2·cp chunks: choose a cp whose double divides {s})"
+            )));
         }
     }
     if let Some(mbs) = c.micro_batch_size {

@@ -7,8 +7,8 @@ use super::layer_freq::LayerFreq;
 use super::options::{self, Arity, Field, Read};
 use super::{contradiction, ArgsError};
 use crate::config::{
-    Dispatcher, DropPolicy, LoadBalancing, Normalization, PositionEmbedding, RecomputeMethod,
-    RecomputeModule,
+    CpCommType, Dispatcher, DropPolicy, LoadBalancing, Normalization, PositionEmbedding,
+    RecomputeMethod, RecomputeModule,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +93,9 @@ pub(super) struct RawArgs {
     /// Options the planner does not model (`Read::Unsupported` at a value other than the
     /// neutral one), as written, with what they change: such a run is launched unplanned.
     pub(super) unmodelled: Vec<(String, &'static str)>,
+    pub(super) context_parallel: Option<u64>,
+    pub(super) cp_comm_type: Option<CpCommType>,
+    pub(super) hierarchical_context_parallel: Option<Vec<u64>>,
     pub(super) fp8_format: Option<String>,
     pub(super) fp8_recipe: Option<String>,
     pub(super) fp8_param_gather: bool,
@@ -328,6 +331,7 @@ fn set_value(raw: &mut RawArgs, read: Read, option: &str, value: &str) -> Result
         }
         Field::ExpertModelParallel => raw.expert_parallel = Some(positive()?),
         Field::ExpertTensorParallel => raw.expert_tensor_parallel = Some(positive()?),
+        Field::ContextParallel => raw.context_parallel = Some(positive()?),
         Field::MoeTokenDispatcherType => {
             raw.moe_dispatcher = Some(match choice(&["allgather", "alltoall", "flex"])?.as_str() {
                 "alltoall" => Dispatcher::Alltoall,
@@ -389,6 +393,48 @@ fn set_values(
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             raw.recompute_modules = Some(modules);
+        }
+        Read::Setting(Field::CpCommType) => {
+            let names: Vec<_> = CpCommType::ALL.iter().map(|t| t.megatron_name()).collect();
+            let types = values
+                .iter()
+                .map(|v| {
+                    CpCommType::from_megatron_name(v)
+                        .ok_or_else(|| invalid(v, format!("one of {}", names.join(", "))))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let Some(&first) = types.first() else {
+                return Err(ArgsError::MissingValue {
+                    option: option.to_string(),
+                });
+            };
+            // Megatron takes one type per layer too; the time model prices one for all.
+            if let Some(other) = types.iter().find(|t| **t != first) {
+                return Err(invalid(
+                    other.megatron_name(),
+                    format!(
+                        "the same type for every layer ({} first; per-layer types are not modelled: give one type)",
+                        first.megatron_name()
+                    ),
+                ));
+            }
+            raw.cp_comm_type = Some(first);
+        }
+        Read::Setting(Field::HierarchicalContextParallelSizes) => {
+            let sizes = values
+                .iter()
+                .map(|v| {
+                    parse_count(v)
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| invalid(v, "positive integers".to_string()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if sizes.is_empty() {
+                return Err(ArgsError::MissingValue {
+                    option: option.to_string(),
+                });
+            }
+            raw.hierarchical_context_parallel = Some(sizes);
         }
         Read::Setting(Field::MoeRouterLoadBalancingType) => {
             // Several types apply one loss each; the first names how tokens are balanced.
@@ -516,6 +562,11 @@ pub(super) fn merge(preset: RawArgs, user: RawArgs) -> RawArgs {
         first_stage_layers: user.first_stage_layers.or(preset.first_stage_layers),
         last_stage_layers: user.last_stage_layers.or(preset.last_stage_layers),
         unmodelled: [preset.unmodelled, user.unmodelled].concat(),
+        context_parallel: user.context_parallel.or(preset.context_parallel),
+        cp_comm_type: user.cp_comm_type.or(preset.cp_comm_type),
+        hierarchical_context_parallel: user
+            .hierarchical_context_parallel
+            .or(preset.hierarchical_context_parallel),
         fp8_format: user.fp8_format.or(preset.fp8_format),
         fp8_recipe: user.fp8_recipe.or(preset.fp8_recipe),
         fp8_param_gather: user.fp8_param_gather || preset.fp8_param_gather,

@@ -1,7 +1,8 @@
 use super::options::OPTIONS;
 use super::*;
 use crate::config::{
-    Constraints, Normalization, PositionEmbedding, Precision, Recompute, RecomputeMethod,
+    Constraints, CpCommType, Normalization, PositionEmbedding, Precision, Recompute,
+    RecomputeMethod,
 };
 
 fn args(text: &str) -> Vec<String> {
@@ -481,12 +482,52 @@ fn checkpoints_and_iterations() {
 }
 
 #[test]
+fn context_parallelism_is_read_and_its_rules_kept() {
+    let s = settings("--context-parallel-size 2 --cp-comm-type a2a").unwrap();
+    assert_eq!(s.training.context_parallel, 2);
+    assert_eq!(s.training.cp_comm_type, CpCommType::A2a);
+    // A hint unless pinned.
+    assert_eq!(s.constraints.context_parallel, None);
+    let s = settings("--cp-comm-type p2p p2p").unwrap();
+    assert_eq!(s.training.cp_comm_type, CpCommType::P2p);
+    // a2a+p2p: the levels are required and fix the size.
+    let text = contradiction_text("--cp-comm-type a2a+p2p");
+    assert!(
+        text.contains("--hierarchical-context-parallel-sizes"),
+        "{text}"
+    );
+    let s = settings("--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2").unwrap();
+    assert_eq!(s.constraints.context_parallel, Some(4));
+    let text = contradiction_text(
+        "--context-parallel-size 8 --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2",
+    );
+    assert!(text.contains("multiply to 4"), "{text}");
+    assert!(matches!(
+        settings("--cp-comm-type ring"),
+        Err(ArgsError::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        settings("--cp-comm-type p2p a2a"),
+        Err(ArgsError::InvalidValue { .. })
+    ));
+    // `--pin cp` takes the arguments' value; Megatron's 2·cp chunks must divide the sequence.
+    let pins = parse_pins("cp").unwrap();
+    let a = args(&format!("{TINY} --context-parallel-size 2"));
+    let c = settings_from_megatron_args(&a, None, &pins)
+        .unwrap()
+        .constraints;
+    assert_eq!(c.context_parallel, Some(2));
+    let pins = parse_pins("cp=3").unwrap();
+    match settings_from_megatron_args(&a, None, &pins) {
+        Err(ArgsError::Contradiction(text)) => assert!(text.contains("2 × 3"), "{text}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(parse_pins("cp=4").unwrap()[0].to_string(), "cp=4");
+}
+
+#[test]
 fn unsupported_and_removed_options() {
-    for extra in [
-        "--context-parallel-size 2",
-        "--padded-vocab-size 1024",
-        "--hybrid-layer-pattern M*M*",
-    ] {
+    for extra in ["--padded-vocab-size 1024", "--hybrid-layer-pattern M*M*"] {
         assert!(
             matches!(settings(extra), Err(ArgsError::Unmodelled { .. })),
             "{extra}"
@@ -642,6 +683,7 @@ fn pins_take_values_from_the_args() {
             sequence_parallel: Some(true),
             recompute: Some(Recompute::Selective),
             distributed_optimizer: Some(false),
+            context_parallel: Some(1),
         }
     );
 }

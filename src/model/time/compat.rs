@@ -381,6 +381,7 @@ pub(super) fn amp(
             recompute_ms: 0.0,
             tp_comm_ms: 3.0 * tp_forward_ms,
             tp_comm_hidden_ms: 0.0,
+            cp_comm_ms: 0.0,
             tp_link: None,
             gpu: None,
             host_ms: 0.0,

@@ -6,11 +6,13 @@
 
 use crate::config::{ModelSpec, Precision, Recompute, RecomputeMethod, TrainingSettings};
 use crate::model::calibration::Calibration;
+use crate::model::context::{context_split_error, rank_model};
 use crate::model::flops::{stage_flops, AttentionMask};
 use crate::model::memory::AttentionKernel;
 use crate::model::parallel::ParallelConfig;
 use crate::model::params::ParameterBreakdown;
 
+use super::cp::{context_exchange, ContextExchange};
 use super::moe::{stage_expert_params, stage_start, ExpertCosts, ExpertKindOps, ExpertShape};
 use super::ops::{
     fused_softmax_available, KindOps, OpCost, OpShape, StageOps, StageShape,
@@ -32,7 +34,15 @@ pub(super) fn dtype_bytes(precision: Precision) -> f64 {
 /// GPU speeds and links come from the [`Fabric`] at evaluation.
 #[derive(Debug, Clone)]
 pub struct ConfigCosts {
+    /// Ranks of one replica in one stage: tp × cp (Megatron's order puts them together,
+    /// tp fastest), the group every per-stage term is read from.
     pub(super) tp: usize,
+    /// Tensor-parallel size.
+    pub(super) tensor: usize,
+    /// Context-parallel size.
+    pub(super) cp: usize,
+    /// The context-parallel exchange ([`super::cp`]); `None` at cp 1.
+    pub(super) context: Option<ContextExchange>,
     pub(super) dp: usize,
     pub(super) pp: usize,
     /// Model chunks per stage (1 without the interleaved schedule).
@@ -130,6 +140,19 @@ impl ConfigCosts {
     ) -> Result<Self, TimeError> {
         super::check_calibration(calibration)?;
         check_config(model, training, config)?;
+        if let Some(why) = context_split_error(
+            model,
+            config,
+            training.cp_comm_type,
+            training.hierarchical_context_parallel.as_deref(),
+        ) {
+            return Err(TimeError::Config(why));
+        }
+        // Everything token-wise is that of the rank's s/cp tokens ([`crate::model::context`]).
+        let full_model = model;
+        let rank = rank_model(model, config.cp);
+        let model = &*rank;
+        let cp = config.cp.max(1) as usize;
         let tp = config.tp as usize;
         let dp = config.dp as usize;
         let pp = config.pp as usize;
@@ -138,7 +161,7 @@ impl ConfigCosts {
         let precision = training.precision;
         let act_bytes = dtype_bytes(precision);
         let t = config.tp as f64;
-        let d = config.dp as f64;
+        let reducers = (config.dp * config.cp.max(1)) as f64;
         let sp = config.sequence_parallel && tp > 1;
 
         // One all-reduce message: the full activation s·b·h. A ring all-gather or
@@ -157,7 +180,10 @@ impl ConfigCosts {
         };
 
         let mut costs = ConfigCosts {
-            tp,
+            tp: tp * cp,
+            tensor: tp,
+            cp,
+            context: None,
             dp,
             pp,
             vpp,
@@ -223,22 +249,30 @@ impl ConfigCosts {
             tp: config.tp,
             sequence_parallel: config.sequence_parallel,
             act_bytes,
-            attention: options.attention,
+            // Context parallelism runs Transformer Engine's fused attention.
+            attention: if cp > 1 {
+                AttentionKernel::Fused
+            } else {
+                options.attention
+            },
+            context_parallel: config.cp,
             fused_softmax: fused_softmax_available(model, config.micro_batch, config.tp),
             low_precision: training.low_precision.as_ref().map(|l| l.bits),
         };
-        let slow_softmax = options.attention == AttentionKernel::Unfused && !shape.fused_softmax;
+        let slow_softmax = shape.attention == AttentionKernel::Unfused && !shape.fused_softmax;
         // Per stage: (all-reduce pairs, single collectives) of the tp latencies.
         let mut tp_pairs: Vec<(f64, f64)> = Vec::with_capacity(pp);
         for s in 0..pp {
             let first = s == 0;
             let last = s + 1 == pp;
-            let flops = stage_flops(model, config, s, AttentionMask::Causal);
-            costs.fwd_gflop.push(flops.forward / t / 1e9);
+            // A context-parallel rank does 1/cp of the whole sequence's work (balanced chunks).
+            let flops = stage_flops(full_model, config, s, AttentionMask::Causal);
+            let tc = t * cp as f64;
+            costs.fwd_gflop.push(flops.forward / tc / 1e9);
             costs
                 .bwd_gflop
-                .push((flops.backward + flops.recompute) / t / 1e9);
-            costs.recompute_gflop.push(flops.recompute / t / 1e9);
+                .push((flops.backward + flops.recompute) / tc / 1e9);
+            costs.recompute_gflop.push(flops.recompute / tc / 1e9);
             // Forward, backward (twice the forward's kernels) and the recomputed forwards;
             // PyTorch's softmax path issues more operations each way.
             let layers = config.layers_per_stage[s] as f64;
@@ -309,8 +343,10 @@ impl ConfigCosts {
                 - stage_expert_params(&params, config, s);
             let grad_bytes = stage_params * grad_element;
             costs.grad_bytes.push(grad_bytes);
-            let ring = (d - 1.0) / d;
-            let (reduce, gather) = if dp < 2 {
+            // Gradients are reduced over dp × cp (Megatron's data-parallel group with
+            // context parallelism), where the distributed optimizer shards too.
+            let ring = (reducers - 1.0) / reducers;
+            let (reduce, gather) = if dp * cp < 2 {
                 (0.0, 0.0)
             } else if config.distributed_optimizer {
                 (ring * grad_bytes, ring * stage_params * act_bytes)
@@ -323,7 +359,11 @@ impl ConfigCosts {
                 stage_params,
                 precision,
                 grad_element,
-                if config.distributed_optimizer { d } else { 1.0 },
+                if config.distributed_optimizer {
+                    reducers
+                } else {
+                    1.0
+                },
             );
             if let Some(x) = &costs.expert {
                 // The routed experts' state, sharded over the expert-data-parallel group.
@@ -369,6 +409,7 @@ impl ConfigCosts {
             costs.p2p_latency_ms[kind.index()] = latency.p2p * us;
         }
         costs.price_ops(&shape, config, training, calibration, tables);
+        costs.context = context_exchange(&shape, config, training, tables, calibration);
         if slow_softmax {
             costs.notes.push(format!(
                 "unfused attention at micro-batch {} with {} heads per GPU: Megatron's fused \

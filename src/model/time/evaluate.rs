@@ -124,7 +124,7 @@ impl ConfigCosts {
         }
         let mut grad = 0.0f64;
         let mut gather = 0.0f64;
-        if self.dp > 1 {
+        if self.dp * self.cp > 1 {
             for s in 0..self.pp {
                 let sync = self.stage_sync(fabric, devices, s);
                 grad = grad.max(sync.grad_reduce_ms);
@@ -185,7 +185,7 @@ impl ConfigCosts {
         devices: &[Device],
         s: usize,
     ) -> StageSync {
-        if self.dp < 2 {
+        if self.dp * self.cp < 2 {
             return StageSync {
                 grad_reduce_ms: 0.0,
                 param_gather_ms: 0.0,
@@ -236,7 +236,7 @@ impl ConfigCosts {
     /// slowest GPU (ms per GFLOP). Zero without data parallelism.
     #[inline]
     pub fn stage_sync_from(&self, s: usize, ring_gb_per_s: f64, ms_per_gflop: f64) -> StageSync {
-        if self.dp < 2 {
+        if self.dp * self.cp < 2 {
             return StageSync {
                 grad_reduce_ms: 0.0,
                 param_gather_ms: 0.0,
@@ -280,8 +280,25 @@ impl ConfigCosts {
         group: &[Device],
         s: usize,
     ) -> (f64, f64) {
-        let (compute, _) = self.slowest_compute(fabric, group, s);
-        (compute, self.tp_ms(fabric, group, s) * self.tp_exposed)
+        let (compute, slowest) = self.slowest_compute(fabric, group, s);
+        let mut comm = self.tp_ms(fabric, group, s) * self.tp_exposed;
+        if let Some(context) = &self.context {
+            comm += context.exposed_ms(fabric, group, group[slowest], s);
+        }
+        (compute, comm)
+    }
+
+    /// Stage `s`'s exposed context-parallel exchange for one micro-batch ([`super::cp`]);
+    /// zero at cp 1.
+    #[inline]
+    pub(super) fn cp_ms<F: Fabric + ?Sized>(&self, fabric: &F, group: &[Device], s: usize) -> f64 {
+        match &self.context {
+            Some(context) => {
+                let (_, slowest) = self.slowest_compute(fabric, group, s);
+                context.exposed_ms(fabric, group, group[slowest], s)
+            }
+            None => 0.0,
+        }
     }
 
     /// Stage `s`'s compute for one micro-batch on the slowest GPU of `group`: (ms, position).
@@ -308,8 +325,12 @@ impl ConfigCosts {
     /// Stage `s`'s tensor-parallel collectives for one micro-batch, before overlap.
     #[inline]
     pub(super) fn tp_ms<F: Fabric + ?Sized>(&self, fabric: &F, group: &[Device], s: usize) -> f64 {
-        if self.tp > 1 {
-            let (bw, _) = ring_bottleneck(fabric, group);
+        if self.tensor > 1 {
+            // Each tp group of the stage's tp × cp ranks runs its own ring.
+            let bw = group
+                .chunks(self.tensor)
+                .map(|tp_group| ring_bottleneck(fabric, tp_group).0)
+                .fold(f64::INFINITY, f64::min);
             // A collective waits for its slowest member: the group's largest latency.
             let latency = group
                 .iter()
@@ -388,6 +409,19 @@ impl ConfigCosts {
             ms_per_gflop: f64::NEG_INFINITY,
         };
         let block = &devices[self.tp * self.dp * s..self.tp * self.dp * (s + 1)];
+        if let Some(context) = &self.context {
+            // The reduce over dp × cp also crosses each replica's context-parallel rings.
+            for d in 0..self.dp {
+                let here = &block[self.tp * d..self.tp * (d + 1)];
+                rings.gb_per_s = rings.gb_per_s.min(context.ring_gb_per_s(fabric, here));
+                for &x in here {
+                    rings.ms_per_gflop = rings.ms_per_gflop.max(fabric.ms_per_gflop(x));
+                }
+            }
+            if self.dp < 2 {
+                return rings;
+            }
+        }
         for d in 0..self.dp {
             let next = if d + 1 == self.dp { 0 } else { d + 1 };
             let here = &block[self.tp * d..self.tp * (d + 1)];

@@ -110,6 +110,7 @@
 
 pub mod compat;
 mod costs;
+mod cp;
 mod evaluate;
 mod fabric;
 mod moe;
@@ -388,6 +389,10 @@ pub struct StageTime {
     pub tp_comm_ms: f64,
     /// Tensor-parallel collectives hidden by `--tp-comm-overlap`.
     pub tp_comm_hidden_ms: f64,
+    /// The context-parallel exchange left exposed beyond the attention it overlaps,
+    /// forward and backward (absent at cp 1).
+    #[serde(skip_serializing_if = "no_time")]
+    pub cp_comm_ms: f64,
     /// The slowest link of the tp ring and what the ring attains there (across nodes: the
     /// node link times the group's share of the NICs); `None` without tensor parallelism.
     pub tp_link: Option<LinkRef>,
@@ -395,8 +400,13 @@ pub struct StageTime {
     pub gpu: Option<GpuRef>,
     /// The host's time to issue the slot's kernels: the least its compute can take.
     pub host_ms: f64,
-    /// One micro-batch slot: `max(forward_ms + backward_ms, host_ms) + tp_comm_ms`.
+    /// One micro-batch slot: `max(forward_ms + backward_ms, host_ms) + tp_comm_ms +
+    /// cp_comm_ms`.
     pub slot_ms: f64,
+}
+
+fn no_time(ms: &f64) -> bool {
+    *ms == 0.0
 }
 
 /// One pipeline hop on the critical path.
@@ -502,6 +512,12 @@ pub fn estimate(
     )?;
     check_placement(&fabric, request, &request.placement.devices)?;
     let devices = &request.placement.devices;
+    if request.config.cp > 1 && time_model != TimeModel::Pipette {
+        return Err(TimeError::Config(format!(
+            "the {time_model} model has no context parallelism (cp={}): use the Pipette model",
+            request.config.cp
+        )));
+    }
     Ok(match time_model {
         TimeModel::Pipette => costs.report(&fabric, request.cluster, devices),
         TimeModel::PipetteCompat => compat::pipette_compat(&costs, request, &fabric, devices),

@@ -31,6 +31,7 @@
 use crate::cluster::profile::{AttentionShape, GemmLayout, GemmShape};
 use crate::config::{LowBits, ModelSpec, PositionEmbedding};
 use crate::model::calibration::Calibration;
+use crate::model::context::attention_work_factor;
 use crate::model::flops::{AttentionMask, LayerFlops};
 use crate::model::memory::AttentionKernel;
 use crate::model::params::padded_vocab_size;
@@ -105,6 +106,10 @@ pub struct OpShape<'a> {
     /// The transformer layers' linear GEMMs run in FP8 or FP4 (`--fp8-format`,
     /// `--fp4-format`); attention and the output layer stay 16-bit.
     pub low_precision: Option<LowBits>,
+    /// Context-parallel size: `model` is one rank's view (sequence s/cp), whose attention
+    /// core is cp times smaller than the rank's real share
+    /// ([`crate::model::context::attention_work_factor`]).
+    pub context_parallel: u64,
 }
 
 /// Bytes written per element when Transformer Engine quantises a GEMM operand: the
@@ -304,7 +309,8 @@ impl KindOps {
             AttentionKernel::Fused => AttentionMask::Causal,
             AttentionKernel::Unfused => AttentionMask::Full,
         };
-        let core_gflop = LayerFlops::new(model, shape.micro_batch, mask).attention_core / t / 1e9;
+        let core_gflop = LayerFlops::new(model, shape.micro_batch, mask).attention_core / t / 1e9
+            * attention_work_factor(shape.context_parallel);
         let core_eff = table.attention_efficiency(heads, s, model.kv_channels as f64);
         flags.0 |= core_eff.interpolated;
         flags.1 |= core_eff.extrapolated;
@@ -409,6 +415,11 @@ impl KindOps {
     /// The last stage's final norm, logits and loss, (forward, backward).
     pub(super) fn last(&self) -> (OpCost, OpCost) {
         (self.last_fwd, self.last_bwd)
+    }
+
+    /// One layer's attention core forward (with unfused attention, its score kernels).
+    pub fn attention(&self) -> OpCost {
+        self.attention_fwd
     }
 
     /// A stage's forward, backward and recomputation on this kind.

@@ -34,7 +34,7 @@ impl ConfigCosts {
         let (slot, critical_stage, pass) = self.replica(fabric, devices, replica);
         let (steady_ms, bubble_ms, pipeline_p2p_ms) = self.pipeline_terms(slot, pass);
 
-        let stages = (0..self.pp)
+        let stages: Vec<StageTime> = (0..self.pp)
             .map(|s| self.stage_report(fabric, cluster, devices, replica, s))
             .collect();
         let pipeline_comm = self.pipeline_report(fabric, cluster, devices, replica, pass);
@@ -121,6 +121,13 @@ impl ConfigCosts {
                 ));
             }
         }
+        if self.cp > 1 {
+            notes.push(format!(
+                "context parallelism over {} ranks: {} ms of the key/value exchange per micro-batch left exposed on stage {critical_stage} (a p2p ring hides each step behind the attention it overlaps; allgather and a2a block)",
+                self.cp,
+                show(stages[critical_stage].cp_comm_ms)
+            ));
+        }
         notes.push(format!(
             "1F1B critical path: {m} micro-batch slots + {bubble} bubble slots of stage {critical_stage}, and {passes} pass(es) through the pipeline (one per group of {pp} micro-batches)",
             m = self.microbatches,
@@ -161,14 +168,22 @@ impl ConfigCosts {
     ) -> StageTime {
         let group = self.group(devices, replica, s);
         let (compute, slowest) = self.slowest_compute(fabric, group, s);
-        let (_, tp_comm_ms) = self.slot(fabric, group, s);
-        let tp_link = (self.tp > 1).then(|| {
+        let (_, comm_ms) = self.slot(fabric, group, s);
+        let cp_comm_ms = self.cp_ms(fabric, group, s);
+        let tp_comm_ms = comm_ms - cp_comm_ms;
+        let tp_group = &group[..self.tensor.min(group.len())];
+        let tp_link = (self.tensor > 1).then(|| {
             // The ring's attained bandwidth there: across nodes, the node link times the
             // group's share of the NICs.
-            let (gb_per_s, i) = ring_bottleneck(fabric, group);
+            let (gb_per_s, i) = ring_bottleneck(fabric, tp_group);
             LinkRef {
                 gb_per_s,
-                ..link_ref(cluster, fabric, group[i], group[(i + 1) % group.len()])
+                ..link_ref(
+                    cluster,
+                    fabric,
+                    tp_group[i],
+                    tp_group[(i + 1) % tp_group.len()],
+                )
             }
         });
         let tp_total = self.tp_ms(fabric, group, s);
@@ -182,10 +197,11 @@ impl ConfigCosts {
             recompute_ms: ops.recompute.ms(perf.ms_per_peak_gflop),
             tp_comm_ms,
             tp_comm_hidden_ms: tp_total - tp_comm_ms,
+            cp_comm_ms,
             tp_link,
             gpu: Some(gpu_ref(cluster, fabric, group[slowest])),
             host_ms: self.host_ms[s],
-            slot_ms: compute + tp_comm_ms,
+            slot_ms: compute + comm_ms,
         }
     }
 
@@ -249,7 +265,7 @@ impl ConfigCosts {
             param_gather_exposed_ms: 0.0,
             bottleneck: None,
         };
-        if self.dp < 2 {
+        if self.dp * self.cp < 2 {
             return report;
         }
         // The stage with the most exposed gradient reduce (the most communication when all

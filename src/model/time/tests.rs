@@ -1019,6 +1019,7 @@ fn pytorch_softmax_costs_bytes_kernels_and_host_time() {
         attention: AttentionKernel::Unfused,
         fused_softmax,
         low_precision: None,
+        context_parallel: 1,
     };
     let stage = StageShape {
         layers: 1,
@@ -1081,6 +1082,7 @@ fn fp8_runs_the_linear_gemms_at_the_kinds_fp8_rate_and_pays_for_quantising() {
         attention: AttentionKernel::Fused,
         fused_softmax: true,
         low_precision,
+        context_parallel: 1,
     };
     let stage = StageShape {
         layers: 1,
@@ -1163,6 +1165,7 @@ fn qk_layernorm_reads_and_writes_q_and_k_in_two_more_kernels() {
             attention: AttentionKernel::Fused,
             fused_softmax: true,
             low_precision: None,
+            context_parallel: 1,
         };
         let stage = StageShape {
             layers: 1,

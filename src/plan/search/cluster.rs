@@ -13,6 +13,32 @@ pub(super) struct ClusterShape {
     pub(super) nodes: usize,
     pub(super) gpus_per_node: usize,
     pub(super) gpu_memory_bytes: u64,
+    /// Consecutive nodes sharing an NVLink domain in every aligned run of the profile's
+    /// order ([`nvlink_run`]); `None` without NVLink domains.
+    pub(super) nvlink_nodes: Option<u64>,
+}
+
+/// The most consecutive nodes `k` (a divisor of the node count) such that every aligned
+/// run of `k` nodes in the profile's order shares one NVLink domain; `None` when no node
+/// names a domain. torchrun gives a group of `k` nodes' GPUs consecutive ranks, so groups
+/// of up to `k` nodes stay inside a domain.
+pub(super) fn nvlink_run(cluster: &ClusterProfile) -> Option<u64> {
+    let nodes = &cluster.nodes;
+    if nodes.iter().all(|n| n.nvlink_domain.is_none()) {
+        return None;
+    }
+    let n = nodes.len();
+    let best = (1..=n)
+        .rev()
+        .filter(|k| n % k == 0)
+        .find(|&k| {
+            nodes.chunks(k).all(|run| {
+                run[0].nvlink_domain.is_some()
+                    && run.iter().all(|x| x.nvlink_domain == run[0].nvlink_domain)
+            })
+        })
+        .unwrap_or(1);
+    Some(best as u64)
 }
 
 pub(super) fn cluster_shape(cluster: &ClusterProfile) -> Result<ClusterShape, PlanError> {
@@ -42,6 +68,7 @@ pub(super) fn cluster_shape(cluster: &ClusterProfile) -> Result<ClusterShape, Pl
         nodes: cluster.nodes.len(),
         gpus_per_node: first_gpus.unwrap_or(0),
         gpu_memory_bytes,
+        nvlink_nodes: nvlink_run(cluster),
     })
 }
 

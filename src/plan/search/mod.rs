@@ -53,7 +53,7 @@ use crate::plan::mapping::{
     map_config, search_mapping, FullObjective, MappingError, MappingSearch, MappingState,
     PairFabric,
 };
-use crate::plan::space::candidates;
+use crate::plan::space::{candidates, SpaceOptions};
 use balance::balanced_configs;
 use cluster::{check_dtype, cluster_shape};
 pub use error::PlanError;
@@ -111,11 +111,22 @@ pub fn plan(
 
     // 1. Candidates: every configuration on every arrangement, and on a heterogeneous
     //    cluster each configuration's layers balanced over each arrangement's stages.
+    // Groups may span the nodes of an NVLink domain; the Pipette-compat model has no
+    // context parallelism.
+    let space = SpaceOptions {
+        nvlink_nodes: shape.nvlink_nodes,
+        context_parallel_from: if options.time_model == TimeModel::Pipette {
+            options.space.context_parallel_from
+        } else {
+            u64::MAX
+        },
+        ..options.space.clone()
+    };
     let all = candidates(
         settings,
         shape.nodes as u64,
         shape.gpus_per_node as u64,
-        &options.space,
+        &space,
     );
     if all.is_empty() {
         return Err(no_candidates(settings, &shape));
@@ -248,6 +259,30 @@ pub fn plan(
                     let mut objective = FullObjective::new(|d: &[Device]| {
                         pipette_compat_ms(costs, model, micro, fabric, d)
                     });
+                    search_mapping(&mut objective, &arrangement.space, &search)
+                }
+                // Context parallelism: the full model over the stage's tp × cp groups
+                // (the incremental objective knows tp groups only), at the compat budget.
+                _ if configs[c].cp > 1 => {
+                    let fabric = &arrangement.fabric;
+                    let mut objective =
+                        FullObjective::new(|d: &[Device]| costs.evaluate(fabric, d));
+                    let search = match search {
+                        MappingSearch::Auto {
+                            limit,
+                            budget,
+                            seed,
+                        } => MappingSearch::Auto {
+                            limit,
+                            budget: budget.min(COMPAT_BUDGET),
+                            seed,
+                        },
+                        MappingSearch::Anneal { budget, seed } => MappingSearch::Anneal {
+                            budget: budget.min(COMPAT_BUDGET),
+                            seed,
+                        },
+                        other => other,
+                    };
                     search_mapping(&mut objective, &arrangement.space, &search)
                 }
                 _ => map_config(costs, &pair_fabrics[a], &arrangement.space, &search),

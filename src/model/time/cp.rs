@@ -1,0 +1,249 @@
+//! Context parallelism's communication inside a stage ([`ContextExchange`]): what a rank
+//! sends to the other ranks of its context-parallel group in each layer, and how much of it
+//! the attention hides.
+//!
+//! Per tensor-parallel rank, with `T = s·b/cp` tokens on a rank, key/value width
+//! `kv = max(groups/tp, 1)·d`, query width `q = heads/tp·d` and `e` bytes an element
+//! (Transformer Engine's `attn_forward_func_with_cp`, megatron-core 0.19.2):
+//!
+//! | `--cp-comm-type` | forward, per layer | backward, per layer | hidden behind |
+//! |---|---|---|---|
+//! | `p2p` | cp − 1 ring steps of the K and V chunk in hand, `2·T·kv·e` each | cp − 1 steps of K, V and their gradients, twice that | each step's attention block (the exposed part is what a transfer takes beyond it) |
+//! | `allgather` | all-gather of K and V: `(cp − 1)·2·T·kv·e` | reduce-scatter of their gradients, the same | nothing |
+//! | `a2a` | all-to-alls of Q, K, V and of the output: `(cp − 1)/cp·T·(2q + 2kv)·e` | the same for the gradients | nothing |
+//! | `a2a+p2p` | a2a over the first level of `--hierarchical-context-parallel-sizes`, then p2p over the rest with that level's tokens and heads | likewise | p2p's part as above |
+//!
+//! A layer's attention block is the rank's attention core of the layer (the cost model's
+//! own figure), split into cp equal steps; backward steps take twice the forward's. Every
+//! transfer crosses the group's slowest ring link. Recomputed layers (full recomputation,
+//! or the core attention under selective recomputation) exchange their forward again.
+
+use crate::config::{CpCommType, Recompute, RecomputeMethod, TrainingSettings};
+use crate::model::calibration::Calibration;
+use crate::model::parallel::{Device, ParallelConfig};
+
+use super::ops::{KindOps, OpCost, OpShape};
+use super::perf::{GpuKind, PerfTables};
+use super::Fabric;
+
+/// The exchange of `config` (`None` at cp 1): `shape` is the rank's operations' shape
+/// (sequence s/cp, [`crate::model::context::rank_model`]).
+pub(super) fn context_exchange(
+    shape: &OpShape<'_>,
+    config: &ParallelConfig,
+    training: &TrainingSettings,
+    tables: &PerfTables,
+    calibration: &Calibration,
+) -> Option<ContextExchange> {
+    if config.cp <= 1 {
+        return None;
+    }
+    let model = shape.model;
+    let chunks = config.vpp.unwrap_or(1).max(1);
+    let stages: Vec<(u64, u64)> = config
+        .layers_per_stage
+        .iter()
+        .map(|&layers| {
+            let redone = match &config.recompute {
+                Recompute::Full {
+                    method: RecomputeMethod::Uniform,
+                    ..
+                } => layers,
+                Recompute::Full {
+                    method: RecomputeMethod::Block,
+                    num_layers,
+                } => num_layers.saturating_mul(chunks).min(layers),
+                // The core attention, exchange and all.
+                Recompute::Selective => layers,
+                Recompute::None => 0,
+            };
+            (layers, redone)
+        })
+        .collect();
+    let us = calibration.collective_latency_scale / 1e3;
+    let cp = config.cp as usize;
+    let attention =
+        GpuKind::ALL.map(|k| KindOps::new(shape, tables.get(k), calibration).attention());
+    let message = GpuKind::ALL.map(|k| tables.get(k).collective_latency(cp).p2p * us);
+    let collective = GpuKind::ALL.map(|k| tables.get(k).collective_latency(cp).all_gather * us);
+    ContextExchange::new(
+        &ExchangeShape {
+            cp: config.cp,
+            tp: config.tp,
+            comm: training.cp_comm_type,
+            a2a_level: training
+                .hierarchical_context_parallel
+                .as_ref()
+                .and_then(|l| l.first().copied()),
+            seq_length: model.seq_length * config.cp,
+            micro_batch: config.micro_batch,
+            heads: model.num_attention_heads,
+            query_groups: model.num_query_groups,
+            head_dim: model.kv_channels,
+            act_bytes: shape.act_bytes,
+        },
+        &stages,
+        attention,
+        message,
+        collective,
+    )
+}
+
+/// One configuration's context-parallel exchange, per stage and GPU kind.
+#[derive(Debug, Clone)]
+pub(super) struct ContextExchange {
+    cp: usize,
+    tensor: usize,
+    /// Forward exchanges per micro-batch of each stage: its layers and the recomputed ones.
+    forward_layers: Vec<f64>,
+    /// Backward exchanges per micro-batch of each stage: its layers.
+    backward_layers: Vec<f64>,
+    /// p2p ring steps per layer and the MB one forward step moves.
+    ring_steps: f64,
+    ring_step_mb: f64,
+    /// MB a layer's blocking collectives move forward (the backward moves the same).
+    blocking_mb: f64,
+    /// Blocking collectives per layer and direction (their latencies).
+    blocking_ops: f64,
+    /// One layer's attention core forward on each GPU kind (the rank's whole share).
+    attention: [OpCost; GpuKind::ALL.len()],
+    /// Latency of one p2p message and of one collective over the group, per GPU kind, ms.
+    message_latency_ms: [f64; GpuKind::ALL.len()],
+    collective_latency_ms: [f64; GpuKind::ALL.len()],
+}
+
+/// What the exchange depends on apart from the stages.
+pub(super) struct ExchangeShape {
+    pub cp: u64,
+    pub tp: u64,
+    pub comm: CpCommType,
+    /// The a2a level of `a2a+p2p` (`--hierarchical-context-parallel-sizes`' first).
+    pub a2a_level: Option<u64>,
+    pub seq_length: u64,
+    pub micro_batch: u64,
+    pub heads: u64,
+    pub query_groups: u64,
+    pub head_dim: u64,
+    pub act_bytes: f64,
+}
+
+impl ContextExchange {
+    /// `None` without context parallelism. `stages` holds each stage's (layers, forward
+    /// exchanges redone by recomputation); `attention` and the latencies are per GPU kind.
+    pub(super) fn new(
+        shape: &ExchangeShape,
+        stages: &[(u64, u64)],
+        attention: [OpCost; GpuKind::ALL.len()],
+        message_latency_ms: [f64; GpuKind::ALL.len()],
+        collective_latency_ms: [f64; GpuKind::ALL.len()],
+    ) -> Option<Self> {
+        let cp = shape.cp;
+        if cp <= 1 {
+            return None;
+        }
+        let t = shape.tp.max(1);
+        let tokens = (shape.seq_length * shape.micro_batch) as f64 / cp as f64;
+        let d = shape.head_dim as f64;
+        let kv = (shape.query_groups / t).max(1) as f64 * d;
+        let q = (shape.heads / t).max(1) as f64 * d;
+        let e = shape.act_bytes;
+        let cpf = cp as f64;
+        let (mut ring_steps, mut ring_step_mb, mut blocking_mb, mut blocking_ops) =
+            (0.0, 0.0, 0.0, 0.0);
+        match shape.comm {
+            CpCommType::P2p => {
+                ring_steps = cpf - 1.0;
+                ring_step_mb = 2.0 * tokens * kv * e / 1e6;
+            }
+            CpCommType::Allgather => {
+                blocking_mb = (cpf - 1.0) * 2.0 * tokens * kv * e / 1e6;
+                blocking_ops = 1.0;
+            }
+            CpCommType::A2a => {
+                blocking_mb = (cpf - 1.0) / cpf * tokens * (2.0 * q + 2.0 * kv) * e / 1e6;
+                blocking_ops = 2.0;
+            }
+            CpCommType::A2aP2p => {
+                let a = shape.a2a_level.unwrap_or(1).clamp(1, cp) as f64;
+                let p = cpf / a;
+                blocking_mb = (a - 1.0) / a * tokens * (2.0 * q + 2.0 * kv) * e / 1e6;
+                blocking_ops = if a > 1.0 { 2.0 } else { 0.0 };
+                // After the a2a a rank holds a·T tokens of 1/a of the heads.
+                ring_steps = p - 1.0;
+                ring_step_mb = 2.0 * tokens * kv * e / 1e6;
+            }
+        }
+        Some(ContextExchange {
+            cp: cp as usize,
+            tensor: t as usize,
+            forward_layers: stages.iter().map(|&(l, r)| (l + r) as f64).collect(),
+            backward_layers: stages.iter().map(|&(l, _)| l as f64).collect(),
+            ring_steps,
+            ring_step_mb,
+            blocking_mb,
+            blocking_ops,
+            attention,
+            message_latency_ms,
+            collective_latency_ms,
+        })
+    }
+
+    /// The exposed exchange of stage `s` for one micro-batch (forward and backward), ms,
+    /// run by `group` (a replica's ranks of the stage, tp fastest then cp) with `slowest`
+    /// its slowest GPU.
+    pub(super) fn exposed_ms<F: Fabric + ?Sized>(
+        &self,
+        fabric: &F,
+        group: &[Device],
+        slowest: Device,
+        s: usize,
+    ) -> f64 {
+        let bw = self.ring_gb_per_s(fabric, group);
+        let perf = fabric.gpu_perf(slowest);
+        let k = perf.kind.index();
+        let (mut forward, mut backward) = (0.0, 0.0);
+        if self.ring_steps > 0.0 {
+            let step = self.attention[k].ms(perf.ms_per_peak_gflop) / (self.ring_steps + 1.0);
+            let latency = self.message_latency_ms[k];
+            let send = self.ring_step_mb / bw + latency;
+            forward += self.ring_steps * (send - step).max(0.0);
+            backward +=
+                self.ring_steps * (2.0 * self.ring_step_mb / bw + latency - 2.0 * step).max(0.0);
+        }
+        if self.blocking_ops > 0.0 {
+            let ms = self.blocking_mb / bw + self.blocking_ops * self.collective_latency_ms[k];
+            forward += ms;
+            backward += ms;
+        }
+        self.forward_layers[s] * forward + self.backward_layers[s] * backward
+    }
+
+    /// The slowest link of the group's context-parallel rings (one per tp rank: the ranks
+    /// `tp` apart), GB/s; a hop between nodes gets the ring's share of the NICs.
+    pub(super) fn ring_gb_per_s<F: Fabric + ?Sized>(&self, fabric: &F, group: &[Device]) -> f64 {
+        let (t, cp) = (self.tensor, self.cp);
+        let mut best = f64::INFINITY;
+        for k in 0..t.min(group.len()) {
+            for j in 0..cp {
+                let (Some(&a), Some(&b)) =
+                    (group.get(k + t * j), group.get(k + t * ((j + 1) % cp)))
+                else {
+                    continue;
+                };
+                let mut bw = fabric.gb_per_s(a, b);
+                if fabric.over_network(a.node, b.node) {
+                    let on = |node: usize| {
+                        (0..cp)
+                            .filter(|i| group.get(k + t * i).is_some_and(|d| d.node == node))
+                            .count()
+                    };
+                    bw *= fabric
+                        .nic_share(a.node, on(a.node))
+                        .min(fabric.nic_share(b.node, on(b.node)));
+                }
+                best = best.min(bw);
+            }
+        }
+        best
+    }
+}
