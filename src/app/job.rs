@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::config::RunConfig;
 use super::decided;
 use super::inputs::{gather_inputs, Run, NO_PROFILE_YET};
 use super::{local_time, to_json, unix_seconds, write_json};
+use crate::cli::resolved::RunConfig;
 use crate::cluster::{Allocation, ClusterProfile};
 use crate::config::Settings;
 use crate::error::Error;

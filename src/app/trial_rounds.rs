@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::config::RunConfig;
 use super::job::Job;
+use crate::cli::resolved::RunConfig;
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
 use crate::error::Error;

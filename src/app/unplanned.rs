@@ -8,10 +8,10 @@
 
 use serde::Serialize;
 
-use super::config::RunConfig;
 use super::inputs::{allocate, discover_nodes, script_section};
 use super::job::{ending_on_signal, job_template, launch_error, supervise_job};
 use super::to_json;
+use crate::cli::resolved::RunConfig;
 use crate::cluster::allocation::NprocPerNode;
 use crate::cluster::{Allocation, ClusterProfile, Slots};
 use crate::config::deepspeed::{self, DeepSpeedBatch, DeepSpeedConfig, DeepSpeedError};
