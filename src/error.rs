@@ -58,6 +58,15 @@ pub enum Error {
     Interrupted(i32),
 }
 
+impl From<crate::cli::ResolveError> for Error {
+    fn from(e: crate::cli::ResolveError) -> Error {
+        match e {
+            crate::cli::ResolveError::Usage(message) => Error::Usage(message),
+            crate::cli::ResolveError::Internal(message) => Error::Internal(message),
+        }
+    }
+}
+
 impl Error {
     /// The stop signal that ended the run, when one did: while profiling, in the trial, or
     /// between two stages.

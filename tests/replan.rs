@@ -40,7 +40,7 @@ use pipette::config::settings_from_megatron_args;
 use pipette::launch::CheckpointState;
 use pipette::model::ParallelConfig;
 use pipette::plan::PlanOptions;
-use pipette::replan::failure::{checkpoint_format, replan, Failed, ReplanError};
+use pipette::replan::failure::{replan, CheckpointFormat, Failed, ReplanError};
 use pipette::supervise::events::read_events;
 
 /// The end-to-end tests share two cores: one job at a time.
@@ -727,7 +727,7 @@ fn replan_rule_keeps_tp_and_pp_when_the_survivors_allow_it() {
         },
         &PlanOptions::default(),
         CheckpointState::At(4),
-        &checkpoint_format(&[]),
+        &CheckpointFormat::default(),
     )
     .unwrap();
     assert!(r.kept_tp_pp && !r.resharded);
@@ -758,7 +758,7 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
         },
         &options,
         CheckpointState::At(4),
-        &checkpoint_format(&[]),
+        &CheckpointFormat::default(),
     )
     .unwrap();
     assert!(!r.kept_tp_pp && r.resharded);
@@ -768,7 +768,10 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
         r.notes
     );
 
-    let legacy: Vec<String> = ["--ckpt-format", "torch"].map(String::from).to_vec();
+    let legacy = CheckpointFormat {
+        format: "torch".to_string(),
+        ..CheckpointFormat::default()
+    };
     let err = replan(
         &s,
         &cluster,
@@ -779,7 +782,7 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
         },
         &options,
         CheckpointState::At(4),
-        &checkpoint_format(&legacy),
+        &legacy,
     )
     .unwrap_err();
     assert!(matches!(err, ReplanError::CannotReshard { .. }), "{err}");
@@ -797,7 +800,7 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
         },
         &options,
         CheckpointState::At(4),
-        &checkpoint_format(&[]),
+        &CheckpointFormat::default(),
     )
     .unwrap_err();
     assert!(
@@ -825,7 +828,7 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
         },
         &options,
         CheckpointState::At(4),
-        &checkpoint_format(&[]),
+        &CheckpointFormat::default(),
     )
     .unwrap();
     assert!(r.resharded && r.plan.config.pp != 3, "{:?}", r.plan.config);
@@ -848,7 +851,7 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
         },
         &options,
         CheckpointState::None,
-        &checkpoint_format(&legacy),
+        &legacy,
     )
     .unwrap();
     assert!(!r.resharded);

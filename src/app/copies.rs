@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::config::RunConfig;
+use crate::cli::resolved::RunConfig;
 use crate::cluster::copies::{self, Copies, CopiesRequest, Role};
 use crate::cluster::Environment;
 use crate::error::Error;

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::config::{DiscoveryInputs, RunConfig, SettingsInputs};
 use super::local_hostname;
+use crate::cli::resolved::{DiscoveryInputs, RunConfig, SettingsInputs};
 use crate::cluster::allocation::NprocPerNode;
 use crate::cluster::discover::Discovery;
 use crate::cluster::{self, Allocation, AllocationError, AllocationRequest, ClusterProfile};

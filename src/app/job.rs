@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::config::RunConfig;
 use super::decided;
 use super::inputs::{gather_inputs, Run, NO_PROFILE_YET};
 use super::{local_time, to_json, unix_seconds, write_json};
+use crate::cli::resolved::RunConfig;
 use crate::cluster::{Allocation, ClusterProfile};
 use crate::config::Settings;
 use crate::error::Error;
@@ -74,7 +74,7 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
         let trial_runs = config.trial.before_launch;
         if let (Some(plan), Some(template), true) = (&run.plan, &run.template, trial_runs) {
             let (commands, lines, notes) =
-                trial::trial_commands(template, plan, config.trial.iters, &[])
+                trial::trial_commands(template, &run.settings, plan, config.trial.iters, &[])
                     .map_err(launch_error)?;
             print_trial_commands(&commands, &lines, &notes, config);
         }
@@ -107,32 +107,29 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             stage.ledger.trial = Some(started.elapsed());
             let (plan, report) = trial?;
             job.plan = plan;
-            if let launch::Planning::On(inputs) = &mut job.template.planning {
-                inputs.options.calibration = report.calibration.clone();
-            }
+            job.options.calibration = report.calibration.clone();
             Some(report)
         };
         stage.during = "the launch's preparation";
-        let options = job.plan_options("a launch")?;
+        let options = job.options.clone();
         let started = Instant::now();
         let (plan, settings, yours) = decided_plan(config, &job, job.plan.clone(), &options)?;
         stage.yours = yours;
         stage.ledger.planning += started.elapsed();
         let preparing = Instant::now();
         stage.ledger.work = Some(work(&settings, &plan, &job.profile));
-        if let launch::Planning::On(inputs) = &mut job.template.planning {
-            inputs.settings = settings;
-        }
         let Job {
             template, profile, ..
         } = job;
-        let layout = launch::Layout::Planned {
-            plan: Box::new(plan),
-            profile: Box::new(profile),
-        };
+        let layout = launch::Layout::Planned(Box::new(launch::Planned {
+            settings,
+            options,
+            plan,
+            profile,
+        }));
         let first = template.prepare(1, layout, None).map_err(launch_error)?;
-        if let launch::Layout::Planned { plan, profile } = &first.layout {
-            write_pictures(&first.dir, plan, profile)?;
+        if let Some(planned) = first.layout.planned() {
+            write_pictures(&first.dir, &planned.plan, &planned.profile)?;
         }
         if let Some(report) = &trial {
             write_json(
@@ -292,9 +289,9 @@ pub(super) fn supervise_job(
     for note in &first.spec.notes {
         log::log_wrapped(Level::Info, "job", note);
     }
-    let files = match template.planning {
-        launch::Planning::On(_) => "launch scripts, plan, trial.json, logs/, events.jsonl",
-        launch::Planning::Off { .. } => "launch scripts, world.json, logs/, events.jsonl",
+    let files = match first.layout {
+        launch::Layout::Planned(_) => "launch scripts, plan, trial.json, logs/, events.jsonl",
+        launch::Layout::World(_) => "launch scripts, world.json, logs/, events.jsonl",
     };
     let line = format!("run directory {} ({files})", run_dir.display());
     log::log_wrapped(Level::Info, "job", &line);
@@ -372,24 +369,15 @@ pub(super) struct Job {
     pub(super) profile: ClusterProfile,
     pub(super) plan: Plan,
     pub(super) template: launch::JobTemplate,
+    /// The planner's options the job was planned with (the trial's calibration replaces
+    /// theirs before the launch).
+    pub(super) options: PlanOptions,
     /// The settings as read, before `--pin yours` (`run.settings` has the user's
     /// configuration pinned when it kept it).
     pub(super) free: Settings,
     /// How long profiling (with reading the inputs), planning and preparing the job's
     /// template took.
     pub(super) took: (Duration, Duration, Duration),
-}
-
-impl Job {
-    /// The planner's options the job was planned with; for `what` (a launch, a trial) of a
-    /// job that was not planned, an internal error: only planned jobs get here.
-    pub(super) fn plan_options(&self, what: &str) -> Result<PlanOptions, Error> {
-        self.template
-            .planning
-            .inputs()
-            .map(|i| i.options.clone())
-            .ok_or_else(|| Error::Internal(format!("{what} of a job that is not planned")))
-    }
 }
 
 /// Discovers and profiles (or reads --cluster), plans, and builds the job template.
@@ -416,13 +404,14 @@ pub(super) fn prepare_job(config: &RunConfig) -> Result<Job, Error> {
     run.settings = decision.settings;
     let planning = started.elapsed() - profiling;
     let preparing = Instant::now();
-    let template = job_template(config, planning_on(&run.settings, options), &run.allocation)?;
+    let template = job_template(config, &run.allocation)?;
     let preparation = preparing.elapsed();
     Ok(Job {
         run,
         profile,
         plan: decision.plan,
         template,
+        options,
         free,
         took: (profiling, planning, preparation),
     })
@@ -466,20 +455,10 @@ fn decided_plan(
     Ok((decision.plan, decision.settings, decision.yours))
 }
 
-/// A planned job's planning: the settings and the planner's options.
-pub(super) fn planning_on(settings: &Settings, options: PlanOptions) -> launch::Planning {
-    launch::Planning::On(Box::new(launch::PlanInputs {
-        settings: settings.clone(),
-        options,
-    }))
-}
-
-/// What every attempt of the job shares: the run's configuration, whether and from what
-/// it is planned, and the allocation (its hosts and node source choose the transport, its
-/// job id the rendezvous id).
+/// What every attempt of the job shares: the run's configuration and the allocation (its
+/// hosts and node source choose the transport, its job id the rendezvous id).
 pub(super) fn job_template(
     config: &RunConfig,
-    planning: launch::Planning,
     allocation: &Allocation,
 ) -> Result<launch::JobTemplate, Error> {
     let launch = &config.launch;
@@ -508,7 +487,6 @@ pub(super) fn job_template(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     Ok(launch::JobTemplate {
-        planning,
         script: config.script.clone(),
         torchrun: launch.torchrun.clone(),
         torchrun_spelling: installed_torchrun_spelling(&launch.torchrun),
@@ -529,9 +507,14 @@ pub(super) fn job_template(
 pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(), Error> {
     let job = prepare_job(config)?;
     if config.output.dry_run {
-        let (commands, lines, notes) =
-            trial::trial_commands(&job.template, &job.plan, config.trial.iters, &[])
-                .map_err(launch_error)?;
+        let (commands, lines, notes) = trial::trial_commands(
+            &job.template,
+            &job.run.settings,
+            &job.plan,
+            config.trial.iters,
+            &[],
+        )
+        .map_err(launch_error)?;
         print_trial_commands(&commands, &lines, &notes, config);
         return Ok(());
     }
@@ -577,7 +560,6 @@ pub(super) fn launch_error(e: launch::LaunchError) -> Error {
         launch::LaunchError::Plan(e) => Error::Plan(e),
         launch::LaunchError::Render(e) => Error::Render(e),
         launch::LaunchError::PlanJson(e) => Error::Internal(e),
-        e @ launch::LaunchError::NotPlanned => Error::Internal(e.to_string()),
     }
 }
 
@@ -601,11 +583,11 @@ pub(super) fn plan_and_render(config: &RunConfig, run: &mut Run) -> Result<(), E
     run.report.yours = decision.yours;
     run.runner_up = runner_up(&plan, &run.settings, profile, &options);
     // The same template the launch renders with, so the preview is what would run.
-    let mut template = job_template(config, planning_on(&run.settings, options), &run.allocation)?;
+    let mut template = job_template(config, &run.allocation)?;
     template.run_id.clear();
     let run_dir = template.run_dir.clone();
     let written = template
-        .render(&plan, None, &run_dir)
+        .render(&run.settings, &plan, None, &run_dir)
         .map_err(launch_error)
         .and_then(|launch| {
             render::write_run_dir(&launch, &run_dir)?;

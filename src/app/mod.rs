@@ -2,13 +2,14 @@
 //! into an exit code. The only module that reads the outside world (environment,
 //! files) and writes to the terminal.
 //!
-//! - `config`: the command line and environment, resolved once into a `RunConfig` that
-//!   the rest of the orchestrator reads (no clap types below the entry points);
+//! The command line and environment are resolved once into a
+//! [`RunConfig`](crate::cli::RunConfig) that the rest of the orchestrator reads (no clap
+//! types below the entry points).
+//!
 //! - `job`: `pipette-run` — the dry run, and the launch: profile, plan, trial, launch,
 //!   supervise; `pipette calibrate` (the trial alone);
 //! - `unplanned`: `pipette-run` for a script it does not plan (planning off): discovery,
 //!   the world torchrun would run, launched and supervised as a planned job is;
-//! - `node_env`: the environment every node gets (forwarded defaults, env files, `--env`);
 //! - `inputs`: reading a run's inputs — nodes and their allocation, cluster profile (read
 //!   or measured), settings — into the dry-run report's sections;
 //! - `copies`: one pipette-run per node — the leader's run over the copies' nodes, or an
@@ -16,13 +17,11 @@
 //! - `tools`: the other `pipette` subcommands, each one stage on its own;
 //! - `doctor`: `pipette doctor`, whether the nodes are ready to run.
 
-mod config;
 mod copies;
 mod decided;
 mod doctor;
 mod inputs;
 mod job;
-mod node_env;
 mod tools;
 mod trial_rounds;
 mod unplanned;
@@ -35,7 +34,7 @@ use crate::error::Error;
 use crate::log;
 use crate::render;
 
-use config::RunConfig;
+use crate::cli::resolved::{self, RunConfig};
 
 pub use job::installed_torchrun_spelling;
 
@@ -71,17 +70,17 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     };
     let finish = |result| finish_as(cli.pipette.json, result);
     let env = current_environment();
-    match config::log_filter(&cli.log, &env) {
+    match resolved::log_filter(&cli.log, &env) {
         Ok(filter) => log::init("pipette-run", filter),
-        Err(e) => return finish(Err(e)),
+        Err(e) => return finish(Err(e.into())),
     }
     let mut config = RunConfig::resolve(&cli, env);
     // Before anything runs: a misspelt or misplaced option is cheap to fix now.
     for warning in cli.script_argument_warnings(config.planning_off().is_none()) {
         log::warn(&warning);
     }
-    if let Err(e) = node_env::resolve_node_env(&mut config) {
-        return finish(Err(e));
+    if let Err(e) = config.resolve_node_env() {
+        return finish(Err(e.into()));
     }
     match copies::detect(&config, cli.torchrun.local_addr.as_deref()) {
         Err(e) => finish(Err(e)),
@@ -167,9 +166,9 @@ pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         crate::cli::PipetteCommand::Calibrate(args) => args.run.log.clone(),
         _ => crate::cli::LogOptions::default(),
     };
-    match config::log_filter(&options, &env) {
+    match resolved::log_filter(&options, &env) {
         Ok(filter) => log::init("pipette", filter),
-        Err(e) => return finish(Err(e)),
+        Err(e) => return finish(Err(e.into())),
     }
     match &cli.command {
         // The one subcommand whose exit code is not an error's: it reports every problem.

@@ -1,15 +1,15 @@
 //! The `pipette` subcommands that run one stage on its own: discover, cluster, model,
 //! estimate, plan, profile, presets.
 
-use super::config::{
-    read_calibration, DiscoveryInputs, NodeAccess, PlanningConfig, RunConfig, SettingsInputs,
-};
 use super::inputs::{
     allocate, allocation_error, discover_nodes, model_section, profile_summary, read_settings,
 };
 use super::job::{calibrate, runner_up};
-use super::node_env::{announced_node_env, EnvRequest};
 use super::to_json;
+use crate::cli::node_env::{announced_node_env, EnvRequest};
+use crate::cli::resolved::{
+    read_calibration, DiscoveryInputs, NodeAccess, PlanningConfig, RunConfig, SettingsInputs,
+};
 use crate::cli::{EstimateArgs, PipetteCommand};
 use crate::cluster::{AllocationRequest, ClusterProfile, Environment};
 use crate::config::{self, Settings};
@@ -235,7 +235,7 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
                 // The trial stops in order on a stop signal, as pipette-run's does.
                 let _signals =
                     (!config.output.dry_run).then(crate::exec::signals::SignalGuard::install);
-                super::node_env::resolve_node_env(&mut config)?;
+                config.resolve_node_env()?;
                 calibrate(&config, &args.out)
             }
         }

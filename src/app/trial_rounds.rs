@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::config::RunConfig;
 use super::job::Job;
+use crate::cli::resolved::RunConfig;
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
 use crate::error::Error;
@@ -43,7 +43,7 @@ pub(super) fn trial_and_replan(
     rounds: usize,
     choose: bool,
 ) -> Result<(Plan, TrialReport), Error> {
-    let options = job.plan_options("a trial")?;
+    let options = job.options.clone();
     let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
     let hosts: Vec<String> = job.profile.nodes.iter().map(|n| n.host.clone()).collect();
     let staging = trial::TrialStaging::new(&job.template, &hosts, COMMAND_TIMEOUT)?;
@@ -51,6 +51,7 @@ pub(super) fn trial_and_replan(
     // Every trial's request but its plan.
     let base = TrialRequest {
         template: &job.template,
+        settings: &job.run.settings,
         plan: &job.plan,
         iters: config.trial.iters,
         stop_when_stable: false,

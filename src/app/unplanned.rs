@@ -8,15 +8,15 @@
 
 use serde::Serialize;
 
-use super::config::RunConfig;
 use super::inputs::{allocate, discover_nodes, script_section};
 use super::job::{ending_on_signal, job_template, launch_error, supervise_job};
 use super::to_json;
+use crate::cli::resolved::RunConfig;
 use crate::cluster::allocation::NprocPerNode;
 use crate::cluster::{Allocation, ClusterProfile, Slots};
 use crate::config::deepspeed::{self, DeepSpeedBatch, DeepSpeedConfig, DeepSpeedError};
 use crate::error::Error;
-use crate::launch::{Layout, Planning, World};
+use crate::launch::{Layout, World};
 use crate::measure::inventory::{take_inventory, InventoryRequest, NodeDevices};
 use crate::render::{self, LaunchSpec};
 use crate::report::dry_run::{NodesSection, ScriptSection};
@@ -64,7 +64,7 @@ struct WorldDryRun<'a> {
 /// `pipette-run --dry-run` with planning off: the nodes, the world, the commands.
 pub(super) fn run(config: &RunConfig, why: &str) -> Result<(), Error> {
     let prepared = prepare(config, why)?;
-    let mut template = job_template(config, planning_off(why), &prepared.allocation)?;
+    let mut template = job_template(config, &prepared.allocation)?;
     // A preview: no run id in the commands (see launch::JobTemplate::run_id).
     template.run_id.clear();
     let run_dir = template.run_dir.clone();
@@ -118,7 +118,7 @@ pub(super) fn launch_and_supervise(config: &RunConfig, why: &str) -> Result<i32,
         for note in &prepared.notes {
             crate::log::log(crate::log::Level::Info, "job", note);
         }
-        let template = job_template(config, planning_off(why), &prepared.allocation)?;
+        let template = job_template(config, &prepared.allocation)?;
         stage.run_dir = Some(template.run_dir.clone());
         let first = template
             .prepare(1, Layout::World(prepared.world), None)
@@ -130,12 +130,6 @@ pub(super) fn launch_and_supervise(config: &RunConfig, why: &str) -> Result<i32,
         config.supervise.startup_timeout = config.startup_timeout_given;
         supervise_job(&config, &template, first, None, &stage.before())
     })
-}
-
-fn planning_off(why: &str) -> Planning {
-    Planning::Off {
-        why: why.to_string(),
-    }
 }
 
 /// Discovers the nodes (a `--cluster` file only names them when no allocation is found),
@@ -151,7 +145,7 @@ fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
     let profile = profile.as_ref().map(|(p, c)| (p.as_path(), c));
     let mut allocation = allocate(found, profile, config.allocation)?;
     count_workers(config, &mut allocation)?;
-    let world = world_of(&allocation)?;
+    let world = world_of(&allocation, why)?;
     let mut notes = vec![why.to_string()];
     if let Some(pin) = &config.settings.pin {
         notes.push(format!(
@@ -225,7 +219,7 @@ fn count_workers(config: &RunConfig, allocation: &mut Allocation) -> Result<(), 
 
 /// The world torchrun would run: the allocation's hosts in order, each with the same
 /// number of workers (one `--nproc-per-node` for every node, as torchrun takes it).
-fn world_of(allocation: &Allocation) -> Result<World, Error> {
+fn world_of(allocation: &Allocation, why: &str) -> Result<World, Error> {
     let mut counts = allocation.hosts.iter().map(|h| (h, h.workers));
     let Some((first, Some(nproc))) = counts.next() else {
         return Err(match allocation.hosts.first() {
@@ -247,6 +241,7 @@ fn world_of(allocation: &Allocation) -> Result<World, Error> {
     Ok(World {
         hosts: allocation.host_names(),
         nproc_per_node: u64::from(nproc),
+        why: why.to_string(),
     })
 }
 
@@ -300,15 +295,15 @@ mod tests {
 
     #[test]
     fn the_world_is_every_node_with_the_same_workers() {
-        let world = world_of(&allocation(&[Some(2), Some(2)])).unwrap();
+        let world = world_of(&allocation(&[Some(2), Some(2)]), "planning is off").unwrap();
         assert_eq!(world.hosts, ["n0", "n1"]);
         assert_eq!(world.world_size(), 4);
-        let e = world_of(&allocation(&[Some(2), Some(4)])).unwrap_err();
+        let e = world_of(&allocation(&[Some(2), Some(4)]), "planning is off").unwrap_err();
         assert!(
             e.to_string().contains("n0 would run 2 worker(s) but n1 4"),
             "{e}"
         );
-        let e = world_of(&allocation(&[None])).unwrap_err();
+        let e = world_of(&allocation(&[None]), "planning is off").unwrap_err();
         assert!(e.to_string().contains("give --nproc-per-node N"), "{e}");
     }
 }

@@ -2,7 +2,9 @@
 //! apart from the stages, which receive plain values.
 
 pub mod env_errors;
+pub mod node_env;
 pub mod options;
+pub mod resolved;
 pub mod site;
 pub mod torchrun;
 pub mod values;
@@ -11,7 +13,19 @@ pub use options::{
     AccessOptions, DiscoveryOptions, LaunchOptions, LogOptions, ModelOptions, NodeOptions,
     OutputOptions, PlanningOptions, ProfilingOptions, SuperviseOptions, TrialOptions,
 };
+pub use resolved::RunConfig;
 pub use torchrun::{NodeRange, NprocPerNode, TorchrunOptions};
+
+/// A command line (or a file or variable it names) that cannot be resolved into a
+/// [`RunConfig`]: what is wrong and how to fix it. The top-level error keeps its classes
+/// (a usage error, or one of pipette-run's own).
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Internal(String),
+}
 
 use std::path::PathBuf;
 

@@ -119,6 +119,10 @@ pub struct TrainingSettings {
     pub save: Option<String>,
     pub load: Option<String>,
     pub save_interval: Option<u64>,
+    /// `--ckpt-format` and `--dist-ckpt-optim-fully-reshardable`: whether a re-plan may
+    /// reshard the checkpoints. Read with the arguments, never shown (the arguments say it).
+    #[serde(skip)]
+    pub checkpoint: CheckpointFormat,
     /// The parallel sizes the user wrote (hints unless pinned).
     pub tensor_parallel: u64,
     pub pipeline_parallel: u64,
@@ -264,6 +268,7 @@ impl TrainingSettings {
             save: None,
             load: None,
             save_interval: None,
+            checkpoint: CheckpointFormat::default(),
             tensor_parallel: 1,
             pipeline_parallel: 1,
             virtual_pipeline: None,
@@ -281,6 +286,49 @@ impl TrainingSettings {
             cp_comm_type: CpCommType::P2p,
             hierarchical_context_parallel: None,
         }
+    }
+}
+
+/// How the user's checkpoints are written: `--ckpt-format` and whether the distributed
+/// optimizer's state is saved fully reshardable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointFormat {
+    /// `torch_dist` unless the arguments say otherwise (Megatron's default).
+    pub format: String,
+    /// `--dist-ckpt-optim-fully-reshardable`.
+    pub optimizer_fully_reshardable: bool,
+}
+
+impl Default for CheckpointFormat {
+    /// Megatron's default: `torch_dist`, the optimizer's state reshardable across dp only.
+    fn default() -> Self {
+        CheckpointFormat {
+            format: "torch_dist".to_string(),
+            optimizer_fully_reshardable: false,
+        }
+    }
+}
+
+impl CheckpointFormat {
+    /// Whether a checkpoint saved with (`distributed_optimizer`) or without the distributed
+    /// optimizer loads under another tp/pp; `Err` says why not.
+    pub fn reshards_tp_pp(&self, distributed_optimizer: bool) -> Result<(), String> {
+        if !matches!(
+            self.format.as_str(),
+            "torch_dist" | "torch_dcp" | "fsdp_dtensor"
+        ) {
+            return Err(format!(
+                "checkpoints in the {} format cannot be resharded to another tp/pp (use --ckpt-format torch_dist)",
+                self.format
+            ));
+        }
+        if distributed_optimizer && !self.optimizer_fully_reshardable {
+            return Err(format!(
+                "the distributed optimizer's state in {} checkpoints reshards only across dp unless saved with --dist-ckpt-optim-fully-reshardable",
+                self.format
+            ));
+        }
+        Ok(())
     }
 }
 

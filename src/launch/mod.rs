@@ -1,11 +1,11 @@
 //! Launch: from a plan to torchrun running on every node.
 //!
-//! A [`JobTemplate`] holds what every attempt of a job shares (whether it is planned and
-//! from which settings, the user's script and arguments, torchrun's options, the
-//! environment, the transport, the run directory); [`JobTemplate::prepare`] renders one
-//! [`Attempt`] for a [`Layout`] — a plan on some nodes, or, with planning off, the world
-//! torchrun would run — (with `--load SAVE` when it resumes, see [`resume_args`]) and
-//! writes its files;
+//! A [`JobTemplate`] holds what every attempt of a job shares (the user's script and
+//! arguments, torchrun's options, the environment, the transport, the run directory);
+//! [`JobTemplate::prepare`] renders one [`Attempt`] for a [`Layout`] — a plan on some nodes
+//! with the settings and options it was planned from ([`Planned`]), or, with planning off,
+//! the world torchrun would run — (with `--load SAVE` when it resumes, see
+//! [`resume_args`]) and writes its files;
 //! [`start`] runs its torchrun commands through the exec seam as a [`RunningJob`];
 //! [`teardown`] stops them all (TERM, grace, KILL, in parallel) and [`sweep`] kills what
 //! a launcher left behind (torchrun starts its workers in sessions of their own, so a
@@ -51,8 +51,6 @@ pub const RUN_ID_VAR: &str = "PIPETTE_RUN_ID";
 /// What every attempt of a job shares.
 #[derive(Debug, Clone)]
 pub struct JobTemplate {
-    /// Whether pipette-run plans the job, and from what.
-    pub planning: Planning,
     /// The user's script and arguments, as given.
     pub script: ScriptInvocation,
     /// The torchrun executable on the nodes.
@@ -79,50 +77,28 @@ pub struct JobTemplate {
     pub run_id: String,
 }
 
-/// Whether a job is planned.
-#[derive(Debug, Clone)]
-pub enum Planning {
-    /// pipette-run plans the job (and re-plans it after a failure) from the settings read
-    /// from the Megatron arguments, with the planner's options.
-    On(Box<PlanInputs>),
-    /// The script is not one pipette-run plans; why, in one line. Every attempt runs the
-    /// world as torchrun would ([`Layout::World`]).
-    Off { why: String },
-}
-
-/// What a planned job is planned from.
-#[derive(Debug, Clone)]
-pub struct PlanInputs {
-    pub settings: Settings,
-    pub options: PlanOptions,
-}
-
-impl Planning {
-    /// The settings, when the job is planned.
-    pub fn settings(&self) -> Option<&Settings> {
-        self.inputs().map(|i| &i.settings)
-    }
-
-    /// What the job is planned from, when it is.
-    pub fn inputs(&self) -> Option<&PlanInputs> {
-        match self {
-            Planning::On(inputs) => Some(inputs),
-            Planning::Off { .. } => None,
-        }
-    }
-}
-
-/// What one attempt runs on its nodes.
+/// What one attempt runs on its nodes. Whether a job is planned is told by its layout
+/// alone: a planned attempt carries what it was planned from, so a re-plan reads it there
+/// and no second value can say otherwise.
 #[derive(Debug, Clone)]
 pub enum Layout {
-    /// A plan (tp, pp, dp, micro-batch, the rank mapping) on the nodes of `profile`.
-    Planned {
-        plan: Box<Plan>,
-        /// The nodes of this attempt.
-        profile: Box<ClusterProfile>,
-    },
+    /// A plan on some nodes, with what it was planned from.
+    Planned(Box<Planned>),
     /// With planning off: the world torchrun would run.
     World(World),
+}
+
+/// A planned attempt: the plan (tp, pp, dp, micro-batch, the rank mapping) on the nodes of
+/// `profile`, and the settings and planner's options it was made with (a re-plan after a
+/// failure plans again from them).
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// The settings read from the Megatron arguments (with the pins the plan kept).
+    pub settings: Settings,
+    pub options: PlanOptions,
+    pub plan: Plan,
+    /// The nodes of this attempt.
+    pub profile: ClusterProfile,
 }
 
 /// The world of an unplanned attempt: hosts in node-rank order, the same number of
@@ -131,6 +107,10 @@ pub enum Layout {
 pub struct World {
     pub hosts: Vec<String>,
     pub nproc_per_node: u64,
+    /// Why the job is not planned, in one line (written into `world.json` by the
+    /// renderer; the dry run's report says it once, beside the world).
+    #[serde(skip)]
+    pub why: String,
 }
 
 impl World {
@@ -144,6 +124,7 @@ impl World {
         World {
             hosts: survivors.to_vec(),
             nproc_per_node: self.nproc_per_node,
+            why: self.why.clone(),
         }
     }
 }
@@ -152,7 +133,7 @@ impl Layout {
     /// The plan's configuration; `None` for an unplanned world.
     pub fn config(&self) -> Option<&ParallelConfig> {
         match self {
-            Layout::Planned { plan, .. } => Some(&plan.config),
+            Layout::Planned(planned) => Some(&planned.plan.config),
             Layout::World(_) => None,
         }
     }
@@ -160,7 +141,15 @@ impl Layout {
     /// The nodes' profile, when the attempt was planned on one.
     pub fn profile(&self) -> Option<&ClusterProfile> {
         match self {
-            Layout::Planned { profile, .. } => Some(profile),
+            Layout::Planned(planned) => Some(&planned.profile),
+            Layout::World(_) => None,
+        }
+    }
+
+    /// The plan and what it was planned from; `None` for an unplanned world.
+    pub fn planned(&self) -> Option<&Planned> {
+        match self {
+            Layout::Planned(planned) => Some(planned),
             Layout::World(_) => None,
         }
     }
@@ -198,9 +187,6 @@ pub enum LaunchError {
         "the plan cannot be written as JSON: {0} (this is a bug in pipette-run; please report it)"
     )]
     PlanJson(String),
-    /// A plan's launch asked of a job whose planning is off.
-    #[error("a plan was to be launched for a job that is not planned (this is a bug in pipette-run; please report it)")]
-    NotPlanned,
 }
 
 impl JobTemplate {
@@ -222,7 +208,9 @@ impl JobTemplate {
     ) -> Result<Attempt, LaunchError> {
         let dir = self.attempt_dir(number);
         let spec = match &layout {
-            Layout::Planned { plan, .. } => self.render(plan, resume.as_ref(), &dir)?,
+            Layout::Planned(planned) => {
+                self.render(&planned.settings, &planned.plan, resume.as_ref(), &dir)?
+            }
             Layout::World(world) => self.render_world(world, &dir)?,
         };
         render::write_run_dir(&spec, &dir)?;
@@ -251,10 +239,7 @@ impl JobTemplate {
             env: self.env_for_launch(),
             workdir: self.workdir.display().to_string(),
             run_dir: dir.display().to_string(),
-            planning_off: match &self.planning {
-                Planning::Off { why } => why.clone(),
-                Planning::On(_) => String::new(),
-            },
+            planning_off: world.why.clone(),
         };
         Ok(render::render_world(&input, &self.templates)?)
     }
@@ -276,16 +261,14 @@ impl JobTemplate {
         env
     }
 
-    /// The launch of `plan` (pure: nothing is written).
+    /// The launch of `plan`, made with `settings` (pure: nothing is written).
     pub fn render(
         &self,
+        settings: &Settings,
         plan: &Plan,
         resume: Option<&Resume>,
         dir: &Path,
     ) -> Result<LaunchSpec, LaunchError> {
-        let Some(settings) = self.planning.settings() else {
-            return Err(LaunchError::NotPlanned);
-        };
         let mut script = self.script.clone();
         let mut notes = Vec::new();
         if let Some(resume) = resume {

@@ -33,73 +33,12 @@
 use crate::cluster::profile::{DeviceSelection, NodeSelection};
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
+
+pub use crate::config::CheckpointFormat;
 use crate::launch::CheckpointState;
 use crate::model::parallel::ParallelConfig;
 use crate::plan::subset::{node_order, on_profile};
 use crate::plan::{plan, plan_subset, Plan, PlanError, PlanOptions};
-
-/// How the user's checkpoints are written: `--ckpt-format` and whether the distributed
-/// optimizer's state is saved fully reshardable.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckpointFormat {
-    /// `torch_dist` unless the arguments say otherwise (Megatron's default).
-    pub format: String,
-    /// `--dist-ckpt-optim-fully-reshardable`.
-    pub optimizer_fully_reshardable: bool,
-}
-
-impl CheckpointFormat {
-    /// Whether a checkpoint saved under `config` loads under another tp/pp; `Err` says why
-    /// not.
-    pub fn reshards_tp_pp(&self, config: &ParallelConfig) -> Result<(), String> {
-        if !matches!(
-            self.format.as_str(),
-            "torch_dist" | "torch_dcp" | "fsdp_dtensor"
-        ) {
-            return Err(format!(
-                "checkpoints in the {} format cannot be resharded to another tp/pp (use --ckpt-format torch_dist)",
-                self.format
-            ));
-        }
-        if config.distributed_optimizer && !self.optimizer_fully_reshardable {
-            return Err(format!(
-                "the distributed optimizer's state in {} checkpoints reshards only across dp unless saved with --dist-ckpt-optim-fully-reshardable",
-                self.format
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The checkpoint format the Megatron arguments ask for.
-pub fn checkpoint_format(args: &[String]) -> CheckpointFormat {
-    let mut format = "torch_dist".to_string();
-    let mut fully = false;
-    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let mut words = args[..end].iter().peekable();
-    while let Some(word) = words.next() {
-        let Some(body) = word.strip_prefix("--") else {
-            continue;
-        };
-        let (name, inline) = match body.split_once('=') {
-            Some((n, v)) => (n.replace('_', "-"), Some(v.to_string())),
-            None => (body.replace('_', "-"), None),
-        };
-        match name.as_str() {
-            "ckpt-format" => {
-                if let Some(value) = inline.or_else(|| words.next().cloned()) {
-                    format = value;
-                }
-            }
-            "dist-ckpt-optim-fully-reshardable" => fully = true,
-            _ => {}
-        }
-    }
-    CheckpointFormat {
-        format,
-        optimizer_fully_reshardable: fully,
-    }
-}
 
 /// How a failure is recovered from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -306,7 +245,7 @@ pub fn replan(
         notes.push(format!("no plan without spares keeps tp×pp ({keep_error})"));
         return Ok(take_spare(profile, swapped, vec![spare], notes, left));
     }
-    if let Err(why) = format.reshards_tp_pp(previous) {
+    if let Err(why) = format.reshards_tp_pp(previous.distributed_optimizer) {
         return Err(ReplanError::CannotReshard {
             tp: previous.tp,
             pp: previous.pp,
@@ -568,39 +507,27 @@ fn take_spare(
 mod tests {
     use super::*;
 
-    fn words(text: &str) -> Vec<String> {
-        text.split_whitespace().map(String::from).collect()
-    }
-
-    #[test]
-    fn checkpoint_format_follows_megatron_defaults() {
-        let f = checkpoint_format(&words("--save /ck --save-interval 5"));
-        assert_eq!(f.format, "torch_dist");
-        assert!(!f.optimizer_fully_reshardable);
-        let f = checkpoint_format(&words(
-            "--ckpt-format torch --dist-ckpt-optim-fully-reshardable",
-        ));
-        assert_eq!(f.format, "torch");
-        assert!(f.optimizer_fully_reshardable);
-        assert_eq!(
-            checkpoint_format(&words("--ckpt-format=torch_dcp -- --ckpt-format torch")).format,
-            "torch_dcp"
-        );
-    }
-
     #[test]
     fn resharding_needs_a_distributed_format_and_a_reshardable_optimizer() {
         let mut config = ParallelConfig::even(4, 2, 2, 2, 1);
-        let dist = checkpoint_format(&[]);
-        assert!(dist.reshards_tp_pp(&config).is_ok());
+        let dist = CheckpointFormat::default();
+        assert!(dist.reshards_tp_pp(config.distributed_optimizer).is_ok());
         config.distributed_optimizer = true;
-        let why = dist.reshards_tp_pp(&config).unwrap_err();
+        let why = dist
+            .reshards_tp_pp(config.distributed_optimizer)
+            .unwrap_err();
         assert!(why.contains("--dist-ckpt-optim-fully-reshardable"), "{why}");
-        let fully = checkpoint_format(&words("--dist-ckpt-optim-fully-reshardable"));
-        assert!(fully.reshards_tp_pp(&config).is_ok());
-        let legacy = checkpoint_format(&words("--ckpt-format torch"));
+        let fully = CheckpointFormat {
+            optimizer_fully_reshardable: true,
+            ..CheckpointFormat::default()
+        };
+        assert!(fully.reshards_tp_pp(config.distributed_optimizer).is_ok());
+        let legacy = CheckpointFormat {
+            format: "torch".to_string(),
+            ..CheckpointFormat::default()
+        };
         assert!(legacy
-            .reshards_tp_pp(&config)
+            .reshards_tp_pp(config.distributed_optimizer)
             .unwrap_err()
             .contains("torch format"));
     }
@@ -774,7 +701,10 @@ mod tests {
             }
             let survivors: Vec<String> = case.survivors.iter().map(|h| h.to_string()).collect();
             let spares: Vec<String> = case.spares.iter().map(|h| h.to_string()).collect();
-            let format = checkpoint_format(&words(&format!("--ckpt-format {}", case.format)));
+            let format = CheckpointFormat {
+                format: case.format.to_string(),
+                ..CheckpointFormat::default()
+            };
             let result = replan(
                 &s,
                 &c,

@@ -21,10 +21,10 @@ use super::{AttemptSummary, AttemptTiming, Outcome, SuperviseOptions};
 use crate::exec::format_duration;
 use crate::exit::ExitCode;
 use crate::launch::{
-    self, read_checkpoint, Attempt, CheckpointState, JobTemplate, LaunchError, Layout, Planning,
-    Resume, RunningJob,
+    self, read_checkpoint, Attempt, CheckpointState, JobTemplate, Layout, Planned, Resume,
+    RunningJob,
 };
-use crate::replan::failure::{checkpoint_format, replan, swap_for_spares, Failed, ReplanError};
+use crate::replan::failure::{replan, swap_for_spares, Failed, ReplanError};
 use crate::replan::straggler::RunningPlan;
 
 /// What the driver shares across attempts.
@@ -273,10 +273,10 @@ impl Driver<'_> {
             replans: outcome.replans,
             max_replans: options.max_replans,
             // An unplanned job resumes nothing: no checkpoint it writes is ours to read.
-            save: template
-                .planning
-                .settings()
-                .and_then(|s| s.training.save.as_deref()),
+            save: attempt
+                .layout
+                .planned()
+                .and_then(|p| p.settings.training.save.as_deref()),
             checkpoint: None,
         };
         let summary = |decision: &Decision| AttemptSummary {
@@ -289,10 +289,10 @@ impl Driver<'_> {
             end: decision.end.clone(),
             left_out: decision.left_out.clone(),
             replan: None,
-            estimated_ms: match &attempt.layout {
-                Layout::Planned { plan, .. } => Some(plan.estimate.iteration_ms),
-                Layout::World(_) => None,
-            },
+            estimated_ms: attempt
+                .layout
+                .planned()
+                .map(|p| p.plan.estimate.iteration_ms),
             timing: ended.timing,
         };
         loop {
@@ -373,30 +373,24 @@ impl Driver<'_> {
         teardown: Duration,
         replans_left: u32,
     ) -> Option<StragglerAct> {
-        let (template, options) = (self.template, &self.options.stragglers);
+        let options = &self.options.stragglers;
         let hosts: Vec<String> = attempt.spec.nodes.iter().map(|n| n.host.clone()).collect();
-        let format = checkpoint_format(&template.script.args);
-        let running = match (&attempt.layout, &template.planning) {
-            (Layout::Planned { plan, profile }, Planning::On(inputs)) => Some(RunningPlan {
-                settings: &inputs.settings,
-                options: &inputs.options,
-                plan,
-                profile,
-                hosts: &hosts,
-                format: &format,
-            }),
-            _ => None,
-        };
+        let planned = attempt.layout.planned();
+        let running = planned.map(|planned| RunningPlan {
+            settings: &planned.settings,
+            options: &planned.options,
+            plan: &planned.plan,
+            profile: &planned.profile,
+            hosts: &hosts,
+            format: &planned.settings.training.checkpoint,
+        });
         let progress = Progress {
             iteration: output.iterations().map(|(_, last)| last),
             total: output.total_iterations(),
             // An unplanned job resumes nothing: no checkpoint it writes is ours to read.
-            checkpoint: output.checkpoint_iteration().filter(|_| {
-                template
-                    .planning
-                    .settings()
-                    .is_some_and(|s| s.training.save.is_some())
-            }),
+            checkpoint: output
+                .checkpoint_iteration()
+                .filter(|_| planned.is_some_and(|p| p.settings.training.save.is_some())),
             recent_ms: output.recent_iteration_ms(),
             best_ms: output.best_iteration_ms(),
             startup: output.timing().first_iteration.unwrap_or_default(),
@@ -440,11 +434,9 @@ impl Driver<'_> {
     fn progress_spec(&self, attempt: &Attempt) -> ProgressSpec {
         let interval = self.options.progress_interval;
         let world_size = attempt.spec.world_size;
-        match (&attempt.layout, self.template.planning.settings()) {
-            (Layout::Planned { plan, profile }, Some(settings)) => {
-                ProgressSpec::planned(interval, plan, settings, profile)
-            }
-            _ => ProgressSpec {
+        match attempt.layout.planned() {
+            Some(p) => ProgressSpec::planned(interval, &p.plan, &p.settings, &p.profile),
+            None => ProgressSpec {
                 interval,
                 world_size,
                 ..ProgressSpec::default()
@@ -552,8 +544,8 @@ impl Driver<'_> {
             });
             Stop::ReplanRefused(reason)
         };
-        let (layout, kept_tp_pp, resharded, notes) = match (&attempt.layout, &template.planning) {
-            (Layout::World(world), _) => {
+        let (layout, kept_tp_pp, resharded, notes) = match &attempt.layout {
+            Layout::World(world) => {
                 if survivors.is_empty() {
                     let reason = ReplanError::NoSurvivors.to_string();
                     return Err(refuse(reason, left_out, survivors));
@@ -565,39 +557,44 @@ impl Driver<'_> {
                     Vec::new(),
                 )
             }
-            (Layout::Planned { plan, profile }, Planning::On(inputs)) => {
+            Layout::Planned(planned) => {
                 // A re-map around a straggler plans on the cluster with its GPUs slowed.
                 let profile = match ending {
-                    Ending::Straggler(act) => act.profile.as_ref().unwrap_or(profile),
-                    _ => profile,
+                    Ending::Straggler(act) => act.profile.as_ref().unwrap_or(&planned.profile),
+                    _ => &planned.profile,
                 };
                 let failed = Failed {
                     survivors: &survivors,
-                    spares: &plan.spares,
-                    previous: &plan.config,
+                    spares: &planned.plan.spares,
+                    previous: &planned.plan.config,
                 };
                 let replanned = match ending {
                     // What was costed and chosen: the plan kept, a spare in its place.
-                    Ending::Straggler(act) if act.choice == Choice::SwapSpare => {
-                        let (settings, options) = (&inputs.settings, &inputs.options);
-                        swap_for_spares(settings, profile, failed, options, checkpoint)
-                    }
-                    _ => replan(
-                        &inputs.settings,
+                    Ending::Straggler(act) if act.choice == Choice::SwapSpare => swap_for_spares(
+                        &planned.settings,
                         profile,
                         failed,
-                        &inputs.options,
+                        &planned.options,
                         checkpoint,
-                        &checkpoint_format(&template.script.args),
+                    ),
+                    _ => replan(
+                        &planned.settings,
+                        profile,
+                        failed,
+                        &planned.options,
+                        checkpoint,
+                        &planned.settings.training.checkpoint,
                     )
                     .map_err(|e| e.to_string()),
                 };
                 match replanned {
                     Ok(r) => (
-                        Layout::Planned {
-                            plan: Box::new(r.plan),
-                            profile: Box::new(r.profile),
-                        },
+                        Layout::Planned(Box::new(Planned {
+                            settings: planned.settings.clone(),
+                            options: planned.options.clone(),
+                            plan: r.plan,
+                            profile: r.profile,
+                        })),
                         r.kept_tp_pp,
                         r.resharded,
                         r.notes,
@@ -605,19 +602,16 @@ impl Driver<'_> {
                     Err(e) => return Err(refuse(e, left_out, survivors)),
                 }
             }
-            (Layout::Planned { .. }, Planning::Off { .. }) => {
-                return Err(Stop::PrepareFailed(LaunchError::NotPlanned.to_string()))
-            }
         };
         let next = template
             .prepare(attempt.number + 1, layout, resume.clone())
             .map_err(|e| Stop::PrepareFailed(e.to_string()))?;
         let (from, to) = (attempt.layout.config(), next.layout.config());
         let world_sizes = (attempt.spec.world_size, next.spec.world_size);
-        let mapping_changed = match (&attempt.layout, &next.layout) {
-            (Layout::Planned { plan: a, .. }, Layout::Planned { plan: b, .. }) => {
-                a.mapping.node_order != b.mapping.node_order
-                    || a.mapping.cuda_visible_devices != b.mapping.cuda_visible_devices
+        let mapping_changed = match (attempt.layout.planned(), next.layout.planned()) {
+            (Some(a), Some(b)) => {
+                a.plan.mapping.node_order != b.plan.mapping.node_order
+                    || a.plan.mapping.cuda_visible_devices != b.plan.mapping.cuda_visible_devices
             }
             _ => false,
         };

@@ -41,7 +41,7 @@
 //! ended by signal N, 68 when a node could not be reached, 127 when a command could not
 //! start, 124 for a stall, which has no worker exit code).
 //!
-//! With planning off (a script that is not Megatron's, [`crate::launch::Planning::Off`]),
+//! With planning off (a script that is not Megatron's, [`crate::launch::Layout::World`]),
 //! the survivors run the same script and arguments again, a smaller world of the same
 //! workers per node, started afresh (nothing is resumed), within the same `max_replans`;
 //! the `replan` event then has null plans and the world sizes before and after.

@@ -129,6 +129,8 @@ pub fn trial_args(args: &[String], iters: u64, global_batch: u64) -> (Vec<String
 pub struct TrialRequest<'a> {
     /// How the job is launched (script, torchrun, environment, transport).
     pub template: &'a JobTemplate,
+    /// The settings the plan was made with.
+    pub settings: &'a Settings,
     /// The plan whose configuration and mapping are tried.
     pub plan: &'a Plan,
     pub iters: u64,
@@ -310,14 +312,11 @@ pub type TrialCommands = (Vec<(String, NodeCommand)>, Vec<String>, Vec<String>);
 /// The trial's commands and notes, without running anything: what `--dry-run` shows.
 pub fn trial_commands(
     template: &JobTemplate,
+    settings: &Settings,
     plan: &Plan,
     iters: u64,
     staging_dirs: &[&str],
 ) -> Result<TrialCommands, LaunchError> {
-    let settings = template
-        .planning
-        .settings()
-        .ok_or(LaunchError::NotPlanned)?;
     let mut job = template.clone();
     let (args, notes) = trial_args(
         &template.script.args,
@@ -325,7 +324,7 @@ pub fn trial_commands(
         settings.training.global_batch_size,
     );
     job.script.args = args;
-    let spec = job.render(plan, None, &template.run_dir.join("trial"))?;
+    let spec = job.render(settings, plan, None, &template.run_dir.join("trial"))?;
     let mut commands = Vec::new();
     let mut lines = Vec::new();
     for (i, node) in spec.nodes.iter().enumerate() {
@@ -420,7 +419,8 @@ pub fn run_trial(
     let mut job = template.clone();
     job.master_port = port;
     let dirs = staging.dirs_of(&hosts)?;
-    let (commands, lines, notes) = trial_commands(&job, request.plan, request.iters, &dirs)?;
+    let (commands, lines, notes) =
+        trial_commands(&job, request.settings, request.plan, request.iters, &dirs)?;
     let shown = lines.join(" ; ");
 
     let logs = NodeLogs::create(&template.run_dir, &hosts)?;

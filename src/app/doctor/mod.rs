@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::config::{DiscoveryInputs, NodeAccess};
 use super::inputs::{allocate, discover_nodes};
-use super::node_env::{announced_node_env, EnvRequest};
+use crate::cli::node_env::{announced_node_env, EnvRequest};
+use crate::cli::resolved::{DiscoveryInputs, NodeAccess};
 use crate::cli::DoctorArgs;
 use crate::cluster::{AllocationRequest, ClusterProfile, Environment};
 use crate::error::Error;

@@ -5,9 +5,9 @@
 use super::read::{Granularity, RawArgs, Vocabulary};
 use super::{contradiction, ArgsError};
 use crate::config::{
-    presets, CpCommType, Dispatcher, DropPolicy, LoadBalancing, LowBits, LowPrecision, MlaSpec,
-    ModelSpec, MoeSpec, Normalization, PositionEmbedding, Precision, Recompute, RecomputeModule,
-    TrainingSettings,
+    presets, CheckpointFormat, CpCommType, Dispatcher, DropPolicy, LoadBalancing, LowBits,
+    LowPrecision, MlaSpec, ModelSpec, MoeSpec, Normalization, PositionEmbedding, Precision,
+    Recompute, RecomputeModule, TrainingSettings,
 };
 
 fn require(raw: &RawArgs, value: Option<u64>, option: &'static str) -> Result<u64, ArgsError> {
@@ -459,6 +459,13 @@ pub(super) fn training_settings(
         save: raw.save.clone(),
         load: raw.load.clone(),
         save_interval: raw.save_interval,
+        checkpoint: CheckpointFormat {
+            format: raw
+                .ckpt_format
+                .clone()
+                .unwrap_or_else(|| CheckpointFormat::default().format),
+            optimizer_fully_reshardable: raw.dist_ckpt_optim_fully_reshardable,
+        },
         tensor_parallel,
         pipeline_parallel,
         virtual_pipeline: virtual_pipeline(raw, model.num_layers, pipeline_parallel)?,

@@ -79,6 +79,8 @@ pub enum Field {
     Save,
     Load,
     SaveInterval,
+    CkptFormat,
+    DistCkptOptimFullyReshardable,
     TrainIters,
     TensorParallel,
     PipelineParallel,
@@ -259,6 +261,11 @@ pub const OPTIONS: &[MegatronOption] = {
         value("load", Setting(Load)),
         value("save-interval", Setting(SaveInterval)),
         value("persistent-save-interval", Setting(SaveInterval)),
+        value("ckpt-format", Setting(CkptFormat)),
+        flag(
+            "dist-ckpt-optim-fully-reshardable",
+            Setting(DistCkptOptimFullyReshardable),
+        ),
         value("train-iters", Setting(TrainIters)),
         // The parallel layout.
         value("tensor-model-parallel-size", Setting(TensorParallel)).planned(),

@@ -526,6 +526,23 @@ fn context_parallelism_is_read_and_its_rules_kept() {
 }
 
 #[test]
+fn the_checkpoint_format_is_read_once_with_the_settings() {
+    let plain = settings("--save /ck --save-interval 5").unwrap();
+    assert_eq!(
+        plain.training.checkpoint,
+        crate::config::CheckpointFormat::default()
+    );
+    assert_eq!(plain.training.checkpoint.format, "torch_dist");
+    let s = settings("--ckpt-format torch --dist-ckpt-optim-fully-reshardable").unwrap();
+    assert_eq!(s.training.checkpoint.format, "torch");
+    assert!(s.training.checkpoint.optimizer_fully_reshardable);
+    // `--` ends Megatron's options: what follows is the script's own.
+    let ended = args("--ckpt-format=torch_dcp -- --ckpt-format torch");
+    let s = settings_from_megatron_args(&[args(TINY), ended].concat(), None, &[]).unwrap();
+    assert_eq!(s.training.checkpoint.format, "torch_dcp");
+}
+
+#[test]
 fn unsupported_and_removed_options() {
     for extra in ["--padded-vocab-size 1024", "--hybrid-layer-pattern M*M*"] {
         assert!(

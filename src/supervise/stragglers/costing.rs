@@ -501,7 +501,7 @@ pub(crate) mod tests {
         use crate::config::megatron::settings_from_megatron_args;
         use crate::config::Settings;
         use crate::plan::{Plan, PlanOptions};
-        use crate::replan::failure::checkpoint_format;
+        use crate::replan::failure::CheckpointFormat;
 
         /// A job planned on `nodes` nodes of `gpus` A100s each (tp and pp pinned).
         struct Job {
@@ -635,7 +635,7 @@ pub(crate) mod tests {
 
         fn weighed(case: &Case) -> Weighed {
             let job = (case.job)();
-            let format = checkpoint_format(&[]);
+            let format = CheckpointFormat::default();
             let straggler = Straggler {
                 host: case.host.into(),
                 node_rank: case.host[1..].parse().unwrap(),

@@ -15,24 +15,23 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::config::RunConfig;
+use super::ResolveError;
 use crate::cli::NodeOptions;
 use crate::cluster::Environment;
-use crate::error::Error;
 use crate::exec::is_env_name;
 use crate::render;
 
 /// What the command line asked for the nodes' environment.
 #[derive(Debug, Clone, Default)]
-pub(super) struct EnvRequest {
+pub struct EnvRequest {
     /// `--env`, in order.
-    pub(super) assignments: Vec<(String, Option<String>)>,
+    pub assignments: Vec<(String, Option<String>)>,
     /// `--env-file`.
-    pub(super) file: Option<PathBuf>,
+    pub file: Option<PathBuf>,
 }
 
 impl EnvRequest {
-    pub(super) fn new(options: &NodeOptions) -> EnvRequest {
+    pub fn new(options: &NodeOptions) -> EnvRequest {
         EnvRequest {
             assignments: options.env.clone(),
             file: options.env_file.clone(),
@@ -42,12 +41,12 @@ impl EnvRequest {
 
 /// The nodes' environment for `request` (see the module doc), and the env files read.
 /// `home` and `cwd` are where the default files are looked for.
-pub(super) fn node_env(
+pub fn node_env(
     env: &Environment,
     request: &EnvRequest,
     home: Option<&Path>,
     cwd: &Path,
-) -> Result<(BTreeMap<String, String>, Vec<PathBuf>), Error> {
+) -> Result<(BTreeMap<String, String>, Vec<PathBuf>), ResolveError> {
     let mut vars = render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let files = match &request.file {
         Some(file) => vec![file.clone()],
@@ -58,7 +57,7 @@ pub(super) fn node_env(
     };
     for file in &files {
         let text = crate::input_file::read_to_string(file).map_err(|e| {
-            Error::Usage(format!(
+            ResolveError::Usage(format!(
                 "cannot read the env file {}: {e} (give a readable file of NAME=VALUE lines to --env-file)",
                 file.display()
             ))
@@ -69,7 +68,7 @@ pub(super) fn node_env(
         let value = match value {
             Some(value) => value.clone(),
             None => env.get(name).cloned().ok_or_else(|| {
-                Error::Usage(format!(
+                ResolveError::Usage(format!(
                     "--env {name}: {name} is not set here (give --env {name}=VALUE)"
                 ))
             })?,
@@ -79,22 +78,15 @@ pub(super) fn node_env(
     Ok((vars, files))
 }
 
-/// Fills in `config.node_env` (see the module doc): reads the env files, and says on stderr
-/// which it read.
-pub(super) fn resolve_node_env(config: &mut RunConfig) -> Result<(), Error> {
-    config.node_env = announced_node_env(&config.discovery.environment, &config.env_request)?;
-    Ok(())
-}
-
 /// The nodes' environment for `request` (see the module doc), found from the working
 /// directory and `HOME`; says on stderr which env files it read.
-pub(super) fn announced_node_env(
+pub fn announced_node_env(
     env: &Environment,
     request: &EnvRequest,
-) -> Result<BTreeMap<String, String>, Error> {
+) -> Result<BTreeMap<String, String>, ResolveError> {
     let home = env.get("HOME").map(PathBuf::from);
     let cwd = std::env::current_dir()
-        .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
+        .map_err(|e| ResolveError::Internal(format!("cannot read the working directory: {e}")))?;
     let (vars, files) = node_env(env, request, home.as_deref(), &cwd)?;
     if !files.is_empty() {
         let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
@@ -121,12 +113,12 @@ fn default_files(env: &Environment, home: Option<&Path>, cwd: &Path) -> Vec<Path
 }
 
 /// The `NAME=VALUE` lines of an env file (see the module doc); `path` names it in errors.
-pub(super) fn parse_env_file(text: &str, path: &Path) -> Result<Vec<(String, String)>, Error> {
+pub fn parse_env_file(text: &str, path: &Path) -> Result<Vec<(String, String)>, ResolveError> {
     let mut vars = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.strip_suffix('\r').unwrap_or(line);
         let bad = |what: String| {
-            Error::Usage(format!(
+            ResolveError::Usage(format!(
                 "env file {}, line {}: {what} (write NAME=VALUE, one a line)",
                 path.display(),
                 n + 1

@@ -10,13 +10,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::ResolveError;
 use crate::cli::{
     AccessOptions, DiscoveryOptions, ModelOptions, NodeOptions, PlanningOptions, RunCli,
 };
 use crate::cluster::allocation::NodeRange;
 use crate::cluster::{AllocationRequest, ClusterSpec, DiscoveryRequest, Environment, NodeSource};
 use crate::config::Settings;
-use crate::error::Error;
 use crate::exec::{SshOptions, Transport};
 use crate::launch;
 use crate::log;
@@ -29,49 +29,49 @@ use crate::trial::choice::TopK;
 
 /// Everything `pipette-run` (and `pipette calibrate`) was asked to do.
 #[derive(Debug, Clone)]
-pub(super) struct RunConfig {
+pub struct RunConfig {
     /// How results are shown.
-    pub(super) output: OutputMode,
+    pub output: OutputMode,
     /// The user's script, how torchrun runs it, and its arguments.
-    pub(super) script: render::ScriptInvocation,
+    pub script: render::ScriptInvocation,
     /// Where the nodes come from.
-    pub(super) discovery: DiscoveryInputs,
+    pub discovery: DiscoveryInputs,
     /// `--nnodes` and `--nproc-per-node`, for [`crate::cluster::allocate`].
-    pub(super) allocation: AllocationRequest,
+    pub allocation: AllocationRequest,
     /// The preset and pins the settings are read with (besides the script's arguments).
-    pub(super) settings: SettingsInputs,
+    pub settings: SettingsInputs,
     /// `--reprofile`: measure the nodes even when a cached profile is fresh.
-    pub(super) reprofile: bool,
-    pub(super) planning: PlanningConfig,
-    pub(super) trial: TrialConfig,
-    pub(super) launch: LaunchConfig,
-    pub(super) supervise: supervise::SuperviseOptions,
+    pub reprofile: bool,
+    pub planning: PlanningConfig,
+    pub trial: TrialConfig,
+    pub launch: LaunchConfig,
+    pub supervise: supervise::SuperviseOptions,
     /// The environment every node gets: [`render::forwarded_env`]'s until
-    /// [`super::node_env::resolve_node_env`] adds the env files and `--env`.
-    pub(super) node_env: BTreeMap<String, String>,
+    /// [`RunConfig::resolve_node_env`] adds the env files and `--env`.
+    pub node_env: BTreeMap<String, String>,
     /// `--env` and `--env-file`.
-    pub(super) env_request: super::node_env::EnvRequest,
+    pub env_request: super::node_env::EnvRequest,
     /// `--startup-timeout` as given (`None` when not, or `0`): with planning off it is the
     /// only silence that fails a job, since a script that is not Megatron's prints no
     /// iteration lines and may be quiet for long, as it may under torchrun.
-    pub(super) startup_timeout_given: Option<Duration>,
+    pub startup_timeout_given: Option<Duration>,
 }
 
 /// How results are shown.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct OutputMode {
+pub struct OutputMode {
     /// `--dry-run`: plan and render, launch nothing.
-    pub(super) dry_run: bool,
+    pub dry_run: bool,
     /// `--json`: one JSON value on stdout, everything else on stderr.
-    pub(super) json: bool,
+    pub json: bool,
 }
 
 /// Which of our lines are shown ([`log::Filter`]): `-q` warnings and errors, `-v` DEBUG
 /// too (the whole plan report), else INFO; `PIPETTE_LOG` on top (see [`crate::log`]).
-pub(super) fn log_filter(
+pub fn log_filter(
     options: &crate::cli::LogOptions,
     env: &Environment,
-) -> Result<log::Filter, Error> {
+) -> Result<log::Filter, ResolveError> {
     let level = match (options.quiet, options.verbose) {
         (true, _) => log::Level::Warn,
         (false, true) => log::Level::Debug,
@@ -81,7 +81,7 @@ pub(super) fn log_filter(
     match env.get("PIPETTE_LOG") {
         None => Ok(log::Filter::new(level)),
         Some(spec) => log::Filter::parse(spec, level, flags_chose).map_err(|e| {
-            Error::Usage(format!(
+            ResolveError::Usage(format!(
                 "PIPETTE_LOG={spec}: {e} (write LEVEL or TARGET=LEVEL, comma separated: \
                  error, warn, info, debug, trace or off; e.g. `warn,progress=info`)"
             ))
@@ -91,84 +91,84 @@ pub(super) fn log_filter(
 
 /// What node discovery reads.
 #[derive(Debug, Clone)]
-pub(super) struct DiscoveryInputs {
-    pub(super) request: DiscoveryRequest,
+pub struct DiscoveryInputs {
+    pub request: DiscoveryRequest,
     /// `--cluster`: the cluster profile file (read when the run's inputs are gathered).
-    pub(super) cluster_file: Option<PathBuf>,
+    pub cluster_file: Option<PathBuf>,
     /// The environment (Slurm and PBS variables).
-    pub(super) environment: Environment,
+    pub environment: Environment,
     /// The nodes of the copies of pipette-run that joined this one, their leader.
-    pub(super) copies: Option<ClusterSpec>,
+    pub copies: Option<ClusterSpec>,
 }
 
 /// What the model and training settings are read with, besides Megatron arguments.
 #[derive(Debug, Clone)]
-pub(super) struct SettingsInputs {
+pub struct SettingsInputs {
     /// `--model`.
-    pub(super) preset: Option<String>,
+    pub preset: Option<String>,
     /// `--pin`, parsed when the settings are read.
-    pub(super) pin: Option<String>,
+    pub pin: Option<String>,
 }
 
 /// The planner's options as far as the command line sets them.
 #[derive(Debug, Clone)]
-pub(super) struct PlanningConfig {
+pub struct PlanningConfig {
     /// Seed, mapping mode, budget, top-k and headroom; the time options and calibration
     /// are filled in by [`PlanningConfig::plan_options`].
-    pub(super) base: PlanOptions,
+    pub base: PlanOptions,
     /// `--calibration`, read when the plan options are made.
-    pub(super) calibration: Option<PathBuf>,
+    pub calibration: Option<PathBuf>,
 }
 
 /// The trial run before the launch.
 #[derive(Debug, Clone)]
-pub(super) struct TrialConfig {
+pub struct TrialConfig {
     /// Whether the launch runs a trial: not with `--no-trial`, nor with `--calibration`.
-    pub(super) before_launch: bool,
-    pub(super) iters: u64,
-    pub(super) timeout: Duration,
+    pub before_launch: bool,
+    pub iters: u64,
+    pub timeout: Duration,
     /// `--trial-micro-batches`: the sizes of the first round (default: the plan's).
-    pub(super) micro_batches: Option<Vec<u64>>,
+    pub micro_batches: Option<Vec<u64>>,
     /// `--trial-top-k`: the candidates of the measured choice.
-    pub(super) top_k: TopK,
+    pub top_k: TopK,
 }
 
 /// What the launch renders with and how it reaches the nodes.
 #[derive(Debug, Clone)]
-pub(super) struct LaunchConfig {
+pub struct LaunchConfig {
     /// `--run-dir`, relative to the working directory.
-    pub(super) run_dir: Option<PathBuf>,
+    pub run_dir: Option<PathBuf>,
     /// `--templates`, read when the job template is made.
-    pub(super) templates: Option<PathBuf>,
+    pub templates: Option<PathBuf>,
     /// The torchrun executable on the nodes.
-    pub(super) torchrun: String,
+    pub torchrun: String,
     /// The user's torchrun options that are handed on to torchrun.
-    pub(super) torchrun_passthrough: Vec<String>,
-    pub(super) master_addr: Option<String>,
-    pub(super) master_port: u16,
+    pub torchrun_passthrough: Vec<String>,
+    pub master_addr: Option<String>,
+    pub master_port: u16,
     /// `--rdzv-id`, when the user set one.
-    pub(super) rdzv_id: Option<String>,
-    pub(super) access: NodeAccess,
+    pub rdzv_id: Option<String>,
+    pub access: NodeAccess,
 }
 
 /// How to reach the nodes, as the command line said.
 #[derive(Debug, Clone, Default)]
-pub(super) struct NodeAccess {
+pub struct NodeAccess {
     /// `--launcher`: local, ssh or srun.
-    pub(super) launcher: Option<String>,
+    pub launcher: Option<String>,
     /// `--ssh-config`.
-    pub(super) ssh_config: Option<PathBuf>,
+    pub ssh_config: Option<PathBuf>,
     /// The leader of one copy per node reaches every node through its copy.
-    pub(super) agents: Option<Transport>,
+    pub agents: Option<Transport>,
     /// `--ssh-args`, after `--ssh-config`'s `-F`.
-    pub(super) ssh_args: Vec<String>,
+    pub ssh_args: Vec<String>,
     /// `--srun-args`.
-    pub(super) srun_args: Vec<String>,
+    pub srun_args: Vec<String>,
 }
 
 impl RunConfig {
     /// Resolves `pipette-run`'s command line, with the environment it runs in.
-    pub(super) fn resolve(cli: &RunCli, env: Environment) -> RunConfig {
+    pub fn resolve(cli: &RunCli, env: Environment) -> RunConfig {
         let t = &cli.torchrun;
         let s = &cli.supervise;
         let endpoint = rendezvous_endpoint(&t.rdzv_endpoint);
@@ -250,15 +250,23 @@ impl RunConfig {
 
 impl RunConfig {
     /// Why the job is not planned, when it is not (see [`crate::config::planning_off`]).
-    pub(super) fn planning_off(&self) -> Option<String> {
+    pub fn planning_off(&self) -> Option<String> {
         crate::config::planning_off(&self.script.args, self.settings.preset.as_deref())
+    }
+
+    /// Fills in `node_env` (see [`super::node_env`]): reads the env files, and says on
+    /// stderr which it read.
+    pub fn resolve_node_env(&mut self) -> Result<(), ResolveError> {
+        self.node_env =
+            super::node_env::announced_node_env(&self.discovery.environment, &self.env_request)?;
+        Ok(())
     }
 
     /// The configuration of the leader of one copy per node: the nodes are the copies'
     /// (`spec`), reached through them (`transport`); torchrun's master is the plan's first
     /// node (the leader's address names only where the copies meet), and a `--local-addr`
     /// names only the leader's node, so no node's torchrun gets it.
-    pub(super) fn lead(&mut self, spec: ClusterSpec, transport: Transport) {
+    pub fn lead(&mut self, spec: ClusterSpec, transport: Transport) {
         self.discovery.copies = Some(spec);
         self.launch.access.agents = Some(transport);
         self.launch.master_addr = None;
@@ -269,7 +277,7 @@ impl RunConfig {
 }
 
 impl DiscoveryInputs {
-    pub(super) fn new(options: &DiscoveryOptions, environment: Environment) -> Self {
+    pub fn new(options: &DiscoveryOptions, environment: Environment) -> Self {
         DiscoveryInputs {
             request: DiscoveryRequest {
                 hostfile: options.hostfile.clone(),
@@ -286,7 +294,7 @@ impl DiscoveryInputs {
 }
 
 impl SettingsInputs {
-    pub(super) fn new(options: &ModelOptions) -> Self {
+    pub fn new(options: &ModelOptions) -> Self {
         SettingsInputs {
             preset: options.preset.clone(),
             pin: options.pin.clone(),
@@ -295,7 +303,7 @@ impl SettingsInputs {
 }
 
 impl PlanningConfig {
-    pub(super) fn new(planning: &PlanningOptions, seed: u64) -> Self {
+    pub fn new(planning: &PlanningOptions, seed: u64) -> Self {
         let mut base = PlanOptions {
             seed,
             mapping: planning.mapping,
@@ -316,7 +324,7 @@ impl PlanningConfig {
 
     /// `--nnodes MIN:MAX`: the plan uses at least MIN nodes, the nodes above its need are
     /// spares. A single count (`--nnodes N`) only checks the nodes found, as before.
-    pub(super) fn with_min_nodes(mut self, nnodes: Option<NodeRange>) -> Self {
+    pub fn with_min_nodes(mut self, nnodes: Option<NodeRange>) -> Self {
         if let Some(range) = nnodes.filter(|r| r.min < r.max) {
             self.base.nodes.min_nodes = range.min as usize;
         }
@@ -325,7 +333,7 @@ impl PlanningConfig {
 
     /// The planner's options for these settings: the time options from the Megatron
     /// arguments, the calibration from `--calibration` (read now).
-    pub(super) fn plan_options(&self, settings: &Settings) -> Result<PlanOptions, Error> {
+    pub fn plan_options(&self, settings: &Settings) -> Result<PlanOptions, ResolveError> {
         let mut options = PlanOptions {
             time_options: TimeOptions::from_training(&settings.training),
             ..self.base.clone()
@@ -339,7 +347,7 @@ impl PlanningConfig {
 
 impl NodeAccess {
     /// `--launcher`, `--ssh-config`, `--ssh-args` and `--srun-args` as given.
-    pub(super) fn new(access: &AccessOptions, nodes: &NodeOptions) -> NodeAccess {
+    pub fn new(access: &AccessOptions, nodes: &NodeOptions) -> NodeAccess {
         NodeAccess {
             launcher: access.launcher.clone(),
             ssh_config: access.ssh_config.clone(),
@@ -352,7 +360,7 @@ impl NodeAccess {
     /// How to reach these nodes, for profiling and for the launch alike: `--launcher` as
     /// asked, else [`launch::choose_transport`]'s rule; ssh with `--ssh-config` and
     /// `--ssh-args` when given, srun with `--srun-args`.
-    pub(super) fn transport(&self, hosts: &[String], source: &NodeSource) -> Transport {
+    pub fn transport(&self, hosts: &[String], source: &NodeSource) -> Transport {
         if let Some(agents) = &self.agents {
             return agents.clone();
         }
@@ -374,7 +382,7 @@ impl NodeAccess {
 /// torchrun's `--rdzv-endpoint HOST[:PORT]` (`[V6]:PORT` too): the rank-0 node's address
 /// and port, which win over `--master-addr`/`--master-port` as they do in torchrun.
 /// Empty: neither.
-pub(super) fn rendezvous_endpoint(endpoint: &str) -> (Option<String>, Option<u16>) {
+pub fn rendezvous_endpoint(endpoint: &str) -> (Option<String>, Option<u16>) {
     let endpoint = endpoint.trim();
     if endpoint.is_empty() {
         return (None, None);
@@ -390,15 +398,15 @@ pub(super) fn rendezvous_endpoint(endpoint: &str) -> (Option<String>, Option<u16
 }
 
 /// The part of the environment every node gets.
-pub(super) fn forwarded_env(env: &Environment) -> BTreeMap<String, String> {
+pub fn forwarded_env(env: &Environment) -> BTreeMap<String, String> {
     render::forwarded_env(env.iter().map(|(k, v)| (k.clone(), v.clone())))
 }
 
 /// A calibration file: `pipette calibrate`'s report (its `calibration`), or a bare
 /// calibration object.
-pub(super) fn read_calibration(path: &Path) -> Result<Calibration, Error> {
+pub fn read_calibration(path: &Path) -> Result<Calibration, ResolveError> {
     let bad = |detail: String| {
-        Error::Usage(format!(
+        ResolveError::Usage(format!(
             "--calibration {}: {detail} (give a file `pipette calibrate --out FILE` wrote)",
             path.display()
         ))
