@@ -53,6 +53,7 @@ pub(super) fn yours_constraints(settings: &Settings) -> Constraints {
         sequence_parallel: Some(t.sequence_parallel),
         recompute: Some(t.recompute.clone()),
         distributed_optimizer: Some(t.distributed_optimizer),
+        ..crate::config::megatron::expert_pins_of_args(settings)
     }
 }
 

@@ -11,14 +11,17 @@
 //! - the interleaved schedule needs pp > 2 (without p2p overlap), layers per stage divisible
 //!   by the virtual stages, an even split, and a micro-batch count divisible by pp
 //!   (core/pipeline_parallel/schedules.py: `microbatch_group_size_per_vp_stage` = pp);
-//! - sequence parallelism only with tp > 1; the distributed optimizer only matters with dp > 1.
+//! - sequence parallelism only with tp > 1; the distributed optimizer only matters with dp > 1;
+//! - a mixture-of-experts model: every expert layout folded out of tp × dp and Megatron's
+//!   MoE rules ([`super::experts`]), as one more step after the rest.
 //!
 //! Splits by GPU speed on mixed clusters (any layer count per stage, rendered as
 //! `--pipeline-model-parallel-layout` when first/last counts cannot say it) are added by
 //! the planner ([`super::layers`]), not here: they depend on where each stage runs.
 
-use crate::config::{Recompute, RecomputeMethod, Settings};
+use crate::config::{ModelSpec, Recompute, RecomputeMethod, Settings};
 use crate::model::ParallelConfig;
+use crate::plan::experts::{expert_layouts, moe_rule_error};
 
 /// Bounds of the search that are choices, not rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +90,9 @@ pub fn candidates(
             if pinned.data_parallel.is_some_and(|p| p != dp) || global_batch % dp != 0 {
                 continue;
             }
+            // The expert layouts folded out of this stage's tp × cp × dp ranks (one, ep =
+            // etp = 1, for a dense model): see [`super::experts`].
+            let expert_layouts = expert_layouts(settings, tp, 1, dp);
             for layers in layer_splits(model.num_layers, pp, options.uneven_layers) {
                 let even = layers.iter().all(|l| *l == layers[0]);
                 for micro_batch in divisors(global_batch / dp, options.max_micro_batch) {
@@ -107,7 +113,7 @@ pub fn candidates(
                                 for distributed_optimizer in
                                     flag_choices(dp > 1, pinned.distributed_optimizer)
                                 {
-                                    out.push(ParallelConfig {
+                                    let config = ParallelConfig {
                                         tp,
                                         pp,
                                         dp,
@@ -120,7 +126,8 @@ pub fn candidates(
                                         sequence_parallel,
                                         distributed_optimizer,
                                         layers_per_stage: layers.clone(),
-                                    });
+                                    };
+                                    push_expert_layouts(&mut out, config, &expert_layouts, model);
                                 }
                             }
                         }
@@ -130,6 +137,25 @@ pub fn candidates(
         }
     }
     out
+}
+
+/// `config` once per expert layout, each that Megatron accepts ([`moe_rule_error`]).
+fn push_expert_layouts(
+    out: &mut Vec<ParallelConfig>,
+    config: ParallelConfig,
+    layouts: &[(u64, u64)],
+    model: &ModelSpec,
+) {
+    for &(ep, etp) in layouts {
+        let config = ParallelConfig {
+            ep,
+            etp,
+            ..config.clone()
+        };
+        if moe_rule_error(model, &config).is_none() {
+            out.push(config);
+        }
+    }
 }
 
 /// The divisors of `n` up to `at_most`, ascending.

@@ -11,10 +11,11 @@ use crate::config::{Constraints, ModelSpec, Recompute, RecomputeMethod, Training
 /// A parallel setting the user fixed with `--pin`; the planner searches only the rest.
 ///
 /// `--pin LIST` is comma separated; each item is `tp`, `pp`, `dp`, `mbs`, `vpp`, `sp`,
-/// `recompute`, `dist-opt` or `all`, optionally `=VALUE`. Without a value the value is the
+/// `recompute`, `dist-opt`, `ep`, `etp` or `all`, optionally `=VALUE` (`ep` and `etp`, the
+/// expert-parallel and expert tensor-parallel sizes, only for models with experts). Without a value the value is the
 /// one in the Megatron arguments. `dp` always needs a value (the arguments do not say it).
-/// `all` pins everything the arguments say (tp, pp, mbs, vpp, sp, recompute, dist-opt),
-/// with Megatron's defaults for what they leave out; items after it override it.
+/// `all` pins everything the arguments say (tp, pp, mbs, vpp, sp, recompute, dist-opt, and
+/// ep and etp for a model with experts), with Megatron's defaults for what they leave out; items after it override it.
 /// `yours` pins nothing by itself: the planner searches freely, and the configuration
 /// the arguments give runs unless the plan is faster by more than the time model's
 /// stated error (pipette-run decides and says so).
@@ -34,6 +35,8 @@ pub enum Pin {
     SequenceParallel(Option<bool>),
     Recompute(Option<Recompute>),
     DistributedOptimizer(Option<bool>),
+    ExpertParallel(Option<u64>),
+    ExpertTensorParallel(Option<u64>),
     All,
     Yours,
 }
@@ -50,6 +53,8 @@ impl Pin {
             Pin::SequenceParallel(_) => "sp",
             Pin::Recompute(_) => "recompute",
             Pin::DistributedOptimizer(_) => "dist-opt",
+            Pin::ExpertParallel(_) => "ep",
+            Pin::ExpertTensorParallel(_) => "etp",
             Pin::All => "all",
             Pin::Yours => "yours",
         }
@@ -64,7 +69,9 @@ impl fmt::Display for Pin {
             | Pin::PipelineParallel(Some(n))
             | Pin::DataParallel(n)
             | Pin::MicroBatch(Some(n))
-            | Pin::VirtualPipeline(Some(n)) => write!(f, "={n}"),
+            | Pin::VirtualPipeline(Some(n))
+            | Pin::ExpertParallel(Some(n))
+            | Pin::ExpertTensorParallel(Some(n)) => write!(f, "={n}"),
             Pin::SequenceParallel(Some(b)) | Pin::DistributedOptimizer(Some(b)) => {
                 write!(f, "={b}")
             }
@@ -82,7 +89,7 @@ impl fmt::Display for Pin {
     }
 }
 
-const PIN_KEYS: &str = "tp, pp, dp, mbs, vpp, sp, recompute, dist-opt, all, yours";
+const PIN_KEYS: &str = "tp, pp, dp, mbs, vpp, sp, recompute, dist-opt, ep, etp, all, yours";
 
 /// Reads the value of pipette's `--pin` option (e.g. `tp,pp=2,dp=8`).
 pub fn parse_pins(text: &str) -> Result<Vec<Pin>, ArgsError> {
@@ -115,6 +122,8 @@ pub fn parse_pins(text: &str) -> Result<Vec<Pin>, ArgsError> {
             "pp" => Pin::PipelineParallel(value.map(size).transpose()?),
             "mbs" => Pin::MicroBatch(value.map(size).transpose()?),
             "vpp" => Pin::VirtualPipeline(value.map(size).transpose()?),
+            "ep" => Pin::ExpertParallel(value.map(size).transpose()?),
+            "etp" => Pin::ExpertTensorParallel(value.map(size).transpose()?),
             "dp" => match value {
                 Some(v) => Pin::DataParallel(size(v)?),
                 None => {
@@ -240,6 +249,10 @@ pub(super) fn constraints(
         c.sequence_parallel = Some(training.sequence_parallel);
         c.recompute = Some(training.recompute.clone());
         c.distributed_optimizer = Some(training.distributed_optimizer);
+        if model.moe.is_some() {
+            c.expert_parallel = Some(training.expert_parallel);
+            c.expert_tensor_parallel = Some(expert_tensor_parallel_of(training));
+        }
     }
     for pin in pins {
         match pin {
@@ -288,10 +301,38 @@ pub(super) fn constraints(
             Pin::DistributedOptimizer(v) => {
                 c.distributed_optimizer = Some(v.unwrap_or(training.distributed_optimizer))
             }
+            // Megatron's defaults when the arguments leave them out: ep 1, etp = tp.
+            Pin::ExpertParallel(v) => {
+                c.expert_parallel = Some(v.unwrap_or(training.expert_parallel))
+            }
+            Pin::ExpertTensorParallel(v) => {
+                c.expert_tensor_parallel = Some(v.unwrap_or(expert_tensor_parallel_of(training)))
+            }
         }
     }
     check_pins(model, training, &c)?;
     Ok(c)
+}
+
+/// The expert tensor-parallel size the arguments give: `--expert-tensor-parallel-size`,
+/// else the tensor-parallel size (arguments.py 569-570).
+fn expert_tensor_parallel_of(training: &TrainingSettings) -> u64 {
+    training
+        .expert_tensor_parallel
+        .unwrap_or(training.tensor_parallel)
+}
+
+/// The user's expert layout as constraints, for a model with experts (`--pin yours`
+/// keeps it as it keeps the rest); nothing for a dense model.
+pub fn expert_pins_of_args(settings: &crate::config::Settings) -> Constraints {
+    if settings.model.moe.is_none() {
+        return Constraints::default();
+    }
+    Constraints {
+        expert_parallel: Some(settings.training.expert_parallel),
+        expert_tensor_parallel: Some(expert_tensor_parallel_of(&settings.training)),
+        ..Constraints::default()
+    }
 }
 
 /// Pinned values Megatron would refuse for this model, caught before any planning.
@@ -331,6 +372,7 @@ fn check_pins(
             }
         }
     }
+    check_expert_pins(model, c)?;
     if let Some(mbs) = c.micro_batch_size {
         if global % mbs != 0 {
             return Err(contradiction(format!(
@@ -346,6 +388,40 @@ fn check_pins(
                 c.micro_batch_size
                     .map(|m| format!(" × mbs={m}"))
                     .unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Pinned expert sizes Megatron would refuse for this model (arguments.py 1600-1603,
+/// TransformerConfig's bias rule).
+fn check_expert_pins(model: &ModelSpec, c: &Constraints) -> Result<(), ArgsError> {
+    let (ep, etp) = (c.expert_parallel, c.expert_tensor_parallel);
+    let Some(moe) = &model.moe else {
+        return match (ep, etp) {
+            (Some(n), _) | (_, Some(n)) if n > 1 => Err(contradiction(format!(
+                "pinned ep/etp={n} needs a model with experts (--num-experts): drop the pin"
+            ))),
+            _ => Ok(()),
+        };
+    };
+    if let Some(ep) = ep.filter(|ep| moe.num_experts % ep != 0) {
+        return Err(contradiction(format!(
+            "pinned ep={ep} does not divide --num-experts {} (each expert-parallel rank holds the same number of experts: pin a divisor of {})",
+            moe.num_experts, moe.num_experts
+        )));
+    }
+    if let Some(etp) = etp.filter(|etp| *etp > 1) {
+        if model.add_bias_linear {
+            return Err(contradiction(format!(
+                "pinned etp={etp} with linear biases (Megatron supports expert biases only at --expert-tensor-parallel-size 1: pin etp=1 or add --disable-bias-linear)"
+            )));
+        }
+        if moe.ffn_hidden_size % etp != 0 {
+            return Err(contradiction(format!(
+                "pinned etp={etp} does not divide --moe-ffn-hidden-size {} (each expert's MLP is split evenly over the expert tensor-parallel ranks)",
+                moe.ffn_hidden_size
             )));
         }
     }

@@ -642,6 +642,8 @@ fn pins_take_values_from_the_args() {
             sequence_parallel: Some(true),
             recompute: Some(Recompute::Selective),
             distributed_optimizer: Some(false),
+            expert_parallel: None,
+            expert_tensor_parallel: None,
         }
     );
 }
@@ -697,7 +699,7 @@ fn error_messages_are_one_line() {
         "--seq-length 999",
         "--micro-batch-size 3",
         "--recompute-granularity full",
-        "--num-experts 4",
+        "--hybrid-layer-pattern M*M*",
         "--num-layers x",
     ];
     for extra in cases {
