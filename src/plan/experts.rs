@@ -17,11 +17,18 @@
 //! - a shared expert overlapped with the dispatch needs the alltoall or flex dispatcher
 //!   (TransformerConfig), which the arguments fix, not the plan: read-time, not here.
 //!
-//! Choices, not rules: `etp` is a divisor of `tp` (1, the published recipes' choice, up to
-//! tp, Megatron's default): a larger etp splits small experts further than attention and
-//! no published layout uses one. A dense model has the one layout ep = etp = 1.
+//! Choices, not rules: `etp` is 1 (the Model Zoo's and DeepSeek-V3's recipes) or tp
+//! (Megatron's default; Grok-1's and Llama-4's published layouts): sizes between them and
+//! above tp appear in no published layout, and each would multiply the configurations the
+//! time model ranks (on 2,048 GPUs the ranking is most of the planner's time). A dense
+//! model has the one layout ep = etp = 1.
 
-use crate::config::{ModelSpec, Settings};
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::config::{Dispatcher, ModelSpec, Settings};
+use crate::model::parallel::Placement;
 use crate::model::ParallelConfig;
 use crate::plan::space::divisors;
 
@@ -38,7 +45,8 @@ pub(crate) fn expert_layouts(settings: &Settings, tp: u64, cp: u64, dp: u64) -> 
         if attention % ep != 0 || pinned.expert_parallel.is_some_and(|p| p != ep) {
             continue;
         }
-        for etp in divisors(tp, tp) {
+        let etps: &[u64] = if tp > 1 { &[1, tp] } else { &[1] };
+        for &etp in etps {
             if (attention / ep) % etp != 0
                 || pinned.expert_tensor_parallel.is_some_and(|p| p != etp)
                 || expert_split_error(model, etp).is_some()
@@ -76,6 +84,105 @@ fn expert_split_error(model: &ModelSpec, etp: u64) -> Option<String> {
             moe.ffn_hidden_size
         )
     })
+}
+
+/// What a plan's expert layout means, for the plan report and the dry run: the dispatcher,
+/// the experts on each rank, the tokens each expert computes, and where the dispatch's
+/// all-to-all runs under the plan's rank mapping.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExpertPlan {
+    /// `--moe-token-dispatcher-type`.
+    pub dispatcher: Dispatcher,
+    /// Routed experts per MoE layer, and the experts each token goes to.
+    pub experts: u64,
+    pub router_topk: u64,
+    pub ep: u64,
+    pub etp: u64,
+    /// The ranks holding the same experts (their gradients are reduced together):
+    /// tp × cp × dp / (ep × etp).
+    pub expert_dp: u64,
+    /// Experts on each expert-parallel rank: experts / ep.
+    pub experts_per_rank: u64,
+    /// Tokens each expert computes per micro-batch on average (the rows of its GEMMs):
+    /// the expert group's ep × etp ranks hold micro-batch × sequence / (tp × cp) tokens
+    /// each (sequence parallel), each sent to top-k of the experts. The busiest expert of
+    /// dropless routing gets more.
+    pub tokens_per_expert: f64,
+    /// Ranks in one expert-parallel group: those the dispatch's all-to-all (or all-gather)
+    /// spans, `ep` of them, `etp` apart.
+    pub group_ranks: u64,
+    /// The most nodes one expert-parallel group spans under the plan's mapping: 1 is
+    /// inside a node, over NVLink; more is over the NICs.
+    pub group_nodes: u64,
+}
+
+impl ExpertPlan {
+    /// The expert layout of `config` placed as `placement`; `None` for a dense model.
+    pub fn new(model: &ModelSpec, config: &ParallelConfig, placement: &Placement) -> Option<Self> {
+        let moe = model.moe.as_ref()?;
+        let (ep, etp) = (config.ep.max(1), config.etp.max(1));
+        let tokens_per_rank =
+            (config.micro_batch * model.seq_length) as f64 / (config.tp * config.cp).max(1) as f64;
+        let tokens_per_expert =
+            (ep * etp) as f64 * tokens_per_rank * moe.router_topk as f64 / moe.num_experts as f64;
+        Some(ExpertPlan {
+            dispatcher: moe.dispatcher,
+            experts: moe.num_experts,
+            router_topk: moe.router_topk,
+            ep,
+            etp,
+            expert_dp: config.expert_dp(),
+            experts_per_rank: moe.num_experts / ep,
+            tokens_per_expert,
+            group_ranks: ep,
+            group_nodes: expert_group_nodes(config, placement),
+        })
+    }
+
+    /// One line: `experts: ep=8 etp=1, 32 of 256 per rank, about 1024 tokens each per
+    /// micro-batch (top-8); alltoall dispatch inside one node (NVLink)`.
+    pub fn line(&self) -> String {
+        let span = if self.group_ranks <= 1 {
+            "no dispatch collective (ep=1: every rank holds every expert)".to_string()
+        } else if self.group_nodes <= 1 {
+            format!(
+                "{} dispatch over {} ranks inside one node (NVLink)",
+                self.dispatcher.megatron_name(),
+                self.group_ranks
+            )
+        } else {
+            format!(
+                "{} dispatch over {} ranks across {} nodes (NICs)",
+                self.dispatcher.megatron_name(),
+                self.group_ranks,
+                self.group_nodes
+            )
+        };
+        format!(
+            "experts: ep={} etp={} (expert-dp {}), {} of {} per rank, about {:.0} tokens each per micro-batch (top-{}); {span}",
+            self.ep,
+            self.etp,
+            self.expert_dp,
+            self.experts_per_rank,
+            self.experts,
+            self.tokens_per_expert,
+            self.router_topk
+        )
+    }
+}
+
+/// The most nodes any one expert-parallel group spans: its ranks share every expert
+/// coordinate but `ep` ([`ParallelConfig::expert_coordinates`]).
+pub fn expert_group_nodes(config: &ParallelConfig, placement: &Placement) -> u64 {
+    let mut groups: BTreeMap<(u64, u64, u64), BTreeSet<usize>> = BTreeMap::new();
+    for (rank, device) in placement.devices.iter().enumerate() {
+        let at = config.expert_coordinates(rank as u64);
+        groups
+            .entry((at.etp, at.edp, at.pp))
+            .or_default()
+            .insert(device.node);
+    }
+    groups.values().map(|n| n.len() as u64).max().unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -131,17 +238,13 @@ mod tests {
         let mut biased = settings("", "");
         biased.model.add_bias_linear = true;
         assert!(expert_layouts(&biased, 4, 1, 2).iter().all(|l| l.1 == 1));
-        // 96 is not divisible by 64... but etp ≤ tp ≤ 8 always divides 96 here; 3 experts
-        // of width 100 at tp 8: etp 8 does not divide 100.
+        // etp is 1 or tp; experts of width 100 at tp 8: etp 8 does not divide 100.
+        assert!(expert_layouts(&s, 8, 1, 1)
+            .iter()
+            .all(|l| [1, 8].contains(&l.1)));
         let mut odd = settings("", "");
         odd.model.moe.as_mut().unwrap().ffn_hidden_size = 100;
-        assert_eq!(
-            expert_layouts(&odd, 8, 1, 1)
-                .iter()
-                .map(|l| l.1)
-                .max(),
-            Some(4)
-        );
+        assert!(expert_layouts(&odd, 8, 1, 1).iter().all(|l| l.1 == 1));
         // tp > 1 without sequence parallelism is refused before costing.
         let mut c = ParallelConfig::even(4, 2, 1, 4, 1);
         (c.ep, c.etp) = (2, 1);

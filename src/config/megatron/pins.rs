@@ -358,9 +358,16 @@ fn check_pins(
         }
     }
     if let Some(pp) = c.pipeline_parallel {
-        if layers % pp != 0 {
+        // An uneven split (first and last stages apart from equal middle ones, as
+        // `--decoder-first/last-pipeline-num-layers` say it) needs a layer per stage.
+        if pp > layers {
             return Err(contradiction(format!(
-                "pinned pp={pp} does not divide --num-layers {layers} (each pipeline stage needs the same number of layers: pin a divisor of {layers})"
+                "pinned pp={pp} is more than --num-layers {layers} (each pipeline stage needs a layer at least: pin at most {layers})"
+            )));
+        }
+        if layers % pp != 0 && c.virtual_pipeline.is_some_and(|v| v > 1) {
+            return Err(contradiction(format!(
+                "pinned pp={pp} does not divide --num-layers {layers}, and the pinned virtual stages need equal stages (pin a divisor of {layers}, or vpp=1)"
             )));
         }
         if let Some(vpp) = c.virtual_pipeline.filter(|v| *v > 1) {
