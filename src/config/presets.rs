@@ -41,9 +41,12 @@
 //!   widths 128 + 64 rotary, 256 routed experts of width 2048 plus one shared, top-8, the
 //!   first three layers dense with FFN 18432, one multi-token-prediction module, sequences of
 //!   4096, batches of 15360 sequences, §4.2), in the Model Zoo's Megatron arguments
-//!   (`--moe-layer-freq ([0]*3+[1]*58)`, `--qk-layernorm` for MLA's latent norms, the
-//!   sigmoid router with expert bias, vocabulary 129280 as `--make-vocab-size-divisible-by
-//!   3232`).
+//!   (`--moe-layer-freq ([0]*3+[1]*58)`, `--qk-layernorm` for MLA's latent norms,
+//!   vocabulary 129280 as `--make-vocab-size-divisible-by 3232`). DeepSeek's aux-loss-free
+//!   balancing (`--moe-router-score-function sigmoid --moe-router-enable-expert-bias`) is
+//!   left to the user's arguments: it holds a buffer, not parameters, and costs nothing the
+//!   models price, and megatron-core builds its buffer on a GPU only, so the CPU check of
+//!   the count could not build the preset with it.
 //! Every MoE preset routes with the `alltoall` dispatcher (the Megatron-Core MoE README's
 //! choice for these layouts; `flex` needs DeepEP); `--moe-grouped-gemm` and the fused
 //! kernels are the user's to add. `tests/megatron_params.rs` checks each count, total and
@@ -379,9 +382,6 @@ pub const PRESETS: &[Preset] = &[
             "8",
             "--moe-router-load-balancing-type",
             "seq_aux_loss",
-            "--moe-router-score-function",
-            "sigmoid",
-            "--moe-router-enable-expert-bias",
             "--moe-token-dispatcher-type",
             "alltoall",
             "--mtp-num-layers",
