@@ -47,6 +47,7 @@
 //!   left to the user's arguments: it holds a buffer, not parameters, and costs nothing the
 //!   models price, and megatron-core builds its buffer on a GPU only, so the CPU check of
 //!   the count could not build the preset with it.
+//!
 //! Every MoE preset routes with the `alltoall` dispatcher (the Megatron-Core MoE README's
 //! choice for these layouts; `flex` needs DeepEP); `--moe-grouped-gemm` and the fused
 //! kernels are the user's to add. `tests/megatron_params.rs` checks each count, total and
