@@ -252,8 +252,14 @@ fn run_case(
         let wall = start.elapsed().as_secs_f64();
         let (rss_mib, cpu_after) = usage();
         let c = &result.config;
+        // The expert layout after dp, for a model with experts.
+        let experts = if result.experts.is_some() {
+            format!(" ep{} etp{}", c.ep, c.etp)
+        } else {
+            String::new()
+        };
         let shape = format!(
-            "tp{} pp{} dp{} mb{} v{} {}",
+            "tp{} pp{} dp{}{experts} mb{} v{} {}",
             c.tp,
             c.pp,
             c.dp,

@@ -674,6 +674,21 @@ fn planned_moe_cases() -> Vec<Case> {
         };
         let plan = plan(&settings, &cluster, &options)
             .unwrap_or_else(|e| panic!("{file} {preset:?} {pins:?}: {e}"));
+        // The plan says its expert layout; an expert group of 8 ranks runs its all-to-all
+        // inside one node of 8 GPUs, whatever the mapping.
+        let experts = plan
+            .experts
+            .as_ref()
+            .expect("an MoE plan names its experts");
+        assert_eq!((experts.ep, experts.etp), (plan.config.ep, plan.config.etp));
+        if plan.config.ep * plan.config.etp <= 8 {
+            assert_eq!(
+                experts.group_nodes,
+                1,
+                "{file} {preset:?}: {}",
+                experts.line()
+            );
+        }
         for ranked in &plan.top {
             let c = &ranked.config;
             cases.push(Case {
