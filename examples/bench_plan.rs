@@ -15,7 +15,7 @@
 //!
 //! Usage: `cargo run --release --example bench_plan [-- CASES...] [--repeat N] [--threads N]
 //! [--budget N] [--top] [--sweep LO]` where a case is its key: 16, 32, 64, 1024, 1024-mix,
-//! 8192, 16384, 127, 12500 (`--sweep LO` also plans each node count from LO up separately);
+//! 8192, 16384, 127, 12500, dsv3-256, dsv3-2048 (`--sweep LO` also plans each node count from LO up separately);
 //! `--budget` sets the annealing evaluations per mapped configuration (to see what a budget
 //! buys), `--top` lists every mapped configuration's default-order, searched and mapped
 //! estimates.
@@ -42,7 +42,7 @@ struct Case {
     args: &'static [&'static str],
 }
 
-const CASES: [Case; 11] = [
+const CASES: [Case; 13] = [
     Case {
         key: "16",
         gpus: 16,
@@ -144,6 +144,22 @@ const CASES: [Case; 11] = [
             "16",
         ],
     },
+    // DeepSeek-V3 (issue 29): 61 layers of which 58 MoE with 256 experts, MLA and one MTP
+    // layer; the planner chooses ep and etp beside the rest. 32 and 256 H100 nodes of 8.
+    Case {
+        key: "dsv3-256",
+        gpus: 256,
+        cluster: "generated 32x8 H100",
+        model: "deepseek-v3",
+        args: &[],
+    },
+    Case {
+        key: "dsv3-2048",
+        gpus: 2048,
+        cluster: "generated 256x8 H100",
+        model: "deepseek-v3",
+        args: &[],
+    },
 ];
 
 fn h100() -> pipette::cluster::profile::GpuSpec {
@@ -176,6 +192,8 @@ fn load(case: &Case) -> ClusterProfile {
             1025,
         ),
         "8192" => clusters::generated(1024, 8, &h100(), 380.0, 46.5, 8192),
+        "dsv3-256" => clusters::generated(32, 8, &h100(), 380.0, 46.5, 256),
+        "dsv3-2048" => clusters::generated(256, 8, &h100(), 380.0, 46.5, 2048),
         "16384" => clusters::generated(2048, 8, &h100(), 380.0, 46.5, 16384),
         "12500" => clusters::sampled(12_500, 8, &h100(), 380.0, 46.5, 8, 12_500),
         "gb200-128k" | "gb200-1m" => {
@@ -277,8 +295,14 @@ fn run_case(
                 String::new()
             }
         };
+        // The expert layout after dp, for a model with experts.
+        let experts = if result.experts.is_some() {
+            format!(" ep{} etp{}", c.ep, c.etp)
+        } else {
+            String::new()
+        };
         let shape = format!(
-            "tp{}{} pp{} dp{} mb{} v{} {}",
+            "tp{}{} pp{} dp{}{experts} mb{} v{} {}",
             c.tp,
             cp(c.cp),
             c.pp,
@@ -429,7 +453,7 @@ fn main() {
             key => {
                 assert!(
                     CASES.iter().any(|c| c.key == key),
-                    "unknown case {key:?} (cases: 16, 32, 64, 1024, 1024-mix, 8192, 16384, 127, 12500)"
+                    "unknown case {key:?} (cases: 16, 32, 64, 1024, 1024-mix, 8192, 16384, 127, 12500, dsv3-256, dsv3-2048)"
                 );
                 keys.push(key.to_string());
             }

@@ -14,9 +14,15 @@ GPU kernel:
    and pipeline layouts;
 4. builds Megatron's micro-batch calculator (global batch against micro-batch x dp), as
    megatron.training.initialize does;
-5. reports what Megatron understood: the parallel sizes, the micro-batches, and the
+5. for a mixture-of-experts model, the two checks Megatron makes after validate_args and
+   before the first step, which a CPU process cannot reach: initialize_model_parallel's
+   fold of the expert groups (the world divisible by etp x ep x pp, parallel_state.py) and
+   the MoE layer's refusal of tensor parallelism without sequence parallelism
+   (moe_layer.py), written out with the same conditions and messages;
+6. reports what Megatron understood: the parallel sizes, the micro-batches, and the
    transformer layers each pipeline rank builds (Megatron's get_num_layers_to_build, per
-   virtual stage, summed), so the test can check that Megatron reads the plan we meant.
+   virtual stage, summed), so the test can check that Megatron reads the plan we meant;
+   for a mixture-of-experts model also the expert-parallel and expert tensor-parallel sizes.
 
 The one stub is the one scripts/megatron_reference.py uses: validate_args asks the GPU for
 its architecture when tp > 1, which fails without a GPU; the answer is 9 (Hopper), the path
@@ -140,7 +146,9 @@ def validate(case):
         step_batch_size_schedule=args.step_batch_size_schedule,
         seq_length=args.seq_length,
     )
-    return {
+    if args.num_experts is not None:
+        _check_expert_layout(args)
+    derived = {
         "tensor_model_parallel_size": args.tensor_model_parallel_size,
         "pipeline_model_parallel_size": args.pipeline_model_parallel_size,
         "virtual_pipeline_model_parallel_size": args.virtual_pipeline_model_parallel_size,
@@ -159,6 +167,31 @@ def validate(case):
         "cp_comm_type": args.cp_comm_type,
         "fp8": args.fp8,
     }
+    if args.num_experts is not None:
+        derived["expert_model_parallel_size"] = args.expert_model_parallel_size
+        derived["expert_tensor_parallel_size"] = args.expert_tensor_parallel_size
+    return derived
+
+
+def _check_expert_layout(args):
+    """Megatron's MoE checks past validate_args (megatron-core 0.19.2), same conditions."""
+    # parallel_state.initialize_model_parallel: the expert rank generator's fold.
+    folded = (
+        args.expert_tensor_parallel_size
+        * args.expert_model_parallel_size
+        * args.pipeline_model_parallel_size
+    )
+    if args.world_size % folded != 0:
+        raise RuntimeError(
+            f"world_size ({args.world_size}) is not divisible by "
+            f"expert_tensor_model_pipeline_parallel size ({folded})"
+        )
+    # moe_layer.py: MoELayer.forward in training.
+    if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        raise ValueError(
+            "During training, performance may degrade if MoE and tensor parallelism"
+            "are enabled without also enabling sequence parallelism."
+        )
 
 
 def judged(case):

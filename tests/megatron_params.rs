@@ -312,6 +312,15 @@ fn preset_parameter_counts_equal_megatrons() {
             v["theoretical_parameters"].as_u64().unwrap_or_default()
         ));
         assert_eq!(Some(count), v["parameters"].as_u64(), "{}", case.name);
+        // The mixture-of-experts presets: the parameters one token meets too.
+        if s.model.moe.is_some() {
+            assert_eq!(
+                Some(ParameterBreakdown::new(&s.model, tp).active()),
+                v["active_parameters"].as_u64(),
+                "{} (active)",
+                case.name
+            );
+        }
         assert_eq!(
             Some(padded_vocab_size(&s.model, tp)),
             v["padded_vocab_size"].as_u64(),

@@ -142,8 +142,18 @@ impl Case {
         render(&input, &Templates::embedded()).unwrap_or_else(|e| panic!("{}: {e}", self.name))
     }
 
-    /// What Megatron must derive from the rendered arguments.
+    /// What Megatron must derive from the rendered arguments: with experts, the expert
+    /// layout too.
     fn expected(&self) -> Value {
+        let mut expected = self.expected_dense();
+        if self.settings.model.moe.is_some() {
+            expected["expert_model_parallel_size"] = json!(self.config.ep);
+            expected["expert_tensor_parallel_size"] = json!(self.config.etp);
+        }
+        expected
+    }
+
+    fn expected_dense(&self) -> Value {
         let c = &self.config;
         let global = self.settings.training.global_batch_size;
         let (granularity, method, layers) = match &c.recompute {
@@ -708,4 +718,183 @@ fn megatron_accepts_the_trial_arguments() {
         "Megatron was expected to refuse --train-iters beside --lr-decay-samples: {}",
         verdicts[cases.len()]
     );
+}
+
+/// Mixture-of-experts models the planner plans (issue 29): each one's best configurations
+/// (the plan's ranked list, mapped) on example clusters, with pins, rendered and judged by
+/// Megatron: every one accepted, with the expert layout, stages and batches we meant.
+/// Shapes: the Mixtral and Qwen3 presets, and DeepSeek-V3-like models small enough to plan
+/// quickly in a debug build (MLA, a shared expert, dense first layers, one MTP layer, 61-
+/// and 13-layer stacks that need uneven stages).
+fn planned_moe_cases() -> Vec<Case> {
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/clusters");
+    let deepseek_like = |layers: u64, dense: u64| {
+        format!(
+            "--num-layers {layers} --hidden-size 1024 --ffn-hidden-size 2816 \
+             --num-attention-heads 16 --multi-latent-attention --q-lora-rank 384 \
+             --kv-lora-rank 128 --qk-head-dim 64 --qk-pos-emb-head-dim 32 --v-head-dim 64 \
+             --qk-layernorm --swiglu --normalization RMSNorm --disable-bias-linear \
+             --position-embedding-type rope --untie-embeddings-and-output-weights \
+             --num-experts 64 --moe-ffn-hidden-size 256 --moe-shared-expert-intermediate-size 256 \
+             --moe-router-topk 6 --moe-layer-freq ([0]*{dense}+[1]*{}) \
+             --moe-router-score-function sigmoid --moe-router-enable-expert-bias \
+             --moe-token-dispatcher-type alltoall --mtp-num-layers 1 --seq-length 2048 \
+             --max-position-embeddings 2048 --vocab-size 32000 --global-batch-size 256 --bf16",
+            layers - dense
+        )
+    };
+    let runs: Vec<(&str, Option<&str>, String, &str)> = vec![
+        ("h100-16x8.json", Some("mixtral-8x7b"), String::new(), ""),
+        (
+            "h100-16x8.json",
+            Some("mixtral-8x7b"),
+            String::new(),
+            "ep=8,etp=1",
+        ),
+        ("h100-16x8.json", Some("qwen3-30b-a3b"), String::new(), ""),
+        ("a100-2x8.json", None, deepseek_like(13, 1), ""),
+        ("h100-16x8.json", None, deepseek_like(61, 3), "pp=8"),
+        ("a100-2x8.json", None, deepseek_like(13, 1), "etp=2,tp=2"),
+    ];
+    let mut cases = Vec::new();
+    for (file, preset, user, pins) in runs {
+        let cluster = ClusterProfile::load(examples.join(file)).unwrap();
+        let user_args = words(&user);
+        let pins = if pins.is_empty() {
+            Vec::new()
+        } else {
+            pipette::config::megatron::parse_pins(pins).unwrap()
+        };
+        let settings = settings_from_megatron_args(&user_args, preset, &pins)
+            .unwrap_or_else(|e| panic!("{preset:?} {pins:?}: {e}"));
+        let options = PlanOptions {
+            budget: Some(500),
+            top_k: 4,
+            ..PlanOptions::default()
+        };
+        let plan = plan(&settings, &cluster, &options)
+            .unwrap_or_else(|e| panic!("{file} {preset:?} {pins:?}: {e}"));
+        // The plan says its expert layout; an expert group of 8 ranks runs its all-to-all
+        // inside one node of 8 GPUs, whatever the mapping.
+        let experts = plan
+            .experts
+            .as_ref()
+            .expect("an MoE plan names its experts");
+        assert_eq!((experts.ep, experts.etp), (plan.config.ep, plan.config.etp));
+        if plan.config.ep * plan.config.etp <= 8 {
+            assert_eq!(
+                experts.group_nodes,
+                1,
+                "{file} {preset:?}: {}",
+                experts.line()
+            );
+        }
+        for ranked in &plan.top {
+            let c = &ranked.config;
+            cases.push(Case {
+                name: format!(
+                    "{} on {file} pinned {pins:?}: tp{} pp{} dp{} ep{} etp{} mbs{} stages{:?}",
+                    preset.unwrap_or("deepseek-like"),
+                    c.tp,
+                    c.pp,
+                    c.dp,
+                    c.ep,
+                    c.etp,
+                    c.micro_batch,
+                    c.layers_per_stage
+                ),
+                user_args: user_args.clone(),
+                settings: settings.clone(),
+                config: c.clone(),
+                script_options: Vec::new(),
+            });
+        }
+    }
+    cases
+}
+
+#[test]
+fn megatron_accepts_every_planned_moe_configuration() {
+    let cases = planned_moe_cases();
+    assert!(
+        cases.len() >= 20,
+        "{} planned MoE configurations",
+        cases.len()
+    );
+    assert!(
+        cases.iter().any(|c| c.config.ep > 1) && cases.iter().any(|c| c.config.etp > 1),
+        "the plans split experts"
+    );
+    assert!(
+        cases.iter().any(|c| c
+            .config
+            .layers_per_stage
+            .iter()
+            .any(|l| *l != c.config.layers_per_stage[0])),
+        "an uneven split among the plans"
+    );
+    let mut inputs = Vec::new();
+    for case in &cases {
+        let spec = case.render();
+        inputs.push(as_case(
+            &spec.megatron_args,
+            case.world(),
+            &spec.nodes[0].env,
+        ));
+    }
+    // Wrong on purpose, so the check can fail: an expert group that does not fold into
+    // the world, and tensor parallelism without sequence parallelism.
+    let first = &cases[0];
+    let spec = first.render();
+    let world = first.world();
+    let too_wide = (world / first.config.pp * 2).to_string();
+    let folded = replace(
+        &spec.megatron_args,
+        "--expert-tensor-parallel-size",
+        Some(&too_wide),
+    );
+    inputs.push(as_case(&folded, world, &spec.nodes[0].env));
+    let tp_case = cases
+        .iter()
+        .find(|c| c.config.tp > 1)
+        .expect("a plan with tp > 1");
+    let tp_spec = tp_case.render();
+    let mut no_sp = tp_spec.megatron_args.clone();
+    no_sp.retain(|a| a != "--sequence-parallel");
+    inputs.push(as_case(&no_sp, tp_case.world(), &tp_spec.nodes[0].env));
+
+    let verdicts = megatron_verdicts(&inputs);
+    assert_eq!(verdicts.len(), inputs.len());
+    let mut failures = Vec::new();
+    for ((case, input), verdict) in cases.iter().zip(&inputs).zip(&verdicts) {
+        match verdict.get("derived") {
+            Some(derived) if *derived == case.expected() => {}
+            Some(derived) => failures.push(format!(
+                "{}: Megatron read\n  {derived}\nexpected\n  {}\nfrom {}",
+                case.name,
+                case.expected(),
+                input["args"]
+            )),
+            None => failures.push(format!(
+                "{}: Megatron refused: {}\nargs: {}",
+                case.name, verdict["error"], input["args"]
+            )),
+        }
+    }
+    for (verdict, because) in verdicts[cases.len()..].iter().zip([
+        "expert_tensor_model_pipeline_parallel",
+        "sequence parallelism",
+    ]) {
+        match verdict.get("error").and_then(Value::as_str) {
+            Some(error) if error.contains(because) => {}
+            other => failures.push(format!(
+                "a wrong list was not refused for {because:?}: {other:?}"
+            )),
+        }
+    }
+    println!(
+        "{} planned MoE configurations judged by Megatron",
+        cases.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

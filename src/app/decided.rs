@@ -54,6 +54,7 @@ pub(super) fn yours_constraints(settings: &Settings) -> Constraints {
         recompute: Some(t.recompute.clone()),
         distributed_optimizer: Some(t.distributed_optimizer),
         context_parallel: Some(t.context_parallel),
+        ..crate::config::megatron::expert_pins_of_args(settings)
     }
 }
 

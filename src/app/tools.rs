@@ -273,16 +273,8 @@ pub(super) fn estimate(args: &EstimateArgs) -> Result<EstimateReport, Error> {
     };
     let memory = estimate_memory(model, training, &config, &calibration);
     let breakdown = params::ParameterBreakdown::new(model, config.tp);
-    let last = config.layers_per_stage.len().saturating_sub(1);
-    let per_stage = config
-        .layers_per_stage
-        .iter()
-        .enumerate()
-        .map(|(i, layers)| {
-            let start = config.layers_per_stage[..i].iter().sum();
-            breakdown.stage_from(start, *layers, i == 0, i == last)
-        })
-        .collect();
+    // Each stage's own layers: dense and MoE layers may be mixed.
+    let per_stage = crate::plan::layers::stage_parameters(&breakdown, &config.layers_per_stage);
     let mut report = EstimateReport {
         params: ParamsSection {
             total: breakdown.total(),

@@ -389,6 +389,12 @@ pub struct Constraints {
     pub distributed_optimizer: Option<bool>,
     #[serde(default)]
     pub context_parallel: Option<u64>,
+    /// `--pin ep=N`: the expert-parallel size (mixture-of-experts models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_parallel: Option<u64>,
+    /// `--pin etp=N`: the expert tensor-parallel size (mixture-of-experts models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_tensor_parallel: Option<u64>,
 }
 
 #[cfg(test)]

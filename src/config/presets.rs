@@ -17,6 +17,41 @@
 //! batches of 16M tokens, 2,048 sequences, Table 4). The paper gives no batch for 8B and
 //! 70B: they take 405B's. RoPE's base frequency (500,000) changes neither the parameter
 //! count nor the time, so the presets leave `--rotary-base` at Megatron's default.
+//!
+//! Mixtures of experts, shapes from the model's paper or released configuration and the
+//! Megatron arguments of NVIDIA's Megatron-MoE Model Zoo (github.com/yanring/Megatron-MoE-ModelZoo,
+//! `model_configs/benchmarking/*.yaml`, MIT), which trains each of them with Megatron:
+//! - Mixtral 8x7B: Jiang et al. 2024, "Mixtral of Experts" (arXiv 2401.04088, Table 1: 32
+//!   layers, dim 4096, 32 heads, 8 key/value heads, hidden 14336, 8 experts, top-2, vocabulary
+//!   32000, context 32768). Mixtral 8x22B: mistralai/Mixtral-8x22B-v0.1's config.json (56
+//!   layers, hidden 6144, 48 heads, 8 key/value heads, intermediate 16384, 8 experts, top-2,
+//!   65536 positions) with the vocabulary of 32000 the base model and the Model Zoo's
+//!   Llama 2 tokenizer have (the later instruct release has 32768). Both: SwiGLU experts, RMSNorm, rope, no biases,
+//!   untied output layer (Model Zoo's Mixtral yamls). Neither publication gives a training
+//!   batch: both take the Megatron-Core MoE README's reference layouts' 256 sequences of
+//!   4096 tokens.
+//! - Qwen3-30B-A3B and Qwen3-235B-A22B: the Model Zoo's Qwen3 yamls (48 / 94 layers, hidden
+//!   2048 / 4096, 32 / 64 heads in 4 key/value groups of width 128 with QK norms, 128
+//!   experts of width 768 / 1536, top-8, every layer MoE, no shared expert; the Qwen3
+//!   vocabulary of 151936 as `--make-vocab-size-divisible-by 1187`, 40960 positions), which
+//!   agree with Qwen's released config.json files. Batch: the Model Zoo's measured
+//!   Qwen3-235B-A22B H100 runs take 2048 sequences of 4096 (both presets).
+//! - DeepSeek-V3: DeepSeek-AI 2024, "DeepSeek-V3 Technical Report" (arXiv 2412.19437: 61
+//!   layers, hidden 7168, 128 heads, MLA with query rank 1536, key/value rank 512, head
+//!   widths 128 + 64 rotary, 256 routed experts of width 2048 plus one shared, top-8, the
+//!   first three layers dense with FFN 18432, one multi-token-prediction module, sequences of
+//!   4096, batches of 15360 sequences, §4.2), in the Model Zoo's Megatron arguments
+//!   (`--moe-layer-freq ([0]*3+[1]*58)`, `--qk-layernorm` for MLA's latent norms,
+//!   vocabulary 129280 as `--make-vocab-size-divisible-by 3232`). DeepSeek's aux-loss-free
+//!   balancing (`--moe-router-score-function sigmoid --moe-router-enable-expert-bias`) is
+//!   left to the user's arguments: it holds a buffer, not parameters, and costs nothing the
+//!   models price, and megatron-core builds its buffer on a GPU only, so the CPU check of
+//!   the count could not build the preset with it.
+//!
+//! Every MoE preset routes with the `alltoall` dispatcher (the Megatron-Core MoE README's
+//! choice for these layouts; `flex` needs DeepEP); `--moe-grouped-gemm` and the fused
+//! kernels are the user's to add. `tests/megatron_params.rs` checks each count, total and
+//! active, against the model megatron-core builds.
 
 use super::megatron::ArgsError;
 use super::ModelSpec;
@@ -127,6 +162,99 @@ macro_rules! llama3 {
     };
 }
 
+// Mixtral: Llama's architecture with 8 experts of the FFN's width, top-2.
+macro_rules! mixtral {
+    ($layers:literal, $hidden:literal, $heads:literal, $ffn:literal, $vocab:literal, $positions:literal) => {
+        &[
+            "--num-layers",
+            $layers,
+            "--hidden-size",
+            $hidden,
+            "--num-attention-heads",
+            $heads,
+            "--group-query-attention",
+            "--num-query-groups",
+            "8",
+            "--ffn-hidden-size",
+            $ffn,
+            "--swiglu",
+            "--normalization",
+            "RMSNorm",
+            "--disable-bias-linear",
+            "--position-embedding-type",
+            "rope",
+            "--untie-embeddings-and-output-weights",
+            "--num-experts",
+            "8",
+            "--moe-router-topk",
+            "2",
+            "--moe-token-dispatcher-type",
+            "alltoall",
+            "--seq-length",
+            "4096",
+            "--max-position-embeddings",
+            $positions,
+            "--vocab-size",
+            $vocab,
+            "--micro-batch-size",
+            "1",
+            "--global-batch-size",
+            "256",
+            "--bf16",
+        ]
+    };
+}
+
+// Qwen3's MoE models: 128 experts, top-8, QK norms, heads of 128 in 4 key/value groups.
+macro_rules! qwen3_moe {
+    ($layers:literal, $hidden:literal, $heads:literal, $ffn:literal, $moe_ffn:literal) => {
+        &[
+            "--num-layers",
+            $layers,
+            "--hidden-size",
+            $hidden,
+            "--num-attention-heads",
+            $heads,
+            "--group-query-attention",
+            "--num-query-groups",
+            "4",
+            "--kv-channels",
+            "128",
+            "--qk-layernorm",
+            "--ffn-hidden-size",
+            $ffn,
+            "--swiglu",
+            "--normalization",
+            "RMSNorm",
+            "--disable-bias-linear",
+            "--position-embedding-type",
+            "rope",
+            "--untie-embeddings-and-output-weights",
+            "--num-experts",
+            "128",
+            "--moe-ffn-hidden-size",
+            $moe_ffn,
+            "--moe-router-topk",
+            "8",
+            "--moe-token-dispatcher-type",
+            "alltoall",
+            "--seq-length",
+            "4096",
+            "--max-position-embeddings",
+            "40960",
+            "--vocab-size",
+            "151936",
+            "--make-vocab-size-divisible-by",
+            "1187",
+            "--micro-batch-size",
+            "1",
+            "--global-batch-size",
+            "2048",
+            "--bf16",
+        ]
+    };
+}
+
 /// Every preset, in the order `--help` lists them.
 pub const PRESETS: &[Preset] = &[
     Preset {
@@ -190,6 +318,90 @@ pub const PRESETS: &[Preset] = &[
         summary: "Llama 3 405B: 126 layers, hidden 16384, 128 heads in 8 groups, ffn 53248, vocab 128256, seq 8192, batch 2048",
         args: llama3!("126", "16384", "128", "53248"),
     },
+    Preset {
+        name: "mixtral-8x7b",
+        summary: "Mixtral 8x7B: 32 layers, hidden 4096, 32 heads in 8 groups, 8 experts of 14336, top-2, seq 4096, batch 256",
+        args: mixtral!("32", "4096", "32", "14336", "32000", "32768"),
+    },
+    Preset {
+        name: "mixtral-8x22b",
+        summary: "Mixtral 8x22B: 56 layers, hidden 6144, 48 heads in 8 groups, 8 experts of 16384, top-2, seq 4096, batch 256",
+        args: mixtral!("56", "6144", "48", "16384", "32000", "65536"),
+    },
+    Preset {
+        name: "qwen3-30b-a3b",
+        summary: "Qwen3-30B-A3B: 48 layers, hidden 2048, 32 heads in 4 groups, 128 experts of 768, top-8, seq 4096, batch 2048",
+        args: qwen3_moe!("48", "2048", "32", "6144", "768"),
+    },
+    Preset {
+        name: "qwen3-235b-a22b",
+        summary: "Qwen3-235B-A22B: 94 layers, hidden 4096, 64 heads in 4 groups, 128 experts of 1536, top-8, seq 4096, batch 2048",
+        args: qwen3_moe!("94", "4096", "64", "12288", "1536"),
+    },
+    Preset {
+        name: "deepseek-v3",
+        summary: "DeepSeek-V3: 61 layers (3 dense), hidden 7168, 128 heads, MLA, 256 experts of 2048 + 1 shared, top-8, 1 MTP layer, seq 4096, batch 15360",
+        args: &[
+            "--num-layers",
+            "61",
+            "--hidden-size",
+            "7168",
+            "--ffn-hidden-size",
+            "18432",
+            "--num-attention-heads",
+            "128",
+            "--kv-channels",
+            "128",
+            "--multi-latent-attention",
+            "--q-lora-rank",
+            "1536",
+            "--kv-lora-rank",
+            "512",
+            "--qk-head-dim",
+            "128",
+            "--qk-pos-emb-head-dim",
+            "64",
+            "--v-head-dim",
+            "128",
+            "--qk-layernorm",
+            "--swiglu",
+            "--normalization",
+            "RMSNorm",
+            "--disable-bias-linear",
+            "--position-embedding-type",
+            "rope",
+            "--untie-embeddings-and-output-weights",
+            "--num-experts",
+            "256",
+            "--moe-layer-freq",
+            "([0]*3+[1]*58)",
+            "--moe-ffn-hidden-size",
+            "2048",
+            "--moe-shared-expert-intermediate-size",
+            "2048",
+            "--moe-router-topk",
+            "8",
+            "--moe-router-load-balancing-type",
+            "seq_aux_loss",
+            "--moe-token-dispatcher-type",
+            "alltoall",
+            "--mtp-num-layers",
+            "1",
+            "--seq-length",
+            "4096",
+            "--max-position-embeddings",
+            "4096",
+            "--vocab-size",
+            "129280",
+            "--make-vocab-size-divisible-by",
+            "3232",
+            "--micro-batch-size",
+            "1",
+            "--global-batch-size",
+            "15360",
+            "--bf16",
+        ],
+    },
 ];
 
 /// The preset called `name`, if there is one.
@@ -249,6 +461,11 @@ mod tests {
             "llama3-8b",
             "llama3-70b",
             "llama3-405b",
+            "mixtral-8x7b",
+            "mixtral-8x22b",
+            "qwen3-30b-a3b",
+            "qwen3-235b-a22b",
+            "deepseek-v3",
         ] {
             assert!(preset(want).is_some(), "{want}");
         }
@@ -337,6 +554,27 @@ mod tests {
             // Megatron's own count (tests/megatron_params.rs); 8B and 70B are the released
             // checkpoints' counts too.
             assert_eq!(total_parameters(&m, 1), parameters, "{name}");
+        }
+    }
+
+    /// Total and active parameters (Megatron's own count: tests/megatron_params.rs), which
+    /// round to the publications' figures: Mixtral 8x7B 46.7B total / 12.9B active, 8x22B
+    /// 141B / 39B, Qwen3 30.5B / 3.3B and 235B / 22B. DeepSeek-V3 publishes 671B / 37B
+    /// without its multi-token-prediction module, which the preset trains (one layer: 683B
+    /// here; the released checkpoint with it holds 685B).
+    #[test]
+    fn moe_presets_count_their_published_parameters() {
+        use crate::model::params::ParameterBreakdown;
+        for (name, total, active) in [
+            ("mixtral-8x7b", 46_702_792_704u64, 12_879_925_248u64),
+            ("mixtral-8x22b", 140_620_634_112, 39_152_031_744),
+            ("qwen3-30b-a3b", 30_532_122_624, 3_353_032_704),
+            ("qwen3-235b-a22b", 235_093_634_560, 22_190_763_520),
+            ("deepseek-v3", 682_636_472_320, 38_240_382_976),
+        ] {
+            let m = preset(name).unwrap().model().unwrap();
+            let b = ParameterBreakdown::new(&m, 1);
+            assert_eq!((b.total(), b.active()), (total, active), "{name}");
         }
     }
 

@@ -27,6 +27,36 @@
 //!
 //! Pure, deterministic (ties go to the earlier stage), O(layers × stages) slot evaluations.
 
+/// The first decoder layer of each stage: stages hold consecutive layers, the first from
+/// layer 0. With dense and MoE layers mixed (`--moe-layer-freq`: DeepSeek-V3's first three
+/// dense) a stage's cost depends on which layers it holds, not only how many: pass these to
+/// [`crate::model::params::ParameterBreakdown::stage_from`] and its kin.
+pub fn stage_starts(layers_per_stage: &[u64]) -> Vec<u64> {
+    layers_per_stage
+        .iter()
+        .scan(0u64, |start, layers| {
+            let first = *start;
+            *start = start.saturating_add(*layers);
+            Some(first)
+        })
+        .collect()
+}
+
+/// Parameters of each pipeline stage, over all its tensor-parallel ranks together, with
+/// each stage's own layers ([`stage_starts`]).
+pub fn stage_parameters(
+    breakdown: &crate::model::params::ParameterBreakdown,
+    layers_per_stage: &[u64],
+) -> Vec<u64> {
+    let last = layers_per_stage.len().saturating_sub(1);
+    stage_starts(layers_per_stage)
+        .into_iter()
+        .zip(layers_per_stage)
+        .enumerate()
+        .map(|(i, (start, layers))| breakdown.stage_from(start, *layers, i == 0, i == last))
+        .collect()
+}
+
 /// The most layers of `max` that fit on stage `stage`, given `fits` grows false with the
 /// layers (memory grows with them). 0 when not even one fits.
 pub(crate) fn layer_capacity(stage: usize, max: u64, fits: &impl Fn(usize, u64) -> bool) -> u64 {
@@ -217,6 +247,26 @@ pub fn refine_split(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// DeepSeek-V3's first three layers are dense: a first stage of 9 layers holds fewer
+    /// parameters than a middle one of 9, and the stages add up to the model.
+    #[test]
+    fn stages_count_the_layers_they_hold() {
+        assert_eq!(
+            stage_starts(&[9, 10, 10, 10, 10, 12]),
+            [0, 9, 19, 29, 39, 49]
+        );
+        let model = crate::config::presets::preset("deepseek-v3")
+            .unwrap()
+            .model()
+            .unwrap();
+        let b = crate::model::params::ParameterBreakdown::new(&model, 1);
+        let split = [9, 9, 9, 9, 9, 16];
+        let per_stage = stage_parameters(&b, &split);
+        assert!(per_stage[0] < per_stage[1] + b.embedding());
+        assert_eq!(per_stage[1], per_stage[2]);
+        assert_eq!(per_stage.iter().sum::<u64>(), b.total());
+    }
     use proptest::prelude::*;
 
     /// A synthetic pipeline: per stage a speed (ms per layer) and a memory capacity; the

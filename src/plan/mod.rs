@@ -3,7 +3,8 @@
 //! Pure: takes settings and a cluster profile, returns a plan. No I/O, no clock; every
 //! random choice comes from an explicit seed.
 //!
-//! - [`space`]: every configuration Megatron accepts, pinned settings respected;
+//! - [`space`]: every configuration Megatron accepts, pinned settings respected, with
+//!   [`experts`]' expert layouts for a mixture-of-experts model;
 //! - [`search`]: [`plan`] filters them by memory, ranks them with the time model and maps
 //!   the best;
 //! - [`hetero`]: on clusters that mix kinds of GPU, the orders of the kinds along the
@@ -13,6 +14,7 @@
 //! - [`mapping`]: which host gets which node rank and which GPU each local rank uses
 //!   (annealing, exhaustive search, incremental evaluation of the time model).
 
+pub mod experts;
 pub mod hetero;
 pub mod layers;
 pub mod mapping;

@@ -22,14 +22,17 @@
 //! NVLink domains a context-parallel group may span nodes over the network (its ring exchange
 //! overlaps the attention; Llama 3 trained CP 16 so). The group covers whole nodes or
 //! divides one, so that torchrun's contiguous blocks keep it aligned.
+//! - a mixture-of-experts model: every expert layout folded out of tp × cp × dp and Megatron's
+//!   MoE rules ([`super::experts`]), as one more step after the rest.
 //!
 //! Splits by GPU speed on mixed clusters (any layer count per stage, rendered as
 //! `--pipeline-model-parallel-layout` when first/last counts cannot say it) are added by
 //! the planner ([`super::layers`]), not here: they depend on where each stage runs.
 
-use crate::config::{Recompute, RecomputeMethod, Settings};
+use crate::config::{ModelSpec, Recompute, RecomputeMethod, Settings};
 use crate::model::context::context_split_error;
 use crate::model::ParallelConfig;
+use crate::plan::experts::{expert_layouts, moe_rule_error};
 
 /// Bounds of the search that are choices, not rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +126,9 @@ pub fn candidates(
                 if pinned.data_parallel.is_some_and(|p| p != dp) || global_batch % dp != 0 {
                     continue;
                 }
+                // The expert layouts folded out of this stage's tp × cp × dp ranks (one, ep =
+                // etp = 1, for a dense model): see [`super::experts`].
+                let expert_layouts = expert_layouts(settings, tp, cp, dp);
                 for layers in layer_splits(model.num_layers, pp, options.uneven_layers) {
                     let even = layers.iter().all(|l| *l == layers[0]);
                     for micro_batch in divisors(global_batch / dp, options.max_micro_batch) {
@@ -169,7 +175,12 @@ pub fn candidates(
                                         {
                                             continue;
                                         }
-                                        out.push(config);
+                                        push_expert_layouts(
+                                            &mut out,
+                                            config,
+                                            &expert_layouts,
+                                            model,
+                                        );
                                     }
                                 }
                             }
@@ -197,6 +208,25 @@ fn context_parallel_sizes(settings: &Settings, ranks: u64, options: &SpaceOption
         .into_iter()
         .filter(|&cp| cp == 1 || s % cp.saturating_mul(2) == 0)
         .collect()
+}
+
+/// `config` once per expert layout, each that Megatron accepts ([`moe_rule_error`]).
+fn push_expert_layouts(
+    out: &mut Vec<ParallelConfig>,
+    config: ParallelConfig,
+    layouts: &[(u64, u64)],
+    model: &ModelSpec,
+) {
+    for &(ep, etp) in layouts {
+        let config = ParallelConfig {
+            ep,
+            etp,
+            ..config.clone()
+        };
+        if moe_rule_error(model, &config).is_none() {
+            out.push(config);
+        }
+    }
 }
 
 /// The divisors of `n` up to `at_most`, ascending.

@@ -12,8 +12,10 @@
 //!   a plan may refuse. Every other word is kept, byte-for-byte and in order.
 //! - The plan's values are appended (before a `--`, which ends Megatron's options):
 //!   `--tensor-model-parallel-size`, `--pipeline-model-parallel-size`, the stage split,
-//!   `--micro-batch-size`, `--sequence-parallel` (only at tp > 1: Megatron turns it off at
-//!   tp = 1), the recomputation, `--use-distributed-optimizer`.
+//!   `--micro-batch-size`, for a model with experts `--expert-model-parallel-size` and
+//!   `--expert-tensor-parallel-size` (both: Megatron's default etp is tp), `--sequence-parallel`
+//!   (only at tp > 1: Megatron turns it off at tp = 1), the recomputation,
+//!   `--use-distributed-optimizer`.
 //! - The stage split, from `layers_per_stage`: nothing when even; virtual stages as
 //!   `--num-layers-per-virtual-pipeline-stage` when even and divisible; uneven first and/or
 //!   last stage with equal middle stages as `--decoder-first-pipeline-num-layers` /
@@ -44,6 +46,7 @@ use crate::config::megatron::argparse::arg_words;
 use crate::config::megatron::options::{self, Requirement, Rewrite};
 use crate::config::{presets, Recompute, Settings};
 use crate::model::parallel::ParallelConfig;
+use crate::plan::experts::moe_rule_error;
 
 use super::RenderError;
 
@@ -190,6 +193,7 @@ pub fn megatron_args(
         "--micro-batch-size".to_string(),
         config.micro_batch.to_string(),
     ]);
+    planned.extend(expert_args(settings, config));
     // Values the user may have left to Megatron, whose own default would not be the
     // settings' under this plan (or which Megatron requires).
     let defaults = [
@@ -270,6 +274,9 @@ fn check_config(settings: &Settings, config: &ParallelConfig) -> Result<(), Rend
             config.vpp, config.pp
         ));
     }
+    if let Some(why) = moe_rule_error(&settings.model, config) {
+        return plan(why);
+    }
     let batch = config.micro_batch * config.dp;
     if settings.training.global_batch_size % batch != 0 {
         return plan(format!(
@@ -278,6 +285,20 @@ fn check_config(settings: &Settings, config: &ParallelConfig) -> Result<(), Rend
         ));
     }
     Ok(())
+}
+
+/// The plan's expert layout, for a model with experts: both sizes always, as Megatron's
+/// default etp (= tp) would differ from the plan's.
+fn expert_args(settings: &Settings, config: &ParallelConfig) -> Vec<String> {
+    if settings.model.moe.is_none() {
+        return Vec::new();
+    }
+    vec![
+        "--expert-model-parallel-size".to_string(),
+        config.ep.to_string(),
+        "--expert-tensor-parallel-size".to_string(),
+        config.etp.to_string(),
+    ]
 }
 
 /// The options that give Megatron the plan's layers on each pipeline stage.

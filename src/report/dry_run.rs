@@ -285,7 +285,31 @@ impl DryRunReport {
         if s.qk_layernorm {
             traits.push("query/key norms");
         }
+        if s.mla.is_some() {
+            traits.push("multi-latent attention");
+        }
         out.push_str(&format!("  {}\n", traits.join(", ")));
+        if let Some(moe) = &s.moe {
+            let shared = moe
+                .shared_expert_ffn
+                .map(|w| format!(" and a shared expert of width {w}"))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "  mixture of experts: {} routed experts of width {}{shared}, top-{}, in {} of {} layers; {} dispatcher\n",
+                moe.num_experts,
+                moe.ffn_hidden_size,
+                moe.router_topk,
+                moe.moe_layers(),
+                s.num_layers,
+                moe.dispatcher.megatron_name()
+            ));
+        }
+        if s.mtp_layers > 0 {
+            out.push_str(&format!(
+                "  multi-token prediction: {} layer(s) on the last stage\n",
+                s.mtp_layers
+            ));
+        }
     }
 
     fn write_training(&self, out: &mut String) {
@@ -375,6 +399,8 @@ fn pinned_list(c: &Constraints) -> Vec<String> {
     num("dp", c.data_parallel);
     num("mbs", c.micro_batch_size);
     num("vpp", c.virtual_pipeline);
+    num("ep", c.expert_parallel);
+    num("etp", c.expert_tensor_parallel);
     if let Some(sp) = c.sequence_parallel {
         out.push(format!("sp={sp}"));
     }

@@ -71,6 +71,11 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<&TimeEstimate>) -> String {
         "default\nms",
         "mapped\nms",
     ];
+    // With experts, the expert layout after dp.
+    let moe = plan.experts.is_some();
+    if moe {
+        header.splice(4..4, ["ep", "etp"]);
+    }
     // On mixed GPUs configurations differ in their split too.
     let mixed = plan.heterogeneous.is_some();
     if mixed {
@@ -99,12 +104,20 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<&TimeEstimate>) -> String {
             format!("{:.1}", r.iteration_ms),
             format!("{:.1}", r.mapped_ms),
         ];
+        if moe {
+            row.splice(4..4, [c.ep.to_string(), c.etp.to_string()]);
+        }
         if mixed {
             row.push(split(c));
         }
         table.add_row(row);
     }
-    for i in [0, 1, 2, 3, 4, 5, 9, 10, 11] {
+    let right: &[usize] = if moe {
+        &[0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13]
+    } else {
+        &[0, 1, 2, 3, 4, 5, 9, 10, 11]
+    };
+    for &i in right {
         if let Some(col) = table.column_mut(i) {
             col.set_cell_alignment(CellAlignment::Right);
         }
@@ -165,6 +178,9 @@ fn headline(plan: &Plan) -> String {
     let e = &plan.estimate;
     let mut out = format!("Plan: {}\n", describe(c));
     out.push_str(&format!("  layers per stage {}\n", split(c)));
+    if let Some(experts) = &plan.experts {
+        out.push_str(&format!("  {}\n", experts.line()));
+    }
     match &plan.heterogeneous {
         None => out.push_str(&format!(
             "  iteration {} (estimated, {} micro-batches), peak memory {:.1} GiB of {:.1} GiB usable\n",
@@ -557,10 +573,16 @@ fn terms(t: &TimeEstimate) -> [(&'static str, f64); 6] {
     ]
 }
 
-/// `tp 2 × pp 4 × dp 4, micro-batch 1, selective recompute, ...`
+/// `tp 2 × pp 4 × dp 4, micro-batch 1, selective recompute, ...`; with experts split,
+/// `tp 2 × pp 4 × dp 4 (experts: ep 8 × etp 1), micro-batch 1, ...`.
 pub fn describe(c: &ParallelConfig) -> String {
+    let experts = if c.ep > 1 || c.etp > 1 {
+        format!(" (experts: ep {} × etp {})", c.ep, c.etp)
+    } else {
+        String::new()
+    };
     format!(
-        "tp {} × pp {} × dp {}{}, micro-batch {}{}",
+        "tp {} × pp {} × dp {}{}{experts}, micro-batch {}{}",
         c.tp,
         c.pp,
         c.dp,

@@ -134,6 +134,11 @@ pub fn candidate_plan(
         },
         baseline_mapping_ms: ranked.iteration_ms,
         placement: ranked.placement.clone(),
+        experts: crate::plan::experts::ExpertPlan::new(
+            &settings.model,
+            &ranked.config,
+            &ranked.placement,
+        ),
         top: plan.top.clone(),
         ties: Ties {
             chosen: position,

@@ -52,12 +52,11 @@
 //!
 //! Mixture of experts (`--num-experts`, `--moe-*`, `--moe-layer-freq` lists), multi-latent
 //! attention, multi-token prediction, QK norms, `--recompute-modules` and the user's uneven
-//! stages are read into typed settings; of them, QK norms are priced (their activations and
-//! kernels), so a dense Qwen3-like model plans. Options that change the model in ways the cost
-//! models do not cover (context parallelism, hybrid Mamba stacks, ...) and read parts the
-//! cost models do not price yet give [`ArgsError::Unmodelled`]: `pipette-run` then launches
-//! the script with planning off, as torchrun would ([`crate::config::planning_off`]),
-//! rather than plan it wrongly.
+//! stages are read into typed settings, and all of them plan: the planner chooses the
+//! expert layout (`ep`, `etp`) with the rest. Options that change the model in ways the cost
+//! models do not cover (context parallelism, hybrid Mamba stacks, latent MoE, ...) give
+//! [`ArgsError::Unmodelled`]: `pipette-run` then launches the script with planning off, as
+//! torchrun would ([`crate::config::planning_off`]), rather than plan it wrongly.
 
 pub mod argparse;
 mod derive;
@@ -67,7 +66,7 @@ mod pins;
 mod read;
 pub mod typos;
 
-pub use pins::{parse_pins, Pin};
+pub use pins::{expert_pins_of_args, parse_pins, Pin};
 
 use super::{presets, ModelSpec, Settings};
 use derive::{model_spec, training_settings};
@@ -139,16 +138,10 @@ pub fn settings_from_megatron_args(
     preset: Option<&str>,
     pins: &[Pin],
 ) -> Result<Settings, ArgsError> {
-    let settings = read_settings(args, preset, pins)?;
-    if let Some((option, what)) = not_yet_planned(&settings.model) {
-        return Err(ArgsError::Unmodelled { option, what });
-    }
-    Ok(settings)
+    read_settings(args, preset, pins)
 }
 
-/// The model the arguments describe, including the parts the memory and time models do
-/// not price yet (experts, multi-latent attention, multi-token prediction): what
-/// parameter counting needs. Planning goes through [`settings_from_megatron_args`].
+/// The model the arguments describe: what parameter counting needs.
 pub fn model_from_megatron_args(
     args: &[String],
     preset: Option<&str>,
@@ -156,7 +149,7 @@ pub fn model_from_megatron_args(
     read_settings(args, preset, &[]).map(|s| s.model)
 }
 
-/// Everything the arguments say, including the parts the cost models cannot price yet.
+/// Everything the arguments say.
 fn read_settings(
     args: &[String],
     preset: Option<&str>,
@@ -197,27 +190,6 @@ fn read_settings(
         training,
         constraints,
     })
-}
-
-/// The parts of a model that are read but that the cost models do not price yet: the
-/// planner would plan such a model as if they were absent.
-fn not_yet_planned(model: &ModelSpec) -> Option<(String, &'static str)> {
-    if let Some(moe) = &model.moe {
-        return Some((
-            format!("--num-experts {}", moe.num_experts),
-            "mixture of experts",
-        ));
-    }
-    if model.mla.is_some() {
-        return Some(("--multi-latent-attention".into(), "multi-latent attention"));
-    }
-    if model.mtp_layers > 0 {
-        return Some((
-            format!("--mtp-num-layers {}", model.mtp_layers),
-            "multi-token prediction",
-        ));
-    }
-    None
 }
 
 #[cfg(test)]

@@ -11,10 +11,11 @@ use crate::config::{Constraints, ModelSpec, Recompute, RecomputeMethod, Training
 /// A parallel setting the user fixed with `--pin`; the planner searches only the rest.
 ///
 /// `--pin LIST` is comma separated; each item is `tp`, `pp`, `dp`, `mbs`, `vpp`, `sp`,
-/// `recompute`, `dist-opt` or `all`, optionally `=VALUE`. Without a value the value is the
+/// `recompute`, `dist-opt`, `ep`, `etp` or `all`, optionally `=VALUE` (`ep` and `etp`, the
+/// expert-parallel and expert tensor-parallel sizes, only for models with experts). Without a value the value is the
 /// one in the Megatron arguments. `dp` always needs a value (the arguments do not say it).
-/// `all` pins everything the arguments say (tp, pp, mbs, vpp, sp, recompute, dist-opt),
-/// with Megatron's defaults for what they leave out; items after it override it.
+/// `all` pins everything the arguments say (tp, pp, mbs, vpp, sp, recompute, dist-opt, and
+/// ep and etp for a model with experts), with Megatron's defaults for what they leave out; items after it override it.
 /// `yours` pins nothing by itself: the planner searches freely, and the configuration
 /// the arguments give runs unless the plan is faster by more than the time model's
 /// stated error (pipette-run decides and says so).
@@ -35,6 +36,8 @@ pub enum Pin {
     Recompute(Option<Recompute>),
     DistributedOptimizer(Option<bool>),
     ContextParallel(Option<u64>),
+    ExpertParallel(Option<u64>),
+    ExpertTensorParallel(Option<u64>),
     All,
     Yours,
 }
@@ -52,6 +55,8 @@ impl Pin {
             Pin::Recompute(_) => "recompute",
             Pin::DistributedOptimizer(_) => "dist-opt",
             Pin::ContextParallel(_) => "cp",
+            Pin::ExpertParallel(_) => "ep",
+            Pin::ExpertTensorParallel(_) => "etp",
             Pin::All => "all",
             Pin::Yours => "yours",
         }
@@ -67,7 +72,9 @@ impl fmt::Display for Pin {
             | Pin::DataParallel(n)
             | Pin::MicroBatch(Some(n))
             | Pin::VirtualPipeline(Some(n))
-            | Pin::ContextParallel(Some(n)) => write!(f, "={n}"),
+            | Pin::ContextParallel(Some(n))
+            | Pin::ExpertParallel(Some(n))
+            | Pin::ExpertTensorParallel(Some(n)) => write!(f, "={n}"),
             Pin::SequenceParallel(Some(b)) | Pin::DistributedOptimizer(Some(b)) => {
                 write!(f, "={b}")
             }
@@ -85,7 +92,7 @@ impl fmt::Display for Pin {
     }
 }
 
-const PIN_KEYS: &str = "tp, pp, dp, cp, mbs, vpp, sp, recompute, dist-opt, all, yours";
+const PIN_KEYS: &str = "tp, pp, dp, cp, mbs, vpp, sp, recompute, dist-opt, ep, etp, all, yours";
 
 /// Reads the value of pipette's `--pin` option (e.g. `tp,pp=2,dp=8`).
 pub fn parse_pins(text: &str) -> Result<Vec<Pin>, ArgsError> {
@@ -119,6 +126,8 @@ pub fn parse_pins(text: &str) -> Result<Vec<Pin>, ArgsError> {
             "mbs" => Pin::MicroBatch(value.map(size).transpose()?),
             "vpp" => Pin::VirtualPipeline(value.map(size).transpose()?),
             "cp" => Pin::ContextParallel(value.map(size).transpose()?),
+            "ep" => Pin::ExpertParallel(value.map(size).transpose()?),
+            "etp" => Pin::ExpertTensorParallel(value.map(size).transpose()?),
             "dp" => match value {
                 Some(v) => Pin::DataParallel(size(v)?),
                 None => {
@@ -245,6 +254,10 @@ pub(super) fn constraints(
         c.recompute = Some(training.recompute.clone());
         c.distributed_optimizer = Some(training.distributed_optimizer);
         c.context_parallel = Some(training.context_parallel);
+        if model.moe.is_some() {
+            c.expert_parallel = Some(training.expert_parallel);
+            c.expert_tensor_parallel = Some(expert_tensor_parallel_of(training));
+        }
     }
     // `a2a+p2p`'s levels fix the context-parallel size (their product).
     if let Some(sizes) = &training.hierarchical_context_parallel {
@@ -306,10 +319,38 @@ pub(super) fn constraints(
                 }
                 c.context_parallel = Some(cp)
             }
+            // Megatron's defaults when the arguments leave them out: ep 1, etp = tp.
+            Pin::ExpertParallel(v) => {
+                c.expert_parallel = Some(v.unwrap_or(training.expert_parallel))
+            }
+            Pin::ExpertTensorParallel(v) => {
+                c.expert_tensor_parallel = Some(v.unwrap_or(expert_tensor_parallel_of(training)))
+            }
         }
     }
     check_pins(model, training, &c)?;
     Ok(c)
+}
+
+/// The expert tensor-parallel size the arguments give: `--expert-tensor-parallel-size`,
+/// else the tensor-parallel size (arguments.py 569-570).
+fn expert_tensor_parallel_of(training: &TrainingSettings) -> u64 {
+    training
+        .expert_tensor_parallel
+        .unwrap_or(training.tensor_parallel)
+}
+
+/// The user's expert layout as constraints, for a model with experts (`--pin yours`
+/// keeps it as it keeps the rest); nothing for a dense model.
+pub fn expert_pins_of_args(settings: &crate::config::Settings) -> Constraints {
+    if settings.model.moe.is_none() {
+        return Constraints::default();
+    }
+    Constraints {
+        expert_parallel: Some(settings.training.expert_parallel),
+        expert_tensor_parallel: Some(expert_tensor_parallel_of(&settings.training)),
+        ..Constraints::default()
+    }
 }
 
 /// Pinned values Megatron would refuse for this model, caught before any planning.
@@ -335,9 +376,16 @@ fn check_pins(
         }
     }
     if let Some(pp) = c.pipeline_parallel {
-        if layers % pp != 0 {
+        // An uneven split (first and last stages apart from equal middle ones, as
+        // `--decoder-first/last-pipeline-num-layers` say it) needs a layer per stage.
+        if pp > layers {
             return Err(contradiction(format!(
-                "pinned pp={pp} does not divide --num-layers {layers} (each pipeline stage needs the same number of layers: pin a divisor of {layers})"
+                "pinned pp={pp} is more than --num-layers {layers} (each pipeline stage needs a layer at least: pin at most {layers})"
+            )));
+        }
+        if layers % pp != 0 && c.virtual_pipeline.is_some_and(|v| v > 1) {
+            return Err(contradiction(format!(
+                "pinned pp={pp} does not divide --num-layers {layers}, and the pinned virtual stages need equal stages (pin a divisor of {layers}, or vpp=1)"
             )));
         }
         if let Some(vpp) = c.virtual_pipeline.filter(|v| *v > 1) {
@@ -358,6 +406,7 @@ fn check_pins(
             )));
         }
     }
+    check_expert_pins(model, c)?;
     if let Some(mbs) = c.micro_batch_size {
         if global % mbs != 0 {
             return Err(contradiction(format!(
@@ -373,6 +422,40 @@ fn check_pins(
                 c.micro_batch_size
                     .map(|m| format!(" × mbs={m}"))
                     .unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Pinned expert sizes Megatron would refuse for this model (arguments.py 1600-1603,
+/// TransformerConfig's bias rule).
+fn check_expert_pins(model: &ModelSpec, c: &Constraints) -> Result<(), ArgsError> {
+    let (ep, etp) = (c.expert_parallel, c.expert_tensor_parallel);
+    let Some(moe) = &model.moe else {
+        return match (ep, etp) {
+            (Some(n), _) | (_, Some(n)) if n > 1 => Err(contradiction(format!(
+                "pinned ep/etp={n} needs a model with experts (--num-experts): drop the pin"
+            ))),
+            _ => Ok(()),
+        };
+    };
+    if let Some(ep) = ep.filter(|ep| moe.num_experts % ep != 0) {
+        return Err(contradiction(format!(
+            "pinned ep={ep} does not divide --num-experts {} (each expert-parallel rank holds the same number of experts: pin a divisor of {})",
+            moe.num_experts, moe.num_experts
+        )));
+    }
+    if let Some(etp) = etp.filter(|etp| *etp > 1) {
+        if model.add_bias_linear {
+            return Err(contradiction(format!(
+                "pinned etp={etp} with linear biases (Megatron supports expert biases only at --expert-tensor-parallel-size 1: pin etp=1 or add --disable-bias-linear)"
+            )));
+        }
+        if moe.ffn_hidden_size % etp != 0 {
+            return Err(contradiction(format!(
+                "pinned etp={etp} does not divide --moe-ffn-hidden-size {} (each expert's MLP is split evenly over the expert tensor-parallel ranks)",
+                moe.ffn_hidden_size
             )));
         }
     }

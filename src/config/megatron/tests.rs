@@ -701,6 +701,8 @@ fn pins_take_values_from_the_args() {
             recompute: Some(Recompute::Selective),
             distributed_optimizer: Some(false),
             context_parallel: Some(1),
+            expert_parallel: None,
+            expert_tensor_parallel: None,
         }
     );
 }
@@ -728,8 +730,12 @@ fn pinned_values_megatron_would_refuse() {
     let a = args(&format!("{TINY} --num-layers 6"));
     for (pins, what) in [
         ("tp=3", "--num-attention-heads 4"),
-        ("pp=4", "--num-layers 6"),
+        // A pp that does not divide the layers splits them unevenly (first and last
+        // stages apart), but not into more stages than layers, nor with virtual stages.
+        ("pp=7", "--num-layers 6"),
+        ("pp=4,vpp=2", "virtual stages need equal stages"),
         ("pp=2,vpp=2", "vpp=2"),
+        ("ep=2", "needs a model with experts"),
         ("mbs=3", "--global-batch-size 8"),
         ("dp=3", "--global-batch-size 8"),
         ("dp=2,mbs=8", "mbs=8"),
@@ -746,6 +752,24 @@ fn pinned_values_megatron_would_refuse() {
     ));
     assert!(settings_from_megatron_args(&gqa, None, &parse_pins("tp=4").unwrap()).is_ok());
     assert!(settings_from_megatron_args(&gqa, None, &parse_pins("tp=8").unwrap()).is_ok());
+    assert!(settings_from_megatron_args(&a, None, &parse_pins("pp=4").unwrap()).is_ok());
+    // Experts: ep divides them; etp > 1 needs no biases and divides the expert width.
+    let moe = args(&format!("{TINY} --num-layers 6 --num-experts 8"));
+    for (pins, what) in [("ep=3", "ep=3"), ("etp=2", "linear biases")] {
+        match settings_from_megatron_args(&moe, None, &parse_pins(pins).unwrap()) {
+            Err(ArgsError::Contradiction(text)) => {
+                assert!(text.contains(what), "{pins}: {text}")
+            }
+            other => panic!("{pins}: {other:?}"),
+        }
+    }
+    let c = settings_from_megatron_args(&moe, None, &parse_pins("ep=4,etp=1").unwrap())
+        .unwrap()
+        .constraints;
+    assert_eq!(
+        (c.expert_parallel, c.expert_tensor_parallel),
+        (Some(4), Some(1))
+    );
 }
 
 #[test]
@@ -756,7 +780,7 @@ fn error_messages_are_one_line() {
         "--seq-length 999",
         "--micro-batch-size 3",
         "--recompute-granularity full",
-        "--num-experts 4",
+        "--hybrid-layer-pattern M*M*",
         "--num-layers x",
     ];
     for extra in cases {

@@ -48,6 +48,7 @@ use crate::model::time::{
     compat::pipette_compat_ms, estimate, ClusterFabric, ConfigCosts, TimeError, TimeModel,
     TimeRequest,
 };
+use crate::plan::experts::ExpertPlan;
 use crate::plan::hetero::{class_orders, gpu_classes, Arrangement};
 use crate::plan::mapping::{
     map_config, search_mapping, FullObjective, MappingError, MappingSearch, MappingState,
@@ -408,6 +409,7 @@ pub fn plan(
         }
     };
     let mapping = rank_mapping(cluster, &state, best.method, best.evaluations);
+    let experts = ExpertPlan::new(&settings.model, &best.config, &placement);
     Ok(Plan {
         config: best.config.clone(),
         spares: Vec::new(),
@@ -444,6 +446,7 @@ pub fn plan(
             mapping_threshold: options.mapping_threshold,
         },
         heterogeneous,
+        experts,
     })
 }
 

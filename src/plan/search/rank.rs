@@ -33,6 +33,7 @@ pub(super) fn config_key(c: &ParallelConfig) -> impl Ord + '_ {
         c.sequence_parallel,
         c.distributed_optimizer,
         &c.layers_per_stage,
+        (c.ep, c.etp),
     )
 }
 
@@ -49,7 +50,8 @@ pub(super) fn by_cost(a: (f64, &ParallelConfig), b: (f64, &ParallelConfig)) -> O
 /// deep pipelines at small tp (39.1B, tp 2 pp 8–16: 30–40 % too fast), tiny micro-batches
 /// at large tp (3.6B, micro-batch 2 at tp 4–8: 27–33 % too fast) and the many small kernels
 /// and collectives of both; a shallower pipeline is also quicker to reshard and to restart.
-/// Equal shapes compare equal (the caller then keeps the faster).
+/// Last, for experts: the smaller expert group (ep × etp: an all-to-all over fewer ranks,
+/// sooner inside one node), then the smaller etp. Equal shapes compare equal (the caller then keeps the faster).
 pub fn simpler(a: &ParallelConfig, b: &ParallelConfig) -> Ordering {
     let recompute = |c: &ParallelConfig| match c.recompute {
         Recompute::None => 0,
@@ -63,6 +65,8 @@ pub fn simpler(a: &ParallelConfig, b: &ParallelConfig) -> Ordering {
             c.tp,
             std::cmp::Reverse(c.micro_batch),
             recompute(c),
+            c.ep * c.etp,
+            c.etp,
         )
     };
     key(a).cmp(&key(b))

@@ -40,6 +40,10 @@ pub struct Plan {
     /// and the best even split for comparison. Absent on a homogeneous cluster.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heterogeneous: Option<HeterogeneousPlan>,
+    /// A mixture-of-experts model's layout: dispatcher, experts per rank, tokens per
+    /// expert, where the all-to-all runs. Absent for a dense model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<crate::plan::experts::ExpertPlan>,
 }
 
 impl Plan {
