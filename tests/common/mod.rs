@@ -5,6 +5,10 @@
 //! Each test binary uses a different part, so unused helpers are not warnings.
 #![allow(dead_code)]
 
+mod job;
+#[allow(unused_imports)]
+pub use job::*;
+
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -159,12 +163,53 @@ pub fn tiny_gpt_args(train_iters: u64, save_interval: u64) -> Vec<String> {
     .to_vec()
 }
 
+/// A port nobody listens on, for a server a test's job starts later (torchrun's master,
+/// the copies' agent port) or for a connection that must be refused: the one place the
+/// tests pick ports.
+///
+/// Not "bind port 0, then release it": that port comes from the kernel's ephemeral range,
+/// the same range every outgoing connection takes its local port from (the workers' gloo
+/// connections, ssh, the job's health checks), so one of those can hold it by the time
+/// torchrun binds it (EADDRINUSE, at random). The ports here lie outside that range, where
+/// only a listener that asks for the port by number can take it; a counter keeps the ports
+/// of one test process apart, and the start, drawn from the process id, those of test
+/// binaries that run at once.
 pub fn free_port() -> u16 {
-    TcpListener::bind(("127.0.0.1", 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (first, count) = ports_outside_ephemeral_range();
+    let start = std::process::id().wrapping_mul(7919) % count;
+    for _ in 0..count {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (first + (start + n) % count) as u16;
+        // One at a time: each listener is closed before the next binds.
+        let any = TcpListener::bind(("0.0.0.0", port)).is_ok();
+        let loopback = any && TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if loopback {
+            return port;
+        }
+    }
+    panic!("no free port in {first}..{}", first + count);
+}
+
+/// The larger of the two stretches of ports above 10000 that the kernel never hands out as
+/// an ephemeral port (`/proc/sys/net/ipv4/ip_local_port_range`), as (first, how many).
+fn ports_outside_ephemeral_range() -> (u32, u32) {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .expect("read /proc/sys/net/ipv4/ip_local_port_range");
+    let bounds: Vec<u32> = range
+        .split_whitespace()
+        .map(|w| w.parse().expect("a port number"))
+        .collect();
+    let (low, high) = (bounds[0], bounds[1]);
+    let below = (10_000, low.saturating_sub(10_000));
+    let above = (high + 1, 65_535u32.saturating_sub(high));
+    let (first, count) = if below.1 >= above.1 { below } else { above };
+    assert!(
+        count >= 1000,
+        "the ephemeral ports {low}-{high} leave too few others for the tests' servers"
+    );
+    (first, count)
 }
 
 /// A cluster profile of `hosts`, each with `gpus` CPU stand-ins ("GPUs" named `cpu`, as
@@ -1161,7 +1206,9 @@ pub fn two_local_cpu_nodes(bin: &str, subcommand: Option<&str>, dir: &Path) -> C
         .args(["--hosts", "node-a,node-b", "--nproc-per-node", "1"])
         .args(["--launcher", "local", "--pin", "tp=1,pp=1,dp=2"])
         .arg("--torchrun")
-        .arg(torchrun());
+        .arg(torchrun())
+        // The job's master port (torchrun's own variable: `pipette calibrate` has no option).
+        .env("PET_MASTER_PORT", free_port().to_string());
     command
 }
 
