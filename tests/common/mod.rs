@@ -25,6 +25,52 @@ pub fn json_report(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("stdout is JSON")
 }
 
+/// The standard output of this package's `bin`, run from the repository with nothing in its
+/// environment (no site settings, no allocation); fails, showing its output, when it does.
+pub fn run_clean<S: AsRef<std::ffi::OsStr>>(bin: &str, args: &[S]) -> String {
+    let out = assert_cmd::Command::cargo_bin(bin)
+        .unwrap()
+        .env_clear()
+        .current_dir(repo())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// What a dry run of Llama 2 13B in BF16 (global batch 512) on `cluster` printed, at a
+/// fixed layout placed in torchrun's order (tp 2, pp 4, micro-batch 1: the planner has
+/// little to search), its run directory `run_dir`; `json` for the report as JSON, `extra`
+/// after the script's arguments.
+pub fn pinned_llama2_13b_dry_run(
+    cluster: &str,
+    run_dir: &Path,
+    json: bool,
+    extra: &[&str],
+) -> String {
+    let mut args = vec!["--run-dir", run_dir.to_str().unwrap(), "--dry-run"];
+    if json {
+        args.push("--json");
+    }
+    args.extend([
+        "--cluster",
+        cluster,
+        "--model",
+        "llama2-13b",
+        "--pin",
+        "tp=2,pp=4,mbs=1",
+        "--mapping",
+        "identity",
+        "pretrain_gpt.py",
+        "--bf16",
+        "--global-batch-size",
+        "512",
+    ]);
+    args.extend(extra);
+    run_clean("pipette-run", &args)
+}
+
 /// The hosts of a dry-run report, in order.
 pub fn report_hosts(report: &serde_json::Value) -> Vec<String> {
     report["nodes"]["hosts"]
