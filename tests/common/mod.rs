@@ -71,6 +71,11 @@ pub fn pinned_llama2_13b_dry_run(
     run_clean("pipette-run", &args)
 }
 
+/// The words of `text` (split at whitespace): an argument list written as one line.
+pub fn words(text: &str) -> Vec<String> {
+    text.split_whitespace().map(str::to_string).collect()
+}
+
 /// The hosts of a dry-run report, in order.
 pub fn report_hosts(report: &serde_json::Value) -> Vec<String> {
     report["nodes"]["hosts"]
