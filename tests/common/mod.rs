@@ -384,14 +384,15 @@ pub fn node_processes(marker: &str, host: &str) -> Vec<Proc> {
     procs
 }
 
-/// Waits until `pred` holds, up to `limit`; returns whether it did.
+/// Waits until `pred` holds, up to `limit`; returns whether it did. Looks every 50 ms: a
+/// look is often a read of the whole process table, which costs the job under test CPU.
 pub fn eventually(limit: Duration, mut pred: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
     while Instant::now() < end {
         if pred() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(50));
     }
     pred()
 }
