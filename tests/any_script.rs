@@ -19,141 +19,36 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
+use std::path::Path;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use common::{assert_no_process_left, cpu_job_command, node_processes, torchrun, Sshd};
-use pipette::supervise::events::read_events;
+use common::{
+    assert_no_process_left, cpu_job_command, find, node_processes, JobBuilder, Patience,
+    RunningJob, Sshd,
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const LOCAL: [&str; 2] = ["node-a", "node-b"];
 
-/// A pipette-run job under test, with its own temp dir.
-struct Job {
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl Job {
-    /// Starts `pipette-run` with `options` on `examples/ddp.py` with `script_args`.
-    fn start(hosts: &[&str], options: &[&str], script_args: &[&str]) -> Job {
-        let dir = tempfile::Builder::new()
-            .prefix("pipette-any-script-")
-            .tempdir()
-            .unwrap();
-        let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
-        command
-            .args(["--hosts", &hosts.join(","), "--nproc-per-node", "2"])
-            .arg("--run-dir")
-            .arg(dir.path().join("run"))
-            .arg("--torchrun")
-            .arg(torchrun())
-            .args(["--master-port", &common::free_port().to_string()])
-            .args(["--grace", "5s", "--health-timeout", "15s"])
-            .args(options)
-            .arg("examples/ddp.py")
-            .arg("--tag")
-            .arg(dir.path())
-            .args(script_args)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
-            .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap());
-        let child = command.spawn().expect("start pipette-run");
-        Job {
-            dir,
-            child: Some(child),
-        }
-    }
-
-    fn marker(&self) -> String {
-        self.dir.path().display().to_string()
-    }
-
-    fn run_dir(&self) -> PathBuf {
-        self.dir.path().join("run")
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("stdout")).unwrap_or_default()
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
-    }
-
-    fn events(&self) -> Vec<Value> {
-        read_events(&self.run_dir().join("events.jsonl")).unwrap()
-    }
-
-    /// Waits until the job's stdout holds `needle`; fails if pipette-run exits first or
-    /// nothing comes within `limit` (a bound for a hung job, not a timing requirement).
-    fn wait_for_output(&mut self, needle: &str, limit: Duration) {
-        let end = Instant::now() + limit;
-        while !self.stdout().contains(needle) {
-            if let Ok(Some(status)) = self.child.as_mut().unwrap().try_wait() {
-                panic!(
-                    "pipette-run exited ({status}) before printing {needle:?}:\n{}\n{}",
-                    self.stdout(),
-                    self.stderr()
-                );
-            }
-            assert!(
-                Instant::now() < end,
-                "no {needle:?} within {limit:?}:\n{}\n{}",
-                self.stdout(),
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits for pipette-run to exit (stopping it after `limit`, a bound for a hung job).
-    fn wait(&mut self, limit: Duration) -> ExitStatus {
-        let child = self.child.as_mut().unwrap();
-        let end = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            if Instant::now() > end {
-                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-                let _ = child.wait();
-                panic!(
-                    "pipette-run did not finish within {limit:?}:\n{}\n{}",
-                    self.stdout(),
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        // A failed test must not leave its job running for the next one.
-        if let Some(mut child) = self.child.take() {
-            if child.try_wait().ok().flatten().is_none() {
-                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
-                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
-                let _ = child.wait();
-            }
-        }
-        for p in common::with_marker(&self.marker()) {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
-    }
-}
-
-fn find<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["event"] == name).collect()
+/// Starts `pipette-run` with `options` on `examples/ddp.py` with `script_args`.
+fn start(hosts: &[&str], options: &[&str], script_args: &[&str]) -> RunningJob {
+    let mut job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-any-script-");
+    let tag = job.dir().to_path_buf();
+    job.hosts(hosts, 2)
+        .launch_basics(&common::torchrun())
+        .args(["--grace", "5s", "--health-timeout", "15s"])
+        .args(options)
+        .arg("examples/ddp.py")
+        .arg("--tag")
+        .arg(tag)
+        .args(script_args);
+    job.spawn()
 }
 
 /// One `ddp: rank ...` line of the script: (rank, world, local rank, local world, node
@@ -198,8 +93,8 @@ fn torchrun_ranks(hosts: &[&str]) -> Vec<RankLine> {
 /// A plain DDP run on `hosts` through `options`: every rank as torchrun numbers it, the
 /// world of four, exit 0, planning off said once, the events of one attempt.
 fn assert_plain_ddp_runs(hosts: &[&str], options: &[&str], transport: &str) {
-    let mut job = Job::start(hosts, options, &["--steps", "2"]);
-    let status = job.wait(Duration::from_secs(300));
+    let mut job = start(hosts, options, &["--steps", "2"]);
+    let status = job.wait(Patience::total(Duration::from_secs(300)));
     let (stdout, stderr) = (job.stdout(), job.stderr());
     assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
     assert_eq!(rank_lines(&stdout), torchrun_ranks(hosts), "{stdout}");
@@ -249,12 +144,12 @@ fn any_script_plain_ddp_over_ssh() {
 #[test]
 fn any_script_rank_raising_fails_the_job_with_its_exception() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let mut job = Job::start(
+    let mut job = start(
         &LOCAL,
         &["--launcher", "local", "--max-replans", "0"],
         &["--steps", "3", "--fail-rank", "3"],
     );
-    let status = job.wait(Duration::from_secs(300));
+    let status = job.wait(Patience::total(Duration::from_secs(300)));
     let stderr = job.stderr();
     // Python's exit code for an uncaught exception, through torchrun.
     assert_eq!(status.code(), Some(1), "{stderr}");
@@ -280,12 +175,15 @@ fn any_script_rank_raising_fails_the_job_with_its_exception() {
 #[test]
 fn any_script_node_killed_relaunches_on_the_survivor() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let mut job = Job::start(
+    let mut job = start(
         &LOCAL,
         &["--launcher", "local", "--max-replans", "1"],
         &["--steps", "12", "--step-seconds", "0.5"],
     );
-    job.wait_for_output("ddp: step 2 world 4", Duration::from_secs(240));
+    job.wait_for_output(
+        "ddp: step 2 world 4",
+        Patience::total(Duration::from_secs(240)),
+    );
     let procs = node_processes(&job.marker(), "node-b");
     assert!(
         procs.len() >= 3,
@@ -294,7 +192,7 @@ fn any_script_node_killed_relaunches_on_the_survivor() {
     for p in &procs {
         kill(Pid::from_raw(p.pid), Signal::SIGKILL).unwrap();
     }
-    let status = job.wait(Duration::from_secs(300));
+    let status = job.wait(Patience::total(Duration::from_secs(300)));
     let (stdout, stderr) = (job.stdout(), job.stderr());
     assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
     let events = job.events();
@@ -313,7 +211,7 @@ fn any_script_node_killed_relaunches_on_the_survivor() {
     assert_eq!(launch[1]["world_size"], 2);
     assert_eq!(launch[1]["nodes"][0]["host"], "node-a");
     // The same script and arguments on the survivor's world, to the end.
-    let attempt_2 = logs(&job.run_dir().join("attempt-2"));
+    let attempt_2 = job.attempt_logs(2);
     assert_eq!(
         rank_lines(&attempt_2),
         torchrun_ranks(&["node-a"]),
@@ -328,15 +226,6 @@ fn any_script_node_killed_relaunches_on_the_survivor() {
     );
     assert_eq!(find(&events, "exit")[0]["code"], 0);
     assert_no_process_left(&job.marker());
-}
-
-/// Everything the nodes of an attempt wrote (its `logs/`).
-fn logs(dir: &Path) -> String {
-    let mut text = String::new();
-    for entry in std::fs::read_dir(dir.join("logs")).unwrap().flatten() {
-        text.push_str(&std::fs::read_to_string(entry.path()).unwrap());
-    }
-    text
 }
 
 // ---- without launching anything ---------------------------------------------------------

@@ -3,7 +3,8 @@
 //! assumed, and a tp 2 layout's data-parallel reduce, which crosses the nodes, moves as the
 //! bandwidth its rings get does.
 
-use assert_cmd::Command;
+mod common;
+
 use serde_json::Value;
 
 const SHIPPED: &str = "examples/clusters/h100-16x8.json";
@@ -19,39 +20,8 @@ fn with_eight_nics(dir: &std::path::Path) -> String {
     path.display().to_string()
 }
 
-fn run(bin: &str, args: &[&str]) -> String {
-    let out = Command::cargo_bin(bin)
-        .unwrap()
-        .env_clear()
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
-
 fn dry_run(cluster: &str, run_dir: &std::path::Path, json: bool) -> String {
-    let mut args = vec!["--run-dir", run_dir.to_str().unwrap(), "--dry-run"];
-    if json {
-        args.push("--json");
-    }
-    args.extend([
-        "--cluster",
-        cluster,
-        "--model",
-        "llama2-13b",
-        // A fixed layout placed in torchrun's order: the planner has little to search.
-        "--pin",
-        "tp=2,pp=4,mbs=1",
-        "--mapping",
-        "identity",
-        "pretrain_gpt.py",
-        "--bf16",
-        "--global-batch-size",
-        "512",
-    ]);
-    run("pipette-run", &args)
+    common::pinned_llama2_13b_dry_run(cluster, run_dir, json, &[])
 }
 
 #[test]

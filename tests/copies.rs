@@ -16,8 +16,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
-use std::sync::Mutex;
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -25,10 +25,9 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 use common::{
-    alive, assert_no_process_left, cpu_job_command, cpu_profile, eventually, free_port,
-    node_processes, torchrun, with_marker,
+    alive, assert_no_process_left, cpu_profile, eventually, find, free_port, iteration_line, names,
+    node_processes, tail, torchrun, JobBuilder, Patience, RunningJob,
 };
-use pipette::supervise::events::read_events;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -38,23 +37,24 @@ const SAVE_INTERVAL: u64 = 4;
 const TRAIN_ITERS: u64 = 20;
 const GRACE_S: u64 = 3;
 
-/// Three copies of one job, in their own temp dir.
-struct Job {
-    dir: tempfile::TempDir,
-    copies: Vec<Option<Child>>,
+/// Three copies of one job, in their own temp dir (whose path marks every process of the
+/// job), each a [`RunningJob`] of the shared harness.
+struct Copies {
+    dir: Arc<tempfile::TempDir>,
+    copies: Vec<Option<RunningJob>>,
     master_port: u16,
     agent_port: u16,
 }
 
-impl Job {
-    fn new() -> Job {
+impl Copies {
+    fn new() -> Copies {
         let dir = tempfile::Builder::new()
             .prefix("pipette-copies-")
             .tempdir()
             .unwrap();
         std::fs::write(dir.path().join("cluster.json"), cpu_profile(&HOSTS, 2)).unwrap();
-        Job {
-            dir,
+        Copies {
+            dir: Arc::new(dir),
             copies: Vec::new(),
             master_port: free_port(),
             agent_port: free_port(),
@@ -72,16 +72,23 @@ impl Job {
     /// Starts the copy of node rank `rank` with the job's command line plus `extra`
     /// pipette options; `secret`: its `PIPETTE_JOB_SECRET` (`None`: unset).
     fn start(&mut self, rank: usize, extra: &[&str], secret: Option<&str>) {
-        let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
-        command
+        let mut copy = JobBuilder::in_dir(
+            env!("CARGO_BIN_EXE_pipette-run"),
+            &self.dir,
+            &format!("-{rank}"),
+        );
+        copy.command()
             .env("PET_NNODES", "3")
             .env("PET_NODE_RANK", rank.to_string())
             .env("PET_MASTER_ADDR", "127.0.0.1")
             .env("PET_MASTER_PORT", self.master_port.to_string())
             .env("PIPETTE_AGENT_PORT", self.agent_port.to_string())
             .env_remove("PIPETTE_JOB_SECRET")
-            .env_remove("PIPETTE_JOB_SECRET_FILE")
-            .args(["--local-addr", HOSTS[rank]])
+            .env_remove("PIPETTE_JOB_SECRET_FILE");
+        if let Some(secret) = secret {
+            copy.command().env("PIPETTE_JOB_SECRET", secret);
+        }
+        copy.args(["--local-addr", HOSTS[rank]])
             .arg("--cluster")
             .arg(self.path("cluster.json"))
             .args(["--nproc-per-node", "2", "--pin", "tp=1,pp=1"])
@@ -95,17 +102,11 @@ impl Job {
             .arg("examples/train_gpt.py")
             .args(common::tiny_gpt_args(TRAIN_ITERS, SAVE_INTERVAL))
             .arg("--save")
-            .arg(self.path("save"))
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(self.path(&format!("stdout-{rank}"))).unwrap())
-            .stderr(std::fs::File::create(self.path(&format!("stderr-{rank}"))).unwrap());
-        if let Some(secret) = secret {
-            command.env("PIPETTE_JOB_SECRET", secret);
-        }
+            .arg(self.path("save"));
         while self.copies.len() <= rank {
             self.copies.push(None);
         }
-        self.copies[rank] = Some(command.spawn().expect("start pipette-run"));
+        self.copies[rank] = Some(copy.spawn());
     }
 
     /// All three copies, agents first (the leader may come last: the agents wait for it).
@@ -115,16 +116,20 @@ impl Job {
         }
     }
 
+    fn copy(&self, rank: usize) -> &RunningJob {
+        self.copies[rank].as_ref().unwrap()
+    }
+
     fn pid(&self, rank: usize) -> i32 {
-        self.copies[rank].as_ref().unwrap().id() as i32
+        self.copy(rank).pid()
     }
 
     fn stdout(&self, rank: usize) -> String {
-        std::fs::read_to_string(self.path(&format!("stdout-{rank}"))).unwrap_or_default()
+        self.copy(rank).stdout()
     }
 
     fn stderr(&self, rank: usize) -> String {
-        std::fs::read_to_string(self.path(&format!("stderr-{rank}"))).unwrap_or_default()
+        self.copy(rank).stderr()
     }
 
     fn all_output(&self) -> String {
@@ -135,20 +140,16 @@ impl Job {
     }
 
     fn saved(&self) -> Option<u64> {
-        std::fs::read_to_string(self.path("save/latest_checkpointed_iteration.txt"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        self.copy(0).saved()
     }
 
-    /// Waits until the leader's output shows iteration `n`.
+    /// Waits until the leader's output shows iteration `n`; fails when any copy exits first.
     fn wait_for_iteration(&mut self, n: u64, limit: Duration) {
-        let needle = format!(" iteration {n:8}/");
+        let needle = iteration_line(n);
         let end = Instant::now() + limit;
         while !self.stdout(0).contains(&needle) {
             for rank in 0..self.copies.len() {
-                if let Ok(Some(status)) = self.copies[rank].as_mut().unwrap().try_wait() {
+                if let Some(status) = self.copies[rank].as_mut().unwrap().try_wait() {
                     panic!(
                         "copy {rank} exited ({status}) before iteration {n}:\n{}",
                         self.all_output()
@@ -166,53 +167,15 @@ impl Job {
 
     /// Waits for copy `rank` to exit.
     fn wait(&mut self, rank: usize, limit: Duration) -> ExitStatus {
-        let end = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.copies[rank].as_mut().unwrap().try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < end,
-                "copy {rank} did not finish within {limit:?}:\n{}",
-                self.all_output()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.copies[rank]
+            .as_mut()
+            .unwrap()
+            .wait(Patience::total(limit))
     }
 
     fn events(&self) -> Vec<Value> {
-        read_events(&self.path("run/events.jsonl")).unwrap()
+        self.copy(0).events()
     }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        for child in self.copies.iter_mut().flatten() {
-            if child.try_wait().ok().flatten().is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-        for p in with_marker(&self.marker()) {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-fn find<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["event"] == name).collect()
-}
-
-fn names(events: &[Value]) -> Vec<&str> {
-    events
-        .iter()
-        .map(|e| e["event"].as_str().unwrap_or("?"))
-        .collect()
 }
 
 /// Processes whose parent is `pid`.
@@ -238,7 +201,7 @@ fn run_dirs(dir: &Path) -> Vec<String> {
 #[test]
 fn three_pods_dry_run_print_one_plan_and_the_agents_follow_it() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let mut job = Job::new();
+    let mut job = Copies::new();
     job.start_all(&["--dry-run"]);
     for rank in 0..3 {
         let status = job.wait(rank, Duration::from_secs(120));
@@ -271,7 +234,7 @@ fn three_pods_dry_run_print_one_plan_and_the_agents_follow_it() {
 #[test]
 fn three_pods_train_one_job_to_the_end() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let mut job = Job::new();
+    let mut job = Copies::new();
     // The trial runs once, from the leader; which of the best plans it measures fastest
     // is tests/trial_top_k.rs's to test, so only the plan's pick is trialled.
     job.start_all(&["--trial-iters", "2", "--trial-top-k", "1"]);
@@ -330,7 +293,7 @@ fn three_pods_train_one_job_to_the_end() {
 #[test]
 fn sigkill_to_the_agent_of_rank_2_replans_on_the_two_survivors() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let mut job = Job::new();
+    let mut job = Copies::new();
     job.start_all(&["--no-trial"]);
     job.wait_for_iteration(SAVE_INTERVAL + 2, Duration::from_secs(180));
     let last_saved = job.saved().expect("a checkpoint was saved");
@@ -371,7 +334,7 @@ fn sigkill_to_the_agent_of_rank_2_replans_on_the_two_survivors() {
 #[test]
 fn sigkill_to_the_leader_stops_every_agent_and_its_torchrun() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let mut job = Job::new();
+    let mut job = Copies::new();
     job.start_all(&["--no-trial"]);
     job.wait_for_iteration(3, Duration::from_secs(180));
     let marker = job.marker();
@@ -421,7 +384,7 @@ fn sigkill_to_the_leader_stops_every_agent_and_its_torchrun() {
 #[test]
 fn a_copy_with_a_wrong_or_missing_secret_is_refused_and_runs_nothing() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let mut job = Job::new();
+    let mut job = Copies::new();
     job.start(0, &["--no-trial"], Some(SECRET));
     job.start(1, &["--no-trial"], Some("another-jobs-secret-0123456789"));
     let status = job.wait(1, Duration::from_secs(60));
@@ -452,12 +415,7 @@ fn a_copy_with_a_wrong_or_missing_secret_is_refused_and_runs_nothing() {
         job.stderr(2)
     );
     // The leader is still waiting for its node ranks: nothing was launched anywhere.
-    assert!(job.copies[0]
-        .as_mut()
-        .unwrap()
-        .try_wait()
-        .unwrap()
-        .is_none());
+    assert!(job.copies[0].as_mut().unwrap().try_wait().is_none());
     assert!(!job.path("run").exists(), "no run directory");
     for host in HOSTS {
         assert!(node_processes(&job.marker(), host).is_empty());

@@ -14,90 +14,38 @@
 
 mod common;
 
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use common::{assert_no_process_left, cpu_job_command, cpu_profile, node_processes, torchrun};
+use common::{
+    assert_no_process_left, cpu_job_command, cpu_profile, node_processes, torchrun, JobBuilder,
+    Patience,
+};
 
 const HOSTS: [&str; 3] = ["node-a", "node-b", "node-c"];
 
-struct Job {
-    dir: tempfile::TempDir,
-    child: Child,
-}
-
-impl Job {
-    fn read(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
-    }
-
-    /// Waits until stdout shows iteration `n` (a bound only for a hung job).
-    fn wait_for_iteration(&mut self, n: u64) {
-        let needle = format!(" iteration {n:8}/");
-        let end = Instant::now() + Duration::from_secs(300);
-        while !self.read("stdout").contains(&needle) {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "pipette-run exited ({status}) early:\n{}",
-                    self.read("stderr")
-                );
-            }
-            assert!(
-                Instant::now() < end,
-                "no iteration {n}:\n{}",
-                self.read("stderr")
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        common::interrupt_twice_and_reap(&mut self.child);
-        for p in common::with_marker(&self.dir.path().display().to_string()) {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
-    }
-}
-
 #[test]
 fn a_launch_tells_its_whole_story() {
-    let dir = tempfile::Builder::new()
-        .prefix("pipette-joblog-")
-        .tempdir()
-        .unwrap();
-    let profile = dir.path().join("cluster.json");
-    std::fs::write(&profile, cpu_profile(&HOSTS, 2)).unwrap();
-    let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
-    command
-        .args(["--no-trial", "--launcher", "local"])
-        .arg("--cluster")
-        .arg(&profile)
-        .args(["--hosts", &HOSTS.join(","), "--nproc-per-node", "2"])
-        .arg("--run-dir")
-        .arg(dir.path().join("run"))
-        .arg("--torchrun")
-        .arg(torchrun())
-        .args(["--master-port", &common::free_port().to_string()])
+    let mut job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-joblog-");
+    let save = job.dir().join("save");
+    job.args(["--no-trial", "--launcher", "local"])
+        .cpu_cluster(&HOSTS, 2)
+        .hosts(&HOSTS, 2)
+        .launch_basics(&common::torchrun())
         .args(["--grace", "3s", "--health-timeout", "15s"])
         .args(["--stall-timeout", "60s", "--progress-interval", "1s"])
         .arg("examples/train_gpt.py")
         .args(common::tiny_gpt_args(20, 4))
         .arg("--save")
-        .arg(dir.path().join("save"))
-        .args(["--tensor-model-parallel-size", "2"])
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
-        .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap());
-    let child = command.spawn().expect("start pipette-run");
-    let mut job = Job { dir, child };
+        .arg(save)
+        .args(["--tensor-model-parallel-size", "2"]);
+    let mut job = job.spawn();
     // Between two checkpoints (4 and 8): node-b dies, the job re-plans on two nodes.
-    job.wait_for_iteration(6);
-    let procs = node_processes(&job.dir.path().display().to_string(), "node-b");
+    job.wait_for_iteration(6, Patience::total(Duration::from_secs(300)));
+    let procs = node_processes(&job.marker(), "node-b");
     assert!(
         procs.len() >= 3,
         "node-b runs torchrun and two workers: {procs:?}"
@@ -105,17 +53,10 @@ fn a_launch_tells_its_whole_story() {
     for p in &procs {
         kill(Pid::from_raw(p.pid), Signal::SIGKILL).unwrap();
     }
-    let end = Instant::now() + Duration::from_secs(400);
-    let status = loop {
-        if let Some(status) = job.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < end, "no end:\n{}", job.read("stderr"));
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = job.wait(Patience::total(Duration::from_secs(400)));
     let stderr = job.read("stderr");
     assert!(status.success(), "{status}:\n{stderr}");
-    assert_no_process_left(&job.dir.path().display().to_string());
+    assert_no_process_left(&job.marker());
 
     // Ours only: the nodes' lines are prefixed `[host rN]`. Every line of ours before the
     // summary carries its time stamp; the rest of the test reads them without it.
@@ -233,7 +174,7 @@ fn a_launch_tells_its_whole_story() {
     assert!(ledger["iteration"]["measured_ms"].as_f64().unwrap() > 0.0);
 
     let mut settings = insta::Settings::clone_current();
-    let temp = job.dir.path().display().to_string();
+    let temp = job.marker();
     settings.add_filter(&regex::escape(&temp), "[TMP]");
     // Measured times, shares and rates vary with the machine; estimates do not.
     settings.add_filter(r"\d+ min( \d+ s)?", "[T] s");

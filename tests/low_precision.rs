@@ -3,24 +3,9 @@
 //! layout in both precisions) within 10 % of the measured one, and the plan report saying
 //! what the same plan would take in BF16.
 
-use assert_cmd::Command;
+mod common;
+
 use serde_json::Value;
-
-fn root() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn run(bin: &str, args: &[String]) -> String {
-    let out = Command::cargo_bin(bin)
-        .unwrap()
-        .env_clear()
-        .current_dir(root())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// 32 GB200 compute trays of 4 GPUs in one NVLink domain: GPU pairs inside a tray and
 /// across trays at the NVLink 5 rate attained (about 80 % of 900 GB/s per direction, as
@@ -109,7 +94,7 @@ fn step_ms(cluster: &str, row: &Value, fp8: bool) -> f64 {
     if fp8 {
         args.extend(["--fp8-format".into(), "hybrid".into()]);
     }
-    let v: Value = serde_json::from_str(&run("pipette", &args)).unwrap();
+    let v: Value = serde_json::from_str(&common::run_clean("pipette", &args)).unwrap();
     v["time"]["iteration_ms"].as_f64().unwrap()
 }
 
@@ -117,7 +102,7 @@ fn step_ms(cluster: &str, row: &Value, fp8: bool) -> f64 {
 fn predicted_fp8_speedups_of_the_dense_pairs_are_within_ten_percent() {
     let dir = tempfile::tempdir().unwrap();
     let data: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("data/moe/fp8-pairs.json")).unwrap(),
+        &std::fs::read_to_string(common::repo().join("data/moe/fp8-pairs.json")).unwrap(),
     )
     .unwrap();
     let rows = data["rows"].as_array().unwrap();
@@ -152,37 +137,15 @@ fn predicted_fp8_speedups_of_the_dense_pairs_are_within_ten_percent() {
 #[test]
 fn the_plan_report_says_what_the_same_plan_takes_in_bf16() {
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
-        "--run-dir",
-        dir.path().join("run").to_str().unwrap(),
-        "--dry-run",
-        "--cluster",
-        "examples/clusters/h100-16x8.json",
-        "--model",
-        "llama2-13b",
-        "--pin",
-        "tp=2,pp=4,mbs=1",
-        "--mapping",
-        "identity",
-        "pretrain_gpt.py",
-        "--bf16",
-        "--global-batch-size",
-        "512",
-        "--fp8-format",
-        "hybrid",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let shown = run("pipette-run", &args);
+    let fp8 = ["--fp8-format", "hybrid"];
+    let cluster = "examples/clusters/h100-16x8.json";
+    let shown = common::pinned_llama2_13b_dry_run(cluster, &dir.path().join("run"), false, &fp8);
     assert!(
         shown.contains("FP8 hybrid, delayed recipe: the same plan in BF16 would take"),
         "{shown}"
     );
-    let mut json = args.clone();
-    json.insert(3, "--json".into());
-    json[1] = dir.path().join("run2").display().to_string();
-    let v: Value = serde_json::from_str(&run("pipette-run", &json)).unwrap();
+    let json = common::pinned_llama2_13b_dry_run(cluster, &dir.path().join("run2"), true, &fp8);
+    let v: Value = serde_json::from_str(&json).unwrap();
     let e = &v["plan"]["estimate"];
     let bf16 = e["in_16_bit"]["iteration_ms"].as_f64().unwrap();
     assert!(bf16 > e["iteration_ms"].as_f64().unwrap());

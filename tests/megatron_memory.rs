@@ -110,8 +110,8 @@ impl Case {
         let mut args = presets::preset(self.preset)
             .expect("known preset")
             .megatron_args();
-        args.extend(words("--tokenizer-type NullTokenizer"));
-        args.extend(words(self.extra));
+        args.extend(common::words("--tokenizer-type NullTokenizer"));
+        args.extend(common::words(self.extra));
         args
     }
 
@@ -135,10 +135,6 @@ impl Case {
         c.distributed_optimizer = t.distributed_optimizer;
         c
     }
-}
-
-fn words(text: &str) -> Vec<String> {
-    text.split_whitespace().map(str::to_string).collect()
 }
 
 /// Megatron's figures for every case, in the order of `CASES` (one Python process).

@@ -31,16 +31,12 @@ struct Case {
     args: Vec<String>,
 }
 
-fn words(text: &str) -> Vec<String> {
-    text.split_whitespace().map(str::to_string).collect()
-}
-
 /// Megatron reads the vocabulary from a tokenizer; NullTokenizer has exactly --vocab-size
 /// tokens and needs no files, so the presets' `--vocab-size` is the same model to Megatron.
 fn preset_args(name: &str, extra: &str) -> Vec<String> {
     let mut args = presets::preset(name).expect("known preset").megatron_args();
-    args.extend(words("--tokenizer-type NullTokenizer"));
-    args.extend(words(extra));
+    args.extend(common::words("--tokenizer-type NullTokenizer"));
+    args.extend(common::words(extra));
     args
 }
 
@@ -128,7 +124,7 @@ fn feature_cases() -> Vec<Case> {
     .into_iter()
     .map(|(name, extra)| Case {
         name: name.to_string(),
-        args: words(&format!("{BASE} {extra}")),
+        args: common::words(&format!("{BASE} {extra}")),
     })
     .collect()
 }
@@ -163,7 +159,7 @@ fn refused_cases() -> Vec<Case> {
         .iter()
         .map(|(name, extra, _)| Case {
             name: name.to_string(),
-            args: words(&format!("{BASE} {extra}")),
+            args: common::words(&format!("{BASE} {extra}")),
         })
         .collect()
 }
@@ -216,7 +212,7 @@ fn moe_cases() -> Vec<Case> {
     MOE.iter()
         .map(|(name, extra)| Case {
             name: name.to_string(),
-            args: words(&format!("{BASE} {extra}")),
+            args: common::words(&format!("{BASE} {extra}")),
         })
         .collect()
 }

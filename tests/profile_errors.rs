@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -166,11 +165,8 @@ fn a_missing_torchrun_says_so() {
 
 #[test]
 fn an_unreachable_node_is_reported_as_such() {
-    let port = TcpListener::bind(("127.0.0.1", 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Nobody listens there: the connection is refused.
+    let port = common::free_port();
     let options = ProfileOptions {
         transport: Transport::Ssh(SshOptions {
             port: Some(port),

@@ -25,8 +25,8 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,8 +34,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use common::{cpu_job_command, cpu_profile, processes, repo, torchrun};
-use pipette::supervise::events::read_events;
+use common::{
+    find, iteration_line, job_processes, repo, tail, torchrun, JobBuilder, Patience, RunningJob,
+};
 
 /// Two cores hold one Megatron job at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -79,23 +80,6 @@ fn unix_ms() -> u64 {
         .as_millis() as u64
 }
 
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// Every process that names `marker` on its command line or in its environment.
-fn job_processes(marker: &str) -> Vec<common::Proc> {
-    let me = std::process::id() as i32;
-    processes()
-        .into_iter()
-        .filter(|p| {
-            p.pid != me
-                && (p.cmdline.contains(marker) || p.environ.iter().any(|e| e.contains(marker)))
-        })
-        .collect()
-}
-
 /// Fails when a process of the job is still there after a few seconds.
 fn assert_nothing_left(marker: &str) {
     common::eventually(Duration::from_secs(10), || job_processes(marker).is_empty());
@@ -111,178 +95,50 @@ fn assert_nothing_left(marker: &str) {
     );
 }
 
-/// A pipette-run job training the real Megatron, in a temp dir of its own (its path is the
-/// marker that finds the job's processes).
-struct Job {
-    dir: tempfile::TempDir,
-    child: Child,
-    started: Instant,
+/// Which Megatron ran, for failure messages.
+fn megatron_context() -> String {
+    format!(
+        "examples/pretrain_gpt.py was checked with megatron-core {CHECKED_MEGATRON}; this venv \
+         has {}",
+        megatron_version()
+    )
 }
 
-impl Job {
-    /// pipette-run on `hosts` with `nproc` ranks each, `pipette` options, and the model.
-    fn start(hosts: &[&str], nproc: usize, pipette: &[&str], model: &[String]) -> Job {
-        let dir = tempfile::Builder::new()
-            .prefix("pipette-megatron-")
-            .tempdir()
-            .unwrap();
-        let profile = dir.path().join("cluster.json");
-        std::fs::write(&profile, cpu_profile(hosts, nproc)).unwrap();
-        let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
-        command
-            .arg("--cluster")
-            .arg(&profile)
-            .args(["--hosts", &hosts.join(",")])
-            .args(["--nproc-per-node", &nproc.to_string()])
-            .args([
-                "--launcher",
-                "local",
-                "--grace",
-                "5s",
-                "--health-timeout",
-                "20s",
-            ])
-            .arg("--run-dir")
-            .arg(dir.path().join("run"))
-            .arg("--torchrun")
-            .arg(torchrun())
-            .args(["--master-port", &common::free_port().to_string()])
-            .args(pipette)
-            .arg("examples/pretrain_gpt.py")
-            .args(model)
-            .arg("--save")
-            .arg(dir.path().join("save"))
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
-            .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap());
-        let child = command.spawn().expect("start pipette-run");
-        Job {
-            dir,
-            child,
-            started: Instant::now(),
-        }
-    }
-
-    fn marker(&self) -> String {
-        self.dir.path().display().to_string()
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn read(&self, name: &str) -> String {
-        std::fs::read_to_string(self.path(name)).unwrap_or_default()
-    }
-
-    /// The iteration `latest_checkpointed_iteration.txt` names.
-    fn saved(&self) -> Option<u64> {
-        self.read("save/latest_checkpointed_iteration.txt")
-            .trim()
-            .parse()
-            .ok()
-    }
-
-    /// What the nodes of attempt `n` printed (the run directory's `logs/`).
-    fn attempt_logs(&self, n: u32) -> String {
-        let mut dir = self.path("run");
-        if n > 1 {
-            dir = dir.join(format!("attempt-{n}"));
-        }
-        let mut text = String::new();
-        for entry in std::fs::read_dir(dir.join("logs"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            text.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
-        }
-        text
-    }
-
-    fn events(&self) -> Vec<Value> {
-        read_events(&self.path("run/events.jsonl")).unwrap_or_default()
-    }
-
-    fn failure(&self, what: &str) -> String {
-        format!(
-            "{what} (examples/pretrain_gpt.py was checked with megatron-core {CHECKED_MEGATRON}; \
-             this venv has {}):\n{}\n{}",
-            megatron_version(),
-            tail(&self.read("stdout"), 40),
-            tail(&self.read("stderr"), 40)
-        )
-    }
-
-    /// Waits until `done` holds; fails when pipette-run exits first or after `limit`.
-    fn wait_until(&mut self, what: &str, limit: Duration, mut done: impl FnMut(&Job) -> bool) {
-        let end = Instant::now() + limit;
-        while !done(self) {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "{}",
-                    self.failure(&format!("pipette-run exited ({status}) before {what}"))
-                );
-            }
-            assert!(
-                Instant::now() < end,
-                "{}",
-                self.failure(&format!("no {what} after {limit:?}"))
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Waits for pipette-run to exit (at most `limit`).
-    fn finish(&mut self, limit: Duration) -> ExitStatus {
-        let end = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            if Instant::now() > end {
-                let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-                let _ = self.child.wait();
-                panic!(
-                    "{}",
-                    self.failure(&format!("pipette-run still running after {limit:?}"))
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// SIGKILL to every process of `host` (torchrun, its workers and their children).
-    fn kill_node(&self, host: &str) -> usize {
-        let want = format!("PIPETTE_HOST={host}");
-        let procs: Vec<_> = job_processes(&self.marker())
-            .into_iter()
-            .filter(|p| p.environ.iter().any(|e| e == &want))
-            .collect();
-        assert!(
-            procs.len() >= 2,
-            "{host} should run torchrun and its workers: {procs:?}"
-        );
-        for p in &procs {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
-        procs.len()
-    }
+/// pipette-run training the real Megatron on `hosts` with `nproc` ranks each, `pipette`
+/// options, and the model.
+fn start(hosts: &[&str], nproc: usize, pipette: &[&str], model: &[String]) -> RunningJob {
+    let mut job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-megatron-");
+    let save = job.dir().join("save");
+    job.cpu_cluster(hosts, nproc)
+        .hosts(hosts, nproc)
+        .args(["--launcher", "local", "--grace", "5s"])
+        .args(["--health-timeout", "20s"])
+        .launch_basics(&torchrun())
+        .args(pipette)
+        .arg("examples/pretrain_gpt.py")
+        .args(model)
+        .arg("--save")
+        .arg(save)
+        .failure_context(megatron_context);
+    job.spawn()
 }
 
-impl Drop for Job {
-    fn drop(&mut self) {
-        // A failed test must not leave its job running for the next one.
-        common::interrupt_twice_and_reap(&mut self.child);
-        for p in job_processes(&self.marker()) {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
+/// SIGKILL to every process of `host` (torchrun, its workers and their children).
+fn kill_node(job: &RunningJob, host: &str) -> usize {
+    let want = format!("PIPETTE_HOST={host}");
+    let procs: Vec<_> = job
+        .processes()
+        .into_iter()
+        .filter(|p| p.environ.iter().any(|e| e == &want))
+        .collect();
+    assert!(
+        procs.len() >= 2,
+        "{host} should run torchrun and its workers: {procs:?}"
+    );
+    for p in &procs {
+        let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
     }
-}
-
-/// Megatron's iteration line for `n` (` iteration        5/      20 |`).
-fn iteration_line(n: u64) -> String {
-    format!(" iteration {n:8}/")
+    procs.len()
 }
 
 /// The `lm loss` Megatron printed for iteration `n` in `log`.
@@ -294,22 +150,18 @@ fn loss_at(log: &str, n: u64) -> Option<f64> {
     loss.split('|').next()?.trim().parse().ok()
 }
 
-fn events_named<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["event"] == name).collect()
-}
-
 /// (a) A planned pp 2 across two one-rank nodes trains under Megatron and writes
 /// `torch_dist` checkpoints. The smoke test of the entry script too.
 #[test]
 fn planned_pipeline_across_two_nodes_trains_and_writes_torch_dist() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let mut job = Job::start(
+    let mut job = start(
         &["node-a", "node-b"],
         1,
         &["--no-trial", "--pin", "pp=2,sp=false,dist-opt=false"],
         &gpt(2, 4, 2),
     );
-    let status = job.finish(Duration::from_secs(300));
+    let status = job.wait(Patience::total(Duration::from_secs(300)));
     assert_eq!(status.code(), Some(0), "{}", job.failure("the job failed"));
     let logs = job.attempt_logs(1);
     for stage in 0..2 {
@@ -353,7 +205,7 @@ fn planned_pipeline_across_two_nodes_trains_and_writes_torch_dist() {
     }
     assert_eq!(job.saved(), Some(4));
     let events = job.events();
-    let launch = events_named(&events, "launch")[0];
+    let launch = find(&events, "launch")[0];
     assert_eq!(
         (
             launch["config"]["tp"].as_u64(),
@@ -375,8 +227,8 @@ const THREE: [&str; 3] = ["node-a", "node-b", "node-c"];
 /// two iterations have run after it, and wait for the first iteration of the relaunch.
 /// Returns the finished job, its re-plan event, the iteration resumed from and the time
 /// from the node's death to Megatron's first resumed iteration.
-fn kill_one_of_three(nproc: usize, pins: &str, layers: u32) -> (Job, Value, u64, Duration) {
-    let mut job = Job::start(
+fn kill_one_of_three(nproc: usize, pins: &str, layers: u32) -> (RunningJob, Value, u64, Duration) {
+    let mut job = start(
         &THREE,
         nproc,
         &[
@@ -392,34 +244,34 @@ fn kill_one_of_three(nproc: usize, pins: &str, layers: u32) -> (Job, Value, u64,
     );
     job.wait_until(
         "a checkpoint with two iterations after it",
-        Duration::from_secs(400),
+        Patience::total(Duration::from_secs(400)),
         |j| {
             j.saved()
                 .is_some_and(|s| j.attempt_logs(1).contains(&iteration_line(s + 2)))
         },
     );
     let saved_before = job.saved().unwrap();
-    let killed = job.kill_node("node-b");
+    let killed = kill_node(&job, "node-b");
     let died = Instant::now();
     let killed_ms = unix_ms();
     eprintln!("killed {killed} processes of node-b; last checkpoint at iteration {saved_before}");
-    let resumed_from = |j: &Job| -> Option<u64> {
-        events_named(&j.events(), "replan")
+    let resumed_from = |j: &RunningJob| -> Option<u64> {
+        find(&j.events(), "replan")
             .first()
             .and_then(|r| r["resume"]["iteration"].as_u64())
     };
     job.wait_until(
         "the first resumed iteration",
-        Duration::from_secs(400),
+        Patience::total(Duration::from_secs(400)),
         |j| resumed_from(j).is_some_and(|r| j.attempt_logs(2).contains(&iteration_line(r + 1))),
     );
     let to_first = died.elapsed();
-    let status = job.finish(Duration::from_secs(400));
+    let status = job.wait(Patience::total(Duration::from_secs(400)));
     assert_eq!(status.code(), Some(0), "{}", job.failure("the job failed"));
     let events = job.events();
-    let failed = events_named(&events, "node_failed");
+    let failed = find(&events, "node_failed");
     assert_eq!(failed[0]["host"], "node-b", "{failed:?}");
-    let replans = events_named(&events, "replan");
+    let replans = find(&events, "replan");
     assert_eq!(replans.len(), 1);
     let replan = replans[0].clone();
     assert_eq!(
@@ -443,7 +295,7 @@ fn kill_one_of_three(nproc: usize, pins: &str, layers: u32) -> (Job, Value, u64,
 /// Megatron loaded the checkpoint of iteration `saved` in attempt 2, went on at `saved` + 1
 /// with the loss the first attempt had there (dropout is off: the same samples give the
 /// same loss on any layout, up to the order of float sums), and trained to the end.
-fn assert_megatron_resumed(job: &Job, saved: u64) {
+fn assert_megatron_resumed(job: &RunningJob, saved: u64) {
     let first = job.attempt_logs(1);
     let second = job.attempt_logs(2);
     assert!(

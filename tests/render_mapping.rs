@@ -25,10 +25,6 @@ use pipette::render::{
 const ARGS: &str = "--num-layers 8 --hidden-size 64 --num-attention-heads 8 --seq-length 32 \
                     --max-position-embeddings 32 --vocab-size 100 --global-batch-size 96";
 
-fn words(text: &str) -> Vec<String> {
-    text.split_whitespace().map(str::to_string).collect()
-}
-
 /// A torchrun stand-in that writes its argv and the variables that matter, NUL-separated.
 fn fake_torchrun(dir: &Path) -> String {
     let path = dir.join("fake-torchrun");
@@ -80,13 +76,13 @@ fn realised_mapping(
         .chunks(gpus_per_node)
         .map(|c| (c[0].0.clone(), c.iter().map(|(_, g)| *g).collect()))
         .collect();
-    let settings = settings_from_megatron_args(&words(ARGS), None, &[]).unwrap();
+    let settings = settings_from_megatron_args(&common::words(ARGS), None, &[]).unwrap();
     let config = ParallelConfig::even(8, 1, 1, world as u64, 1);
 
     let dir = tempfile::tempdir().unwrap();
     let mut input = RenderInput::new(
         &settings,
-        ScriptInvocation::python("train.py", words(ARGS)),
+        ScriptInvocation::python("train.py", common::words(ARGS)),
         &config,
         &node_order,
         &cvd,

@@ -24,6 +24,8 @@
 
 mod common;
 
+use common::words;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -35,10 +37,6 @@ use pipette::model::parallel::ParallelConfig;
 use pipette::plan::{plan, MappingMode, PlanOptions};
 use pipette::render::{render, LaunchSpec, RenderInput, ScriptInvocation, Templates};
 use serde_json::{json, Value};
-
-fn words(text: &str) -> Vec<String> {
-    text.split_whitespace().map(str::to_string).collect()
-}
 
 /// One plan: the user's arguments, the settings read from them, the configuration.
 struct Case {
@@ -64,7 +62,7 @@ impl Case {
         dp: u64,
         mbs: u64,
     ) -> Self {
-        let user_args = words(user);
+        let user_args = common::words(user);
         let settings = settings_from_megatron_args(&user_args, preset, pins)
             .unwrap_or_else(|e| panic!("{preset:?} {user}: {e}"));
         let layers = settings.model.num_layers;
@@ -469,7 +467,7 @@ fn planned_mixed_cases() -> Vec<Case> {
     .into_iter()
     .map(|(file, preset, user)| {
         let cluster = ClusterProfile::load(examples.join(file)).unwrap();
-        let user_args = words(user);
+        let user_args = common::words(user);
         let settings = settings_from_megatron_args(&user_args, Some(preset), &[]).unwrap();
         let options = PlanOptions {
             budget: Some(2_000),
@@ -655,10 +653,10 @@ fn user_arguments_pass_through_byte_for_byte_and_in_order() {
         .unwrap()]
         .to_vec();
     let mut kept = custom;
-    kept.extend(words(
+    kept.extend(common::words(
         "--save /ckpt --save-interval 50 --my-data-path /data/corpus --my-flag",
     ));
-    kept.extend(words(TRAINING));
+    kept.extend(common::words(TRAINING));
     assert_eq!(spec.megatron_args[..kept.len()], kept[..]);
     assert_eq!(
         spec.megatron_args[kept.len()..].join(" "),
@@ -680,7 +678,7 @@ fn megatron_accepts_the_trial_arguments() {
          --lr-decay-samples 1900000 --lr-warmup-samples 20000 {checkpoints}"
     );
     let trial = |user: &str| {
-        let (args, _) = pipette::trial::trial_args(&words(user), 5, 512);
+        let (args, _) = pipette::trial::trial_args(&common::words(user), 5, 512);
         args.join(" ")
     };
     let cases = [

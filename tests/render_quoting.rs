@@ -24,10 +24,6 @@ use proptest::prelude::*;
 const ARGS: &str = "--num-layers 8 --hidden-size 64 --num-attention-heads 8 --seq-length 32 \
                     --max-position-embeddings 32 --vocab-size 100 --global-batch-size 96";
 
-fn words(text: &str) -> Vec<String> {
-    text.split_whitespace().map(str::to_string).collect()
-}
-
 /// Text a shell would love to interpret, and some that is merely unusual.
 const NASTY: &str = "[a-zA-Z0-9 $;`'\"\\\\\n\t*?{}()<>|&!#~=%^,.:@/é漢🦀-]";
 
@@ -87,11 +83,11 @@ proptest! {
             c = canary.display()
         );
 
-        let settings = settings_from_megatron_args(&words(ARGS), None, &[]).unwrap();
+        let settings = settings_from_megatron_args(&common::words(ARGS), None, &[]).unwrap();
         let config = ParallelConfig::even(8, 1, 1, 2 * hosts.len() as u64, 1);
         let cvd: BTreeMap<String, Vec<u32>> =
             hosts.iter().map(|h| (h.clone(), vec![1, 0])).collect();
-        let mut script_args = words(ARGS);
+        let mut script_args = common::words(ARGS);
         script_args.extend(user_args.iter().cloned());
         script_args.push(canary_arg.clone());
         let program = format!("./{program}");
@@ -130,7 +126,7 @@ proptest! {
                 program.clone(),
             ];
             expected.extend(script_args.iter().cloned());
-            expected.extend(words(
+            expected.extend(common::words(
                 "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 \
                  --micro-batch-size 1",
             ));

@@ -23,17 +23,16 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use serde_json::Value;
 
 use common::{
-    assert_no_process_left, cpu_job_command, cpu_profile, node_processes, torchrun, Sshd,
+    assert_no_process_left, cpu_profile, find, names, node_processes, tail, JobBuilder, Patience,
+    RunningJob, Sshd,
 };
 use pipette::cluster::ClusterProfile;
 use pipette::config::settings_from_megatron_args;
@@ -41,7 +40,6 @@ use pipette::launch::CheckpointState;
 use pipette::model::ParallelConfig;
 use pipette::plan::PlanOptions;
 use pipette::replan::failure::{replan, CheckpointFormat, Failed, ReplanError};
-use pipette::supervise::events::read_events;
 
 /// The end-to-end tests share two cores: one job at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -50,239 +48,32 @@ const HOSTS: [&str; 3] = ["node-a", "node-b", "node-c"];
 const SAVE_INTERVAL: u64 = 4;
 const TRAIN_ITERS: u64 = 20;
 
-/// A pipette-run job under test, with its own temp dir (whose path is the marker that
-/// finds its processes).
-struct Job {
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl Job {
-    /// Starts `pipette-run` on the three `hosts` with `extra` pipette options.
-    fn start(hosts: &[&str; 3], extra: &[String]) -> Job {
-        Job::start_with(hosts, extra, &[])
-    }
-
-    /// [`Job::start`] with more arguments for the training script (they win over the
-    /// defaults: argparse keeps the last value).
-    fn start_with(hosts: &[&str; 3], extra: &[String], script_extra: &[&str]) -> Job {
-        let dir = tempfile::Builder::new()
-            .prefix("pipette-replan-")
-            .tempdir()
-            .unwrap();
-        let profile = dir.path().join("cluster.json");
-        std::fs::write(&profile, cpu_profile(hosts, 2)).unwrap();
-        let save = dir.path().join("save");
-        let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
-        // The trial run has tests of its own (tests/trial.rs); these test re-planning.
-        command
-            .arg("--no-trial")
-            .arg("--cluster")
-            .arg(&profile)
-            .args(["--hosts", &hosts.join(","), "--nproc-per-node", "2"])
-            .args(["--pin", "tp=1,pp=1"])
-            .arg("--run-dir")
-            .arg(dir.path().join("run"))
-            .arg("--torchrun")
-            .arg(torchrun())
-            .args(["--master-port", &common::free_port().to_string()])
-            .arg("--health-timeout")
-            .arg("15s");
-        // Defaults the test's own options may replace (clap refuses an option twice).
-        for (option, value) in [("--grace", "3s"), ("--max-replans", "2")] {
-            if !extra.iter().any(|a| a == option) {
-                command.args([option, value]);
-            }
-        }
-        command
-            .args(extra)
-            .arg("examples/train_gpt.py")
-            .args(common::tiny_gpt_args(TRAIN_ITERS, SAVE_INTERVAL))
-            .arg("--save")
-            .arg(&save)
-            .args(script_extra)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
-            .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap());
-        let child = command.spawn().expect("start pipette-run");
-        Job {
-            dir,
-            child: Some(child),
+/// Starts `pipette-run` on the three `hosts` with `extra` pipette options and, after the
+/// defaults, `script_extra` arguments for the training script (they win: argparse keeps the
+/// last value).
+fn start(hosts: &[&str; 3], extra: &[&str], script_extra: &[&str]) -> RunningJob {
+    let mut job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-replan-");
+    let save = job.dir().join("save");
+    // The trial run has tests of its own (tests/trial.rs); these test re-planning.
+    job.arg("--no-trial")
+        .cpu_cluster(hosts, 2)
+        .hosts(hosts, 2)
+        .args(["--pin", "tp=1,pp=1"])
+        .launch_basics(&common::torchrun())
+        .args(["--health-timeout", "15s"]);
+    // Defaults the test's own options may replace (clap refuses an option twice).
+    for (option, value) in [("--grace", "3s"), ("--max-replans", "2")] {
+        if !extra.contains(&option) {
+            job.args([option, value]);
         }
     }
-
-    fn marker(&self) -> String {
-        self.dir.path().display().to_string()
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn run_dir(&self) -> PathBuf {
-        self.path("run")
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.as_ref().unwrap().id() as i32
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(self.path("stdout")).unwrap_or_default()
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(self.path("stderr")).unwrap_or_default()
-    }
-
-    /// The last checkpoint's iteration, from the tracker file the script writes.
-    fn saved(&self) -> Option<u64> {
-        std::fs::read_to_string(self.path("save/latest_checkpointed_iteration.txt"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    }
-
-    /// How far the job has got: the bytes of its output and events, and the CPU time of
-    /// its processes (pipette-run, torchrun, workers: the marker is on their command
-    /// lines). A job that is slow (a busy machine, a silent profile or trial) keeps adding
-    /// to it; a hung one does not.
-    fn activity(&self) -> u64 {
-        let written: u64 = ["stdout", "stderr", "run/events.jsonl"]
-            .iter()
-            .map(|name| std::fs::metadata(self.path(name)).map_or(0, |m| m.len()))
-            .sum();
-        let cpu: u64 = common::with_marker(&self.marker())
-            .iter()
-            .map(|p| p.cpu_ticks)
-            .sum();
-        written + cpu
-    }
-
-    /// Waits until the job has printed iteration `n`; fails if pipette-run exits first or
-    /// shows nothing new for `quiet_limit` (see [`Watchdog`]).
-    fn wait_for_iteration(&mut self, n: u64, quiet_limit: Duration) {
-        let needle = format!(" iteration {n:8}/");
-        let mut watchdog = Watchdog::new(quiet_limit);
-        while !self.stdout().contains(&needle) {
-            if let Ok(Some(status)) = self.child.as_mut().unwrap().try_wait() {
-                panic!(
-                    "pipette-run exited ({status}) before iteration {n}:\n{}",
-                    self.stderr()
-                );
-            }
-            if let Some(why) = watchdog.expired(self.activity()) {
-                panic!(
-                    "no iteration {n}: {why}:\n{}\n{}",
-                    tail(&self.stdout(), 20),
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits for pipette-run to exit; stops it (and fails) when it shows nothing new for
-    /// `quiet_limit` (see [`Watchdog`]).
-    fn wait(&mut self, quiet_limit: Duration) -> ExitStatus {
-        let mut watchdog = Watchdog::new(quiet_limit);
-        loop {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                return status;
-            }
-            if let Some(why) = watchdog.expired(self.activity()) {
-                let child = self.child.as_mut().unwrap();
-                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-                let _ = child.wait();
-                panic!(
-                    "pipette-run did not finish: {why}:\n{}\n{}",
-                    tail(&self.stdout(), 20),
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn events(&self) -> Vec<Value> {
-        read_events(&self.run_dir().join("events.jsonl")).unwrap()
-    }
-
-    /// Everything the nodes of attempt `n` wrote (its `logs/`).
-    fn attempt_logs(&self, n: u32) -> String {
-        let dir = if n == 1 {
-            self.run_dir()
-        } else {
-            self.run_dir().join(format!("attempt-{n}"))
-        };
-        let mut text = String::new();
-        for entry in std::fs::read_dir(dir.join("logs")).unwrap().flatten() {
-            text.push_str(&std::fs::read_to_string(entry.path()).unwrap());
-        }
-        text
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        // A failed test must not leave its job running for the next one.
-        if let Some(mut child) = self.child.take() {
-            if child.try_wait().ok().flatten().is_none() {
-                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
-                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
-                let _ = child.wait();
-            }
-        }
-        for p in common::with_marker(&self.marker()) {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
-    }
-}
-
-/// Tells a hung job from a slow one. A fixed limit on a whole job measures the machine: on
-/// a busy one the profile and the trial alone can take minutes. So a wait fails when the
-/// job shows nothing new for its quiet limit, and only past [`Watchdog::HARD_LIMIT`]
-/// otherwise (a job stuck printing the same thing forever must still end the test).
-struct Watchdog {
-    quiet_limit: Duration,
-    started: Instant,
-    last_change: Instant,
-    last_activity: u64,
-}
-
-impl Watchdog {
-    const HARD_LIMIT: Duration = Duration::from_secs(10 * 60);
-
-    fn new(quiet_limit: Duration) -> Self {
-        let now = Instant::now();
-        Watchdog {
-            quiet_limit,
-            started: now,
-            last_change: now,
-            last_activity: 0,
-        }
-    }
-
-    /// Why the wait is over given the job's activity now, or `None` to keep waiting.
-    fn expired(&mut self, activity: u64) -> Option<String> {
-        if activity != self.last_activity {
-            self.last_activity = activity;
-            self.last_change = Instant::now();
-        }
-        if self.last_change.elapsed() > self.quiet_limit {
-            Some(format!("nothing new for {:?}", self.quiet_limit))
-        } else if self.started.elapsed() > Self::HARD_LIMIT {
-            Some(format!("still going after {:?}", Self::HARD_LIMIT))
-        } else {
-            None
-        }
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+    job.args(extra)
+        .arg("examples/train_gpt.py")
+        .args(common::tiny_gpt_args(TRAIN_ITERS, SAVE_INTERVAL))
+        .arg("--save")
+        .arg(save)
+        .args(script_extra);
+    job.spawn()
 }
 
 fn unix_ms() -> u64 {
@@ -294,7 +85,7 @@ fn unix_ms() -> u64 {
 
 /// Sends `signal` to every process of `host` (torchrun first, then its workers); returns
 /// how many.
-fn signal_node(job: &Job, host: &str, signal: Signal) -> usize {
+fn signal_node(job: &RunningJob, host: &str, signal: Signal) -> usize {
     let procs = node_processes(&job.marker(), host);
     assert!(
         procs.len() >= 3,
@@ -306,24 +97,13 @@ fn signal_node(job: &Job, host: &str, signal: Signal) -> usize {
     procs.len()
 }
 
-fn names(events: &[Value]) -> Vec<&str> {
-    events
-        .iter()
-        .map(|e| e["event"].as_str().unwrap_or("?"))
-        .collect()
-}
-
-fn find<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["event"] == name).collect()
-}
-
 /// What every re-plan test checks once pipette-run has exited: it finished (exit 0) after
 /// one re-plan that left the second host out, kept tp × pp and the global batch, and
 /// resumed at the iteration after the last checkpoint; nothing of the job is left. Returns
 /// the milliseconds from `failed_ms` (when the test broke the node) to the relaunch.
 fn assert_replanned_and_resumed(
     hosts: &[&str; 3],
-    job: &mut Job,
+    job: &mut RunningJob,
     status: ExitStatus,
     last_saved: u64,
     failed_ms: u64,
@@ -420,22 +200,18 @@ fn assert_replanned_and_resumed(
 fn replan_after_sigkill_resumes_from_last_checkpoint() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let started = Instant::now();
-    let mut job = Job::start(
+    let mut job = start(
         &HOSTS,
-        &[
-            "--launcher".into(),
-            "local".into(),
-            "--stall-timeout".into(),
-            "60s".into(),
-        ],
+        &["--launcher", "local", "--stall-timeout", "60s"],
+        &[],
     );
     // Between two checkpoints: the last one is at 4, the next would be at 8.
-    job.wait_for_iteration(SAVE_INTERVAL + 2, Duration::from_secs(120));
+    job.wait_for_iteration(SAVE_INTERVAL + 2, Patience::quiet(Duration::from_secs(120)));
     let killed = signal_node(&job, "node-b", Signal::SIGKILL);
     let killed_ms = unix_ms();
     let last_saved = job.saved().expect("a checkpoint was saved");
     eprintln!("killed {killed} processes of node-b; last checkpoint at iteration {last_saved}");
-    let status = job.wait(Duration::from_secs(180));
+    let status = job.wait(Patience::quiet(Duration::from_secs(180)));
     let events = job.events();
     let failed = find(&events, "node_failed");
     assert_eq!(failed[0]["host"], "node-b", "{:?}", failed);
@@ -468,28 +244,29 @@ fn replan_after_sigstop_stall() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let started = Instant::now();
     let stall = Duration::from_secs(6);
-    let mut job = Job::start(
+    let mut job = start(
         &HOSTS,
         &[
-            "--launcher".into(),
-            "local".into(),
-            "--stall-timeout".into(),
-            format!("{}s", stall.as_secs()),
-            "--startup-timeout".into(),
-            "120s".into(),
+            "--launcher",
+            "local",
+            "--stall-timeout",
+            &format!("{}s", stall.as_secs()),
+            "--startup-timeout",
+            "120s",
             // After a stall, the node that does not stop within the grace period is the
             // one left out, so the healthy ones must stop within it: pipette-run's default,
             // which allows for a busy machine (a healthy torchrun takes a few seconds to
             // shut its workers down when the CPUs are shared), not a tighter one.
-            "--grace".into(),
-            "10s".into(),
+            "--grace",
+            "10s",
         ],
+        &[],
     );
-    job.wait_for_iteration(SAVE_INTERVAL + 2, Duration::from_secs(120));
+    job.wait_for_iteration(SAVE_INTERVAL + 2, Patience::quiet(Duration::from_secs(120)));
     signal_node(&job, "node-b", Signal::SIGSTOP);
     let stopped_ms = unix_ms();
     let last_saved = job.saved().expect("a checkpoint was saved");
-    let status = job.wait(Duration::from_secs(180));
+    let status = job.wait(Patience::quiet(Duration::from_secs(180)));
     let events = job.events();
     let stalled = find(&events, "stalled");
     assert_eq!(stalled.len(), 1, "{:?}", names(&events));
@@ -524,8 +301,8 @@ fn replan_after_sigstop_stall() {
 fn replan_sigterm_tears_down_every_node() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let grace = Duration::from_secs(3);
-    let mut job = Job::start(&HOSTS, &["--launcher".into(), "local".into()]);
-    job.wait_for_iteration(3, Duration::from_secs(120));
+    let mut job = start(&HOSTS, &["--launcher", "local"], &[]);
+    job.wait_for_iteration(3, Patience::quiet(Duration::from_secs(120)));
     let marker = job.marker();
     let pid = job.pid();
     let nodes_before: usize = HOSTS.iter().map(|h| node_processes(&marker, h).len()).sum();
@@ -535,7 +312,7 @@ fn replan_sigterm_tears_down_every_node() {
     );
     let sent = Instant::now();
     kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
-    let status = job.wait(Duration::from_secs(60));
+    let status = job.wait(Patience::quiet(Duration::from_secs(60)));
     let took = sent.elapsed();
     assert_eq!(status.code(), Some(128 + 15), "{}", job.stderr());
     let events = job.events();
@@ -575,24 +352,25 @@ fn replan_over_ssh_runs_the_same_job() {
     // sends them all to this sshd) and torchrun's workers can reach the master by name.
     let hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"];
     let config = sshd.client_config(&hosts);
-    let mut job = Job::start(
+    let mut job = start(
         &hosts,
         &[
-            "--launcher".into(),
-            "ssh".into(),
-            "--ssh-config".into(),
-            config.display().to_string(),
-            "--stall-timeout".into(),
-            "60s".into(),
+            "--launcher",
+            "ssh",
+            "--ssh-config",
+            &config.display().to_string(),
+            "--stall-timeout",
+            "60s",
         ],
+        &[],
     );
-    job.wait_for_iteration(SAVE_INTERVAL + 2, Duration::from_secs(150));
+    job.wait_for_iteration(SAVE_INTERVAL + 2, Patience::quiet(Duration::from_secs(150)));
     let events = job.events();
     assert_eq!(events[0]["transport"], "ssh");
     signal_node(&job, hosts[1], Signal::SIGKILL);
     let killed_ms = unix_ms();
     let last_saved = job.saved().expect("a checkpoint was saved");
-    let status = job.wait(Duration::from_secs(200));
+    let status = job.wait(Patience::quiet(Duration::from_secs(200)));
     let events = job.events();
     let failed = find(&events, "node_failed");
     assert_eq!(failed[0]["host"], hosts[1], "{failed:?}");
@@ -611,14 +389,9 @@ fn replan_limit_reached_exits_with_the_failing_workers_code() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     // Rank 0 (on node-a) exits with 7 at the end of iteration 3; the others notice a
     // second later, at the next iteration's all-reduce. No re-plan is allowed.
-    let mut job = Job::start_with(
+    let mut job = start(
         &HOSTS,
-        &[
-            "--launcher".into(),
-            "local".into(),
-            "--max-replans".into(),
-            "0".into(),
-        ],
+        &["--launcher", "local", "--max-replans", "0"],
         &[
             "--toy-fail-at-iteration",
             "3",
@@ -628,7 +401,7 @@ fn replan_limit_reached_exits_with_the_failing_workers_code() {
             "1.0",
         ],
     );
-    let status = job.wait(Duration::from_secs(120));
+    let status = job.wait(Patience::quiet(Duration::from_secs(120)));
     assert_eq!(status.code(), Some(7), "{}", job.stderr());
     let events = job.events();
     let failed = find(&events, "node_failed");
@@ -659,16 +432,8 @@ fn replan_second_ctrl_c_kills_at_once() {
     // A long grace period, and every node stopped so that TERM cannot end anything: only
     // the second Ctrl-C (KILL at once) ends the job quickly.
     let grace = Duration::from_secs(60);
-    let mut job = Job::start(
-        &HOSTS,
-        &[
-            "--launcher".into(),
-            "local".into(),
-            "--grace".into(),
-            "60s".into(),
-        ],
-    );
-    job.wait_for_iteration(2, Duration::from_secs(120));
+    let mut job = start(&HOSTS, &["--launcher", "local", "--grace", "60s"], &[]);
+    job.wait_for_iteration(2, Patience::quiet(Duration::from_secs(120)));
     for host in HOSTS {
         signal_node(&job, host, Signal::SIGSTOP);
     }
@@ -677,7 +442,7 @@ fn replan_second_ctrl_c_kills_at_once() {
     kill(pid, Signal::SIGINT).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     kill(pid, Signal::SIGINT).unwrap();
-    let status = job.wait(Duration::from_secs(30));
+    let status = job.wait(Patience::quiet(Duration::from_secs(30)));
     let took = first.elapsed();
     eprintln!("two Ctrl-Cs → pipette-run exited after {took:?} (grace {grace:?})");
     // Without the second Ctrl-C it would have waited out the grace period.
@@ -708,6 +473,30 @@ fn profile(hosts: &[&str], gpus: usize) -> ClusterProfile {
     ClusterProfile::from_json_str(&cpu_profile(hosts, gpus), "test.json").unwrap()
 }
 
+/// The re-plan of `previous` on `survivors` of `cluster` (no spares, default options) with
+/// the checkpoint `state` in the format `args` name.
+fn replan_on(
+    settings: &pipette::config::Settings,
+    cluster: &ClusterProfile,
+    survivors: &[String],
+    previous: &ParallelConfig,
+    state: CheckpointState,
+    format: &CheckpointFormat,
+) -> Result<pipette::replan::failure::Replanned, ReplanError> {
+    replan(
+        settings,
+        cluster,
+        Failed {
+            survivors,
+            spares: &[],
+            previous,
+        },
+        &PlanOptions::default(),
+        state,
+        format,
+    )
+}
+
 const MODEL: &str = "--num-layers 6 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
                      --max-position-embeddings 32 --vocab-size 256 --global-batch-size 12 \
                      --save /ck --save-interval 4";
@@ -717,15 +506,11 @@ fn replan_rule_keeps_tp_and_pp_when_the_survivors_allow_it() {
     let s = settings(MODEL);
     let cluster = profile(&HOSTS, 2);
     let previous = ParallelConfig::even(6, 2, 1, 3, 1);
-    let r = replan(
+    let r = replan_on(
         &s,
         &cluster,
-        Failed {
-            survivors: &["node-a".into(), "node-c".into()],
-            spares: &[],
-            previous: &previous,
-        },
-        &PlanOptions::default(),
+        &["node-a".into(), "node-c".into()],
+        &previous,
         CheckpointState::At(4),
         &CheckpointFormat::default(),
     )
@@ -746,17 +531,12 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
     // pp = 3 over three one-GPU nodes cannot be kept on two.
     let previous = ParallelConfig::even(6, 1, 3, 1, 1);
     let survivors = ["node-a".to_string(), "node-b".to_string()];
-    let options = PlanOptions::default();
 
-    let r = replan(
+    let r = replan_on(
         &s,
         &cluster,
-        Failed {
-            survivors: &survivors,
-            spares: &[],
-            previous: &previous,
-        },
-        &options,
+        &survivors,
+        &previous,
         CheckpointState::At(4),
         &CheckpointFormat::default(),
     )
@@ -772,15 +552,11 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
         format: "torch".to_string(),
         ..CheckpointFormat::default()
     };
-    let err = replan(
+    let err = replan_on(
         &s,
         &cluster,
-        Failed {
-            survivors: &survivors,
-            spares: &[],
-            previous: &previous,
-        },
-        &options,
+        &survivors,
+        &previous,
         CheckpointState::At(4),
         &legacy,
     )
@@ -790,15 +566,11 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
 
     let mut dist_opt = previous.clone();
     dist_opt.distributed_optimizer = true;
-    let err = replan(
+    let err = replan_on(
         &s,
         &cluster,
-        Failed {
-            survivors: &survivors,
-            spares: &[],
-            previous: &dist_opt,
-        },
-        &options,
+        &survivors,
+        &dist_opt,
         CheckpointState::At(4),
         &CheckpointFormat::default(),
     )
@@ -818,15 +590,11 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
         &pipette::config::megatron::parse_pins("pp=3").unwrap(),
     )
     .unwrap();
-    let r = replan(
+    let r = replan_on(
         &pinned,
         &cluster,
-        Failed {
-            survivors: &survivors,
-            spares: &[],
-            previous: &previous,
-        },
-        &options,
+        &survivors,
+        &previous,
         CheckpointState::At(4),
         &CheckpointFormat::default(),
     )
@@ -841,15 +609,11 @@ fn replan_rule_reshards_only_when_the_checkpoint_format_allows_it() {
     );
 
     // Nothing saved yet: any plan will do.
-    let r = replan(
+    let r = replan_on(
         &s,
         &cluster,
-        Failed {
-            survivors: &survivors,
-            spares: &[],
-            previous: &previous,
-        },
-        &options,
+        &survivors,
+        &previous,
         CheckpointState::None,
         &legacy,
     )

@@ -19,15 +19,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::path::Path;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
-use common::{assert_no_process_left, cpu_job_command, cpu_profile, torchrun};
+use common::{assert_no_process_left, torchrun, JobBuilder, Patience, RunningJob};
 use pipette::exec::signals::{stop_received, ActSignals, Received, SignalGuard};
 use pipette::supervise::events::read_events;
 
@@ -35,7 +33,10 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The bound on one job: profiling, a trial and training of the toy on a loaded 2-core
 /// machine (torch imports alone take seconds each there).
-const JOB_LIMIT: Duration = Duration::from_secs(300);
+const JOB_LIMIT: Patience = Patience {
+    quiet: Duration::from_secs(300),
+    hard: Duration::from_secs(300),
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -70,146 +71,69 @@ sys.argv = [train] + sys.argv[1:]
 runpy.run_path(train, run_name="__main__")
 "#;
 
-struct Job {
-    dir: tempfile::TempDir,
-    child: Child,
+/// Starts the job held (when `hold`) in `phase`.
+fn start(phase: Phase, hold: bool) -> RunningJob {
+    let mut job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-signals-");
+    let d = job.dir().to_path_buf();
+    std::fs::create_dir(d.join("tmp")).unwrap();
+    let script = d.join("sigtest.py");
+    std::fs::write(&script, SCRIPT).unwrap();
+    // Holds the link probe until `release` exists.
+    let wrapper = d.join("torchrun");
+    common::write_executable(&wrapper, &format!(
+            "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in */bandwidth.py) echo $$ >> '{d}/probe.started'; \
+             while [ ! -e '{d}/release' ]; do sleep 0.05; done ;; esac; done\nexec '{real}' \"$@\"\n",
+            d = d.display(),
+            real = torchrun().display()
+        ));
+    job.hosts(&["node-a", "node-b"], 1)
+        .args(["--launcher", "local", "--pin", "tp=1,pp=1,dp=2"])
+        .launch_basics(&wrapper)
+        .args([
+            "--grace",
+            "5s",
+            "--health-timeout",
+            "15s",
+            "--trial-iters",
+            "2",
+            // One trial: the script holds every trial until a signal comes, and the
+            // measured choice's further trials get none.
+            "--trial-top-k",
+            "1",
+        ]);
+    if phase != Phase::Profiling {
+        job.cpu_cluster(&["node-a", "node-b"], 1);
+    }
+    if phase != Phase::Trial {
+        job.arg("--no-trial");
+    }
+    let hold = match (hold, phase) {
+        (true, Phase::Trial) => "trial",
+        (true, Phase::Training) => "train",
+        _ => "none",
+    };
+    job.arg(&script)
+        .args(common::tiny_gpt_args(2, 100))
+        .arg("--save")
+        .arg(d.join("ckpt"));
+    job.command()
+        .env("SIGTEST_DIR", &d)
+        .env("SIGTEST_REPO", common::repo())
+        .env("SIGTEST_HOLD", hold)
+        .env("TMPDIR", d.join("tmp"))
+        .env("XDG_CACHE_HOME", d.join("cache"));
+    job.spawn()
 }
 
-impl Job {
-    fn start(phase: Phase, hold: bool) -> Job {
-        let dir = tempfile::Builder::new()
-            .prefix("pipette-signals-")
-            .tempdir()
-            .unwrap();
-        let d = dir.path();
-        std::fs::create_dir(d.join("tmp")).unwrap();
-        let script = d.join("sigtest.py");
-        std::fs::write(&script, SCRIPT).unwrap();
-        // Holds the link probe until `release` exists.
-        let wrapper = d.join("torchrun");
-        common::write_executable(&wrapper, &format!(
-                "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in */bandwidth.py) echo $$ >> '{d}/probe.started'; \
-                 while [ ! -e '{d}/release' ]; do sleep 0.05; done ;; esac; done\nexec '{real}' \"$@\"\n",
-                d = d.display(),
-                real = torchrun().display()
-            ));
-        let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"));
-        command
-            .args(["--hosts", "node-a,node-b", "--nproc-per-node", "1"])
-            .args(["--launcher", "local", "--pin", "tp=1,pp=1,dp=2"])
-            .arg("--run-dir")
-            .arg(d.join("run"))
-            .arg("--torchrun")
-            .arg(&wrapper)
-            .args(["--master-port", &common::free_port().to_string()])
-            .args([
-                "--grace",
-                "5s",
-                "--health-timeout",
-                "15s",
-                "--trial-iters",
-                "2",
-                // One trial: the script holds every trial until a signal comes, and the
-                // measured choice's further trials get none.
-                "--trial-top-k",
-                "1",
-            ]);
-        if phase != Phase::Profiling {
-            let profile = d.join("cluster.json");
-            std::fs::write(&profile, cpu_profile(&["node-a", "node-b"], 1)).unwrap();
-            command.arg("--cluster").arg(&profile);
-        }
-        if phase != Phase::Trial {
-            command.arg("--no-trial");
-        }
-        let hold = match (hold, phase) {
-            (true, Phase::Trial) => "trial",
-            (true, Phase::Training) => "train",
-            _ => "none",
-        };
-        command
-            .arg(&script)
-            .args(common::tiny_gpt_args(2, 100))
-            .arg("--save")
-            .arg(d.join("ckpt"))
-            .env("SIGTEST_DIR", d)
-            .env("SIGTEST_REPO", common::repo())
-            .env("SIGTEST_HOLD", hold)
-            .env("TMPDIR", d.join("tmp"))
-            .env("XDG_CACHE_HOME", d.join("cache"))
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(d.join("stdout")).unwrap())
-            .stderr(std::fs::File::create(d.join("stderr")).unwrap());
-        let child = command.spawn().expect("start pipette-run");
-        Job { dir, child }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn output(&self) -> String {
-        let read = |n: &str| std::fs::read_to_string(self.path(n)).unwrap_or_default();
-        format!("stdout:\n{}\nstderr:\n{}", read("stdout"), read("stderr"))
-    }
-
-    /// Waits until `ready` holds; fails when pipette-run exits first or [`JOB_LIMIT`] passes.
-    fn wait_until(&mut self, what: &str, ready: impl Fn(&Path) -> bool) {
-        let end = Instant::now() + JOB_LIMIT;
-        while !ready(self.dir.path()) {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "pipette-run exited ({status}) before {what}:\n{}",
-                    self.output()
-                );
-            }
-            assert!(Instant::now() < end, "no {what}:\n{}", self.output());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn signal(&self, signal: Signal) {
-        kill(Pid::from_raw(self.child.id() as i32), signal).unwrap();
-    }
-
-    fn wait(&mut self) -> i32 {
-        let end = Instant::now() + JOB_LIMIT;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status
-                    .code()
-                    .unwrap_or_else(|| panic!("pipette-run died: {status}\n{}", self.output()));
-            }
-            assert!(
-                Instant::now() < end,
-                "pipette-run did not finish:\n{}",
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn signals_seen(&self) -> Vec<String> {
-        let mut lines: Vec<String> = std::fs::read_to_string(self.path("signals.log"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect();
-        lines.sort();
-        lines
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        for p in common::with_marker(&self.dir.path().display().to_string()) {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
-    }
+/// What the scripts' handlers recorded, sorted.
+fn signals_seen(job: &RunningJob) -> Vec<String> {
+    let mut lines: Vec<String> = job
+        .read("signals.log")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
 }
 
 fn has_file(dir: &Path, prefix: &str) -> bool {
@@ -224,14 +148,16 @@ fn has_file(dir: &Path, prefix: &str) -> bool {
 fn case(signal: Signal, phase: Phase) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let act = signal == Signal::SIGUSR1;
-    let mut job = Job::start(phase, act);
+    let mut job = start(phase, act);
     match phase {
-        Phase::Profiling => job.wait_until("the link probe", |d| d.join("probe.started").exists()),
-        Phase::Trial => job.wait_until("the trial's workers", |d| {
-            has_file(d, "ready.trial.0") && has_file(d, "ready.trial.1")
+        Phase::Profiling => job.wait_until("the link probe", JOB_LIMIT, |j| {
+            j.path("probe.started").exists()
         }),
-        Phase::Training => job.wait_until("the training's workers", |d| {
-            has_file(d, "ready.train.0") && has_file(d, "ready.train.1")
+        Phase::Trial => job.wait_until("the trial's workers", JOB_LIMIT, |j| {
+            has_file(j.dir(), "ready.trial.0") && has_file(j.dir(), "ready.trial.1")
+        }),
+        Phase::Training => job.wait_until("the training's workers", JOB_LIMIT, |j| {
+            has_file(j.dir(), "ready.train.0") && has_file(j.dir(), "ready.train.1")
         }),
     }
     job.signal(signal);
@@ -239,12 +165,15 @@ fn case(signal: Signal, phase: Phase) {
         // Nobody to pass it to: the job goes on once the probe may run.
         std::fs::write(job.path("release"), "").unwrap();
     }
-    let code = job.wait();
+    let status = job.wait(JOB_LIMIT);
     let output = job.output();
+    let code = status
+        .code()
+        .unwrap_or_else(|| panic!("pipette-run died: {status}\n{output}"));
     let expected = if act { 0 } else { 128 + signal as i32 };
     assert_eq!(code, expected, "{signal} in {phase:?}:\n{output}");
 
-    let events = read_events(&job.path("run").join("events.jsonl"))
+    let events = read_events(&job.run_dir().join("events.jsonl"))
         .unwrap_or_else(|e| panic!("{signal} in {phase:?}: no events ({e}):\n{output}"));
     let exit = events
         .iter()
@@ -252,7 +181,7 @@ fn case(signal: Signal, phase: Phase) {
         .unwrap_or_else(|| panic!("{signal} in {phase:?}: no exit event: {events:?}"));
     assert_eq!(exit["code"], expected, "{exit}");
 
-    let seen = job.signals_seen();
+    let seen = signals_seen(&job);
     match (act, phase) {
         (true, Phase::Trial) => {
             assert_eq!(seen, ["SIGUSR1 trial 0", "SIGUSR1 trial 1"]);
@@ -276,7 +205,7 @@ fn case(signal: Signal, phase: Phase) {
         }
         _ => assert!(seen.is_empty(), "{signal} in {phase:?}: {seen:?}"),
     }
-    assert_no_process_left(&job.dir.path().display().to_string());
+    assert_no_process_left(&job.marker());
     let tmp = job.path("tmp");
     for staging in ["pipette-probe.", "pipette-trial."] {
         assert!(

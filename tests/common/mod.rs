@@ -5,6 +5,10 @@
 //! Each test binary uses a different part, so unused helpers are not warnings.
 #![allow(dead_code)]
 
+mod job;
+#[allow(unused_imports)]
+pub use job::*;
+
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,6 +23,57 @@ pub fn json_report(out: &std::process::Output) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+/// The standard output of this package's `bin`, run from the repository with nothing in its
+/// environment (no site settings, no allocation); fails, showing its output, when it does.
+pub fn run_clean<S: AsRef<std::ffi::OsStr>>(bin: &str, args: &[S]) -> String {
+    let out = assert_cmd::Command::cargo_bin(bin)
+        .unwrap()
+        .env_clear()
+        .current_dir(repo())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// What a dry run of Llama 2 13B in BF16 (global batch 512) on `cluster` printed, at a
+/// fixed layout placed in torchrun's order (tp 2, pp 4, micro-batch 1: the planner has
+/// little to search), its run directory `run_dir`; `json` for the report as JSON, `extra`
+/// after the script's arguments.
+pub fn pinned_llama2_13b_dry_run(
+    cluster: &str,
+    run_dir: &Path,
+    json: bool,
+    extra: &[&str],
+) -> String {
+    let mut args = vec!["--run-dir", run_dir.to_str().unwrap(), "--dry-run"];
+    if json {
+        args.push("--json");
+    }
+    args.extend([
+        "--cluster",
+        cluster,
+        "--model",
+        "llama2-13b",
+        "--pin",
+        "tp=2,pp=4,mbs=1",
+        "--mapping",
+        "identity",
+        "pretrain_gpt.py",
+        "--bf16",
+        "--global-batch-size",
+        "512",
+    ]);
+    args.extend(extra);
+    run_clean("pipette-run", &args)
+}
+
+/// The words of `text` (split at whitespace): an argument list written as one line.
+pub fn words(text: &str) -> Vec<String> {
+    text.split_whitespace().map(str::to_string).collect()
 }
 
 /// The hosts of a dry-run report, in order.
@@ -159,12 +214,53 @@ pub fn tiny_gpt_args(train_iters: u64, save_interval: u64) -> Vec<String> {
     .to_vec()
 }
 
+/// A port nobody listens on, for a server a test's job starts later (torchrun's master,
+/// the copies' agent port) or for a connection that must be refused: the one place the
+/// tests pick ports.
+///
+/// Not "bind port 0, then release it": that port comes from the kernel's ephemeral range,
+/// the same range every outgoing connection takes its local port from (the workers' gloo
+/// connections, ssh, the job's health checks), so one of those can hold it by the time
+/// torchrun binds it (EADDRINUSE, at random). The ports here lie outside that range, where
+/// only a listener that asks for the port by number can take it; a counter keeps the ports
+/// of one test process apart, and the start, drawn from the process id, those of test
+/// binaries that run at once.
 pub fn free_port() -> u16 {
-    TcpListener::bind(("127.0.0.1", 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (first, count) = ports_outside_ephemeral_range();
+    let start = std::process::id().wrapping_mul(7919) % count;
+    for _ in 0..count {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (first + (start + n) % count) as u16;
+        // One at a time: each listener is closed before the next binds.
+        let any = TcpListener::bind(("0.0.0.0", port)).is_ok();
+        let loopback = any && TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if loopback {
+            return port;
+        }
+    }
+    panic!("no free port in {first}..{}", first + count);
+}
+
+/// The larger of the two stretches of ports above 10000 that the kernel never hands out as
+/// an ephemeral port (`/proc/sys/net/ipv4/ip_local_port_range`), as (first, how many).
+fn ports_outside_ephemeral_range() -> (u32, u32) {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .expect("read /proc/sys/net/ipv4/ip_local_port_range");
+    let bounds: Vec<u32> = range
+        .split_whitespace()
+        .map(|w| w.parse().expect("a port number"))
+        .collect();
+    let (low, high) = (bounds[0], bounds[1]);
+    let below = (10_000, low.saturating_sub(10_000));
+    let above = (high + 1, 65_535u32.saturating_sub(high));
+    let (first, count) = if below.1 >= above.1 { below } else { above };
+    assert!(
+        count >= 1000,
+        "the ephemeral ports {low}-{high} leave too few others for the tests' servers"
+    );
+    (first, count)
 }
 
 /// A cluster profile of `hosts`, each with `gpus` CPU stand-ins ("GPUs" named `cpu`, as
@@ -288,14 +384,15 @@ pub fn node_processes(marker: &str, host: &str) -> Vec<Proc> {
     procs
 }
 
-/// Waits until `pred` holds, up to `limit`; returns whether it did.
+/// Waits until `pred` holds, up to `limit`; returns whether it did. Looks every 50 ms: a
+/// look is often a read of the whole process table, which costs the job under test CPU.
 pub fn eventually(limit: Duration, mut pred: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
     while Instant::now() < end {
         if pred() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(50));
     }
     pred()
 }
@@ -1161,7 +1258,9 @@ pub fn two_local_cpu_nodes(bin: &str, subcommand: Option<&str>, dir: &Path) -> C
         .args(["--hosts", "node-a,node-b", "--nproc-per-node", "1"])
         .args(["--launcher", "local", "--pin", "tp=1,pp=1,dp=2"])
         .arg("--torchrun")
-        .arg(torchrun());
+        .arg(torchrun())
+        // The job's master port (torchrun's own variable: `pipette calibrate` has no option).
+        .env("PET_MASTER_PORT", free_port().to_string());
     command
 }
 

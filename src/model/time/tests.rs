@@ -1002,34 +1002,49 @@ fn megatron_softmax_runs_fused_only_on_multiples_of_four_score_matrices() {
     assert!(!fused_softmax_available(&long, 4, 1), "over 4096 keys");
 }
 
-#[test]
-fn pytorch_softmax_costs_bytes_kernels_and_host_time() {
-    use super::ops::{
-        KindOps, OpShape, StageShape, FALLBACK_SOFTMAX_EXTRA_KERNELS, MEGATRON_LAYER_PASS_OPS,
-    };
-    let model = gpt();
-    let table = PerfTable::get(GpuKind::A100);
-    let calibration = Calibration::default();
-    let shape = |fused_softmax| OpShape {
-        model: &model,
-        micro_batch: 1,
-        tp: 8,
+/// A layer shape of `model` at micro-batch `micro_batch` and tp `tp`: 16-bit activations,
+/// fused attention with Megatron's softmax, no sequence parallelism, 16-bit GEMMs (a test
+/// sets what it varies).
+fn op_shape(model: &ModelSpec, micro_batch: u64, tp: u64) -> super::ops::OpShape<'_> {
+    super::ops::OpShape {
+        model,
+        micro_batch,
+        tp,
         sequence_parallel: false,
         act_bytes: 2.0,
-        attention: AttentionKernel::Unfused,
-        fused_softmax,
+        attention: AttentionKernel::Fused,
+        fused_softmax: true,
         low_precision: None,
         context_parallel: 1,
-    };
-    let stage = StageShape {
+    }
+}
+
+/// The operations of one layer of a middle stage (no embedding, no output layer, nothing
+/// recomputed) of `shape`, priced on `table` at the default calibration.
+fn one_middle_layer(shape: &super::ops::OpShape<'_>, table: &PerfTable) -> super::ops::StageOps {
+    let stage = super::ops::StageShape {
         layers: 1,
         first: false,
         last: false,
         recomputed_layers: 0,
         selective: false,
     };
-    let fused = KindOps::new(&shape(true), table, &calibration).stage(&stage);
-    let torch = KindOps::new(&shape(false), table, &calibration).stage(&stage);
+    super::ops::KindOps::new(shape, table, &Calibration::default()).stage(&stage)
+}
+
+#[test]
+fn pytorch_softmax_costs_bytes_kernels_and_host_time() {
+    use super::ops::{FALLBACK_SOFTMAX_EXTRA_KERNELS, MEGATRON_LAYER_PASS_OPS};
+    let model = gpt();
+    let table = PerfTable::get(GpuKind::A100);
+    let calibration = Calibration::default();
+    let unfused = |fused_softmax| super::ops::OpShape {
+        attention: AttentionKernel::Unfused,
+        fused_softmax,
+        ..op_shape(&model, 1, 8)
+    };
+    let fused = one_middle_layer(&unfused(true), table);
+    let torch = one_middle_layer(&unfused(false), table);
     // 2 heads of 1024 × 1024 scores; 28 more bytes per score forward, 34 more backward
     // (36 + 2e instead of 3e at e = 2), four more kernels each way.
     let scores = 2.0 * 1024.0 * 1024.0;
@@ -1069,31 +1084,16 @@ fn pytorch_softmax_costs_bytes_kernels_and_host_time() {
 
 #[test]
 fn fp8_runs_the_linear_gemms_at_the_kinds_fp8_rate_and_pays_for_quantising() {
-    use super::ops::{KindOps, OpShape, StageShape};
     use crate::config::LowBits;
     let model = gpt();
-    let calibration = Calibration::default();
-    let shape = |low_precision| OpShape {
-        model: &model,
-        micro_batch: 1,
-        tp: 2,
+    let shape = |low_precision| super::ops::OpShape {
         sequence_parallel: true,
-        act_bytes: 2.0,
-        attention: AttentionKernel::Fused,
-        fused_softmax: true,
         low_precision,
-        context_parallel: 1,
-    };
-    let stage = StageShape {
-        layers: 1,
-        first: false,
-        last: false,
-        recomputed_layers: 0,
-        selective: false,
+        ..op_shape(&model, 1, 2)
     };
     let h100 = PerfTable::get(GpuKind::H100);
-    let bf16 = KindOps::new(&shape(None), h100, &calibration).stage(&stage);
-    let fp8 = KindOps::new(&shape(Some(LowBits::Fp8)), h100, &calibration).stage(&stage);
+    let bf16 = one_middle_layer(&shape(None), h100);
+    let fp8 = one_middle_layer(&shape(Some(LowBits::Fp8)), h100);
     // The attention core stays: only the linear share of the work shrinks, by 1.765.
     let linear_gflop = |o: &super::ops::StageOps| o.forward.gflop;
     let speedup = GpuKind::H100.low_precision_speedup(LowBits::Fp8).unwrap();
@@ -1111,8 +1111,8 @@ fn fp8_runs_the_linear_gemms_at_the_kinds_fp8_rate_and_pays_for_quantising() {
     // No FP8 tensor cores on an A100: the same work as in BF16, nothing to quantise.
     let a100 = PerfTable::get(GpuKind::A100);
     assert_eq!(
-        KindOps::new(&shape(Some(LowBits::Fp8)), a100, &calibration).stage(&stage),
-        KindOps::new(&shape(None), a100, &calibration).stage(&stage)
+        one_middle_layer(&shape(Some(LowBits::Fp8)), a100),
+        one_middle_layer(&shape(None), a100)
     );
     // Blackwell: close to 2x, and FP4 twice that again.
     let b = GpuKind::of("NVIDIA B200");
@@ -1147,7 +1147,6 @@ fn nodes_of_one_nvlink_domain_talk_at_nvlink_rates_over_no_nic() {
 
 #[test]
 fn qk_layernorm_reads_and_writes_q_and_k_in_two_more_kernels() {
-    use super::ops::{KindOps, OpShape, StageShape};
     let plain = gpt();
     let normed = ModelSpec {
         qk_layernorm: true,
@@ -1155,27 +1154,7 @@ fn qk_layernorm_reads_and_writes_q_and_k_in_two_more_kernels() {
     };
     let table = PerfTable::get(GpuKind::A100);
     let calibration = Calibration::default();
-    let ops = |model: &ModelSpec| {
-        let shape = OpShape {
-            model,
-            micro_batch: 2,
-            tp: 4,
-            sequence_parallel: false,
-            act_bytes: 2.0,
-            attention: AttentionKernel::Fused,
-            fused_softmax: true,
-            low_precision: None,
-            context_parallel: 1,
-        };
-        let stage = StageShape {
-            layers: 1,
-            first: false,
-            last: false,
-            recomputed_layers: 0,
-            selective: false,
-        };
-        KindOps::new(&shape, table, &calibration).stage(&stage)
-    };
+    let ops = |model: &ModelSpec| one_middle_layer(&op_shape(model, 2, 4), table);
     let (without, with) = (ops(&plain), ops(&normed));
     // Q and K of 2 × seq tokens, each tp rank's share, read and written once forward (twice
     // backward), and two kernels each way; the GEMMs do not change.
