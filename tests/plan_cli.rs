@@ -261,3 +261,67 @@ fn regex_like_negative_percent(text: &str) -> bool {
         .zip(text.split_whitespace().skip(1))
         .any(|(a, b)| b == "%" && a.starts_with('-') && a[1..].parse::<f64>().is_ok())
 }
+
+/// A mixture-of-experts plan says where its time goes term by term, the all-to-all and the
+/// experts' own gradient sync included: the rows add up to the iteration it states, and the
+/// mapping line's figures are the table's (the mapping search prices the expert terms as
+/// the full model does, so "mapped" is never cheaper by leaving them out).
+#[test]
+fn a_moe_plan_names_its_all_to_all_and_its_terms_add_up() {
+    let text = stdout(pipette().args([
+        "plan",
+        "--cluster",
+        "examples/clusters/a100-4x8-degraded.json",
+        "--model",
+        "qwen3-30b-a3b",
+    ]));
+    let number_after = |line: &str, key: &str| -> f64 {
+        let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len()..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let headline = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("iteration "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let iteration = number_after(headline, "iteration ");
+    let section = text
+        .split("where the time goes\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{text}"));
+    let rows: Vec<(&str, f64)> = section
+        .lines()
+        .take_while(|l| !l.trim_start().starts_with("runner-up"))
+        .map(|l| {
+            // `  {name}{ms} ms   runner-up {ms} ms`: the first figure ends the name.
+            let ours = l.split(" ms").next().unwrap().trim_end();
+            let (name, ms) = ours.rsplit_once(' ').unwrap();
+            (name.trim(), ms.parse().unwrap())
+        })
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r.0).collect();
+    assert!(names.contains(&"expert dispatch and combine"), "{text}");
+    assert!(
+        names.contains(&"expert-data-parallel sync (exposed)"),
+        "{text}"
+    );
+    let dispatch = rows[names
+        .iter()
+        .position(|n| n.starts_with("expert dispatch"))
+        .unwrap()]
+    .1;
+    assert!(dispatch > 0.0, "{text}");
+    let sum: f64 = rows.iter().map(|r| r.1).sum();
+    // Each row is rounded to 0.1 ms.
+    assert!(
+        (sum - iteration).abs() <= 0.05 * rows.len() as f64,
+        "the terms add up to {sum} ms, the plan says {iteration} ms:\n{text}"
+    );
+    assert!(text.contains("alltoall dispatch over 8 ranks"), "{text}");
+    // The pick's mapped figure in the table is the iteration the plan states.
+    let pick = table_rows(&text)
+        .into_iter()
+        .find(|r| r.1)
+        .or_else(|| table_rows(&text).into_iter().next())
+        .unwrap();
+    assert!((pick.2 - iteration).abs() < 0.06, "{pick:?}\n{text}");
+}

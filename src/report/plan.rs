@@ -36,7 +36,8 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<&TimeEstimate>) -> String {
     for (i, (name, ms)) in rows.iter().enumerate() {
         let versus = other
             .as_ref()
-            .map(|o| format!("   runner-up {:>10.1} ms", o[i].1))
+            .and_then(|o| o.get(i))
+            .map(|o| format!("   runner-up {:>10.1} ms", o.1))
             .unwrap_or_default();
         out.push_str(&format!("  {name:<36}{ms:>10.1} ms{versus}\n"));
     }
@@ -561,16 +562,26 @@ fn recalibrated(plan: &Plan) -> String {
     )
 }
 
-/// The time terms in the order they add up to the iteration.
-fn terms(t: &TimeEstimate) -> [(&'static str, f64); 6] {
-    [
+/// The time terms in the order they add up to the iteration; a model with routed experts
+/// adds the all-to-all and the experts' own gradient sync (two rows a dense plan does not
+/// show).
+fn terms(t: &TimeEstimate) -> Vec<(&'static str, f64)> {
+    let mut rows = vec![
         ("steady state (m × slowest stage)", t.steady_ms),
         ("pipeline fill and drain", t.bubble_ms),
         ("pipeline sends on the critical path", t.pipeline_p2p_ms),
         ("data-parallel reduce (exposed)", t.data_parallel_exposed_ms),
         ("parameter all-gather (exposed)", t.param_gather_exposed_ms),
         ("optimizer step", t.optimizer_ms),
-    ]
+    ];
+    if t.expert.is_some() {
+        rows.push(("expert dispatch and combine", t.expert_parallel_ms));
+        rows.push((
+            "expert-data-parallel sync (exposed)",
+            t.expert_dp_exposed_ms,
+        ));
+    }
+    rows
 }
 
 /// `tp 2 × pp 4 × dp 4, micro-batch 1, selective recompute, ...`; with experts split,

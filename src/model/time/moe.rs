@@ -549,6 +549,11 @@ pub struct DispatchLink {
 }
 
 impl ConfigCosts {
+    /// Whether the model has routed experts (and so expert terms in [`Self::evaluate`]).
+    pub fn has_experts(&self) -> bool {
+        self.expert.is_some()
+    }
+
     /// Ranks of one pipeline stage.
     fn stage_ranks(&self, devices: &[Device]) -> usize {
         devices.len() / self.pp.max(1)
@@ -668,7 +673,7 @@ impl ConfigCosts {
     }
 
     /// Slots the all-to-all is paid in: the steady state's and the bubble's.
-    pub(super) fn dispatch_slots(&self) -> f64 {
+    pub fn dispatch_slots(&self) -> f64 {
         self.microbatches as f64 + (self.pp - 1) as f64 / self.vpp as f64
     }
 

@@ -132,6 +132,11 @@ pub struct PipetteObjective<'a, F: Links + ?Sized> {
     /// The optimizer step: the same for every permutation of the placed GPUs
     /// ([`ConfigCosts::optimizer_step_ms`]), so fixed at `reset`.
     optimizer: f64,
+    /// A mixture-of-experts model: per stage, its all-to-all per micro-batch (cells
+    /// `expert_at + s`) and its exposed expert-data-parallel sync (`expert_at + pp + s`),
+    /// each read from the stage's own ranks, so a move recomputes only the stages it touches.
+    experts: bool,
+    expert_at: usize,
     value: f64,
     saved: f64,
     generation: u32,
@@ -144,6 +149,8 @@ pub struct PipetteObjective<'a, F: Links + ?Sized> {
     rescan_slots: Marks,
     hop_sums: Marks,
     dirty_stages: Marks,
+    /// Stages whose expert terms a move may have changed.
+    expert_stages: Marks,
 }
 
 impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
@@ -162,6 +169,7 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         let wrap_at = take(dp);
         let max_slot_at = take(dp);
         let hop_sum_at = take(dp);
+        let expert_at = take(2 * pp);
         let mut tree = |leaves: usize, min: bool| {
             let size = leaves.max(1).next_power_of_two();
             Tree {
@@ -211,6 +219,8 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
             replica_of: (0..groups).map(|gid| (gid % dp) as u32).collect(),
             group_of: (0..groups * tp).map(|rank| (rank / tp) as u32).collect(),
             optimizer: 0.0,
+            experts: costs.has_experts(),
+            expert_at,
             value: f64::NAN,
             saved: f64::NAN,
             generation: 0,
@@ -222,6 +232,7 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
             rescan_slots: Marks::new(dp),
             hop_sums: Marks::new(dp),
             dirty_stages: Marks::new(pp),
+            expert_stages: Marks::new(pp),
         }
     }
 
@@ -400,6 +411,29 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         self.set_leaf(self.gathers, s, sync.param_gather_ms);
     }
 
+    /// Stage `s`'s expert terms from its ranks ([`ConfigCosts::stage_dispatch_ms`],
+    /// [`ConfigCosts::stage_expert_sync`]), into their cells.
+    fn expert_stage(&mut self, devices: &[Device], s: usize) {
+        let dispatch = self.costs.stage_dispatch_ms(self.fabric, devices, s);
+        let (reduce, gather) = self.costs.stage_expert_sync(self.fabric, devices, s);
+        self.set(self.expert_at + s, dispatch);
+        self.set(self.expert_at + self.pp + s, reduce + gather);
+    }
+
+    /// The expert terms of the whole placement, as [`ConfigCosts::evaluate`] adds them:
+    /// the slowest stage's all-to-all in every slot it is paid in, and the slowest
+    /// stage's expert-data-parallel sync.
+    fn experts_ms(&self) -> f64 {
+        if !self.experts {
+            return 0.0;
+        }
+        let pp = self.pp;
+        let cells = &self.cells[self.expert_at..self.expert_at + 2 * pp];
+        let dispatch = cells[..pp].iter().fold(0.0f64, |a, &b| a.max(b));
+        let sync = cells[pp..].iter().fold(0.0f64, |a, &b| a.max(b));
+        self.costs.dispatch_slots() * dispatch + sync
+    }
+
     fn total(&self) -> f64 {
         let pipeline = 0.0f64.max(self.root(self.replicas));
         let (grad, gather) = if self.sync {
@@ -410,7 +444,7 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         } else {
             (0.0, 0.0)
         };
-        pipeline + grad + gather + self.optimizer
+        pipeline + grad + gather + self.optimizer + self.experts_ms()
     }
 
     fn next_generation(&mut self) -> u32 {
@@ -424,6 +458,7 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
                 &mut self.rescan_slots,
                 &mut self.hop_sums,
                 &mut self.dirty_stages,
+                &mut self.expert_stages,
             ] {
                 marks.reset();
             }
@@ -490,6 +525,11 @@ impl<F: Links + ?Sized> Objective for PipetteObjective<'_, F> {
             self.build(self.gathers);
         }
         self.optimizer = self.costs.optimizer_step_ms(self.fabric, devices);
+        if self.experts {
+            for s in 0..pp {
+                self.expert_stage(devices, s);
+            }
+        }
         self.journal.clear();
         self.value = self.total();
         self.saved = self.value;
@@ -556,6 +596,7 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
             &mut self.rescan_slots.list,
             &mut self.hop_sums.list,
             &mut self.dirty_stages.list,
+            &mut self.expert_stages.list,
         ] {
             list.clear();
         }
@@ -566,6 +607,9 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
         let skip_remote = within_nodes && self.whole_nodes;
         for &gid in &groups {
             let (s, d) = (self.stage_of[gid] as usize, self.replica_of[gid] as usize);
+            if self.experts {
+                self.expert_stages.insert(s, generation);
+            }
             debug_assert!(
                 !self.whole_nodes || {
                     let group = self.group(devices, gid);
@@ -668,6 +712,11 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
             self.stage(s);
         }
         self.dirty_stages.list = stages;
+        let stages = std::mem::take(&mut self.expert_stages.list);
+        for &s in &stages {
+            self.expert_stage(devices, s);
+        }
+        self.expert_stages.list = stages;
 
         self.value = self.total();
         self.value

@@ -246,6 +246,23 @@ fn random_cluster(rng: &mut ChaCha8Rng, nodes: usize, g: usize) -> ClusterProfil
 }
 
 fn settings(layers: u64, global: u64) -> Settings {
+    settings_with(layers, global, &[])
+}
+
+/// A mixture-of-experts version: four experts of width 512, top-2, in every layer.
+fn moe_settings(layers: u64, global: u64) -> Settings {
+    let moe = [
+        "--num-experts",
+        "4",
+        "--moe-router-topk",
+        "2",
+        "--moe-ffn-hidden-size",
+        "512",
+    ];
+    settings_with(layers, global, &moe)
+}
+
+fn settings_with(layers: u64, global: u64, extra: &[&str]) -> Settings {
     let args: Vec<String> = [
         "--num-layers",
         &layers.to_string(),
@@ -264,6 +281,7 @@ fn settings(layers: u64, global: u64) -> Settings {
         "--bf16",
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .collect();
     settings_from_megatron_args(&args, None, &[]).unwrap()
@@ -290,13 +308,29 @@ fn incremental_evaluation_equals_the_full_model() {
             .collect();
         let pp = pps[rng.random_range(0..pps.len())];
         let dp = world / tp / pp;
-        let settings = settings(8, (dp * 4) as u64);
+        // Every other case a mixture of experts, its all-to-all over ep ranks of each
+        // stage's tp × dp and its expert-data-parallel sync priced per stage.
+        let experts = case % 2 == 1;
+        let settings = if experts {
+            moe_settings(8, (dp * 4) as u64)
+        } else {
+            settings(8, (dp * 4) as u64)
+        };
         let mut config = ParallelConfig::even(8, tp as u64, pp as u64, dp as u64, 1);
         if pp > 2 && 8 % pp == 0 && rng.random::<f64>() < 0.5 {
             config.vpp = Some((8 / pp as u64).min(2));
         }
         config.distributed_optimizer = dp > 1 && rng.random::<f64>() < 0.5;
         config.sequence_parallel = tp > 1 && rng.random::<f64>() < 0.5;
+        if experts {
+            let eps: Vec<usize> = divisors(tp * dp)
+                .into_iter()
+                .filter(|e| 4 % e == 0)
+                .collect();
+            config.ep = eps[rng.random_range(0..eps.len())] as u64;
+            // Megatron: expert parallelism with tp > 1 needs sequence parallelism.
+            config.sequence_parallel |= config.ep > 1 && tp > 1;
+        }
         let options = TimeOptions {
             overlap_grad_reduce: rng.random::<f64>() < 0.5,
             overlap_param_gather: rng.random::<f64>() < 0.5,
