@@ -753,6 +753,13 @@ fn planned_moe_cases() -> Vec<Case> {
         ("a100-2x8.json", None, deepseek_like(13, 1), ""),
         ("h100-16x8.json", None, deepseek_like(61, 3), "pp=8"),
         ("a100-2x8.json", None, deepseek_like(13, 1), "etp=2,tp=2"),
+        // Long context with experts (issue 30): the expert groups fold out of tp × cp × dp.
+        (
+            "h100-16x8.json",
+            Some("qwen3-30b-a3b"),
+            "--seq-length 32768 --max-position-embeddings 32768 --global-batch-size 64".to_string(),
+            "cp=2",
+        ),
     ];
     let mut cases = Vec::new();
     for (file, preset, user, pins) in runs {
@@ -791,9 +798,10 @@ fn planned_moe_cases() -> Vec<Case> {
             let c = &ranked.config;
             cases.push(Case {
                 name: format!(
-                    "{} on {file} pinned {pins:?}: tp{} pp{} dp{} ep{} etp{} mbs{} stages{:?}",
+                    "{} on {file} pinned {pins:?}: tp{} cp{} pp{} dp{} ep{} etp{} mbs{} stages{:?}",
                     preset.unwrap_or("deepseek-like"),
                     c.tp,
+                    c.cp,
                     c.pp,
                     c.dp,
                     c.ep,
@@ -822,6 +830,10 @@ fn megatron_accepts_every_planned_moe_configuration() {
     assert!(
         cases.iter().any(|c| c.config.ep > 1) && cases.iter().any(|c| c.config.etp > 1),
         "the plans split experts"
+    );
+    assert!(
+        cases.iter().any(|c| c.config.ep > 1 && c.config.cp > 1),
+        "a plan with both context and expert parallelism"
     );
     assert!(
         cases.iter().any(|c| c
