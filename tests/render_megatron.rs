@@ -608,22 +608,7 @@ fn megatron_accepts_every_rendered_argument_list_and_refuses_wrong_ones() {
 
     let verdicts = megatron_verdicts(&inputs);
     assert_eq!(verdicts.len(), inputs.len());
-    let mut failures = Vec::new();
-    for ((case, input), verdict) in cases.iter().zip(&inputs).zip(&verdicts) {
-        match verdict.get("derived") {
-            Some(derived) if *derived == case.expected() => {}
-            Some(derived) => failures.push(format!(
-                "{}: Megatron read\n  {derived}\nexpected\n  {}\nfrom {}",
-                case.name,
-                case.expected(),
-                input["args"]
-            )),
-            None => failures.push(format!(
-                "{}: Megatron refused: {}\nargs: {}",
-                case.name, verdict["error"], input["args"]
-            )),
-        }
-    }
+    let mut failures = misread_cases(&cases, &inputs, &verdicts);
     for (w, verdict) in wrong.iter().zip(&verdicts[cases.len()..]) {
         match verdict.get("error").and_then(Value::as_str) {
             Some(error) if error.contains(w.because) => {}
@@ -875,22 +860,7 @@ fn megatron_accepts_every_planned_moe_configuration() {
 
     let verdicts = megatron_verdicts(&inputs);
     assert_eq!(verdicts.len(), inputs.len());
-    let mut failures = Vec::new();
-    for ((case, input), verdict) in cases.iter().zip(&inputs).zip(&verdicts) {
-        match verdict.get("derived") {
-            Some(derived) if *derived == case.expected() => {}
-            Some(derived) => failures.push(format!(
-                "{}: Megatron read\n  {derived}\nexpected\n  {}\nfrom {}",
-                case.name,
-                case.expected(),
-                input["args"]
-            )),
-            None => failures.push(format!(
-                "{}: Megatron refused: {}\nargs: {}",
-                case.name, verdict["error"], input["args"]
-            )),
-        }
-    }
+    let mut failures = misread_cases(&cases, &inputs, &verdicts);
     for (verdict, because) in verdicts[cases.len()..].iter().zip([
         "expert_tensor_model_pipeline_parallel",
         "sequence parallelism",
@@ -907,4 +877,26 @@ fn megatron_accepts_every_planned_moe_configuration() {
         cases.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// What Megatron refused or read otherwise than we meant, one text per such case: each of
+/// `cases` against its verdict (the first `cases.len()` of `verdicts`).
+fn misread_cases(cases: &[Case], inputs: &[Value], verdicts: &[Value]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for ((case, input), verdict) in cases.iter().zip(inputs).zip(verdicts) {
+        match verdict.get("derived") {
+            Some(derived) if *derived == case.expected() => {}
+            Some(derived) => failures.push(format!(
+                "{}: Megatron read\n  {derived}\nexpected\n  {}\nfrom {}",
+                case.name,
+                case.expected(),
+                input["args"]
+            )),
+            None => failures.push(format!(
+                "{}: Megatron refused: {}\nargs: {}",
+                case.name, verdict["error"], input["args"]
+            )),
+        }
+    }
+    failures
 }

@@ -345,14 +345,13 @@ impl ConfigCosts {
             costs.grad_bytes.push(grad_bytes);
             // Gradients are reduced over dp × cp (Megatron's data-parallel group with
             // context parallelism), where the distributed optimizer shards too.
-            let ring = (reducers - 1.0) / reducers;
-            let (reduce, gather) = if dp * cp < 2 {
-                (0.0, 0.0)
-            } else if config.distributed_optimizer {
-                (ring * grad_bytes, ring * stage_params * act_bytes)
-            } else {
-                (2.0 * ring * grad_bytes, 0.0)
-            };
+            let (reduce, gather) = ring_sync_bytes(
+                dp * cp,
+                stage_params,
+                grad_bytes,
+                act_bytes,
+                config.distributed_optimizer,
+            );
             costs.dp_reduce_mb.push(reduce / 1e6);
             costs.dp_gather_mb.push(gather / 1e6);
             let mut step_bytes = optimizer_bytes(
@@ -535,6 +534,29 @@ impl ConfigCosts {
 /// still zeroes its whole gradient buffer for the next iteration (`grad_element` bytes a
 /// parameter). The multi-tensor kernels that do it are few and long, so their launch
 /// costs are left out.
+/// Bytes each rank sends in a data-parallel ring of `ranks` for `params` parameters (their
+/// gradients `grad_bytes`): the gradient reduce and, with the distributed optimizer, the
+/// parameter all-gather (`act_bytes` per parameter); (0, 0) without a second rank. Serves
+/// the dense data-parallel group and the experts' expert-data-parallel one.
+pub(super) fn ring_sync_bytes(
+    ranks: usize,
+    params: f64,
+    grad_bytes: f64,
+    act_bytes: f64,
+    distributed_optimizer: bool,
+) -> (f64, f64) {
+    if ranks < 2 {
+        return (0.0, 0.0);
+    }
+    let d = ranks as f64;
+    let ring = (d - 1.0) / d;
+    if distributed_optimizer {
+        (ring * grad_bytes, ring * params * act_bytes)
+    } else {
+        (2.0 * ring * grad_bytes, 0.0)
+    }
+}
+
 pub(super) fn optimizer_bytes(
     params: f64,
     precision: Precision,

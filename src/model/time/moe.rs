@@ -47,7 +47,7 @@ use crate::model::calibration::Calibration;
 use crate::model::parallel::{Device, ParallelConfig};
 use crate::model::params::ParameterBreakdown;
 
-use super::costs::ConfigCosts;
+use super::costs::{ring_sync_bytes, ConfigCosts};
 use super::evaluate::{dp_ring_link, times};
 use super::ops::{KindOps, OpCost, OpShape, StageOps};
 use super::perf::{GpuKind, Layout, PerfTable, PerfTables};
@@ -498,15 +498,13 @@ impl ExpertCosts {
             let per_gpu = experts / (ep * etp) as f64;
             let grad = per_gpu * grad_element;
             out.grad_bytes.push(grad);
-            let d = edp as f64;
-            let ring = (d - 1.0) / d;
-            let (reduce, gather) = if edp < 2 {
-                (0.0, 0.0)
-            } else if config.distributed_optimizer {
-                (ring * grad, ring * per_gpu * act_bytes)
-            } else {
-                (2.0 * ring * grad, 0.0)
-            };
+            let (reduce, gather) = ring_sync_bytes(
+                edp as usize,
+                per_gpu,
+                grad,
+                act_bytes,
+                config.distributed_optimizer,
+            );
             out.reduce_mb.push(reduce / 1e6);
             out.gather_mb.push(gather / 1e6);
         }
