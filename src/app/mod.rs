@@ -236,14 +236,19 @@ fn finish_json(e: Error) -> i32 {
     code
 }
 
-/// The error object ([`ERROR_SCHEMA`]) on stdout.
+/// The error object ([`ERROR_SCHEMA`]) on stdout, as one line written at once: when
+/// several copies share one stdout (`srun --ntasks=2`, where each refuses to run), a
+/// pretty-printed object went out a line at a time and the copies' lines interleaved
+/// into text no JSON reader accepts.
 fn print_json_error(message: &str, exit_code: i32) {
+    use std::io::Write;
     let object = serde_json::json!({
         "schema": ERROR_SCHEMA,
         "error": message,
         "exit_code": exit_code,
     });
-    println!("{object:#}");
+    let line = format!("{object}\n");
+    let _ = std::io::stdout().lock().write_all(line.as_bytes());
 }
 
 /// The schema name and version of `--json`'s error object.
