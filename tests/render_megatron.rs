@@ -425,6 +425,23 @@ fn wrong_cases() -> Vec<Wrong> {
         case: as_case(&spec.megatron_args, 6, &spec.nodes[0].env),
         because: "world size",
     });
+    // More layers kept in BF16 at the start than a stage holds (32 layers over pp 4): the
+    // planner's space leaves such a pp out for the same reason.
+    let c = Case::new(
+        Some("gpt3-6.7b"),
+        "--fp8-format e4m3 --fp8-recipe tensorwise --first-last-layers-bf16 \
+         --num-layers-at-start-in-bf16 9",
+        1,
+        4,
+        2,
+        1,
+    );
+    let spec = c.render();
+    wrong.push(Wrong {
+        name: "more BF16 layers at the start than a stage holds",
+        case: as_case(&spec.megatron_args, c.world(), &spec.nodes[0].env),
+        because: "num_layers_at_start_in_bf16",
+    });
     wrong
 }
 
@@ -526,6 +543,16 @@ fn planned_long_context_cases() -> Vec<Case> {
             &b200,
             "llama3-70b",
             long(65_536, 32, "--fp8-format e4m3 --fp8-recipe tensorwise"),
+        ),
+        (
+            &b200,
+            "llama3-8b",
+            long(
+                32_768,
+                32,
+                "--fp8-format hybrid --fp8-recipe mxfp8 --first-last-layers-bf16 \
+                 --num-layers-at-start-in-bf16 2 --num-layers-at-end-in-bf16 3",
+            ),
         ),
         (
             &b200,

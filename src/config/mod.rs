@@ -234,6 +234,37 @@ pub struct LowPrecision {
     /// `--fp8-param-gather` / `--fp4-param-gather`: the weights are kept (and all-gathered)
     /// in the low precision only, so no second copy beside the 16-bit one.
     pub param_gather: bool,
+    /// `--first-last-layers-bf16` with `--num-layers-at-start-in-bf16` and
+    /// `--num-layers-at-end-in-bf16` (1 each by default): the model's first and last
+    /// transformer layers keep their GEMMs, and their weights, in BF16 (megatron-core
+    /// `fp8_utils.is_first_last_bf16_layer`, counting global layer numbers). 0 and 0
+    /// without the flag.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bf16_layers_at_start: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bf16_layers_at_end: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl LowPrecision {
+    /// How many of the `layers` consecutive transformer layers from global layer `start`,
+    /// of a model of `total`, stay in BF16 ([`Self::bf16_layers_at_start`]): a pipeline
+    /// stage's share of the first and last layers. Megatron counts the layers globally, so
+    /// with virtual stages the first layers are still on the first stage and the last on
+    /// the last.
+    pub fn bf16_layers_in(&self, start: u64, layers: u64, total: u64) -> u64 {
+        let end = start.saturating_add(layers).min(total);
+        let head = self.bf16_layers_at_start.min(end).saturating_sub(start);
+        // The tail starts after the head, so a layer in both is counted once.
+        let tail_from = total
+            .saturating_sub(self.bf16_layers_at_end)
+            .max(self.bf16_layers_at_start)
+            .max(start);
+        (head + end.saturating_sub(tail_from)).min(layers)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -234,6 +234,20 @@ fn low_precision_copy_bytes(
     (linear * layers as f64 * per_byte) as u64
 }
 
+/// Of a stage's `layers` from global layer `start`, those `--first-last-layers-bf16` keeps
+/// in BF16: no low-precision weight copies for them.
+fn low_precision_bf16_layers(
+    training: &TrainingSettings,
+    start: u64,
+    layers: u64,
+    model: &ModelSpec,
+) -> u64 {
+    training
+        .low_precision
+        .as_ref()
+        .map_or(0, |l| l.bf16_layers_in(start, layers, model.num_layers))
+}
+
 pub fn bytes_per_parameter(precision: Precision) -> (u64, u64, u64) {
     match precision {
         Precision::Bf16 => (2, 4, 12),
@@ -354,11 +368,7 @@ pub fn estimate_memory_with(
     } else {
         1
     };
-    let mut starts = Vec::with_capacity(stage_layers.len());
-    stage_layers.iter().fold(0u64, |start, layers| {
-        starts.push(start);
-        start.saturating_add(*layers)
-    });
+    let starts = super::parallel::stage_starts(stage_layers);
 
     // Per micro-batch terms, in bytes.
     let e = element_bytes(training.precision);
@@ -402,7 +412,12 @@ pub fn estimate_memory_with(
             let weights_and_optimizer_bytes = weight_bytes
                 .saturating_add(gradient_bytes)
                 .saturating_add(optimizer_bytes)
-                .saturating_add(low_precision_copy_bytes(model, training, tp, layers));
+                .saturating_add(low_precision_copy_bytes(
+                    model,
+                    training,
+                    tp,
+                    layers - low_precision_bf16_layers(training, starts[i], layers, model),
+                ));
 
             let in_flight = in_flight_microbatches(pp, i as u64, m, v);
             let k = in_flight as f64;
@@ -791,6 +806,8 @@ mod tests {
                 format: "hybrid".into(),
                 recipe: "delayed".into(),
                 param_gather,
+                bf16_layers_at_start: 0,
+                bf16_layers_at_end: 0,
             });
             estimate_memory(&model, &t, &config, &no_calibration())
         };
@@ -805,6 +822,25 @@ mod tests {
             assert_eq!(f.activation_bytes, b.activation_bytes);
         }
         assert_eq!(fp8(true).stages, base.stages, "--fp8-param-gather");
+        // --first-last-layers-bf16 keeping 2 layers at the start and 1 at the end: no
+        // copies of those, the first stage's and the last stage's own.
+        let mut t = training(8);
+        t.low_precision = Some(LowPrecision {
+            bits: LowBits::Fp8,
+            format: "e4m3".into(),
+            recipe: "mxfp8".into(),
+            param_gather: false,
+            bf16_layers_at_start: 2,
+            bf16_layers_at_end: 1,
+        });
+        let ends = estimate_memory(&model, &t, &config, &no_calibration());
+        for (stage, (b, e)) in base.stages.iter().zip(&ends.stages).enumerate() {
+            let fp8_layers = [14, 15][stage];
+            assert_eq!(
+                e.weights_and_optimizer_bytes - b.weights_and_optimizer_bytes,
+                2 * linear * fp8_layers
+            );
+        }
     }
 
     #[test]

@@ -311,6 +311,8 @@ fn prepare(row: &Value) -> Result<(ModelSpec, TrainingSettings, ParallelConfig),
             format: "hybrid".into(),
             recipe: precision.into(),
             param_gather: false,
+            bf16_layers_at_start: 0,
+            bf16_layers_at_end: 0,
         });
     }
     let recompute = row["recompute"].as_str().unwrap_or("none");

@@ -36,6 +36,21 @@ pub struct ParallelConfig {
     pub layers_per_stage: Vec<u64>,
 }
 
+/// The first decoder layer of each stage: stages hold consecutive layers, the first from
+/// layer 0. With dense and MoE layers mixed (`--moe-layer-freq`: DeepSeek-V3's first three
+/// dense) a stage's cost depends on which layers it holds, not only how many: pass these to
+/// [`crate::model::params::ParameterBreakdown::stage_from`] and its kin.
+pub fn stage_starts(layers_per_stage: &[u64]) -> Vec<u64> {
+    layers_per_stage
+        .iter()
+        .scan(0u64, |start, layers| {
+            let first = *start;
+            *start = start.saturating_add(*layers);
+            Some(first)
+        })
+        .collect()
+}
+
 fn one() -> u64 {
     1
 }

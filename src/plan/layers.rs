@@ -27,20 +27,7 @@
 //!
 //! Pure, deterministic (ties go to the earlier stage), O(layers × stages) slot evaluations.
 
-/// The first decoder layer of each stage: stages hold consecutive layers, the first from
-/// layer 0. With dense and MoE layers mixed (`--moe-layer-freq`: DeepSeek-V3's first three
-/// dense) a stage's cost depends on which layers it holds, not only how many: pass these to
-/// [`crate::model::params::ParameterBreakdown::stage_from`] and its kin.
-pub fn stage_starts(layers_per_stage: &[u64]) -> Vec<u64> {
-    layers_per_stage
-        .iter()
-        .scan(0u64, |start, layers| {
-            let first = *start;
-            *start = start.saturating_add(*layers);
-            Some(first)
-        })
-        .collect()
-}
+pub use crate::model::parallel::stage_starts;
 
 /// Parameters of each pipeline stage, over all its tensor-parallel ranks together, with
 /// each stage's own layers ([`stage_starts`]).

@@ -14,7 +14,9 @@
 //! - sequence parallelism only with tp > 1; the distributed optimizer only matters with dp > 1;
 //! - context parallelism: 2·cp divides the sequence, each rank's s/cp tokens divide by tp
 //!   with sequence parallelism, a2a's head split ([`crate::model::context::context_split_error`]);
-//!   tp × cp × dp × pp is the world (EP folds out of tp × cp × dp).
+//!   tp × cp × dp × pp is the world (EP folds out of tp × cp × dp);
+//! - `--first-last-layers-bf16`: each of its two layer counts at most layers / pp
+//!   (TransformerConfig's check).
 //!
 //! Where the groups may run: a tensor-parallel group inside one node, or inside one NVLink
 //! domain ([`SpaceOptions::nvlink_nodes`]) when the cluster has them; a stage's tp × cp
@@ -114,7 +116,12 @@ pub fn candidates(
                 continue;
             }
             for pp in divisors(world / block, model.num_layers) {
+                let bf16_ends = training
+                    .low_precision
+                    .as_ref()
+                    .map_or(0, |l| l.bf16_layers_at_start.max(l.bf16_layers_at_end));
                 if pinned.pipeline_parallel.is_some_and(|p| p != pp)
+                    || bf16_ends > model.num_layers / pp
                     || options
                         .shapes
                         .as_ref()
@@ -427,6 +434,36 @@ mod tests {
         let all = candidates(&s, 2, 8, &SpaceOptions::default());
         assert!(!all.is_empty());
         assert!(all.iter().all(|c| c.tp == 4 && c.dp == 2 && c.pp == 2));
+    }
+
+    #[test]
+    fn layers_kept_in_bf16_must_fit_in_one_stage() {
+        // llama2-7b, 32 layers: 5 BF16 layers at the end fit stages of 8 (pp 4), not of 4.
+        let low = [
+            "--global-batch-size",
+            "64",
+            "--fp8-format",
+            "e4m3",
+            "--fp8-recipe",
+        ];
+        let s = settings(
+            &[
+                &low[..],
+                &[
+                    "mxfp8",
+                    "--first-last-layers-bf16",
+                    "--num-layers-at-end-in-bf16",
+                    "5",
+                ],
+            ]
+            .concat(),
+            "llama2-7b",
+        );
+        let pps: std::collections::BTreeSet<u64> = candidates(&s, 4, 8, &SpaceOptions::default())
+            .iter()
+            .map(|c| c.pp)
+            .collect();
+        assert_eq!(pps.into_iter().collect::<Vec<_>>(), [1, 2, 4]);
     }
 
     #[test]

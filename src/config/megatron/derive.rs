@@ -511,8 +511,36 @@ fn context_parallel_rules(raw: &RawArgs) -> Result<(), ArgsError> {
 }
 
 /// `--fp8-*` / `--fp4-*`, with Megatron's own rules (validate_args: not both formats; a
-/// recipe or param gather without its format).
+/// recipe or param gather without its format; TransformerConfig: first and last layers in
+/// BF16 not under delayed scaling).
 fn low_precision(raw: &RawArgs) -> Result<Option<LowPrecision>, ArgsError> {
+    let low = low_precision_format(raw)?;
+    let (start, end) = if raw.first_last_layers_bf16 {
+        (
+            raw.bf16_layers_at_start.unwrap_or(1),
+            raw.bf16_layers_at_end.unwrap_or(1),
+        )
+    } else {
+        (0, 0)
+    };
+    match low {
+        Some(low) if low.bits == LowBits::Fp8 && low.recipe == "delayed" && start + end > 0 => {
+            Err(contradiction(
+                "--first-last-layers-bf16 is given with the delayed FP8 recipe (Megatron refuses:                  'Delayed scaling does not support first / last layer in BF16'; add --fp8-recipe                  tensorwise, blockwise or mxfp8, or drop --first-last-layers-bf16)"
+                    .to_string(),
+            ))
+        }
+        Some(low) => Ok(Some(LowPrecision {
+            bf16_layers_at_start: start,
+            bf16_layers_at_end: end,
+            ..low
+        })),
+        None => Ok(None),
+    }
+}
+
+/// The format, recipe and parameter gather of `--fp8-*` / `--fp4-*`.
+fn low_precision_format(raw: &RawArgs) -> Result<Option<LowPrecision>, ArgsError> {
     let lone = |option: &str, format: &str| {
         Err(contradiction(format!(
             "{option} is given without {format} (Megatron ignores or refuses it: add {format} \
@@ -529,12 +557,16 @@ fn low_precision(raw: &RawArgs) -> Result<Option<LowPrecision>, ArgsError> {
             format: format.clone(),
             recipe: raw.fp8_recipe.clone().unwrap_or_else(|| "delayed".into()),
             param_gather: raw.fp8_param_gather,
+            bf16_layers_at_start: 0,
+            bf16_layers_at_end: 0,
         })),
         (None, Some(format)) => Ok(Some(LowPrecision {
             bits: LowBits::Fp4,
             format: format.clone(),
             recipe: raw.fp4_recipe.clone().unwrap_or_else(|| "nvfp4".into()),
             param_gather: raw.fp4_param_gather,
+            bf16_layers_at_start: 0,
+            bf16_layers_at_end: 0,
         })),
         (None, None) if raw.fp4_param_gather => lone("--fp4-param-gather", "--fp4-format"),
         (None, None) => Ok(None),

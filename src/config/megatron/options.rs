@@ -123,6 +123,9 @@ pub enum Field {
     Fp4Format,
     Fp4Recipe,
     Fp4ParamGather,
+    FirstLastLayersBf16,
+    Bf16LayersAtStart,
+    Bf16LayersAtEnd,
     ContextParallel,
     CpCommType,
     HierarchicalContextParallelSizes,
@@ -298,6 +301,11 @@ pub const OPTIONS: &[MegatronOption] = {
         value("fp4-format", Setting(Fp4Format)),
         value("fp4-recipe", Setting(Fp4Recipe)),
         flag("fp4-param-gather", Setting(Fp4ParamGather)),
+        // megatron-core's TransformerConfig.first_last_layers_bf16 and its two counts:
+        // the model's first and last layers keep BF16 GEMMs under FP8 or FP4.
+        flag("first-last-layers-bf16", Setting(FirstLastLayersBf16)),
+        value("num-layers-at-start-in-bf16", Setting(Bf16LayersAtStart)),
+        value("num-layers-at-end-in-bf16", Setting(Bf16LayersAtEnd)),
         flag("tp-comm-overlap", Setting(TpCommOverlap))
             .rewritten(Rewrite::Needs(SequenceParallelism)),
         flag("distribute-saved-activations", Ignored)

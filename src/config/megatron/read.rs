@@ -104,6 +104,9 @@ pub(super) struct RawArgs {
     pub(super) fp4_format: Option<String>,
     pub(super) fp4_recipe: Option<String>,
     pub(super) fp4_param_gather: bool,
+    pub(super) first_last_layers_bf16: bool,
+    pub(super) bf16_layers_at_start: Option<u64>,
+    pub(super) bf16_layers_at_end: Option<u64>,
     /// Megatron options written with underscores (`--num_layers`): not Megatron's, but
     /// worth a hint when the dashed one is missing.
     pub(super) underscored: Vec<String>,
@@ -201,6 +204,7 @@ fn set_flag(raw: &mut RawArgs, read: Read, option: &str) -> Result<(), ArgsError
         Field::TpCommOverlap => raw.tp_comm_overlap = true,
         Field::Fp8ParamGather => raw.fp8_param_gather = true,
         Field::Fp4ParamGather => raw.fp4_param_gather = true,
+        Field::FirstLastLayersBf16 => raw.first_last_layers_bf16 = true,
         _ => {}
     }
     Ok(())
@@ -308,6 +312,14 @@ fn set_value(raw: &mut RawArgs, read: Read, option: &str, value: &str) -> Result
         }
         Field::Fp4Format => raw.fp4_format = Some(choice(&["e2m1"])?),
         Field::Fp4Recipe => raw.fp4_recipe = Some(choice(&["nvfp4", "custom"])?),
+        Field::Bf16LayersAtStart => {
+            raw.bf16_layers_at_start =
+                Some(parse_count(value).ok_or_else(|| invalid("a count of layers, 0 or more"))?)
+        }
+        Field::Bf16LayersAtEnd => {
+            raw.bf16_layers_at_end =
+                Some(parse_count(value).ok_or_else(|| invalid("a count of layers, 0 or more"))?)
+        }
         Field::Save => raw.save = Some(value.to_string()),
         Field::Load => raw.load = Some(value.to_string()),
         Field::SaveInterval => raw.save_interval = Some(positive()?),
@@ -580,6 +592,9 @@ pub(super) fn merge(preset: RawArgs, user: RawArgs) -> RawArgs {
         fp4_format: user.fp4_format.or(preset.fp4_format),
         fp4_recipe: user.fp4_recipe.or(preset.fp4_recipe),
         fp4_param_gather: user.fp4_param_gather || preset.fp4_param_gather,
+        first_last_layers_bf16: user.first_last_layers_bf16 || preset.first_last_layers_bf16,
+        bf16_layers_at_start: user.bf16_layers_at_start.or(preset.bf16_layers_at_start),
+        bf16_layers_at_end: user.bf16_layers_at_end.or(preset.bf16_layers_at_end),
         underscored: user.underscored,
     }
 }

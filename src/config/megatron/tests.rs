@@ -331,6 +331,8 @@ fn low_precision_options_are_read_with_megatrons_names_and_defaults() {
             format: "hybrid".into(),
             recipe: "delayed".into(),
             param_gather: false,
+            bf16_layers_at_start: 0,
+            bf16_layers_at_end: 0,
         })
     );
     let mx = low("--bf16 --fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather").unwrap();
@@ -341,6 +343,57 @@ fn low_precision_options_are_read_with_megatrons_names_and_defaults() {
     assert!(text.contains("choose one"), "{text}");
     assert!(contradiction_text("--bf16 --fp4-param-gather").contains("--fp4-format"));
     assert!(settings("--bf16 --fp8-recipe fast").is_err());
+}
+
+#[test]
+fn first_and_last_layers_in_bf16_are_read_with_megatrons_defaults_and_rule() {
+    let low = |args: &str| settings(args).unwrap().training.low_precision.unwrap();
+    let ends = |args: &str| {
+        let l = low(args);
+        (l.bf16_layers_at_start, l.bf16_layers_at_end)
+    };
+    let mx = "--bf16 --fp8-format e4m3 --fp8-recipe mxfp8";
+    assert_eq!(ends(mx), (0, 0));
+    // One each by default (TransformerConfig), either count set alone.
+    assert_eq!(ends(&format!("{mx} --first-last-layers-bf16")), (1, 1));
+    assert_eq!(
+        ends(&format!(
+            "{mx} --first-last-layers-bf16 --num-layers-at-start-in-bf16 0 \
+             --num-layers-at-end-in-bf16 4"
+        )),
+        (0, 4)
+    );
+    // The counts mean nothing without the flag, as in Megatron.
+    assert_eq!(ends(&format!("{mx} --num-layers-at-end-in-bf16 4")), (0, 0));
+    // Delayed scaling (the default recipe) cannot keep them: Megatron raises.
+    let text = contradiction_text("--bf16 --fp8-format hybrid --first-last-layers-bf16");
+    assert!(text.contains("Delayed scaling"), "{text}");
+    assert!(settings(&format!(
+        "{mx} --first-last-layers-bf16 --num-layers-at-start-in-bf16 -1"
+    ))
+    .is_err());
+}
+
+#[test]
+fn bf16_layers_of_a_stage_count_the_model_s_first_and_last_layers_once() {
+    use crate::config::{LowBits, LowPrecision};
+    let low = |start, end| LowPrecision {
+        bits: LowBits::Fp8,
+        format: "e4m3".into(),
+        recipe: "mxfp8".into(),
+        param_gather: false,
+        bf16_layers_at_start: start,
+        bf16_layers_at_end: end,
+    };
+    // 12 layers over pp 3: stages [0, 4), [4, 8), [8, 12).
+    let per_stage = |l: &LowPrecision| [0, 4, 8].map(|s| l.bf16_layers_in(s, 4, 12));
+    assert_eq!(per_stage(&low(1, 1)), [1, 0, 1]);
+    assert_eq!(per_stage(&low(0, 0)), [0, 0, 0]);
+    assert_eq!(per_stage(&low(4, 2)), [4, 0, 2]);
+    assert_eq!(per_stage(&low(5, 0)), [4, 1, 0]);
+    // Overlapping ends on a short model: each layer once.
+    assert_eq!(low(3, 3).bf16_layers_in(0, 4, 4), 4);
+    assert_eq!(low(3, 3).bf16_layers_in(2, 2, 4), 2);
 }
 
 #[test]

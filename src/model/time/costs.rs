@@ -447,12 +447,24 @@ impl ConfigCosts {
             selective: config.recompute == Recompute::Selective,
         };
         let beyond_dense = model.moe.is_some() || model.mla.is_some() || model.mtp_layers > 0;
+        // Layers kept in BF16 under FP8 or FP4: their GEMMs at 16 bits (an MoE layer's
+        // expert GEMMs are left at the low-precision rate: not modelled).
+        let low = training
+            .low_precision
+            .as_ref()
+            .filter(|_| shape.low_precision.is_some());
+        let keeps_bf16_layers =
+            low.is_some_and(|l| l.bf16_layers_at_start + l.bf16_layers_at_end > 0);
+        let starts = crate::model::parallel::stage_starts(&self.layers);
         for kind in GpuKind::ALL {
             let table = tables.get(kind);
-            let kind_ops = KindOps::new(shape, table, calibration);
+            let mut kind_ops = KindOps::new(shape, table, calibration);
+            if keeps_bf16_layers {
+                kind_ops = kind_ops.with_bf16_layers(shape, table, calibration);
+            }
             let expert_ops = beyond_dense
                 .then(|| ExpertKindOps::new(shape, &expert_shape, table, calibration, &kind_ops));
-            for s in 0..self.pp {
+            for (s, &start) in starts.iter().enumerate() {
                 let layers = self.layers[s];
                 let recomputed_layers = match &config.recompute {
                     Recompute::Full { method, num_layers } => match method {
@@ -467,6 +479,8 @@ impl ConfigCosts {
                     last: s + 1 == self.pp,
                     recomputed_layers,
                     selective: config.recompute == Recompute::Selective,
+                    bf16_layers: low
+                        .map_or(0, |l| l.bf16_layers_in(start, layers, model.num_layers)),
                 });
                 if let Some(extra) = &expert_ops {
                     let moe_layers = self.expert.as_ref().map_or(0, |x| x.moe_layers[s]);

@@ -88,6 +88,9 @@ pub struct StageShape {
     pub recomputed_layers: u64,
     /// Only the attention core is redone (selective recomputation).
     pub selective: bool,
+    /// Of `layers`, those kept in BF16 under FP8 or FP4 (`--first-last-layers-bf16`,
+    /// [`crate::config::LowPrecision::bf16_layers_in`]).
+    pub bf16_layers: u64,
 }
 
 /// The parts of a configuration that shape the operations.
@@ -241,6 +244,9 @@ pub fn fused_softmax_available(model: &ModelSpec, micro_batch: u64, tp: u64) -> 
 pub struct KindOps {
     layer_fwd: OpCost,
     layer_bwd: OpCost,
+    /// One layer with 16-bit GEMMs, (forward, backward), where the layers run in FP8 or
+    /// FP4 and some stay in BF16 ([`Self::with_bf16_layers`]).
+    layer_bf16: Option<(OpCost, OpCost)>,
     attention_fwd: OpCost,
     first_fwd: OpCost,
     first_bwd: OpCost,
@@ -407,6 +413,24 @@ impl KindOps {
         ops
     }
 
+    /// The same, with one layer's cost at 16 bits beside the low-precision one, for the
+    /// layers `--first-last-layers-bf16` keeps in BF16.
+    pub fn with_bf16_layers(
+        self,
+        shape: &OpShape<'_>,
+        table: &PerfTable,
+        calibration: &Calibration,
+    ) -> Self {
+        let sixteen = OpShape {
+            low_precision: None,
+            ..*shape
+        };
+        KindOps {
+            layer_bf16: Some(KindOps::new(&sixteen, table, calibration).layer()),
+            ..self
+        }
+    }
+
     /// One transformer layer, (forward, backward).
     pub(super) fn layer(&self) -> (OpCost, OpCost) {
         (self.layer_fwd, self.layer_bwd)
@@ -425,10 +449,18 @@ impl KindOps {
     /// A stage's forward, backward and recomputation on this kind.
     pub fn stage(&self, stage: &StageShape) -> StageOps {
         let layers = stage.layers as f64;
+        // The layers kept in BF16 (none unless priced by `with_bf16_layers`) and the rest.
+        let (bf16, (bf16_fwd, bf16_bwd)) = match self.layer_bf16 {
+            Some(cost) => (stage.bf16_layers.min(stage.layers), cost),
+            None => (0, (OpCost::default(), OpCost::default())),
+        };
+        let low = (stage.layers - bf16) as f64;
         let mut forward = OpCost::default();
-        forward.add(self.layer_fwd, layers);
+        forward.add(self.layer_fwd, low);
+        forward.add(bf16_fwd, bf16 as f64);
         let mut backward = OpCost::default();
-        backward.add(self.layer_bwd, layers);
+        backward.add(self.layer_bwd, low);
+        backward.add(bf16_bwd, bf16 as f64);
         if stage.first {
             forward.add(self.first_fwd, 1.0);
             backward.add(self.first_bwd, 1.0);
@@ -438,7 +470,14 @@ impl KindOps {
             backward.add(self.last_bwd, 1.0);
         }
         let mut recompute = OpCost::default();
-        recompute.add(self.layer_fwd, stage.recomputed_layers as f64);
+        // Recomputed layers are counted from the stage's first (Megatron's uniform and block
+        // methods both start there): the first stage's BF16 layers come first.
+        let recomputed_bf16 = bf16.min(stage.recomputed_layers);
+        recompute.add(
+            self.layer_fwd,
+            (stage.recomputed_layers - recomputed_bf16) as f64,
+        );
+        recompute.add(bf16_fwd, recomputed_bf16 as f64);
         if stage.selective && stage.recomputed_layers == 0 {
             recompute.add(self.attention_fwd, layers);
         }

@@ -1028,6 +1028,7 @@ fn one_middle_layer(shape: &super::ops::OpShape<'_>, table: &PerfTable) -> super
         last: false,
         recomputed_layers: 0,
         selective: false,
+        bf16_layers: 0,
     };
     super::ops::KindOps::new(shape, table, &Calibration::default()).stage(&stage)
 }
@@ -1119,6 +1120,48 @@ fn fp8_runs_the_linear_gemms_at_the_kinds_fp8_rate_and_pays_for_quantising() {
     assert_eq!(b, GpuKind::Blackwell);
     let fp4 = b.low_precision_speedup(LowBits::Fp4).unwrap();
     assert!((fp4 / b.low_precision_speedup(LowBits::Fp8).unwrap() - 2.0).abs() < 1e-12);
+}
+
+#[test]
+fn layers_kept_in_bf16_cost_a_bf16_layer_each_and_the_rest_stay_fp8() {
+    use super::ops::{KindOps, StageShape};
+    use crate::config::LowBits;
+    let model = gpt();
+    let shape = |low_precision| super::ops::OpShape {
+        sequence_parallel: true,
+        low_precision,
+        ..op_shape(&model, 1, 2)
+    };
+    let h100 = PerfTable::get(GpuKind::H100);
+    let calibration = Calibration::default();
+    let stage = |layers, bf16_layers, recomputed_layers| StageShape {
+        layers,
+        first: false,
+        last: false,
+        recomputed_layers,
+        selective: false,
+        bf16_layers,
+    };
+    let fp8 = KindOps::new(&shape(Some(LowBits::Fp8)), h100, &calibration);
+    let bf16 = KindOps::new(&shape(None), h100, &calibration);
+    let mixed = fp8.with_bf16_layers(&shape(Some(LowBits::Fp8)), h100, &calibration);
+    // Without BF16 layers in the stage nothing changes.
+    assert_eq!(mixed.stage(&stage(4, 0, 0)), fp8.stage(&stage(4, 0, 0)));
+    // One of four layers in BF16, all four recomputed: three FP8 layers and one BF16 layer,
+    // forward, backward and recomputation alike.
+    let got = mixed.stage(&stage(4, 1, 4));
+    let (three, one) = (fp8.stage(&stage(3, 0, 3)), bf16.stage(&stage(1, 0, 1)));
+    for (got, want) in [
+        (got.forward, [three.forward, one.forward]),
+        (got.backward, [three.backward, one.backward]),
+        (got.recompute, [three.recompute, one.recompute]),
+    ] {
+        assert!(close(got.gflop, want[0].gflop + want[1].gflop));
+        assert!(close(got.fixed_ms, want[0].fixed_ms + want[1].fixed_ms));
+    }
+    assert!(got.forward.gflop > fp8.stage(&stage(4, 0, 4)).forward.gflop);
+    // More BF16 layers than the stage holds: the stage is all BF16, no more.
+    assert_eq!(mixed.stage(&stage(2, 9, 0)), bf16.stage(&stage(2, 0, 0)));
 }
 
 #[test]
