@@ -2,9 +2,11 @@
 //! 0.19.2's own `pretrain()` through examples/pretrain_gpt.py, whose CPU layer
 //! (examples/megatron_cpu.py) loads because these machines have no GPU.
 //!
-//! - a planned pipeline of 2 stages across two nodes trains and writes `torch_dist`
-//!   checkpoints (this is also the smoke test of the entry script: when a new Megatron breaks
-//!   it, this test fails and says which Megatron it ran);
+//! - a mixture-of-experts model planned on two nodes of two ranks, pipeline stages across
+//!   the nodes and expert parallelism 2 inside them: the trial measures Megatron's peak on
+//!   every rank, the launch trains with each rank holding the experts the plan gave it and
+//!   writes `torch_dist` checkpoints (this is also the smoke test of the entry script: when
+//!   a new Megatron breaks it, this test fails and says which Megatron it ran);
 //! - one node of three killed: the re-plan keeps tp 2 × pp 1, and Megatron loads the last
 //!   checkpoint and goes on at the saved iteration + 1, its loss continuing;
 //! - one node of three killed under pp 3: the survivors cannot keep it, the re-plan changes
@@ -151,17 +153,24 @@ fn loss_at(log: &str, n: u64) -> Option<f64> {
 }
 
 /// The mixture of experts of (a): 4 SwiGLU experts of width 128 in every layer, top-2
-/// routing, Megatron's default (allgather) dispatcher, no linear biases: as the MoE models
-/// trained today are built, and what megatron-core 0.19.2's expert MLP runs under its
-/// default bias-activation fusion (it refuses GeLU there, "Only support fusion of swiglu
-/// and quick_gelu with per_token_scale in MLP", and biases, "Bias is not supported for
-/// weighted swiglu fusion").
+/// routing, the alltoall dispatcher, no linear biases: as the MoE models trained today are
+/// built, and what megatron-core 0.19.2's expert MLP runs under its default bias-activation
+/// fusion (it refuses GeLU there, "Only support fusion of swiglu and quick_gelu with
+/// per_token_scale in MLP", and biases, "Bias is not supported for weighted swiglu fusion").
 fn moe() -> Vec<String> {
     "--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-aux-loss-coeff 0.01 \
-     --swiglu --disable-bias-linear"
+     --swiglu --disable-bias-linear --moe-token-dispatcher-type alltoall"
         .split_whitespace()
         .map(String::from)
         .collect()
+}
+
+/// The value of `name` in the arguments Megatron printed at start-up (`  name ..... value`).
+fn megatron_argument(log: &str, name: &str) -> Option<String> {
+    log.lines().find_map(|line| {
+        let rest = line.split_once(&format!(" {name} ."))?.1;
+        Some(rest.trim_start_matches('.').trim().to_string())
+    })
 }
 
 /// The "number of parameters on (tensor, ..., pipeline) model parallel rank (t, g, p): N"
@@ -180,8 +189,8 @@ fn parameter_lines(log: &str) -> Vec<(u64, u64)> {
 }
 
 /// (a) and (d) in one launch: an MoE GPT (4 experts, top-2) on two nodes of two ranks, pp 2
-/// across the nodes and expert parallelism 2 (two experts per rank, the dispatch inside a
-/// node). The trial runs the plan first and measures Megatron's peak memory on every rank;
+/// across the nodes and expert parallelism 2 (two experts per rank, the all-to-all inside
+/// a node). The trial runs the plan first and measures Megatron's peak memory on every rank;
 /// the launch trains, Megatron's own parameter count on each pipeline rank is the plan's
 /// (its 2 of the 4 experts), and `torch_dist` checkpoints are written. The smoke test of the
 /// entry script too.
@@ -228,10 +237,16 @@ fn planned_moe_pipeline_across_two_nodes_with_expert_parallelism_trains_and_writ
     );
     let plan: Value = serde_json::from_str(&job.read("run/plan.json"))
         .unwrap_or_else(|e| panic!("run/plan.json: {e}\n{}", job.output()));
+    // Each expert group (2 ranks) inside one node, where the all-to-all runs.
+    let experts = &plan["experts"];
     assert_eq!(
-        plan["experts"]["experts_per_rank"], 2,
-        "{}",
-        plan["experts"]
+        (
+            experts["experts_per_rank"].as_u64(),
+            experts["group_nodes"].as_u64(),
+            experts["dispatcher"].as_str()
+        ),
+        (Some(2), Some(1), Some("alltoall")),
+        "{experts}"
     );
 
     // One trial ran the plan and measured Megatron's peak on every rank of both stages.
@@ -254,12 +269,18 @@ fn planned_moe_pipeline_across_two_nodes_with_expert_parallelism_trains_and_writ
     let logs = job.attempt_logs(1);
     // Megatron's own arguments and parameter counts: each pipeline rank holds its layer's
     // dense part and 2 of the 4 experts, as the plan counted them.
-    assert!(
-        logs.lines()
-            .any(|l| l.contains("expert_model_parallel_size") && l.trim_end().ends_with(" 2")),
-        "{}",
-        job.failure("Megatron's arguments do not say expert_model_parallel_size 2")
-    );
+    // The alltoall dispatcher runs through the CPU layer's split sizes.
+    for (name, value) in [
+        ("expert_model_parallel_size", "2"),
+        ("moe_token_dispatcher_type", "alltoall"),
+    ] {
+        assert_eq!(
+            megatron_argument(&logs, name).as_deref(),
+            Some(value),
+            "{}",
+            job.failure(&format!("Megatron's arguments do not say {name} {value}"))
+        );
+    }
     let counts = parameter_lines(&logs);
     for stage in 0..2u64 {
         let planned = plan["estimate"]["memory"]["stages"][stage as usize]["params"].as_u64();
