@@ -16,14 +16,17 @@ module changes the running process so that those touches land on the CPU:
    tensor factory or `.to()` into the CPU, makes `.cuda()`, `.pin_memory()` and
    `.record_stream()` no-ops, and, for callers inside `megatron.*` only, reports
    `Tensor.type()` as `torch.cuda.*` (the optimizer and gradient clipping check those names).
-3. Four of Megatron's own steps are replaced: `initialize_megatron` is called with
+3. Five of Megatron's own steps are replaced: `initialize_megatron` is called with
    `allow_no_cuda=True` (without it the CUDA assertion stops the run; with a device count of
    1 it still builds the model-parallel groups and seeds the RNG tracker); the JIT warm-up,
    which allocates CUDA tensors to trace fused kernels, is skipped (TorchDynamo is off, so the
    fused functions run eagerly); the tensor-parallel RNG tracker reads and sets the CPU
    generator (CUDA's state setter is queued forever without a device, so `fork()` would not
-   switch streams); and the "CPU RNG state changed within GPU RNG context" warning, which the
-   shared generator raises on every dropout, is filtered.
+   switch streams); the MoE alltoall dispatcher's split sizes become numpy arrays as they do
+   from a GPU (a CPU tensor stays a tensor, which the all-to-all refuses:
+   `all_to_all_single(): incompatible function arguments`); and the "CPU RNG state changed
+   within GPU RNG context" warning, which the shared generator raises on every dropout, is
+   filtered.
 
 What cannot run on CPU and is refused by Megatron itself: sequence parallelism (torch's
 LayerNorm), context parallelism (Transformer Engine's attention), Transformer Engine layers
@@ -32,9 +35,10 @@ checkpoints without Transformer Engine or Apex hits Megatron bugs this layer doe
 around: keep `--use-distributed-optimizer` off on CPU when a run resumes.
 
 Checked with megatron-core 0.19.2 and torch 2.15.0 (CHECKED_VERSIONS). The names patched here
-are private (`_warmup_jit_function`, `_get_cuda_rng_state`, `_set_cuda_rng_state`), so a new
-Megatron may move them: `install` then fails with an error naming what is missing, and the
-smoke test (tests/real_megatron.rs) fails loudly.
+are private (`_warmup_jit_function`, `_get_cuda_rng_state`, `_set_cuda_rng_state`) or
+imported by name (`maybe_move_tensor_to_cpu`), so a new Megatron may move them: `install`
+then fails with an error naming what is missing, and the smoke test (tests/real_megatron.rs)
+fails loudly.
 """
 
 import contextlib
@@ -208,6 +212,8 @@ def _patch_megatron():
 
     import torch
     import megatron.core.tensor_parallel.random as tp_random
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
     import megatron.training.initialize as initialize
     import megatron.training.training as training
 
@@ -220,6 +226,22 @@ def _patch_megatron():
     if need(tp_random, "_get_cuda_rng_state") and need(tp_random, "_set_cuda_rng_state"):
         tp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
         tp_random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
+
+    # The alltoall dispatcher asks for its split sizes "on the host, as numpy" and gets them
+    # so only from CUDA tensors (moe_utils.maybe_move_tensor_to_cpu converts when
+    # `tensor.is_cuda`); a CPU tensor stays a tensor, which all_to_all_single refuses as a
+    # list of sizes. The dispatcher imported the function by name, so both names change.
+    if need(moe_utils, "maybe_move_tensor_to_cpu") and need(
+        token_dispatcher, "maybe_move_tensor_to_cpu"
+    ):
+
+        def on_host(tensor, as_numpy=False, record_stream=False):
+            if as_numpy and torch.is_tensor(tensor):
+                return tensor.detach().numpy().copy()
+            return tensor
+
+        moe_utils.maybe_move_tensor_to_cpu = on_host
+        token_dispatcher.maybe_move_tensor_to_cpu = on_host
 
     class _DropSharedGeneratorWarning(logging.Filter):
         def filter(self, record):
