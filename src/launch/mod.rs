@@ -42,7 +42,8 @@ use crate::render::{self, LaunchSpec, RenderError, ScriptInvocation, Templates};
 
 pub use checkpoint::{read_checkpoint, CheckpointState};
 pub use teardown::{
-    signal_workers, sweep, teardown, NodeStop, SIGNAL_WORKERS_SCRIPT, SWEEP_SCRIPT,
+    signal_workers, stopped_processes, sweep, teardown, NodeStop, SIGNAL_WORKERS_SCRIPT,
+    STOPPED_SCRIPT, SWEEP_SCRIPT,
 };
 
 /// The variable that marks every process of one pipette-run invocation.

@@ -76,6 +76,7 @@ pub mod events;
 pub mod health;
 pub mod output;
 pub mod reporter;
+pub mod save_check;
 pub use crate::exec::signals;
 pub mod stragglers;
 mod watch;
