@@ -82,6 +82,10 @@ pub struct Facts<'a> {
     pub iteration: Option<u64>,
     /// The failure that ended the attempt before, if one did ([`mark`]).
     pub previous: Option<&'a FailureMark>,
+    /// The end of every node's log after a failure: the node seen failing first is often a
+    /// peer of the one whose error caused it (a full disk on rank 0's node shows first as
+    /// its peers' broken connections).
+    pub logs: &'a [String],
     /// A signal that arrived after a failure had ended the attempt.
     pub signal_after: Option<i32>,
     /// Re-plans done so far, and the limit.
@@ -397,8 +401,18 @@ pub fn mark(facts: &Facts<'_>) -> Option<FailureMark> {
 /// nodes, not the outcome).
 fn job_fault(facts: &Facts<'_>) -> Option<String> {
     if let Ending::Failed(failures) = facts.ending {
-        if let Some(cause) = first_blamed(failures).and_then(job_cause) {
+        let first = first_blamed(failures)?;
+        if let Some(cause) = job_cause(first) {
             return Some(cause);
+        }
+        // A worker's exception in any node's log (not a node lost or a launcher killed,
+        // which are the nodes' own).
+        let errors = facts.logs.iter().flat_map(|log| log.lines());
+        let errors = errors.filter(|l| l.contains("Error") || l.contains("Exception"));
+        if let Some(cause) = errors.filter_map(cause_in).next() {
+            if first.reason == FailureReason::Exited {
+                return Some(cause);
+            }
         }
     }
     let (now, before) = (mark(facts)?, facts.previous?);
@@ -438,7 +452,22 @@ pub fn job_cause(failure: &NodeFailure) -> Option<String> {
     if failure.reason != FailureReason::Exited {
         return None;
     }
-    let detail = failure.detail.as_str();
+    if let Some(cause) = cause_in(&failure.detail) {
+        return Some(cause);
+    }
+    (failure.worker_rank.is_some()
+        && (failure.exit_code == exit::signal(USR1) || failure.exit_code == exit::signal(USR2)))
+    .then(|| {
+        format!(
+            "a worker was ended by {}, which the training script does not handle (handle it, \
+             or do not send it)",
+            signal_name(failure.exit_code - 128)
+        )
+    })
+}
+
+/// The job's own cause an error line names, if it names one (see [`job_cause`]).
+fn cause_in(detail: &str) -> Option<String> {
     let has = |needles: &[&str]| needles.iter().any(|n| detail.contains(n));
     let cause = if has(&[
         "No space left on device",
@@ -447,6 +476,8 @@ pub fn job_cause(failure: &NodeFailure) -> Option<String> {
         "Disk quota exceeded",
         "[Errno 122]",
         "file write failed",
+        // torch.save's zip writer when a write came up short (seen on a full tmpfs).
+        "inline_container.cc",
     ]) {
         "the storage the job writes to is full (free space on it, or point --save elsewhere)"
     } else if has(&[
@@ -464,14 +495,6 @@ pub fn job_cause(failure: &NodeFailure) -> Option<String> {
         "invalid literal for int()",
     ]) {
         "the checkpoint tracker (latest_checkpointed_iteration.txt) cannot be read (fix or remove it)"
-    } else if failure.worker_rank.is_some()
-        && (failure.exit_code == exit::signal(USR1) || failure.exit_code == exit::signal(USR2))
-    {
-        return Some(format!(
-            "a worker was ended by {}, which the training script does not handle (handle it, \
-             or do not send it)",
-            signal_name(failure.exit_code - 128)
-        ));
     } else {
         return None;
     };
@@ -557,6 +580,8 @@ mod tests {
         iteration: Option<u64>,
         /// The attempt before failed at this iteration with this error line.
         previous: Option<(Option<u64>, &'static str)>,
+        /// One node's log tail.
+        logs: Option<&'static str>,
         // Expected (when `fault` is set, `next` is a job fault whose cause contains it):
         fault: &'static str,
         exit_code: i32,
@@ -577,6 +602,7 @@ mod tests {
         stopped: &[],
         iteration: None,
         previous: None,
+        logs: None,
         fault: "",
         exit_code: 0,
         left_out: &[],
@@ -884,9 +910,18 @@ mod tests {
             },
             Case {
                 name: "N6: torch.save's failed write on a full disk",
-                ending: worker_error(1, "RuntimeError: [enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0 ... PytorchStreamWriter failed writing file data/0: file write failed"),
+                ending: worker_error(1, "RuntimeError: [enforce fail at inline_container.cc:671] . unexpected pos 576 vs 534"),
                 exit_code: 1,
                 fault: "is full",
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 1)",
+                ..BASE
+            },
+            Case {
+                name: "N6: a full disk found in a log when a peer's broken connection was seen first",
+                ending: worker_error(1, "RuntimeError: Connection closed by peer [127.0.0.1]:4242"),
+                logs: Some("[node-a r0] iteration 4\n[node-a r0] RuntimeError: [enforce fail at inline_container.cc:671] . unexpected pos 576 vs 534\n"),
+                exit_code: 1,
+                fault: "elsewhere): [node-a r0] RuntimeError: [enforce fail",
                 end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 1)",
                 ..BASE
             },
@@ -1005,6 +1040,7 @@ mod tests {
                 iteration,
                 error: without_numbers(error),
             });
+            let logs: Vec<String> = case.logs.map(String::from).into_iter().collect();
             let decision = decide(&Facts {
                 hosts: &hosts,
                 ending: &case.ending,
@@ -1013,6 +1049,7 @@ mod tests {
                 stopped: &stopped,
                 iteration: case.iteration,
                 previous: previous.as_ref(),
+                logs: &logs,
                 signal_after: case.signal_after,
                 replans: case.replans,
                 max_replans: 3,

@@ -55,10 +55,32 @@ struct Ended<'a> {
     unresponsive: Vec<String>,
     unhealthy: Vec<String>,
     frozen: Vec<String>,
+    /// After a failure, the end of every node's log ([`log_tail`]).
+    log_tails: Vec<String>,
     timing: AttemptTiming,
     /// When the ending was seen, and when the job had stopped.
     detected_at: Instant,
     stopped: Instant,
+}
+
+/// The last 64 KiB of a node's log (empty when it cannot be read): where its workers'
+/// last errors are.
+fn log_tail(path: &std::path::Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 64 * 1024;
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let mut bytes = Vec::new();
+    if file
+        .seek(SeekFrom::Start(len.saturating_sub(TAIL)))
+        .is_err()
+        || file.take(TAIL).read_to_end(&mut bytes).is_err()
+    {
+        return String::new();
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// What the teardown and the checks found against the nodes.
@@ -281,10 +303,17 @@ impl Driver<'_> {
         };
         let ended = Ended {
             hosts: &hosts,
-            ending,
             unresponsive,
             unhealthy,
             frozen,
+            log_tails: match &ending {
+                Ending::Failed(_) => hosts
+                    .iter()
+                    .map(|host| log_tail(&super::output::log_path(&logs, host)))
+                    .collect(),
+                _ => Vec::new(),
+            },
+            ending,
             timing,
             detected_at,
             stopped,
@@ -312,6 +341,7 @@ impl Driver<'_> {
             stopped: &ended.frozen,
             iteration: output.iterations().map(|(_, last)| last),
             previous: previous.as_ref(),
+            logs: &ended.log_tails,
             signal_after: self
                 .signals
                 .as_ref()
