@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 pub use error::{format_duration, ExecError};
 pub use process::{RunningCommand, REMOTE_TEARDOWN_MARGIN};
 pub use quote::{
-    host_problem, is_env_name, shell_join, shell_quote, single_quote, single_quote_join,
-    split_words,
+    host_key, host_problem, is_env_name, same_host, shell_join, shell_quote, single_quote,
+    single_quote_join, split_words,
 };
 pub use transport::{is_local_host, Invocation, SrunOptions, SshOptions, Transport, TransportKind};
 

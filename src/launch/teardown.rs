@@ -392,6 +392,49 @@ mod tests {
     }
 
     #[test]
+    fn a_stopped_process_of_the_run_is_found_on_its_node_only() {
+        let run_id = format!("stopped-test-{}", std::process::id());
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .env(RUN_ID_VAR, &run_id)
+            .env("PIPETTE_HOST", "node-x")
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        let count = |host: &str| {
+            stopped_processes(&Transport::Local, host, &run_id, Duration::from_secs(5)).unwrap()
+        };
+        // What the remote nodes run, run here.
+        let remote = || {
+            let out = std::process::Command::new("sh")
+                .args(["-c", STOPPED_SCRIPT, "pipette-stopped"])
+                .arg(format!("{RUN_ID_VAR}={run_id}"))
+                .arg("PIPETTE_HOST=node-x")
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        // The environment is readable once the child has exec'd.
+        let end = Instant::now() + Duration::from_secs(10);
+        while processes_of(&format!("{RUN_ID_VAR}={run_id}"), "PIPETTE_HOST=node-x").is_empty() {
+            assert!(Instant::now() < end, "sleep never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(count("node-x"), 0, "running, not stopped");
+        assert_eq!(remote(), "0");
+        kill(pid, Signal::SIGSTOP).unwrap();
+        while !is_stopped(pid.as_raw()) {
+            assert!(Instant::now() < end, "SIGSTOP did not stop it");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(count("node-x"), 1);
+        assert_eq!(remote(), "1");
+        assert_eq!(count("node-y"), 0, "another node's");
+        kill(pid, Signal::SIGKILL).unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
     fn the_sweep_finds_processes_outside_the_group_by_their_environment() {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("pid");
