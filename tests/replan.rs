@@ -52,8 +52,19 @@ const TRAIN_ITERS: u64 = 20;
 /// defaults, `script_extra` arguments for the training script (they win: argparse keeps the
 /// last value).
 fn start(hosts: &[&str; 3], extra: &[&str], script_extra: &[&str]) -> RunningJob {
-    let mut job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-replan-");
+    let job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-replan-");
     let save = job.dir().join("save");
+    start_with(job, &save, hosts, extra, script_extra)
+}
+
+/// [`start`] for a `job` built elsewhere (a wrapper command), saving to `save`.
+fn start_with(
+    mut job: JobBuilder,
+    save: &std::path::Path,
+    hosts: &[&str; 3],
+    extra: &[&str],
+    script_extra: &[&str],
+) -> RunningJob {
     // The trial run has tests of its own (tests/trial.rs); these test re-planning.
     job.arg("--no-trial")
         .cpu_cluster(hosts, 2)
@@ -460,6 +471,143 @@ fn replan_second_ctrl_c_kills_at_once() {
         "{teardown}"
     );
     assert_no_process_left(&job.marker());
+}
+
+// ---- N6, N7: attribution before exclusion ---------------------------------------------
+
+/// What every N6 test checks: the job stopped with `code` and one line naming `cause`,
+/// nobody left out, no re-plan, nothing left running.
+fn assert_stopped_on_the_job(job: &RunningJob, status: ExitStatus, code: i32, cause: &str) {
+    let events = job.events();
+    assert_eq!(status.code(), Some(code), "{}", job.stderr());
+    let failed = find(&events, "node_failed");
+    assert!(
+        find(&events, "replan").is_empty(),
+        "{:?}\n{failed:?}",
+        names(&events)
+    );
+    let exit = find(&events, "exit");
+    assert_eq!(exit.len(), 1, "{:?}", names(&events));
+    assert_eq!(exit[0]["code"], code, "{}", exit[0]);
+    let reason = exit[0]["reason"].as_str().unwrap();
+    assert!(reason.contains(cause), "{reason}");
+    assert!(
+        find(&events, "replan_refused").is_empty(),
+        "{:?}",
+        names(&events)
+    );
+    let stderr = common::unwrapped_log(&job.stderr());
+    assert!(stderr.contains(cause), "{stderr}");
+    assert_no_process_left(&job.marker());
+}
+
+#[test]
+fn n6_an_unwritable_save_stops_the_job_before_it_launches() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // Root may write anywhere: a path below a regular file can be written by nobody.
+    let job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-n6-save-");
+    std::fs::write(job.dir().join("file"), "not a directory").unwrap();
+    let save = job.dir().join("file/save");
+    let mut job = start_with(job, &save, &HOSTS, &["--launcher", "local"], &[]);
+    let status = job.wait(Patience::quiet(Duration::from_secs(60)));
+    assert_stopped_on_the_job(&job, status, 74, "cannot be written");
+    assert!(find(&job.events(), "launch").is_empty());
+}
+
+#[test]
+fn n6_a_corrupt_or_dangling_tracker_stops_the_job_before_it_resumes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for (tracker, cause) in [
+        ("garbage\n", "names no iteration (it holds 'garbage')"),
+        ("8\n", "names iter_0000008, which is not in"),
+    ] {
+        let job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-n6-tracker-");
+        let save = job.dir().join("save");
+        std::fs::create_dir(&save).unwrap();
+        std::fs::write(save.join("latest_checkpointed_iteration.txt"), tracker).unwrap();
+        let load = save.display().to_string();
+        let mut job = start_with(
+            job,
+            &save,
+            &HOSTS,
+            &["--launcher", "local"],
+            &["--load", &load],
+        );
+        let status = job.wait(Patience::quiet(Duration::from_secs(60)));
+        assert_stopped_on_the_job(&job, status, 65, cause);
+        assert!(find(&job.events(), "launch").is_empty());
+    }
+}
+
+#[test]
+fn n6_a_full_checkpoint_disk_stops_the_job_without_leaving_a_node_out() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // A 4 KiB tmpfs as the save directory, mounted in a mount namespace of pipette-run's
+    // own (`unshare -m`: root here, or a user namespace) so that only the job sees it: the
+    // first checkpoint (iteration 4) does not fit.
+    let mut job = JobBuilder::new("unshare", "pipette-n6-full-");
+    let save = job.dir().join("save");
+    std::fs::create_dir(&save).unwrap();
+    job.args(["-m", "--", "sh", "-c"])
+        .arg("mount -t tmpfs -o size=4k pipette-full \"$1\" && shift && exec \"$@\"")
+        .arg("sh")
+        .arg(&save)
+        .arg(env!("CARGO_BIN_EXE_pipette-run"));
+    let mut job = start_with(job, &save, &HOSTS, &["--launcher", "local"], &[]);
+    let status = job.wait(Patience::quiet(Duration::from_secs(180)));
+    assert!(
+        !job.stderr().contains("mount:"),
+        "the test needs `unshare -m` and a tmpfs mount: {}",
+        job.stderr()
+    );
+    let events = job.events();
+    let failed = find(&events, "node_failed");
+    assert!(!failed.is_empty(), "{:?}", names(&events));
+    let code = failed[0]["exit_code"].as_i64().unwrap() as i32;
+    assert_ne!(code, 0);
+    assert_stopped_on_the_job(&job, status, code, "is full");
+    assert_eq!(find(&events, "launch").len(), 1);
+}
+
+#[test]
+fn n7_a_stopped_worker_leaves_out_only_its_node_when_every_node_is_slow_to_stop() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // The case: a grace period a loaded machine's healthy nodes may well exceed.
+    // What blames node-b is its stopped worker, not who was slow to stop.
+    let mut job = start(
+        &HOSTS,
+        &[
+            "--launcher",
+            "local",
+            "--stall-timeout",
+            "6s",
+            "--startup-timeout",
+            "120s",
+            "--grace",
+            "3s",
+        ],
+        &[],
+    );
+    job.wait_for_iteration(SAVE_INTERVAL + 2, Patience::quiet(Duration::from_secs(120)));
+    let workers: Vec<_> = node_processes(&job.marker(), "node-b")
+        .into_iter()
+        .filter(|p| !p.cmdline.contains("torchrun"))
+        .collect();
+    assert!(!workers.is_empty(), "node-b's workers");
+    for p in &workers {
+        kill(Pid::from_raw(p.pid), Signal::SIGSTOP).unwrap();
+    }
+    let stopped_ms = unix_ms();
+    let last_saved = job.saved().expect("a checkpoint was saved");
+    let status = job.wait(Patience::quiet(Duration::from_secs(180)));
+    let events = job.events();
+    assert_eq!(find(&events, "stalled").len(), 1, "{:?}", names(&events));
+    let relaunch_ms =
+        assert_replanned_and_resumed(&HOSTS, &mut job, status, last_saved, stopped_ms);
+    eprintln!(
+        "worker stopped → relaunch: {relaunch_ms} ms; teardown: {}",
+        find(&events, "teardown")[0]
+    );
 }
 
 // ---- the re-plan rule, without launching anything -------------------------------------

@@ -51,11 +51,7 @@ pub fn host_name_problem(host: &str) -> Option<String> {
     }
 }
 
-/// The key a host name is compared by: DNS names are case-insensitive and `x.` is the
-/// fully-qualified spelling of `x`, so `nodeA`, `NODEA` and `nodea.` are one node.
-pub fn host_key(host: &str) -> String {
-    host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase()
-}
+pub use crate::exec::{host_key, same_host};
 
 /// `host` as a message may show it: control characters escaped, and at most 64
 /// characters (a name that is refused may be of any length).

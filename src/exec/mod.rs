@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 pub use error::{format_duration, ExecError};
 pub use process::{RunningCommand, REMOTE_TEARDOWN_MARGIN};
 pub use quote::{
-    host_problem, is_env_name, shell_join, shell_quote, single_quote, single_quote_join,
-    split_words,
+    host_key, host_problem, is_env_name, same_host, shell_join, shell_quote, single_quote,
+    single_quote_join, split_words,
 };
 pub use transport::{is_local_host, Invocation, SrunOptions, SshOptions, Transport, TransportKind};
 
@@ -50,6 +50,11 @@ pub struct NodeCommand {
     /// Set on top of the environment the command gets on the node (for ssh: the remote
     /// login environment, not ours).
     pub env: Vec<(String, String)>,
+    /// Set like `env`, but never on a command line (a node's `ps` shows every user the
+    /// command lines, not the environments): credentials. A remote node's wrapper reads
+    /// them from its standard input ([`transport::REMOTE_WRAPPER`]).
+    #[serde(default)]
+    pub secrets: Vec<(String, String)>,
     /// The working directory on the node (default: the current one here, the login
     /// directory over ssh, srun's default for srun).
     pub cwd: Option<PathBuf>,
@@ -78,6 +83,12 @@ impl NodeCommand {
 
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// A variable whose value is a credential (see [`NodeCommand::secrets`]).
+    pub fn secret(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.secrets.push((name.into(), value.into()));
         self
     }
 

@@ -143,6 +143,23 @@ pub fn host_problem(host: &str) -> Option<&'static str> {
     }
 }
 
+/// The key a host name is compared by: DNS names are case-insensitive and `x.` is the
+/// fully-qualified spelling of `x`, so `nodeA`, `NODEA` and `nodea.` are one node. Every
+/// comparison of host names goes through it (or [`same_host`]): the cluster file, the host
+/// lists, the health checks, the re-plan's survivors and spares, the agents' addresses.
+pub fn host_key(host: &str) -> String {
+    host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase()
+}
+
+/// Whether `a` and `b` name one host ([`host_key`]).
+pub fn same_host(a: &str, b: &str) -> bool {
+    let (a, b) = (
+        a.strip_suffix('.').unwrap_or(a),
+        b.strip_suffix('.').unwrap_or(b),
+    );
+    a.eq_ignore_ascii_case(b)
+}
+
 /// Whether `name` is a valid environment variable name (`[A-Za-z_][A-Za-z0-9_]*`).
 pub fn is_env_name(name: &str) -> bool {
     let mut bytes = name.bytes();
@@ -154,6 +171,24 @@ pub fn is_env_name(name: &str) -> bool {
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn n5_a_host_is_one_host_whatever_its_case_or_trailing_dot() {
+        for (a, b) in [
+            ("nodeA", "NODEA"),
+            ("x", "x."),
+            ("Node-1.", "node-1"),
+            ("a.b.", "A.B"),
+        ] {
+            assert!(same_host(a, b), "{a} {b}");
+            assert_eq!(host_key(a), host_key(b), "{a} {b}");
+        }
+        for (a, b) in [("nodea", "nodeb"), ("x", "x.."), ("x", "x.y"), ("", ".")] {
+            assert_eq!(same_host(a, b), host_key(a) == host_key(b), "{a} {b}");
+        }
+        assert!(!same_host("nodea", "nodeb"));
+        assert!(!same_host("x", "x.y"));
+    }
 
     #[test]
     fn words_split_as_a_shell_splits_them_and_nothing_expands() {

@@ -132,7 +132,11 @@ pub fn is_staging_dir(dir: &str, prefix: &str) -> bool {
 }
 
 /// A port nobody listens on at `host` (found here for the local transport, else asked of
-/// `python` there). Another process may take it before torchrun does; that fails loudly.
+/// `python` there), outside the kernel's ephemeral range ([`outside_ephemeral`]): a port in
+/// that range can be taken by any outgoing connection (the job's own, ssh, a health check)
+/// between our look and torchrun's bind, which on a busy machine happens (EADDRINUSE);
+/// outside it only a listener that asks for the number can. Another may still take it
+/// first; that fails loudly, and the supervisor names it as the job's own cause.
 pub fn free_port(
     transport: &Transport,
     host: &str,
@@ -144,15 +148,9 @@ pub fn free_port(
         detail,
     };
     if *transport == Transport::Local {
-        return TcpListener::bind(("0.0.0.0", 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| node(format!("cannot find a free port: {e}")));
+        return free_port_here().map_err(|e| node(format!("cannot find a free port: {e}")));
     }
-    let command = NodeCommand::new(python).args([
-        "-c",
-        "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])",
-    ]);
+    let command = NodeCommand::new(python).args(["-c", FREE_PORT_PY]);
     let output = run(transport, host, &command, timeout)?;
     output
         .stdout_text()
@@ -168,6 +166,66 @@ pub fn free_port(
                 output.last_line().unwrap_or_default()
             ))
         })
+}
+
+/// What a node's python runs to find a port as [`free_port_here`] does.
+const FREE_PORT_PY: &str = "import random, socket
+def free(p):
+    s = socket.socket()
+    try:
+        s.bind(('', p)); return s.getsockname()[1]
+    except OSError:
+        return None
+    finally:
+        s.close()
+try:
+    lo, hi = map(int, open('/proc/sys/net/ipv4/ip_local_port_range').read().split())
+except (OSError, ValueError):
+    lo, hi = 65536, 65535
+below, above = (10000, max(lo - 10000, 0)), (hi + 1, max(65535 - hi, 0))
+first, n = below if below[1] >= above[1] else above
+start = random.randrange(n) if n else 0
+port = next((p for p in (first + (start + i) % n for i in range(n)) if free(p)), None)
+print(port or free(0))";
+
+/// The larger stretch of ports from 10000 up that the kernel never hands out as an
+/// ephemeral port, as (first, how many), from `/proc/sys/net/ipv4/ip_local_port_range`'s
+/// text (`None` when it cannot be read or leaves none).
+pub fn outside_ephemeral(range: &str) -> Option<(u32, u32)> {
+    let mut words = range.split_whitespace().map(|w| w.parse::<u32>().ok());
+    let (low, high) = (words.next()??, words.next()??);
+    if low > high || high > 65_535 {
+        return None;
+    }
+    let below = (10_000, low.saturating_sub(10_000));
+    let above = (high + 1, 65_535 - high);
+    let best = if below.1 >= above.1 { below } else { above };
+    (best.1 > 0).then_some(best)
+}
+
+/// A free port on this machine outside the ephemeral range (any free port when there is
+/// none), free on every address and on the loopback. Successive calls start further on, so
+/// that two in one process do not hand out the same port before either is bound.
+fn free_port_here() -> std::io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range");
+    if let Some((first, count)) = range.ok().as_deref().and_then(outside_ephemeral) {
+        let start = std::process::id().wrapping_mul(7919) % count;
+        for _ in 0..count {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = (first + (start + n) % count) as u16;
+            // One at a time: each listener is closed before the next binds.
+            if TcpListener::bind(("0.0.0.0", port)).is_ok()
+                && TcpListener::bind(("127.0.0.1", port)).is_ok()
+            {
+                return Ok(port);
+            }
+        }
+    }
+    TcpListener::bind(("0.0.0.0", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
 }
 
 /// How a job of one command per node ended badly.
@@ -286,6 +344,32 @@ fn stop_all(running: &mut [RunningCommand]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ports_are_chosen_outside_the_ephemeral_range() {
+        assert_eq!(outside_ephemeral("32768\t60999\n"), Some((10_000, 22_768)));
+        assert_eq!(outside_ephemeral("10000 60000"), Some((60_001, 5_535)));
+        assert_eq!(outside_ephemeral("1024 65535"), None);
+        assert_eq!(outside_ephemeral("garbage"), None);
+        assert_eq!(outside_ephemeral("60000 40000"), None);
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let (first, count) = outside_ephemeral(&range).expect("this machine's range leaves room");
+        let timeout = Duration::from_secs(30);
+        let here = free_port(&Transport::Local, "localhost", "python3", timeout).unwrap();
+        let again = free_port(&Transport::Local, "localhost", "python3", timeout).unwrap();
+        assert_ne!(here, again, "two calls hand out two ports");
+        for port in [here, again] {
+            assert!((first..first + count).contains(&u32::from(port)), "{port}");
+        }
+        // What a node's python runs, run here.
+        let out = std::process::Command::new("python3")
+            .args(["-c", FREE_PORT_PY])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let port: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert!((first..first + count).contains(&port), "{port}");
+    }
 
     #[test]
     fn only_our_directories_are_removed() {

@@ -48,17 +48,22 @@ use super::{ExecError, NodeCommand};
 /// The POSIX `sh` script that runs a command on a remote node (see the module docs).
 ///
 /// Arguments: grace seconds, stdin byte count (`-1`: none), working directory (empty: the
-/// login directory), the number of `NAME=VALUE` words that follow, those words, then the
-/// program and its arguments. Kept on one line, so even a login shell that mishandles
+/// login directory), the number of environment words that follow, those words, then the
+/// program and its arguments. An environment word is `NAME=VALUE`, or a bare `NAME` whose
+/// value comes first on standard input, before the command's bytes: its length in bytes on
+/// a line, then the value (a credential, kept off every command line). Kept on one line, so even a login shell that mishandles
 /// newlines inside quotes passes it on intact.
 pub const REMOTE_WRAPPER: &str = concat!(
     "g=$1 n=$2 d=$3 e=$4; shift 4; ",
     "if [ -n \"$d\" ]; then cd -- \"$d\" || exit 125; fi; ",
     "exec 4<&0; ",
+    "i=0; for w in \"$@\"; do [ \"$i\" -ge \"$e\" ] && break; i=$((i + 1)); case $w in *=*) ;; ",
+    "*) read -r l <&4 || exit 125; v=$(head -c \"$l\" <&4; echo x) || exit 125; ",
+    "export \"$w=${v%x}\" || exit 125;; esac; done; ",
     "if [ \"$n\" -ge 0 ]; then t=$(mktemp) || exit 125; head -c \"$n\" <&4 >\"$t\" || exit 125; ",
     "exec 3<\"$t\"; rm -f -- \"$t\"; else exec 3</dev/null; fi; ",
     "setsid -- /bin/sh -c 'e=$1; shift; ",
-    "while [ \"$e\" -gt 0 ]; do export \"$1\" || exit 125; shift; e=$((e - 1)); done; ",
+    "while [ \"$e\" -gt 0 ]; do case $1 in *=*) export \"$1\" || exit 125;; esac; shift; e=$((e - 1)); done; ",
     "exec \"$@\"' pipette-env \"$e\" \"$@\" <&3 3<&- 4<&- & p=$!; exec 3<&-; ",
     "setsid -- sh -c 'cat >/dev/null; kill -s TERM -- -\"$1\" 2>/dev/null; sleep \"$2\"; ",
     "kill -s KILL -- -\"$1\" 2>/dev/null' pipette-watch \"$p\" \"$g\" <&4 4<&- >/dev/null 2>&1 & w=$!; ",
@@ -218,7 +223,12 @@ impl Transport {
             Transport::Local => Ok(Invocation {
                 program: command.program.clone(),
                 args: command.args.clone(),
-                env: command.env.clone(),
+                env: command
+                    .env
+                    .iter()
+                    .chain(&command.secrets)
+                    .cloned()
+                    .collect(),
                 cwd: command.cwd.clone(),
                 remote: false,
                 stdin: None,
@@ -259,7 +269,7 @@ impl Transport {
                     env: Vec::new(),
                     cwd: None,
                     remote: true,
-                    stdin: None,
+                    stdin: wrapper_stdin(command),
                 })
             }
             Transport::Srun(srun) => {
@@ -279,7 +289,7 @@ impl Transport {
                     env: Vec::new(),
                     cwd: None,
                     remote: true,
-                    stdin: None,
+                    stdin: wrapper_stdin(command),
                 })
             }
             Transport::Agent(agent) => {
@@ -318,7 +328,7 @@ pub(super) fn wrapped_here(
         env: Vec::new(),
         cwd: None,
         remote: true,
-        stdin: None,
+        stdin: wrapper_stdin(command),
     })
 }
 
@@ -338,12 +348,29 @@ fn wrapper_words(command: &NodeCommand, grace: Duration) -> Vec<String> {
             .cwd
             .as_ref()
             .map_or(String::new(), |d| d.to_string_lossy().into_owned()),
-        command.env.len().to_string(),
+        (command.env.len() + command.secrets.len()).to_string(),
     ];
     words.extend(command.env.iter().map(|(k, v)| format!("{k}={v}")));
+    words.extend(command.secrets.iter().map(|(k, _)| k.clone()));
     words.push(command.program.clone());
     words.extend(command.args.iter().cloned());
     words
+}
+
+/// What the wrapper reads first on its standard input: each secret's length on a line and
+/// its value, then the command's own bytes (`None` when there is no secret: the command's
+/// bytes alone, which [`super::RunningCommand`] writes).
+fn wrapper_stdin(command: &NodeCommand) -> Option<Vec<u8>> {
+    if command.secrets.is_empty() {
+        return None;
+    }
+    let mut data = Vec::new();
+    for (_, value) in &command.secrets {
+        data.extend(format!("{}\n", value.len()).bytes());
+        data.extend(value.as_bytes());
+    }
+    data.extend(command.stdin.iter().flatten());
+    Some(data)
 }
 
 /// Whether `line` is srun's own report of how its task ended (`srun: error: gpu07: task 0:
@@ -386,7 +413,7 @@ fn check_command(host: &str, command: &NodeCommand) -> Result<(), ExecError> {
             return bad(format!("{} contains a NUL byte", shell_quote(text)));
         }
     }
-    for (name, value) in &command.env {
+    for (name, value) in command.env.iter().chain(&command.secrets) {
         if !is_env_name(name) {
             return bad(format!(
                 "{name:?} is not an environment variable name (use letters, digits and _)"
@@ -428,6 +455,51 @@ mod tests {
             .arg("probe.py")
             .arg("a b")
             .env("CUDA_VISIBLE_DEVICES", "0,1")
+    }
+
+    #[test]
+    fn n8_a_secret_reaches_the_command_by_its_standard_input_never_its_command_line() {
+        use std::io::{Read, Write};
+        let value = "s3cr 'et\nwith a trailing newline\n";
+        let command = NodeCommand::new("sh")
+            .arg("-c")
+            .arg("printf '%s|%s|%s' \"$A\" \"$HF_TOKEN\" \"$(cat)\"")
+            .env("A", "1")
+            .secret("HF_TOKEN", value)
+            .stdin("in");
+        let grace = Duration::from_secs(5);
+        for transport in [
+            Transport::Ssh(SshOptions::default()),
+            Transport::Srun(SrunOptions::default()),
+        ] {
+            let inv = transport.invocation("gpu07", &command, grace).unwrap();
+            assert!(inv.args.iter().all(|a| !a.contains("s3cr")), "{inv:?}");
+            assert!(inv.env.is_empty());
+        }
+        let local = Transport::Local.invocation("h", &command, grace).unwrap();
+        assert!(local.args.iter().all(|a| !a.contains("s3cr")), "{local:?}");
+        // The wrapper itself, run here as an agent runs it.
+        let inv = wrapped_here("h", &command, grace).unwrap();
+        assert!(inv.args.iter().all(|a| !a.contains("s3cr")), "{inv:?}");
+        let mut child = std::process::Command::new(&inv.program)
+            .args(&inv.args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(inv.stdin.as_deref().unwrap()).unwrap();
+        stdin.flush().unwrap();
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        drop(stdin);
+        assert!(child.wait().unwrap().success());
+        assert_eq!(out, format!("1|{value}|in"));
     }
 
     #[test]

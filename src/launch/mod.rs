@@ -42,7 +42,8 @@ use crate::render::{self, LaunchSpec, RenderError, ScriptInvocation, Templates};
 
 pub use checkpoint::{read_checkpoint, CheckpointState};
 pub use teardown::{
-    signal_workers, sweep, teardown, NodeStop, SIGNAL_WORKERS_SCRIPT, SWEEP_SCRIPT,
+    signal_workers, stopped_processes, sweep, teardown, NodeStop, SIGNAL_WORKERS_SCRIPT,
+    STOPPED_SCRIPT, SWEEP_SCRIPT,
 };
 
 /// The variable that marks every process of one pipette-run invocation.
@@ -307,15 +308,16 @@ impl JobTemplate {
             .args(node.argv[1..].iter().cloned())
             .cwd(&self.workdir);
         // A credential's value is not in the spec (it is written and shown): it is taken
-        // here, at launch, from pipette-run's own environment.
-        command.env = node
-            .env
-            .iter()
-            .filter_map(|(name, value)| match render::is_credential(name) {
-                true => self.env.get(name).map(|v| (name.clone(), v.clone())),
-                false => Some((name.clone(), value.clone())),
-            })
-            .collect();
+        // here, at launch, from pipette-run's own environment, and kept off the nodes'
+        // command lines (a secret, not an environment word).
+        for (name, value) in &node.env {
+            match render::is_credential(name) {
+                true => command
+                    .secrets
+                    .extend(self.env.get(name).map(|v| (name.clone(), v.clone()))),
+                false => command.env.push((name.clone(), value.clone())),
+            }
+        }
         command
     }
 }

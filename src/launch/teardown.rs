@@ -215,6 +215,51 @@ pub fn sweep(
     Ok(output.stdout_text().trim().parse().unwrap_or(0))
 }
 
+/// The POSIX `sh` count run on remote nodes: how many processes whose environment holds
+/// both `$1` and `$2` (as [`SWEEP_SCRIPT`]) are stopped (state `T` or `t` in
+/// `/proc/PID/stat`, after the command name's closing parenthesis).
+pub const STOPPED_SCRIPT: &str = concat!(
+    "n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ \"$p\" = \"$$\" ] && continue; ",
+    "if grep -qzxF -- \"$1\" \"$d/environ\" 2>/dev/null && grep -qzxF -- \"$2\" \"$d/environ\" 2>/dev/null; ",
+    "then read -r s < \"$d/stat\" 2>/dev/null || continue; s=${s##*) }; ",
+    "case \"$s\" in T*|t*) n=$((n + 1));; esac; fi; done; echo \"$n\""
+);
+
+/// How many processes of run `run_id` on `host` are stopped (SIGSTOP, a debugger): after a
+/// stall, evidence against that node (its peers wait for it), where being slow to stop is
+/// none on a busy machine. Read before the teardown, which kills them.
+pub fn stopped_processes(
+    transport: &Transport,
+    host: &str,
+    run_id: &str,
+    timeout: Duration,
+) -> Result<usize, ExecError> {
+    let run = format!("{RUN_ID_VAR}={run_id}");
+    let node = format!("PIPETTE_HOST={host}");
+    if *transport == Transport::Local {
+        return Ok(processes_of(&run, &node)
+            .into_iter()
+            .filter(|(pid, _)| is_stopped(*pid))
+            .count());
+    }
+    let command = NodeCommand::new("sh")
+        .arg("-c")
+        .arg(STOPPED_SCRIPT)
+        .arg("pipette-stopped")
+        .arg(run)
+        .arg(node);
+    let output = exec::run(transport, host, &command, timeout)?;
+    Ok(output.stdout_text().trim().parse().unwrap_or(0))
+}
+
+/// Whether process `pid` of this machine is stopped (state `T` or `t`).
+fn is_stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+    })
+}
+
 /// The local sweep: a few rounds, so that a process started while the first round ran is
 /// caught by the next.
 fn sweep_here(run: &str, node: &str) -> usize {
@@ -344,6 +389,49 @@ mod tests {
             stat.rfind(')')
                 .is_some_and(|i| !stat[i + 2..].starts_with('Z'))
         })
+    }
+
+    #[test]
+    fn a_stopped_process_of_the_run_is_found_on_its_node_only() {
+        let run_id = format!("stopped-test-{}", std::process::id());
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .env(RUN_ID_VAR, &run_id)
+            .env("PIPETTE_HOST", "node-x")
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        let count = |host: &str| {
+            stopped_processes(&Transport::Local, host, &run_id, Duration::from_secs(5)).unwrap()
+        };
+        // What the remote nodes run, run here.
+        let remote = || {
+            let out = std::process::Command::new("sh")
+                .args(["-c", STOPPED_SCRIPT, "pipette-stopped"])
+                .arg(format!("{RUN_ID_VAR}={run_id}"))
+                .arg("PIPETTE_HOST=node-x")
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        // The environment is readable once the child has exec'd.
+        let end = Instant::now() + Duration::from_secs(10);
+        while processes_of(&format!("{RUN_ID_VAR}={run_id}"), "PIPETTE_HOST=node-x").is_empty() {
+            assert!(Instant::now() < end, "sleep never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(count("node-x"), 0, "running, not stopped");
+        assert_eq!(remote(), "0");
+        kill(pid, Signal::SIGSTOP).unwrap();
+        while !is_stopped(pid.as_raw()) {
+            assert!(Instant::now() < end, "SIGSTOP did not stop it");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(count("node-x"), 1);
+        assert_eq!(remote(), "1");
+        assert_eq!(count("node-y"), 0, "another node's");
+        kill(pid, Signal::SIGKILL).unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

@@ -35,6 +35,7 @@ use crate::cluster::ClusterProfile;
 use crate::config::Settings;
 
 pub use crate::config::CheckpointFormat;
+use crate::exec::same_host;
 use crate::launch::CheckpointState;
 use crate::model::parallel::ParallelConfig;
 use crate::plan::subset::{node_order, on_profile};
@@ -336,8 +337,8 @@ pub fn swap_for_spares(
 
 /// The part of `profile` a failure leaves: its survivors and its spares.
 fn remaining(profile: &ClusterProfile, failed: &Failed<'_>) -> Result<ClusterProfile, ReplanError> {
-    let alive = |host: &str| failed.survivors.iter().any(|s| s == host);
-    let spare = |host: &str| failed.spares.iter().any(|s| s == host) && !alive(host);
+    let alive = |host: &str| failed.survivors.iter().any(|s| same_host(s, host));
+    let spare = |host: &str| failed.spares.iter().any(|s| same_host(s, host)) && !alive(host);
     if !profile.nodes.iter().any(|n| alive(&n.host)) {
         return Err(ReplanError::NoSurvivors);
     }

@@ -21,7 +21,11 @@ use super::failure::{replan, swap_for_spares, CheckpointFormat, Failed, Replanne
 pub fn slowed(profile: &ClusterProfile, host: &str, slowdown: f64) -> ClusterProfile {
     let mut profile = profile.clone();
     let factor = slowdown.max(1.0);
-    for node in profile.nodes.iter_mut().filter(|n| n.host == host) {
+    for node in profile
+        .nodes
+        .iter_mut()
+        .filter(|n| crate::exec::same_host(&n.host, host))
+    {
         if let GpuInventory::Known { gpus, .. } = &mut node.gpus {
             for gpu in gpus {
                 gpu.peak_tflops.fp16 /= factor;

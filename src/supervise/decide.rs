@@ -3,11 +3,18 @@
 //! the facts (how the attempt ended, the teardown, the health checks, the checkpoint) and
 //! carries the [`Decision`] out.
 //!
-//! Left out of the next attempt are (see the [module doc](super)):
+//! A node is left out only on evidence against it (see the [module doc](super)):
 //!
-//! 1. the nodes whose failure was seen first, the most severe kind only ([`blamed`]);
-//! 2. after a stall, every node whose torchrun did not stop within the grace period after
-//!    TERM (a failure with a culprit does not count it: see [`suspects`]);
+//! 1. the nodes whose failure was seen first, the most severe kind only ([`blamed`]),
+//!    unless the failure is the job's own ([`job_cause`]: a full disk, an unwritable path,
+//!    the master port in use, a passed-on signal the script does not handle) or repeats one
+//!    of the attempt before at the same iteration or with the same error ([`FailureMark`]):
+//!    then the job stops with the worker's exit code, nobody left out, no re-plan spent;
+//! 2. after a stall, every node where a process of the job was found stopped (SIGSTOP, a
+//!    debugger), and every node whose torchrun did not stop within the grace period after
+//!    TERM unless none did (on a loaded machine every node can be slower than the grace
+//!    period; that alone blames none: see [`suspects`]). A failure with a culprit does not
+//!    count the slow ones either;
 //! 3. every node that failed its health check;
 //! 4. a straggler the supervisor chose to leave out ([`Ending::Straggler`]; no health check
 //!    follows: the job did not fail).
@@ -68,6 +75,17 @@ pub struct Facts<'a> {
     pub unresponsive: &'a [String],
     /// Nodes that failed their health check.
     pub unhealthy: &'a [String],
+    /// Nodes where a process of the job was found stopped after a stall (evidence against
+    /// the node: SIGSTOP, a debugger, a frozen device driver).
+    pub stopped: &'a [String],
+    /// The last iteration the attempt reported.
+    pub iteration: Option<u64>,
+    /// The failure that ended the attempt before, if one did ([`mark`]).
+    pub previous: Option<&'a FailureMark>,
+    /// The end of every node's log after a failure: the node seen failing first is often a
+    /// peer of the one whose error caused it (a full disk on rank 0's node shows first as
+    /// its peers' broken connections).
+    pub logs: &'a [String],
     /// A signal that arrived after a failure had ended the attempt.
     pub signal_after: Option<i32>,
     /// Re-plans done so far, and the limit.
@@ -126,6 +144,12 @@ pub enum Stop {
     PrepareFailed(String),
     /// The attempt's log directory could not be written (before anything was launched).
     LogsUnwritable { dir: String, error: String },
+    /// The failure is the job's own, not a node's ([`job_cause`], or the same failure
+    /// again after a re-plan): no node is blamed and no re-plan is spent on it.
+    JobFault(String),
+    /// `--save` cannot be written, or the checkpoint it holds cannot be resumed from,
+    /// found before a launch or a resume (nothing was launched).
+    SaveUnusable(String),
 }
 
 impl Stop {
@@ -148,6 +172,12 @@ impl Stop {
             Stop::LogsUnwritable { dir, error } => {
                 format!("cannot write the logs in {dir}: {error} (check the run directory)")
             }
+            Stop::JobFault(cause) => {
+                format!(
+                    "the job's own failure, no node is left out and no re-plan is tried: {cause}"
+                )
+            }
+            Stop::SaveUnusable(why) => format!("nothing was launched: {why}"),
         }
     }
 }
@@ -193,19 +223,16 @@ pub fn decide(facts: &Facts<'_>) -> Decision {
             );
             (end, ExitCode::Internal.code())
         }
-        Ending::Failed(failures) => {
-            let blamed = blamed(failures);
-            let first = failures
-                .iter()
-                .filter(|f| blamed.contains(&f.host))
-                .min_by_key(|f| f.node_rank);
-            match first {
-                Some(first) => (first.describe(), first.exit_code),
-                None => ("failed".to_string(), ExitCode::Internal.code()),
-            }
-        }
+        Ending::Failed(failures) => match first_blamed(failures) {
+            Some(first) => (first.describe(), first.exit_code),
+            None => ("failed".to_string(), ExitCode::Internal.code()),
+        },
     };
-    let mut left_out = suspects(facts.ending, facts.unresponsive);
+    let fault = job_fault(facts);
+    let mut left_out = match fault {
+        Some(_) => Vec::new(),
+        None => suspects(facts.ending, facts.unresponsive, facts.stopped, facts.hosts),
+    };
     for host in facts.unhealthy {
         if !left_out.contains(host) {
             left_out.push(host.clone());
@@ -240,6 +267,9 @@ pub fn decide(facts: &Facts<'_>) -> Decision {
             let detail = failures[0].detail.clone();
             return decision(end, exit_code, Next::Stop(Stop::NothingStarted { detail }));
         }
+    }
+    if let Some(cause) = fault {
+        return decision(end, exit_code, Next::Stop(Stop::JobFault(cause)));
     }
     if facts.replans >= facts.max_replans {
         let max = facts.max_replans;
@@ -276,19 +306,36 @@ fn stop(facts: &Facts<'_>, end: String, exit_code: i32, why: Stop) -> Decision {
 }
 
 /// The nodes left out before any health check (which skips them): those blamed for a
-/// failure; after a stall, which blames no one, those that did not stop within the grace
-/// period.
+/// failure; after a stall, which blames no one, those where a process of the job was found
+/// stopped, and those that did not stop within the grace period unless none did.
 ///
 /// Why not every node that was slow to stop: after a failure its peers' torchruns shut
 /// their workers down, and on a busy node (or one whose CPUs the job itself keeps busy)
 /// that can take longer than the grace period; such a node is killed, swept and
 /// health-checked like every other, and left out only if the check fails. After a stall,
-/// not stopping is the only sign of which node stalled (a stopped or hung launcher never
-/// reacts to TERM).
-pub fn suspects(ending: &Ending, unresponsive: &[String]) -> Vec<String> {
+/// not stopping is a sign of which node stalled (a stopped or hung launcher never reacts to
+/// TERM), but only when some nodes did stop: when every node was slower than the grace
+/// period, the machine was busy, and that blames none of them.
+pub fn suspects(
+    ending: &Ending,
+    unresponsive: &[String],
+    stopped: &[String],
+    hosts: &[String],
+) -> Vec<String> {
     match ending {
         Ending::Failed(failures) => blamed(failures),
-        Ending::Stalled(_) => unresponsive.to_vec(),
+        Ending::Stalled(_) => {
+            let every_node = !hosts.is_empty() && hosts.iter().all(|h| unresponsive.contains(h));
+            let mut suspects = stopped.to_vec();
+            if !every_node {
+                for host in unresponsive {
+                    if !suspects.contains(host) {
+                        suspects.push(host.clone());
+                    }
+                }
+            }
+            suspects
+        }
         Ending::Straggler(act)
             if matches!(
                 act.choice,
@@ -313,6 +360,173 @@ pub fn blamed(failures: &[NodeFailure]) -> Vec<String> {
         .filter(|f| f.reason == worst)
         .map(|f| f.host.clone())
         .collect()
+}
+
+/// What a failure that ended an attempt was: compared with the next one's, to tell a
+/// failure that follows the job from one that followed a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureMark {
+    /// The last iteration the attempt reported before it failed.
+    pub iteration: Option<u64>,
+    /// The worker's error line, numbers left out (ranks, addresses and process ids differ
+    /// from one attempt to the next); empty when there is none to compare (a stall, a
+    /// launcher killed by a signal, whose last line is only whatever it printed last).
+    pub error: String,
+}
+
+/// The mark of the failure that ended the attempt `facts` describe (`None` when it did not
+/// fail, or failed where no node or job is to blame: a connection lost, a command that
+/// could not start, both the nodes' and already handled).
+pub fn mark(facts: &Facts<'_>) -> Option<FailureMark> {
+    let error = match facts.ending {
+        Ending::Stalled(_) => String::new(),
+        Ending::Failed(failures) => {
+            let first = first_blamed(failures)?;
+            match first.reason {
+                FailureReason::Exited => without_numbers(&first.detail),
+                FailureReason::Signal => String::new(),
+                FailureReason::StartFailed | FailureReason::ConnectionLost => return None,
+            }
+        }
+        Ending::Finished | Ending::Signal(_) | Ending::Straggler(_) => return None,
+    };
+    Some(FailureMark {
+        iteration: facts.iteration,
+        error,
+    })
+}
+
+/// Why the attempt's failure is the job's own and not a node's, in words, if it is: its
+/// cause ([`job_cause`]), or the same failure as the attempt before (a re-plan changed the
+/// nodes, not the outcome).
+fn job_fault(facts: &Facts<'_>) -> Option<String> {
+    if let Ending::Failed(failures) = facts.ending {
+        let first = first_blamed(failures)?;
+        if let Some(cause) = job_cause(first) {
+            return Some(cause);
+        }
+        // A worker's exception in any node's log (not a node lost or a launcher killed,
+        // which are the nodes' own).
+        let errors = facts.logs.iter().flat_map(|log| log.lines());
+        let errors = errors.filter(|l| l.contains("Error") || l.contains("Exception"));
+        if let Some(cause) = errors.filter_map(cause_in).next() {
+            if first.reason == FailureReason::Exited {
+                return Some(cause);
+            }
+        }
+    }
+    let (now, before) = (mark(facts)?, facts.previous?);
+    if now.iteration.is_some() && now.iteration == before.iteration {
+        let at = now.iteration.unwrap_or_default();
+        return Some(format!(
+            "it failed again at iteration {at} after a re-plan; the cause is in the job (its data, its arguments, its code), see the node logs"
+        ));
+    }
+    if !now.error.is_empty() && now.error == before.error {
+        return Some(
+            "the same error again after a re-plan; the cause is in the job (its data, its arguments, its code), see the node logs"
+                .to_string(),
+        );
+    }
+    None
+}
+
+/// The first failure blamed (the lowest node rank among [`blamed`]).
+fn first_blamed(failures: &[NodeFailure]) -> Option<&NodeFailure> {
+    let blamed = blamed(failures);
+    failures
+        .iter()
+        .filter(|f| blamed.contains(&f.host))
+        .min_by_key(|f| f.node_rank)
+}
+
+/// Whether a worker's failure is caused by the job rather than by its node, and what the
+/// cause is, from its error line and exit code. Each of these fails the same way on any
+/// node, so leaving nodes out for it would only spend the healthy ones: storage that is
+/// full (or over quota), a path the job writes that it may not, the master port taken by
+/// another job, a signal passed on to the script (SIGUSR1, SIGUSR2) that it does not
+/// handle, a checkpoint tracker that cannot be read.
+pub fn job_cause(failure: &NodeFailure) -> Option<String> {
+    const USR1: i32 = 10;
+    const USR2: i32 = 12;
+    if failure.reason != FailureReason::Exited {
+        return None;
+    }
+    if let Some(cause) = cause_in(&failure.detail) {
+        return Some(cause);
+    }
+    (failure.worker_rank.is_some()
+        && (failure.exit_code == exit::signal(USR1) || failure.exit_code == exit::signal(USR2)))
+    .then(|| {
+        format!(
+            "a worker was ended by {}, which the training script does not handle (handle it, \
+             or do not send it)",
+            signal_name(failure.exit_code - 128)
+        )
+    })
+}
+
+/// The job's own cause an error line names, if it names one (see [`job_cause`]).
+fn cause_in(detail: &str) -> Option<String> {
+    let has = |needles: &[&str]| needles.iter().any(|n| detail.contains(n));
+    let cause = if has(&[
+        "No space left on device",
+        "ENOSPC",
+        "[Errno 28]",
+        "Disk quota exceeded",
+        "[Errno 122]",
+        "file write failed",
+        // torch.save's zip writer when a write came up short (seen on a full tmpfs).
+        "inline_container.cc",
+    ]) {
+        "the storage the job writes to is full (free space on it, or point --save elsewhere)"
+    } else if has(&[
+        "Read-only file system",
+        "[Errno 30]",
+        "Permission denied",
+        "[Errno 13]",
+    ]) {
+        "the job may not write where it writes (check --save and the paths in the arguments)"
+    } else if has(&["Address already in use", "EADDRINUSE", "[Errno 98]"]) {
+        "the master port is in use, by another job perhaps (pick another with --master-port)"
+    } else if has(&[
+        "Invalid metadata file",
+        "latest_checkpointed_iteration",
+        "invalid literal for int()",
+    ]) {
+        "the checkpoint tracker (latest_checkpointed_iteration.txt) cannot be read (fix or remove it)"
+    } else {
+        return None;
+    };
+    Some(format!("{cause}: {}", one_line(detail)))
+}
+
+/// `text` on one line, at most 200 characters (an error line can be long).
+fn one_line(text: &str) -> String {
+    let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(200) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    }
+}
+
+/// `text` with every run of digits as `#`: two attempts' errors compared without their
+/// ranks, addresses, ports and process ids.
+fn without_numbers(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_number = false;
+    for c in text.trim().chars() {
+        if c.is_ascii_digit() {
+            if !in_number {
+                out.push('#');
+            }
+            in_number = true;
+        } else {
+            out.push(c);
+            in_number = false;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -362,7 +576,14 @@ mod tests {
         replans: u32,
         save: Option<&'static str>,
         checkpoint: Option<CheckpointState>,
-        // Expected:
+        stopped: &'static [&'static str],
+        iteration: Option<u64>,
+        /// The attempt before failed at this iteration with this error line.
+        previous: Option<(Option<u64>, &'static str)>,
+        /// One node's log tail.
+        logs: Option<&'static str>,
+        // Expected (when `fault` is set, `next` is a job fault whose cause contains it):
+        fault: &'static str,
         exit_code: i32,
         left_out: &'static [&'static str],
         next: Next,
@@ -378,6 +599,11 @@ mod tests {
         replans: 0,
         save: None,
         checkpoint: None,
+        stopped: &[],
+        iteration: None,
+        previous: None,
+        logs: None,
+        fault: "",
         exit_code: 0,
         left_out: &[],
         next: Next::Stop(Stop::Finished),
@@ -385,11 +611,20 @@ mod tests {
     };
 
     fn worker_exit() -> Ending {
-        let mut f = failure("b", 1, FailureReason::Exited, 3);
+        worker_error(3, "a detail")
+    }
+
+    /// Worker rank 5 on `b` exited with `code` after printing `error`.
+    fn worker_error(code: i32, error: &str) -> Ending {
+        let mut f = failure("b", 1, FailureReason::Exited, code);
         f.status = Some("exit code 1".into());
         f.worker_rank = Some(5);
+        f.detail = error.into();
         Ending::Failed(vec![f])
     }
+
+    const WORKER_EXIT_END: &str =
+        "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)";
 
     fn straggler(choice: Choice) -> StragglerAct {
         StragglerAct {
@@ -633,6 +868,164 @@ mod tests {
                 end: "no progress for 1 min 30 s; a, b did not stop within the grace period",
                 ..BASE
             },
+            Case {
+                name: "N7: every node slower than the grace period after a stall blames none",
+                ending: Ending::Stalled(Duration::from_secs(3)),
+                unresponsive: &["a", "b", "c"],
+                exit_code: 124,
+                next: fresh.clone(),
+                end: "no progress for 3 s; a, b, c did not stop within the grace period",
+                ..BASE
+            },
+            Case {
+                name: "N7: after a stall, the node with a stopped process is left out alone",
+                ending: Ending::Stalled(Duration::from_secs(3)),
+                unresponsive: &["a", "b", "c"],
+                stopped: &["b"],
+                exit_code: 124,
+                left_out: &["b"],
+                next: fresh.clone(),
+                end: "no progress for 3 s; a, b, c did not stop within the grace period",
+                ..BASE
+            },
+            Case {
+                name: "N7: a stopped process and a node that did not stop while others did",
+                ending: Ending::Stalled(Duration::from_secs(3)),
+                unresponsive: &["c"],
+                stopped: &["b"],
+                exit_code: 124,
+                left_out: &["b", "c"],
+                next: fresh.clone(),
+                end: "no progress for 3 s; c did not stop within the grace period",
+                ..BASE
+            },
+            Case {
+                name: "N6: a full disk is the job's: stop with the worker's code, nobody out",
+                ending: worker_error(1, "OSError: [Errno 28] No space left on device"),
+                save: Some("/ck"),
+                exit_code: 1,
+                fault: "the storage the job writes to is full",
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 1)",
+                ..BASE
+            },
+            Case {
+                name: "N6: torch.save's failed write on a full disk",
+                ending: worker_error(1, "RuntimeError: [enforce fail at inline_container.cc:671] . unexpected pos 576 vs 534"),
+                exit_code: 1,
+                fault: "is full",
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 1)",
+                ..BASE
+            },
+            Case {
+                name: "N6: a full disk found in a log when a peer's broken connection was seen first",
+                ending: worker_error(1, "RuntimeError: Connection closed by peer [127.0.0.1]:4242"),
+                logs: Some("[node-a r0] iteration 4\n[node-a r0] RuntimeError: [enforce fail at inline_container.cc:671] . unexpected pos 576 vs 534\n"),
+                exit_code: 1,
+                fault: "elsewhere): [node-a r0] RuntimeError: [enforce fail",
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 1)",
+                ..BASE
+            },
+            Case {
+                name: "N6: an unwritable path",
+                ending: worker_error(1, "PermissionError: [Errno 13] Permission denied: '/ck/iter_0000004'"),
+                exit_code: 1,
+                fault: "may not write where it writes",
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 1)",
+                ..BASE
+            },
+            Case {
+                name: "N6: the master port in use",
+                ending: worker_error(1, "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"),
+                exit_code: 1,
+                fault: "the master port is in use",
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 1)",
+                ..BASE
+            },
+            Case {
+                name: "N6: a corrupt checkpoint tracker",
+                ending: worker_error(1, "ValueError: invalid literal for int() with base 10: 'garbage'"),
+                exit_code: 1,
+                fault: "cannot be read",
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 1)",
+                ..BASE
+            },
+            Case {
+                name: "N6: a passed-on SIGUSR1 the script does not handle",
+                ending: worker_error(138, "a detail"),
+                exit_code: 138,
+                fault: "ended by SIGUSR1",
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 138)",
+                ..BASE
+            },
+            Case {
+                name: "N6: the job's own cause stops even with re-plans left, an unhealthy node still out",
+                ending: worker_error(1, "OSError: [Errno 28] No space left on device"),
+                unhealthy: &["a"],
+                replans: 3,
+                exit_code: 1,
+                left_out: &["a"],
+                fault: "is full",
+                end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 1)",
+                ..BASE
+            },
+            Case {
+                name: "N6: failing again at the same iteration after a re-plan stops",
+                ending: worker_exit(),
+                replans: 1,
+                iteration: Some(7),
+                previous: Some((Some(7), "RuntimeError: something else")),
+                exit_code: 3,
+                fault: "failed again at iteration 7",
+                end: WORKER_EXIT_END,
+                ..BASE
+            },
+            Case {
+                name: "N6: the same error (numbers aside) after a re-plan stops",
+                ending: worker_error(3, "RuntimeError: NaN in rank 4's loss at step 12"),
+                replans: 1,
+                iteration: Some(13),
+                previous: Some((Some(9), "RuntimeError: NaN in rank 1's loss at step 8")),
+                exit_code: 3,
+                fault: "the same error again",
+                end: WORKER_EXIT_END,
+                ..BASE
+            },
+            Case {
+                name: "N6: a stall again at the same iteration stops, nobody out",
+                ending: Ending::Stalled(Duration::from_secs(3)),
+                unresponsive: &["c"],
+                replans: 1,
+                iteration: Some(6),
+                previous: Some((Some(6), "")),
+                exit_code: 124,
+                fault: "failed again at iteration 6",
+                end: "no progress for 3 s; c did not stop within the grace period",
+                ..BASE
+            },
+            Case {
+                name: "a different failure after a re-plan is re-planned again",
+                ending: worker_exit(),
+                replans: 1,
+                iteration: Some(13),
+                previous: Some((Some(6), "RuntimeError: something else")),
+                exit_code: 3,
+                left_out: &["b"],
+                next: fresh.clone(),
+                end: WORKER_EXIT_END,
+                ..BASE
+            },
+            Case {
+                name: "a killed launcher again, at another iteration: its last line is no error",
+                ending: Ending::Failed(vec![failure("c", 2, FailureReason::Signal, 137)]),
+                replans: 1,
+                iteration: Some(13),
+                previous: Some((Some(6), "")),
+                exit_code: 137,
+                left_out: &["c"],
+                next: fresh.clone(),
+                end: "c (node rank 2): torchrun was ended by a signal",
+                ..BASE
+            },
         ]
     }
 
@@ -642,11 +1035,21 @@ mod tests {
         for case in cases() {
             let owned = |hosts: &[&str]| hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>();
             let (unresponsive, unhealthy) = (owned(case.unresponsive), owned(case.unhealthy));
+            let stopped = owned(case.stopped);
+            let previous = case.previous.map(|(iteration, error)| FailureMark {
+                iteration,
+                error: without_numbers(error),
+            });
+            let logs: Vec<String> = case.logs.map(String::from).into_iter().collect();
             let decision = decide(&Facts {
                 hosts: &hosts,
                 ending: &case.ending,
                 unresponsive: &unresponsive,
                 unhealthy: &unhealthy,
+                stopped: &stopped,
+                iteration: case.iteration,
+                previous: previous.as_ref(),
+                logs: &logs,
                 signal_after: case.signal_after,
                 replans: case.replans,
                 max_replans: 3,
@@ -665,7 +1068,13 @@ mod tests {
                 survivors,
                 "{name}"
             );
-            assert_eq!(decision.next, case.next, "{name}");
+            match (&decision.next, case.fault) {
+                (_, "") => assert_eq!(decision.next, case.next, "{name}"),
+                (Next::Stop(Stop::JobFault(cause)), fault) => {
+                    assert!(cause.contains(fault), "{name}: {cause}")
+                }
+                (next, _) => panic!("{name}: a job fault expected, not {next:?}"),
+            }
             assert_eq!(decision.end, case.end, "{name}");
         }
     }

@@ -7,11 +7,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::decide::{self, decide, Decision, Ending, Facts, Next, Stop, StragglerAct};
+use super::decide::{self, decide, Decision, Ending, Facts, FailureMark, Next, Stop, StragglerAct};
 use super::events::{Event, EventLog, NodeRef, StopRecord};
 use super::health::{self, Health};
 use super::output::{JobOutput, ProgressSpec};
 use super::reporter::{relaunch_text, replan_text, Reporter};
+use super::save_check;
 use super::signals::{ActSignals, SignalGuard};
 use super::stragglers::{
     self, Choice, Detector, Found, Progress, Straggler, StragglerMode, StragglerState,
@@ -40,6 +41,8 @@ struct Driver<'a> {
     acts: std::cell::RefCell<ActSignals>,
     /// When the last straggler action was taken (for the cooldown).
     straggler_acted: std::cell::Cell<Option<Instant>>,
+    /// The failure that ended the attempt before (a repeat is the job's, not a node's).
+    last_failure: std::cell::RefCell<Option<FailureMark>>,
 }
 
 /// How an attempt ended, once its job has stopped: what [`Driver::hand_over`] decides on.
@@ -47,14 +50,47 @@ struct Ended<'a> {
     /// The attempt's hosts, in node-rank order.
     hosts: &'a [String],
     ending: Ending,
-    /// Nodes whose torchrun outlived the grace period, and nodes that failed their health
-    /// check ([`Driver::stop_and_check`]).
+    /// Nodes whose torchrun outlived the grace period, nodes that failed their health
+    /// check, and (after a stall) nodes with a stopped process ([`Driver::stop_and_check`]).
     unresponsive: Vec<String>,
     unhealthy: Vec<String>,
+    frozen: Vec<String>,
+    /// After a failure, the end of every node's log ([`log_tail`]).
+    log_tails: Vec<String>,
     timing: AttemptTiming,
     /// When the ending was seen, and when the job had stopped.
     detected_at: Instant,
     stopped: Instant,
+}
+
+/// The last 64 KiB of a node's log (empty when it cannot be read): where its workers'
+/// last errors are.
+fn log_tail(path: &std::path::Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 64 * 1024;
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let mut bytes = Vec::new();
+    if file
+        .seek(SeekFrom::Start(len.saturating_sub(TAIL)))
+        .is_err()
+        || file.take(TAIL).read_to_end(&mut bytes).is_err()
+    {
+        return String::new();
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// What the teardown and the checks found against the nodes.
+struct Checked {
+    /// Nodes whose torchrun outlived the grace period.
+    unresponsive: Vec<String>,
+    /// Nodes that failed their health check.
+    unhealthy: Vec<String>,
+    /// Nodes with a stopped process of the job (looked for after a stall only).
+    stopped: Vec<String>,
 }
 
 /// An attempt's straggler detection, and what acting on a straggler would cost.
@@ -89,6 +125,7 @@ pub fn run(
         _stopping: super::signals::Stopping::new(),
         acts: std::cell::RefCell::new(ActSignals::new()),
         straggler_acted: std::cell::Cell::new(None),
+        last_failure: std::cell::RefCell::new(None),
     };
     let mut outcome = Outcome {
         exit_code: 0,
@@ -112,6 +149,27 @@ pub fn run(
 }
 
 impl Driver<'_> {
+    /// Why the attempt must not be launched, when its `--save` cannot be written or the
+    /// checkpoint it resumes from cannot be read ([`save_check`]), checked on its first node.
+    fn save_unusable(&self, attempt: &Attempt) -> Option<(Stop, i32)> {
+        let training = &attempt.layout.planned()?.settings.training;
+        let save = training.save.as_deref()?;
+        let host = &attempt.spec.nodes.first()?.host;
+        let same = |a: &str, b: &str| a.trim_end_matches('/') == b.trim_end_matches('/');
+        let resumes =
+            attempt.resume.is_some() || training.load.as_deref().is_some_and(|l| same(l, save));
+        let template = self.template;
+        let state = save_check::check(
+            &template.transport,
+            host,
+            &template.workdir,
+            save,
+            self.options.health_timeout,
+        );
+        let (why, code) = save_check::refusal(save, &state, resumes)?;
+        Some((Stop::SaveUnusable(why), code))
+    }
+
     /// Records `event` in the log and shows its lines.
     fn emit(&self, event: Event) {
         self.events.write(&event);
@@ -151,6 +209,9 @@ impl Driver<'_> {
             .map(|n| (n.host.clone(), n.node_rank))
             .collect();
         let hosts: Vec<String> = nodes.iter().map(|(h, _)| h.clone()).collect();
+        if let Some((stop, code)) = self.save_unusable(attempt) {
+            return Handover::Stop(stop, code);
+        }
         let logs = attempt.dir.join("logs");
         let watch_stragglers = options.stragglers.mode != StragglerMode::Off;
         let output = match JobOutput::new(&nodes, &logs, options.echo) {
@@ -227,8 +288,11 @@ impl Driver<'_> {
             &mut stragglers,
         );
         drop(acts);
-        let (unresponsive, unhealthy) =
-            self.stop_and_check(attempt, &hosts, &mut job, &output, &ending);
+        let Checked {
+            unresponsive,
+            unhealthy,
+            stopped: frozen,
+        } = self.stop_and_check(attempt, &hosts, &mut job, &output, &ending);
         let stopped = Instant::now();
         let timing = AttemptTiming {
             running: detected_at.saturating_duration_since(launched),
@@ -239,9 +303,17 @@ impl Driver<'_> {
         };
         let ended = Ended {
             hosts: &hosts,
-            ending,
             unresponsive,
             unhealthy,
+            frozen,
+            log_tails: match &ending {
+                Ending::Failed(_) => hosts
+                    .iter()
+                    .map(|host| log_tail(&super::output::log_path(&logs, host)))
+                    .collect(),
+                _ => Vec::new(),
+            },
+            ending,
             timing,
             detected_at,
             stopped,
@@ -260,11 +332,16 @@ impl Driver<'_> {
         outcome: &mut Outcome,
     ) -> Handover {
         let (template, options) = (self.template, self.options);
+        let previous = self.last_failure.borrow().clone();
         let mut facts = Facts {
             hosts: ended.hosts,
             ending: &ended.ending,
             unresponsive: &ended.unresponsive,
             unhealthy: &ended.unhealthy,
+            stopped: &ended.frozen,
+            iteration: output.iterations().map(|(_, last)| last),
+            previous: previous.as_ref(),
+            logs: &ended.log_tails,
             signal_after: self
                 .signals
                 .as_ref()
@@ -295,6 +372,9 @@ impl Driver<'_> {
                 .map(|p| p.plan.estimate.iteration_ms),
             timing: ended.timing,
         };
+        if let Some(mark) = decide::mark(&facts) {
+            *self.last_failure.borrow_mut() = Some(mark);
+        }
         loop {
             let decision = decide(&facts);
             match decision.next.clone() {
@@ -475,8 +555,8 @@ impl Driver<'_> {
     }
 
     /// Tears the attempt down (nothing of it may outlive it), sweeps its nodes and, after a
-    /// failure, health-checks those not already suspected. Returns the nodes that did not
-    /// stop within the grace period and those that failed their health check.
+    /// failure, health-checks those not already suspected. After a stall, first finds the
+    /// nodes where a process of the job is stopped (the teardown kills it).
     fn stop_and_check(
         &self,
         attempt: &Attempt,
@@ -484,7 +564,11 @@ impl Driver<'_> {
         job: &mut RunningJob,
         output: &JobOutput,
         ending: &Ending,
-    ) -> (Vec<String>, Vec<String>) {
+    ) -> Checked {
+        let stopped = match ending {
+            Ending::Stalled(_) => self.stopped_nodes(hosts),
+            _ => Vec::new(),
+        };
         self.reporter.teardown_begins(ending);
         let signals_before = self.signal_count();
         let teardown_start = Instant::now();
@@ -503,7 +587,7 @@ impl Driver<'_> {
             .filter(|s| s.was_running && !s.stopped_in_grace)
             .map(|s| s.host.clone())
             .collect();
-        let suspects = decide::suspects(ending, &unresponsive);
+        let suspects = decide::suspects(ending, &unresponsive, &stopped, hosts);
         let (swept, health) = self.sweep_and_check(attempt, hosts, &suspects, ending.is_failure());
         self.emit(Event::Teardown {
             attempt: attempt.number,
@@ -520,7 +604,38 @@ impl Driver<'_> {
         if !health.is_empty() {
             self.emit(Event::Health { nodes: health });
         }
-        (unresponsive, unhealthy)
+        Checked {
+            unresponsive,
+            unhealthy,
+            stopped,
+        }
+    }
+
+    /// The nodes where a process of the job is stopped, all asked at once (a node that
+    /// does not answer is no evidence: its health check judges it).
+    fn stopped_nodes(&self, hosts: &[String]) -> Vec<String> {
+        let (template, timeout) = (self.template, self.options.health_timeout);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = hosts
+                .iter()
+                .map(|host| {
+                    scope.spawn(move || {
+                        launch::stopped_processes(
+                            &template.transport,
+                            host,
+                            &template.run_id,
+                            timeout,
+                        )
+                        .is_ok_and(|n| n > 0)
+                    })
+                })
+                .collect();
+            hosts
+                .iter()
+                .zip(handles)
+                .filter_map(|(host, h)| h.join().unwrap_or(false).then(|| host.clone()))
+                .collect()
+        })
     }
 
     /// Re-plans on the decision's survivors (or, with planning off, takes the same world on

@@ -21,7 +21,10 @@ pub struct Health {
 
 /// How many real GPUs `host` should show, from the profile (`None`: no GPU check).
 pub fn expected_gpus(profile: &ClusterProfile, host: &str) -> Option<usize> {
-    let node = profile.nodes.iter().find(|n| n.host == host)?;
+    let node = profile
+        .nodes
+        .iter()
+        .find(|n| crate::exec::same_host(&n.host, host))?;
     let gpus = node.gpus()?;
     (!gpus.is_empty() && gpus.iter().all(|g| g.name != "cpu")).then_some(gpus.len())
 }

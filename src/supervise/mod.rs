@@ -18,19 +18,28 @@
 //! # Which nodes are left out
 //!
 //! Every failure ends the attempt: every node is torn down (TERM, the grace period, KILL;
-//! then a sweep for what a launcher left behind, see [`crate::launch`]). Left out of the next
-//! attempt are:
+//! then a sweep for what a launcher left behind, see [`crate::launch`]). A node is left out
+//! of the next attempt only on evidence against it:
 //!
 //! 1. the node(s) whose failure was seen first (in the same poll), the most severe kind
 //!    only: a lost connection over a launcher ended by a signal over a non-zero exit. (When
 //!    one node dies, its peers fail moments later with communication errors; those are
 //!    consequences, not causes.)
-//! 2. after a stall, every node whose torchrun did not stop within the grace period after
-//!    TERM (was killed): it is hung or stopped (this is how a stalled node is found). After
-//!    a failure with a culprit, a peer slow to stop (a busy node can take longer than the
-//!    grace period to shut its workers down) is only killed and health-checked;
+//! 2. after a stall, every node where a process of the job was found stopped (looked for
+//!    before the teardown), and every node whose torchrun did not stop within the grace
+//!    period after TERM, unless none did: on a busy machine every node can be slower than
+//!    the grace period, which alone blames none. After a failure with a culprit, a peer
+//!    slow to stop is only killed and health-checked;
 //! 3. every node that fails the health check ([`health`]): unreachable within the health
 //!    timeout, or fewer GPUs visible than its profile lists.
+//!
+//! A failure that is the job's own stops the job instead, with the worker's exit code and
+//! one line naming the cause, nobody left out and no re-plan spent: a full disk, a path it
+//! may not write, the master port in use, a passed-on signal the script does not handle, an
+//! unreadable checkpoint tracker (read in the failure's error line or any node's log), or
+//! the same failure as the attempt before, at the same iteration or with the same error
+//! ([`decide::job_cause`], [`decide::FailureMark`]). Before a launch or a resume, `--save` is
+//! checked writable and its tracker naming a checkpoint that is there ([`save_check`]).
 //!
 //! The rest are the survivors. The job is re-planned on them with the same settings (the
 //! global batch is kept) by [`crate::replan::failure::replan()`], which prefers a plan keeping tp × pp
@@ -76,6 +85,7 @@ pub mod events;
 pub mod health;
 pub mod output;
 pub mod reporter;
+pub mod save_check;
 pub use crate::exec::signals;
 pub mod stragglers;
 mod watch;

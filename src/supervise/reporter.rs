@@ -168,7 +168,9 @@ pub fn stop_line(stop: &Stop) -> Option<String> {
         Stop::NothingStarted { .. }
         | Stop::ReplanLimit { .. }
         | Stop::ReplanRefused(_)
-        | Stop::PrepareFailed(_) => Some(stop.reason()),
+        | Stop::PrepareFailed(_)
+        | Stop::JobFault(_)
+        | Stop::SaveUnusable(_) => Some(stop.reason()),
     }
 }
 

@@ -68,7 +68,7 @@ impl AgentOptions {
     pub fn addr_of(&self, host: &str) -> Option<&str> {
         self.nodes
             .iter()
-            .find(|n| n.host == host)
+            .find(|n| super::same_host(&n.host, host))
             .map(|n| n.addr.as_str())
     }
 }
