@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use comfy_table::{presets::NOTHING, CellAlignment, Table};
 use serde::Serialize;
 
+use crate::cluster::profile::AllRails;
 use crate::cluster::{Allocation, HostAllocation, NodeSource};
 use crate::config::{
     Constraints, ModelSpec, Normalization, PositionEmbedding, Precision, Recompute,
@@ -80,6 +81,9 @@ pub struct ProfileSummary {
     /// `node_links.nics_per_node` as the file gives it; `null`: not given, so a collective
     /// that crosses nodes is costed over one NIC (one node link's figure).
     pub nics_per_node: Option<u32>,
+    /// `node_links.all_rails`: what the rails of one node pair attained busy at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all_rails: Option<AllRails>,
 }
 
 impl ProfileSummary {
@@ -88,7 +92,16 @@ impl ProfileSummary {
         match self.nics_per_node {
             Some(n) => format!(
                 "NICs per node: {n} (node_links.nics_per_node): a collective that crosses nodes \
-                 is spread over them"
+                 is spread over them{}",
+                self.all_rails.map_or(String::new(), |r| format!(
+                    "; {} rails busy at once attained {} GB/s, {:.0} % of {} × {} GB/s \
+                     (node_links.all_rails): a collective over several NICs gets that share",
+                    r.rails,
+                    r.gb_per_s,
+                    100.0 * r.efficiency(),
+                    r.rails,
+                    r.one_rail_gb_per_s
+                ))
             ),
             None => "NICs per node: not in the cluster file, 1 assumed: a collective that \
                      crosses nodes gets one node link (set node_links.nics_per_node)"

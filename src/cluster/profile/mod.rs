@@ -27,7 +27,7 @@ mod write;
 pub use error::ProfileError;
 pub use slow::SlowPart;
 pub use types::{
-    round_figure, AttentionFigure, AttentionShape, ClusterProfile, CollectiveFigure,
+    round_figure, AllRails, AttentionFigure, AttentionShape, ClusterProfile, CollectiveFigure,
     DeviceSelection, Dtype, GemmFigure, GemmLayout, GemmShape, GpuInventory, GpuSpec, LinkMatrix,
     MeasuredPerf, MeasuredTflops, NodeProfile, NodeSelection, PeakTflops, Provenance, Source,
 };
