@@ -600,4 +600,32 @@ mod tests {
         assert!(shown.lines().count() <= 5, "{shown}");
         assert!(shown.contains("node ranks 1-99"), "{shown}");
     }
+
+    /// Issue 30: the dry run names the all-rails figure where the profile measured it.
+    #[test]
+    fn the_nics_line_names_what_the_rails_attained_at_once() {
+        let mut summary = ProfileSummary {
+            path: "c.json".into(),
+            nodes: 2,
+            gpus: 16,
+            gpu_models: vec!["H100".into()],
+            node_link_gbps: Some((48.5, 48.5)),
+            nics_per_node: Some(8),
+            all_rails: None,
+        };
+        let plain = summary.nics_line();
+        assert!(!plain.contains("all_rails"), "{plain}");
+        summary.all_rails = Some(AllRails {
+            rails: 8,
+            gb_per_s: 291.0,
+            one_rail_gb_per_s: 48.5,
+        });
+        assert_eq!(
+            summary.nics_line(),
+            format!(
+                "{plain}; 8 rails busy at once attained 291 GB/s, 75 % of 8 × 48.5 GB/s \
+                 (node_links.all_rails): a collective over several NICs gets that share"
+            )
+        );
+    }
 }
