@@ -127,7 +127,7 @@ fn three_local_nodes_profile_each_other_with_gloo() {
 
     // The rails of the first node pair, both ranks of node-a streaming to node-b's at once
     // (no RDMA ports here: as many rails as ranks), beside that pair's one-rail figure.
-    let rails = links.all_rails.expect("the rails phase ran");
+    let rails = links.all_rails().expect("the rails phase ran");
     assert_eq!(rails.rails, 2);
     assert!(rails.gb_per_s > 0.0);
     assert_eq!(
@@ -238,7 +238,7 @@ fn three_local_nodes_profile_each_other_with_gloo() {
         profile.node_links.get(2, 0),
         "node-c to node-a"
     );
-    assert_eq!(again.profile.node_links.all_rails, Some(rails));
+    assert_eq!(again.profile.node_links.all_rails(), Some(rails));
 
     // The planner accepts the profile: a small model on six CPU "GPUs".
     let args: Vec<String> = [

@@ -823,7 +823,7 @@ mod tests {
         let report = probe::parse_report(&rails_report(&every)).unwrap();
         assert_eq!(report.links.iter().filter(|l| l.kind == "rails").count(), 8);
         let profile = assemble(&spec, &inv, &plan, &report, &settings, "2026-11-28").unwrap();
-        let rails = profile.node_links.all_rails.expect("measured");
+        let rails = profile.node_links.all_rails().expect("measured");
         assert_eq!(
             (rails.rails, rails.gb_per_s, rails.one_rail_gb_per_s),
             (4, 5.0, 2.0)
@@ -853,7 +853,7 @@ mod tests {
         // Without the rails phase (one rail, an older report): no all_rails, as before.
         let none = probe::parse_report(&rails_report(&[])).unwrap();
         let profile = assemble(&spec, &inv, &plan, &none, &settings, "2026-11-28").unwrap();
-        assert_eq!(profile.node_links.all_rails, None);
+        assert_eq!(profile.node_links.all_rails(), None);
         assert!(!profile.to_json_pretty().contains("all_rails"));
 
         // A rail measured one way only, or twice, is a bad report, not a figure.
@@ -995,7 +995,7 @@ mod tests {
         use crate::cluster::profile::tests::two_nodes;
         use crate::cluster::profile::{GemmLayout, GemmShape};
         let report = probe::parse_report(
-            r#"{"protocol": 1, "backend": "nccl", "torch": "2.9", "world_size": 4,
+            r#"{"protocol": 2, "backend": "nccl", "torch": "2.9", "world_size": 4,
             "sizes": [1], "warmup": 1, "repeats": 1, "compute": [], "links": [],
             "elapsed_s": 9.0,
             "ranks": [

@@ -378,11 +378,11 @@ pub(crate) mod tests {
     fn all_rails_reads_back_and_is_checked() {
         let mut profile = two_nodes();
         profile.node_links.nics_per_node = Some(4);
-        profile.node_links.all_rails = Some(AllRails {
+        profile.node_links.set_all_rails(Some(AllRails {
             rails: 4,
             gb_per_s: 150.0,
             one_rail_gb_per_s: 48.5,
-        });
+        }));
         let text = profile.to_json_pretty();
         let written = r#""all_rails": {"rails": 4, "gb_per_s": 150.0, "one_rail_gb_per_s": 48.5}"#;
         assert!(text.contains(written), "{text}");
@@ -391,7 +391,7 @@ pub(crate) mod tests {
         let without =
             ClusterProfile::from_json_str(&text.replace(&format!("{written},"), ""), "w.json")
                 .unwrap();
-        assert_eq!(without.node_links.all_rails, None);
+        assert_eq!(without.node_links.all_rails(), None);
 
         let refused = |from: &str, to: &str| {
             ClusterProfile::from_json_str(&text.replace(from, to), "r.json")

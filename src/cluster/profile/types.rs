@@ -455,9 +455,10 @@ pub struct LinkMatrix {
     /// collective that crosses nodes (each cell is what one GPU pair, one NIC, attains).
     /// `None`: unknown, taken as one.
     pub nics_per_node: Option<u32>,
-    /// `node_links` only: what the rails of one node pair attained all busy at once (see
-    /// [`AllRails`]). `None`: not measured, every rail taken to attain a cell's figure.
-    pub all_rails: Option<AllRails>,
+    /// `node_links` only: what the rails of one node pair attained all busy at once
+    /// ([`LinkMatrix::all_rails`]). Boxed: a node's GPU matrix never has it, and the GPU
+    /// inventory holds a matrix by value.
+    all_rails: Option<Box<AllRails>>,
     size: usize,
     cells: Cells,
 }
@@ -601,8 +602,19 @@ impl LinkMatrix {
 
     /// The same matrix with `all_rails` set.
     pub fn with_all_rails(mut self, all_rails: Option<AllRails>) -> Self {
-        self.all_rails = all_rails;
+        self.set_all_rails(all_rails);
         self
+    }
+
+    /// Sets what the rails of one node pair attained busy at once.
+    pub fn set_all_rails(&mut self, all_rails: Option<AllRails>) {
+        self.all_rails = all_rails.map(Box::new);
+    }
+
+    /// `node_links` only: what the rails of one node pair attained all busy at once (see
+    /// [`AllRails`]). `None`: not measured, every rail taken to attain a cell's figure.
+    pub fn all_rails(&self) -> Option<AllRails> {
+        self.all_rails.as_deref().copied()
     }
 
     /// The number of rows (and columns).
@@ -781,7 +793,7 @@ impl LinkMatrix {
         };
         matrix
             .with_nics_per_node(self.nics_per_node)
-            .with_all_rails(self.all_rails)
+            .with_all_rails(self.all_rails())
     }
 }
 
@@ -1117,7 +1129,7 @@ impl From<&LinkMatrix> for LinksFile {
         LinksFile {
             provenance: matrix.provenance.clone(),
             nics_per_node: matrix.nics_per_node,
-            all_rails: matrix.all_rails,
+            all_rails: matrix.all_rails(),
             gb_per_s,
             node_gb_per_s,
             pairs,

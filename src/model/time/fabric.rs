@@ -179,7 +179,7 @@ impl ClusterFabric {
             nics_per_node: cluster.node_links.nics_per_node.map(f64::from),
             rail_efficiency: cluster
                 .node_links
-                .all_rails
+                .all_rails()
                 .map_or(1.0, |rails| rails.efficiency()),
             domain: domain_indices(cluster),
             tables,

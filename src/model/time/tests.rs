@@ -368,13 +368,13 @@ fn tp_ring_across_nodes_gets_what_the_rails_attained_at_once() {
             one_rail_gb_per_s: 20.0,
         })
     };
-    case.cluster.node_links.all_rails = rails(80.0);
+    case.cluster.node_links.set_all_rails(rails(80.0));
     assert_eq!(
         case.run(TimeModel::Pipette),
         ideal,
         "k rails attained k × one"
     );
-    case.cluster.node_links.all_rails = rails(40.0);
+    case.cluster.node_links.set_all_rails(rails(40.0));
     let half = case.run(TimeModel::Pipette);
     assert_eq!(half.stages[0].tp_link.as_ref().unwrap().gb_per_s, 40.0);
     let latency = 34.0 * latency_ms(ALL_REDUCE, 4.0);
@@ -383,14 +383,14 @@ fn tp_ring_across_nodes_gets_what_the_rails_attained_at_once() {
         2.0
     ));
     assert!(half.iteration_ms > ideal.iteration_ms);
-    case.cluster.node_links.all_rails = rails(8.0);
+    case.cluster.node_links.set_all_rails(rails(8.0));
     let floor = case.run(TimeModel::Pipette);
     assert_eq!(floor.stages[0].tp_link.as_ref().unwrap().gb_per_s, 20.0);
     // One NIC for both GPUs of a node: one link, measured rails or not.
     case.cluster.node_links.nics_per_node = Some(1);
-    case.cluster.node_links.all_rails = None;
+    case.cluster.node_links.set_all_rails(None);
     let one = case.run(TimeModel::Pipette);
-    case.cluster.node_links.all_rails = rails(40.0);
+    case.cluster.node_links.set_all_rails(rails(40.0));
     assert_eq!(case.run(TimeModel::Pipette), one);
 }
 
