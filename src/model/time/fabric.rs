@@ -38,6 +38,8 @@ pub trait Fabric {
     /// node's NICs, and like collectives of the node's other GPUs run at the same time
     /// (tensor-parallel groups tile the nodes), so the group gets its share of the NICs:
     /// `NICs × members / GPUs on the node`. One when the profile does not know the NICs.
+    /// A share above one is scaled by what the rails attained busy at once
+    /// (`node_links.all_rails`: measured / (rails × one)), never below one.
     fn nic_share(&self, node: usize, members: usize) -> f64;
     /// The NIC share of one data-parallel ring crossing `node` when tensor-parallel groups
     /// of `tp` tile the nodes: the node's GPUs run `tp` such rings at once (one per tp
