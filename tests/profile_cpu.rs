@@ -1,8 +1,9 @@
 //! Profiling end to end on CPUs with PyTorch's real torchrun: three "nodes" (`node-a`,
 //! `node-b`, `node-c`, all run here through the local transport, master 127.0.0.1) of two
 //! CPU processes each profile each other with gloo. The profile must be complete (3×3 node
-//! matrix, 2×2 GPU matrices, compute figures), measured and dated, valid, readable back,
-//! cached (a second run in another host order reuses it), and accepted by the planner.
+//! matrix, 2×2 GPU matrices, compute figures, the first node pair's rails busy at once),
+//! measured and dated, valid, readable back, cached (a second run in another host order
+//! reuses it), and accepted by the planner.
 //!
 //! Needs the venv of `scripts/setup-megatron-venv` (PyTorch with torchrun);
 //! `PIPETTE_MEGATRON_PYTHON` picks another python. Fails, never skips, without it.
@@ -124,6 +125,34 @@ fn three_local_nodes_profile_each_other_with_gloo() {
         .unwrap()
         .starts_with("pipette-run probe v"));
 
+    // The rails of the first node pair, both ranks of node-a streaming to node-b's at once
+    // (no RDMA ports here: as many rails as ranks), beside that pair's one-rail figure.
+    let rails = links.all_rails().expect("the rails phase ran");
+    assert_eq!(rails.rails, 2);
+    assert!(rails.gb_per_s > 0.0);
+    assert_eq!(
+        rails.one_rail_gb_per_s,
+        links.get(0, 1).min(links.get(1, 0))
+    );
+    assert!(
+        links
+            .provenance
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("all_rails: 2 rank pairs of node-a and node-b"),
+        "{:?}",
+        links.provenance.note
+    );
+    eprintln!(
+        "all rails: {} GB/s over {} rails, {:.0} % of {} × {} GB/s",
+        rails.gb_per_s,
+        rails.rails,
+        100.0 * rails.efficiency(),
+        rails.rails,
+        rails.one_rail_gb_per_s
+    );
+
     for node in &profile.nodes {
         let gpus = node.gpus().expect("known GPUs");
         assert_eq!(gpus.len(), 2, "{}", node.host);
@@ -184,8 +213,9 @@ fn three_local_nodes_profile_each_other_with_gloo() {
         );
     }
 
-    // Written and read back unchanged.
+    // Written (with node_links.all_rails) and read back unchanged.
     let text = profile.to_json_pretty();
+    assert!(text.contains("\"all_rails\": {\"rails\": 2, "), "{text}");
     assert_eq!(
         &ClusterProfile::from_json_str(&text, "p.json").unwrap(),
         profile
@@ -208,6 +238,7 @@ fn three_local_nodes_profile_each_other_with_gloo() {
         profile.node_links.get(2, 0),
         "node-c to node-a"
     );
+    assert_eq!(again.profile.node_links.all_rails(), Some(rails));
 
     // The planner accepts the profile: a small model on six CPU "GPUs".
     let args: Vec<String> = [

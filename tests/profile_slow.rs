@@ -13,7 +13,7 @@ use pipette::cluster::ClusterProfile;
 
 /// A torchrun that prints one probe report: one node, one CPU process, slow matmuls.
 fn slow_torchrun(dir: &Path) -> std::path::PathBuf {
-    let report = r#"{"protocol": 1, "backend": "gloo", "torch": "2.5.1", "world_size": 1, "sizes": [65536], "warmup": 1, "repeats": 3, "ranks": [{"rank": 0, "node": 0, "local_rank": 0, "hostname": "localhost", "device": "cpu", "name": "cpu", "host_memory_bytes": 8589934592, "cpus": 2, "threads": 2}], "links": [], "compute": [{"rank": 0, "dtype": "fp32", "n": 256, "tflops": 0.00093238112051}, {"rank": 0, "dtype": "bf16", "n": 256, "tflops": 0.00041}], "elapsed_s": 3.0}"#;
+    let report = r#"{"protocol": 2, "backend": "gloo", "torch": "2.5.1", "world_size": 1, "sizes": [65536], "warmup": 1, "repeats": 3, "ranks": [{"rank": 0, "node": 0, "local_rank": 0, "hostname": "localhost", "device": "cpu", "name": "cpu", "host_memory_bytes": 8589934592, "cpus": 2, "threads": 2}], "links": [], "compute": [{"rank": 0, "dtype": "fp32", "n": 256, "tflops": 0.00093238112051}, {"rank": 0, "dtype": "bf16", "n": 256, "tflops": 0.00041}], "elapsed_s": 3.0}"#;
     let path = dir.join("torchrun");
     common::write_executable(
         &path,

@@ -253,6 +253,7 @@ pub(super) fn profile_summary(path: &Path, profile: &ClusterProfile) -> ProfileS
         gpu_models,
         node_link_gbps,
         nics_per_node: links.nics_per_node,
+        all_rails: links.all_rails(),
     }
 }
 

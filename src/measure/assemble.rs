@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use crate::cluster::profile::{
-    median, round_figure, AttentionFigure, CollectiveFigure, Dtype, GemmFigure, GpuInventory,
-    GpuSpec, LinkMatrix, MeasuredPerf, MeasuredTflops, NodeProfile, PeakTflops, Provenance, Source,
+    median, round_figure, AllRails, AttentionFigure, CollectiveFigure, Dtype, GemmFigure,
+    GpuInventory, GpuSpec, LinkMatrix, MeasuredPerf, MeasuredTflops, NodeProfile, PeakTflops,
+    Provenance, Source,
 };
 use crate::cluster::{ClusterProfile, ClusterSpec};
 use crate::exec::{is_local_host, Transport};
@@ -78,7 +79,8 @@ impl NodePlan {
     /// many processes run there. The leading version changes whenever what a profile
     /// records changes, so older entries are measured again rather than misread (2: CPU
     /// stand-ins keep their fp32 matmul figure, without which fp32 training was priced at
-    /// a sixteenth of it).
+    /// a sixteenth of it; 3: `node_links.all_rails`, without which a collective over
+    /// several NICs is taken to attain every NIC's figure).
     pub(super) fn canonical(&self, inventory: &[NodeInventory], backend: Backend) -> String {
         let mut lines: Vec<String> = inventory
             .iter()
@@ -114,7 +116,7 @@ impl NodePlan {
             .collect();
         lines.sort();
         format!(
-            "pipette-profile/2 {}\n{}\n",
+            "pipette-profile/3 {}\n{}\n",
             backend.as_str(),
             lines.join("\n")
         )
@@ -226,6 +228,8 @@ pub(super) fn assemble(
     let n = spec.nodes.len();
     // Measured node links by (sender, receiver): the pairs the probe chose, not n².
     let mut node_figures: BTreeMap<(usize, usize), f64> = BTreeMap::new();
+    // The rails phase's records, (sender's node, receiver's node, sender rank, GB/s).
+    let mut rail_figures: Vec<RailFigure> = Vec::new();
     let mut gpu_cells: Vec<Vec<f64>> = plan
         .nproc
         .iter()
@@ -243,6 +247,12 @@ pub(super) fn assemble(
             "inter" if sn != dn => {
                 node_figures.insert((sn, dn), rec.gb_per_s);
             }
+            "rails" if sn != dn => rail_figures.push(RailFigure {
+                from: sn,
+                to: dn,
+                rank: rec.src,
+                gb_per_s: rec.gb_per_s,
+            }),
             other => {
                 return Err(bad(format!(
                     "a {other:?} link from rank {} to rank {}",
@@ -266,6 +276,15 @@ pub(super) fn assemble(
         figure(a, b)?;
         figure(b, a)?;
     }
+
+    let all_rails = all_rails(&rail_figures, &node_figures).map_err(bad)?;
+    let rails_note = all_rails.map_or(String::new(), |(rails, a, b)| {
+        format!(
+            "; all_rails: {} rank pairs of {} and {} streaming at once (local rank i to local \
+             rank i), summed, the slower direction",
+            rails.rails, spec.nodes[a].host, spec.nodes[b].host
+        )
+    });
 
     // Compute figures by rank and dtype.
     let mut compute: BTreeMap<(usize, &str), f64> = BTreeMap::new();
@@ -337,7 +356,9 @@ pub(super) fn assemble(
             LinkMatrix::from_rows(
                 &cells.chunks(n).map(<[f64]>::to_vec).collect::<Vec<_>>(),
                 if n > 1 {
-                    measured(format!("{link_note}; between the first GPU of each node"))
+                    measured(format!(
+                        "{link_note}; between the first GPU of each node{rails_note}"
+                    ))
                 } else {
                     measured("one node: no node pairs".into())
                 },
@@ -351,7 +372,7 @@ pub(super) fn assemble(
                 "{link_note}; between the first GPU of each node, each node with the nodes \
                  {} places after it around the ring of nodes; a pair not measured is taken \
                  to attain the lesser of its nodes' figures (the median of each node's \
-                 measured links)",
+                 measured links){rails_note}",
                 strides
                     .iter()
                     .map(usize::to_string)
@@ -361,6 +382,7 @@ pub(super) fn assemble(
         )
         .ok_or_else(|| bad("a node link names a node outside the launch".into()))?,
     };
+    let node_links = node_links.with_all_rails(all_rails.map(|(rails, _, _)| rails));
     let kind = match inventory.first().map(|i| &i.devices) {
         Some(NodeDevices::Cpus { .. }) => "CPU processes standing in for GPUs, ",
         _ => "",
@@ -377,6 +399,82 @@ pub(super) fn assemble(
         node_links,
         measured_perf: Vec::new(),
     })
+}
+
+/// One rail's figure from the probe's rails phase.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct RailFigure {
+    /// The sender's node and the receiver's.
+    pub(super) from: usize,
+    pub(super) to: usize,
+    /// The sending rank: each rail once per direction.
+    pub(super) rank: usize,
+    pub(super) gb_per_s: f64,
+}
+
+/// What the rails attained together ([`AllRails`]) and between which two nodes: the sum
+/// of the rails' figures in each direction, the slower one, beside that node pair's own
+/// one-rail figure (its slower direction). `None` when the rails were not measured (one
+/// node, fewer than two rails, a report without them); an error when the records do not
+/// make one node pair with every rail in both directions.
+pub(super) fn all_rails(
+    rails: &[RailFigure],
+    node_figures: &BTreeMap<(usize, usize), f64>,
+) -> Result<Option<(AllRails, usize, usize)>, String> {
+    let Some(first) = rails.first() else {
+        return Ok(None);
+    };
+    let (a, b) = (first.from.min(first.to), first.from.max(first.to));
+    let mut senders: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
+    let mut sums = [0.0f64; 2];
+    for rail in rails {
+        let direction = match (rail.from, rail.to) {
+            (f, t) if (f, t) == (a, b) => 0,
+            (f, t) if (f, t) == (b, a) => 1,
+            (f, t) => {
+                return Err(format!(
+                    "rails were measured between nodes {a} and {b} and between nodes {f} \
+                     and {t}: one node pair is expected"
+                ))
+            }
+        };
+        if senders[direction].contains(&rail.rank) {
+            return Err(format!("rank {} sent twice in the rails phase", rail.rank));
+        }
+        if !(rail.gb_per_s.is_finite() && rail.gb_per_s > 0.0) {
+            return Err(format!(
+                "rank {} attained {} GB/s in the rails phase",
+                rail.rank, rail.gb_per_s
+            ));
+        }
+        senders[direction].push(rail.rank);
+        sums[direction] += rail.gb_per_s;
+    }
+    if senders[0].len() != senders[1].len() {
+        return Err(format!(
+            "{} rail(s) from node {a} to node {b} but {} back: each rail is measured both ways",
+            senders[0].len(),
+            senders[1].len()
+        ));
+    }
+    let one = |from: usize, to: usize| {
+        node_figures
+            .get(&(from, to))
+            .copied()
+            .filter(|v| *v > 0.0)
+            .ok_or_else(|| {
+                format!(
+                    "the rails of nodes {a} and {b} have no one-rail figure from {from} to {to}"
+                )
+            })
+    };
+    let one_rail = one(a, b)?.min(one(b, a)?);
+    let rails = AllRails {
+        rails: senders[0].len() as u32,
+        gb_per_s: round_figure(sums[0].min(sums[1])),
+        one_rail_gb_per_s: round_figure(one_rail),
+    };
+    Ok(Some((rails, a, b)))
 }
 
 /// Node links from a sample of measured pairs: each node's figure is the median of its

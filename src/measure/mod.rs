@@ -297,6 +297,8 @@ pub fn run_profile(
         grace: options.grace,
         sweep: sweep.clone(),
         sweep_only: cached_links.is_some(),
+        // One rail per NIC; unknown NICs: as many rails as the nodes have ranks.
+        rails: nics,
     };
     let report = probe::run_probe(&request, progress)?;
     let today = utc_date(SystemTime::now());
@@ -645,7 +647,7 @@ mod tests {
         assert_eq!(nodes[0].threads, Some(1));
         let canonical = plan.canonical(&inv, Backend::Gloo);
         assert!(
-            canonical.starts_with("pipette-profile/2 gloo\nnode-a\tcpu\t2\t"),
+            canonical.starts_with("pipette-profile/3 gloo\nnode-a\tcpu\t2\t"),
             "{canonical}"
         );
         // The same nodes listed in another order share the cache entry.
@@ -759,6 +761,115 @@ mod tests {
         short.links.retain(|l| (l.src, l.dst) != (7, 8));
         let err = assemble(&spec, &inv, &plan, &short, &settings, "2026-11-24").unwrap_err();
         assert!(err.to_string().contains("no figure from n7 to n8"), "{err}");
+    }
+
+    /// A report as the probe prints it on two CPU nodes of four ranks (node-major ranks):
+    /// every GPU pair, the node pair between ranks 0 and 4 (2.2 GB/s out, 2.0 back), and
+    /// the rails phase, ranks 0..3 to 4..7 and back all at once, as `rails` lists them
+    /// (sender, receiver, GB/s).
+    fn rails_report(rails: &[(usize, usize, f64)]) -> String {
+        let size = ProbeSettings::cpu().reported_size();
+        let ranks: Vec<serde_json::Value> = (0..8)
+            .map(|r| {
+                serde_json::json!({"rank": r, "node": r / 4, "local_rank": r % 4,
+                    "hostname": "ci", "pid": 4100 + r, "device": "cpu", "name": "cpu",
+                    "cpu_model": "Xeon", "host_memory_bytes": 25_769_803_776u64, "cpus": 2,
+                    "threads": 1})
+            })
+            .collect();
+        let link = |kind: &str, src: usize, dst: usize, gb_per_s: f64| {
+            serde_json::json!({"kind": kind, "src": src, "dst": dst, "size": size, "iters": 4,
+                "gb_per_s": gb_per_s, "samples_s": [0.0091, 0.0087, 0.0089]})
+        };
+        let mut links: Vec<serde_json::Value> = (0..8)
+            .flat_map(|a| (0..8).map(move |b| (a, b)))
+            .filter(|(a, b)| a != b && a / 4 == b / 4)
+            .map(|(a, b)| link("intra", a, b, 3.1))
+            .collect();
+        links.push(link("inter", 0, 4, 2.2));
+        links.push(link("inter", 4, 0, 2.0));
+        links.extend(rails.iter().map(|&(a, b, v)| link("rails", a, b, v)));
+        let compute: Vec<serde_json::Value> = (0..8)
+            .map(|r| {
+                serde_json::json!({"rank": r, "dtype": "fp32", "n": 256, "tflops": 0.012,
+                                        "samples_s": [0.003]})
+            })
+            .collect();
+        serde_json::json!({"protocol": 2, "backend": "gloo", "torch": "2.9.1+cpu",
+            "world_size": 8, "sizes": [65_536, size], "warmup": 1, "repeats": 3,
+            "ranks": ranks, "links": links, "compute": compute, "sweep": [],
+            "collectives": [], "collectives_skipped": 0, "elapsed_s": 14.2})
+        .to_string()
+    }
+
+    /// Issue 30: the rails of the first node pair, busy at once, become
+    /// `node_links.all_rails`: the sum of the rails' figures in the slower direction beside
+    /// the node pair's own figure in its slower direction; written, read back, valid.
+    #[test]
+    fn the_rails_busy_at_once_become_all_rails() {
+        let spec = spec(&["node-a", "node-b"]);
+        let options = ProfileOptions {
+            nproc_per_node: Some(4),
+            cache: None,
+            ..ProfileOptions::default()
+        };
+        let inv = vec![cpu_node("node-a"), cpu_node("node-b")];
+        let plan = NodePlan::new(&spec, &options, &inv);
+        let settings = ProbeSettings::cpu();
+        // Out: 2 + 2 + 1 + 1 = 6 GB/s; back: 4 × 1.25 = 5 GB/s, the slower.
+        let out = [(0, 4, 2.0), (1, 5, 2.0), (2, 6, 1.0), (3, 7, 1.0)];
+        let back = [(4, 0, 1.25), (5, 1, 1.25), (6, 2, 1.25), (7, 3, 1.25)];
+        let every: Vec<_> = out.iter().chain(&back).copied().collect();
+        let report = probe::parse_report(&rails_report(&every)).unwrap();
+        assert_eq!(report.links.iter().filter(|l| l.kind == "rails").count(), 8);
+        let profile = assemble(&spec, &inv, &plan, &report, &settings, "2026-11-28").unwrap();
+        let rails = profile.node_links.all_rails().expect("measured");
+        assert_eq!(
+            (rails.rails, rails.gb_per_s, rails.one_rail_gb_per_s),
+            (4, 5.0, 2.0)
+        );
+        assert_eq!(rails.efficiency(), 5.0 / 8.0);
+        assert_eq!(
+            profile.node_links.get(0, 1),
+            2.2,
+            "the node pair is one rail"
+        );
+        let note = profile.node_links.provenance.note.as_deref().unwrap();
+        assert!(
+            note.contains("all_rails: 4 rank pairs of node-a and node-b"),
+            "{note}"
+        );
+        profile.validate("the measured profile").unwrap();
+        let json = profile.to_json_pretty();
+        assert!(
+            json.contains(
+                r#""all_rails": {"rails": 4, "gb_per_s": 5.0, "one_rail_gb_per_s": 2.0}"#
+            ),
+            "{json}"
+        );
+        let again = ClusterProfile::from_json_str(&json, "p.json").unwrap();
+        assert_eq!(again, profile);
+
+        // Without the rails phase (one rail, an older report): no all_rails, as before.
+        let none = probe::parse_report(&rails_report(&[])).unwrap();
+        let profile = assemble(&spec, &inv, &plan, &none, &settings, "2026-11-28").unwrap();
+        assert_eq!(profile.node_links.all_rails(), None);
+        assert!(!profile.to_json_pretty().contains("all_rails"));
+
+        // A rail measured one way only, or twice, is a bad report, not a figure.
+        let err = |rails: &[(usize, usize, f64)]| {
+            let report = probe::parse_report(&rails_report(rails)).unwrap();
+            assemble(&spec, &inv, &plan, &report, &settings, "2026-11-28")
+                .unwrap_err()
+                .to_string()
+        };
+        let one_way = err(&every[..7]);
+        assert!(
+            one_way.contains("4 rail(s) from node 0 to node 1 but 3 back"),
+            "{one_way}"
+        );
+        let twice: Vec<_> = every.iter().chain(&out[..1]).copied().collect();
+        assert!(err(&twice).contains("rank 0 sent twice"), "{}", err(&twice));
     }
 
     /// Regression: a CPU stand-in's fp32 matmul figure was kept only in a note (its peak
@@ -884,7 +995,7 @@ mod tests {
         use crate::cluster::profile::tests::two_nodes;
         use crate::cluster::profile::{GemmLayout, GemmShape};
         let report = probe::parse_report(
-            r#"{"protocol": 1, "backend": "nccl", "torch": "2.9", "world_size": 4,
+            r#"{"protocol": 2, "backend": "nccl", "torch": "2.9", "world_size": 4,
             "sizes": [1], "warmup": 1, "repeats": 1, "compute": [], "links": [],
             "elapsed_s": 9.0,
             "ranks": [

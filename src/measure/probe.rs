@@ -18,6 +18,14 @@
 //! - Each direction separately: handshake, then the sender streams `iters` messages of one
 //!   size and the receiver acknowledges; bandwidth = `iters × size / elapsed` on the sender
 //!   (GB/s, 10⁹ bytes/s). `warmup` unrecorded runs, then the median of `repeats`.
+//! - Rails (protocol 2): after the node pairs, local rank `i` of node 0 streams to local
+//!   rank `i` of node 1 for every `i` below `--rails` ([`ProbeRequest::rails`]: the
+//!   node's NICs when known, else as many as both nodes have ranks), all at once (every
+//!   rank meets at a barrier before each run), each direction; each sender records its
+//!   figure as a link of kind `rails`. The first pair is the sample because its one-NIC
+//!   figure is measured in every layout of node pairs (the tournament, and stride 1 around
+//!   the ring), so the rails compare with one rail on the same two nodes. Fewer than two
+//!   rails: not measured (the node pair is the one rail).
 //! - The profile keeps the figure at the largest message size; the others are in the
 //!   [`ProbeReport`].
 //! - Compute: every rank at once multiplies `n × n` matrices (bf16 on GPUs of compute
@@ -47,7 +55,7 @@ pub const TEMPLATE: &str = include_str!("../../templates/probe/bandwidth.py");
 /// Its file name on the nodes.
 pub const TEMPLATE_NAME: &str = "bandwidth.py";
 /// The result format this code reads.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 /// What measured the figures, as provenance records it.
 pub const TOOL: &str = concat!("pipette-run probe v", env!("CARGO_PKG_VERSION"));
 
@@ -287,6 +295,9 @@ pub struct ProbeRequest<'a> {
     /// Measure the sweep alone: the links and matmul figures come from the cache, so the
     /// report's `links` and `compute` are empty.
     pub sweep_only: bool,
+    /// Rank pairs the rails phase streams at once between the first two nodes (the NICs
+    /// per node); `None`: as many as both nodes have ranks.
+    pub rails: Option<u32>,
 }
 
 /// What the probe measured, as rank 0 printed it.
@@ -361,7 +372,8 @@ pub struct RankInfo {
 /// One measured direction of one pair at one size.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct LinkRecord {
-    /// `intra` (inside a node) or `inter` (between nodes).
+    /// `intra` (inside a node), `inter` (between nodes) or `rails` (between the first two
+    /// nodes, every rail at once).
     pub kind: String,
     pub src: usize,
     pub dst: usize,
@@ -440,6 +452,9 @@ pub fn torchrun_command(
     if let NodePairs::Ring { strides } = NodePairs::for_nodes(request.nodes.len()) {
         let strides: Vec<String> = strides.iter().map(usize::to_string).collect();
         command = command.args(["--node-pair-strides".to_owned(), strides.join(",")]);
+    }
+    if let Some(rails) = request.rails {
+        command = command.args(["--rails".to_owned(), rails.to_string()]);
     }
     if let Some(threads) = node.threads {
         command = command.args(["--threads".to_owned(), threads.to_string()]);
@@ -672,6 +687,7 @@ mod tests {
             grace: Duration::from_secs(1),
             sweep: None,
             sweep_only: false,
+            rails: None,
         }
     }
 
@@ -699,6 +715,14 @@ mod tests {
             "{line}"
         );
         assert!(line.ends_with("--timeout 90 --threads 1"), "{line}");
+        let railed = ProbeRequest {
+            rails: Some(8),
+            ..r.clone()
+        };
+        let line = torchrun_command(&railed, 0, "/tmp/pipette-probe.abc", 29500)
+            .args
+            .join(" ");
+        assert!(line.ends_with("--rails 8 --threads 1"), "{line}");
         assert_eq!(c.env, [("GLOO_SOCKET_IFNAME".into(), "lo".into())]);
         let c = torchrun_command(&r, 1, "/tmp/pipette-probe.abc", 29500);
         assert!(c.args.contains(&"--node-rank=1".to_owned()));
@@ -735,22 +759,22 @@ mod tests {
 
     #[test]
     fn reports_of_another_protocol_are_refused() {
-        let err = parse_report(r#"{"protocol": 2}"#).unwrap_err();
+        let err = parse_report(r#"{"protocol": 1}"#).unwrap_err();
         assert!(
             err.contains("missing field") || err.contains("protocol"),
             "{err}"
         );
-        let ok = r#"{"protocol": 1, "backend": "gloo", "torch": "2.15", "world_size": 1,
+        let ok = r#"{"protocol": 2, "backend": "gloo", "torch": "2.15", "world_size": 1,
             "sizes": [1], "warmup": 1, "repeats": 1, "ranks": [], "links": [], "compute": [],
             "elapsed_s": 1.0, "extra": true}"#;
         assert_eq!(parse_report(ok).unwrap().world_size, 1);
-        let two = ok.replace("\"protocol\": 1", "\"protocol\": 2");
-        assert!(parse_report(&two).unwrap_err().starts_with("protocol 2"));
+        let one = ok.replace("\"protocol\": 2", "\"protocol\": 1");
+        assert!(parse_report(&one).unwrap_err().starts_with("protocol 1"));
     }
 
     #[test]
     fn the_template_speaks_this_protocol() {
-        assert!(TEMPLATE.contains("PROTOCOL = 1"));
+        assert!(TEMPLATE.contains(&format!("\nPROTOCOL = {PROTOCOL}\n")));
         assert!(TEMPLATE.contains(RESULT_MARK));
         assert!(TEMPLATE.contains(PROGRESS_MARK));
     }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use comfy_table::{presets::NOTHING, CellAlignment, Table};
 use serde::Serialize;
 
+use crate::cluster::profile::AllRails;
 use crate::cluster::{Allocation, HostAllocation, NodeSource};
 use crate::config::{
     Constraints, ModelSpec, Normalization, PositionEmbedding, Precision, Recompute,
@@ -80,6 +81,9 @@ pub struct ProfileSummary {
     /// `node_links.nics_per_node` as the file gives it; `null`: not given, so a collective
     /// that crosses nodes is costed over one NIC (one node link's figure).
     pub nics_per_node: Option<u32>,
+    /// `node_links.all_rails`: what the rails of one node pair attained busy at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all_rails: Option<AllRails>,
 }
 
 impl ProfileSummary {
@@ -88,7 +92,16 @@ impl ProfileSummary {
         match self.nics_per_node {
             Some(n) => format!(
                 "NICs per node: {n} (node_links.nics_per_node): a collective that crosses nodes \
-                 is spread over them"
+                 is spread over them{}",
+                self.all_rails.map_or(String::new(), |r| format!(
+                    "; {} rails busy at once attained {} GB/s, {:.0} % of {} × {} GB/s \
+                     (node_links.all_rails): a collective over several NICs gets that share",
+                    r.rails,
+                    r.gb_per_s,
+                    100.0 * r.efficiency(),
+                    r.rails,
+                    r.one_rail_gb_per_s
+                ))
             ),
             None => "NICs per node: not in the cluster file, 1 assumed: a collective that \
                      crosses nodes gets one node link (set node_links.nics_per_node)"
@@ -586,5 +599,33 @@ mod tests {
         let shown = commands_to_human(&many, &BTreeMap::new());
         assert!(shown.lines().count() <= 5, "{shown}");
         assert!(shown.contains("node ranks 1-99"), "{shown}");
+    }
+
+    /// Issue 30: the dry run names the all-rails figure where the profile measured it.
+    #[test]
+    fn the_nics_line_names_what_the_rails_attained_at_once() {
+        let mut summary = ProfileSummary {
+            path: "c.json".into(),
+            nodes: 2,
+            gpus: 16,
+            gpu_models: vec!["H100".into()],
+            node_link_gbps: Some((48.5, 48.5)),
+            nics_per_node: Some(8),
+            all_rails: None,
+        };
+        let plain = summary.nics_line();
+        assert!(!plain.contains("all_rails"), "{plain}");
+        summary.all_rails = Some(AllRails {
+            rails: 8,
+            gb_per_s: 291.0,
+            one_rail_gb_per_s: 48.5,
+        });
+        assert_eq!(
+            summary.nics_line(),
+            format!(
+                "{plain}; 8 rails busy at once attained 291 GB/s, 75 % of 8 × 48.5 GB/s \
+                 (node_links.all_rails): a collective over several NICs gets that share"
+            )
+        );
     }
 }

@@ -9,6 +9,12 @@ torchrun starts this on every node (static rendezvous, node-major ranks). It mea
   ``--node-pair-strides``, of each node with the nodes that many places after it around
   the ring of nodes: a few pairs per node, enough to show a slow node or NIC on clusters
   where every pair would take n² measurements;
+* the rails of one node pair, the first (nodes 0 and 1): local rank i of node 0 with local
+  rank i of node 1 for i below ``--rails`` (the node's NICs; 0: as many as both nodes have
+  ranks), every pair streaming at the same time, each direction: what a collective spread
+  over the NICs attains, beside the one pair (one NIC) measured alone. The first pair
+  because its one-NIC figure is always measured (every pair, or stride 1 around the ring),
+  so the two compare on the same nodes; one sample, as the fabric's rails are alike;
 * the matrix-multiply throughput every rank attains;
 * with ``--sweep``, the performance tables of the model being planned: on the first rank
   of every kind of device, GEMMs at the given shapes in the three layouts of a linear
@@ -27,7 +33,8 @@ method), every other rank idle, with a barrier between rounds. A pair measures o
 direction at a time: after a handshake the sender streams ``iters`` messages and the
 receiver answers with a one-element acknowledgement; bandwidth = iters x size / elapsed on
 the sender. Each size is measured ``warmup`` times unrecorded, then ``repeats`` times; the
-median is reported. NCCL on GPUs, gloo on CPUs (where each process stands in for a GPU).
+median is reported. The rails phase runs every rail's repeat at once: all ranks meet at a
+barrier before each one. NCCL on GPUs, gloo on CPUs (where each process stands in for a GPU).
 
 This file is embedded in pipette-run (src/profile/probe.rs) and written to a temporary
 directory on every node; its command line and output are a contract with that code.
@@ -45,7 +52,7 @@ import time
 import torch
 import torch.distributed as dist
 
-PROTOCOL = 1
+PROTOCOL = 2
 RESULT = "PIPETTE-PROBE-RESULT "
 PROGRESS = "PIPETTE-PROBE-PROGRESS "
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -68,6 +75,9 @@ def parse_args():
     p.add_argument("--node-pair-strides", default="",
                    help="comma-separated; measure node i with node i + s (mod nodes) for each s "
                         "instead of every node pair")
+    p.add_argument("--rails", type=int, default=0,
+                   help="rails of the first node pair measured at once (0: as many as both "
+                        "nodes have ranks)")
     p.add_argument("--sweep", default="",
                    help="JSON: dtype, gemms [[m, n, k, layout]], attention [[heads, seq, dim]], "
                         "hbm_bytes, collective_sizes, repeats, budget_s")
@@ -117,6 +127,22 @@ def ring_rounds(players, strides):
             busy[r].update((i, j))
             rounds[r].append((players[i], players[j]))
     return rounds
+
+
+def rail_pairs(by_node, rails):
+    """The rails of the first node pair: (local rank i of the first node, local rank i of
+    the second) for i below rails (0: as many as both nodes have ranks); none with fewer
+    than two, which the node pair itself measured."""
+    nodes = sorted(by_node)
+    if len(nodes) < 2:
+        return []
+    first, second = by_node[nodes[0]], by_node[nodes[1]]
+    k = min(len(first), len(second))
+    if rails > 0:
+        k = min(k, rails)
+    if k < 2:
+        return []
+    return [(first[i]["rank"], second[i]["rank"]) for i in range(k)]
 
 
 def meminfo_total():
@@ -228,6 +254,33 @@ class Probe:
                     self.measure_pair(kind, a, b, records)
             dist.barrier()
             self.progress(phase, r + 1, len(rounds))
+
+    def measure_rails(self, pairs, records):
+        """Every rail pair streams at the same time, one direction and size at a time:
+        all ranks (the idle ones too) meet at a barrier before each run, so the rails' runs
+        overlap; each sender records its own figure, kind "rails"."""
+        args = self.args
+        tok = torch.zeros(1, dtype=torch.uint8, device=self.device)
+        mine = next(((a, b) for a, b in pairs if self.rank in (a, b)), None)
+        for forward in (True, False):
+            for size in self.sizes:
+                iters = max(1, min(args.max_iters, args.bytes_per_repeat // size))
+                buf = torch.empty(size, dtype=torch.uint8, device=self.device) if mine else None
+                samples = []
+                for k in range(args.warmup + args.repeats):
+                    dist.barrier()
+                    if mine is None:
+                        continue
+                    src, dst = mine if forward else (mine[1], mine[0])
+                    elapsed = self.one_way(src, dst, buf, tok, iters)
+                    if elapsed is not None and k >= args.warmup:
+                        samples.append(elapsed)
+                if samples:
+                    median = statistics.median(samples)
+                    records.append({"kind": "rails", "src": src, "dst": dst, "size": size,
+                                    "iters": iters, "gb_per_s": iters * size / median / 1e9,
+                                    "samples_s": samples})
+        dist.barrier()
 
     def compute(self, records):
         args = self.args
@@ -421,6 +474,7 @@ class Probe:
         leaders = [by_node[node][0]["rank"] for node in sorted(by_node)]
         strides = [int(s) for s in self.args.node_pair_strides.split(",") if s]
         inter = ring_rounds(leaders, strides) if strides else tournament(leaders)
+        rails = rail_pairs(by_node, self.args.rails)
         links = []
         compute = []
         if not self.args.sweep_only:
@@ -429,6 +483,8 @@ class Probe:
                                              "node_pair_rounds": len(inter)}), flush=True)
             self.run_rounds("gpu_pairs", intra, "intra", links)
             self.run_rounds("node_pairs", inter, "inter", links)
+            if rails:
+                self.measure_rails(rails, links)
             dist.barrier()
             self.compute(compute)
             dist.barrier()

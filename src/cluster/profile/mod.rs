@@ -27,7 +27,7 @@ mod write;
 pub use error::ProfileError;
 pub use slow::SlowPart;
 pub use types::{
-    round_figure, AttentionFigure, AttentionShape, ClusterProfile, CollectiveFigure,
+    round_figure, AllRails, AttentionFigure, AttentionShape, ClusterProfile, CollectiveFigure,
     DeviceSelection, Dtype, GemmFigure, GemmLayout, GemmShape, GpuInventory, GpuSpec, LinkMatrix,
     MeasuredPerf, MeasuredTflops, NodeProfile, NodeSelection, PeakTflops, Provenance, Source,
 };
@@ -367,6 +367,59 @@ pub(crate) mod tests {
         assert!(
             err.to_string()
                 .contains("gpu_links.nics_per_node belongs to node_links only"),
+            "{err}"
+        );
+    }
+
+    /// Issue 30: `node_links.all_rails` is optional (a profile without it reads as before),
+    /// reads back, and is checked with its path: node links only, at least one rail,
+    /// figures above 0.
+    #[test]
+    fn all_rails_reads_back_and_is_checked() {
+        let mut profile = two_nodes();
+        profile.node_links.nics_per_node = Some(4);
+        profile.node_links.set_all_rails(Some(AllRails {
+            rails: 4,
+            gb_per_s: 150.0,
+            one_rail_gb_per_s: 48.5,
+        }));
+        let text = profile.to_json_pretty();
+        let written = r#""all_rails": {"rails": 4, "gb_per_s": 150.0, "one_rail_gb_per_s": 48.5}"#;
+        assert!(text.contains(written), "{text}");
+        let again = ClusterProfile::from_json_str(&text, "t.json").unwrap();
+        assert_eq!(again, profile);
+        let without =
+            ClusterProfile::from_json_str(&text.replace(&format!("{written},"), ""), "w.json")
+                .unwrap();
+        assert_eq!(without.node_links.all_rails(), None);
+
+        let refused = |from: &str, to: &str| {
+            ClusterProfile::from_json_str(&text.replace(from, to), "r.json")
+                .unwrap_err()
+                .to_string()
+        };
+        let err = refused("\"rails\": 4", "\"rails\": 0");
+        assert!(
+            err.starts_with("r.json: node_links.all_rails.rails is 0"),
+            "{err}"
+        );
+        let err = refused("\"gb_per_s\": 150.0", "\"gb_per_s\": 0.0");
+        assert!(
+            err.starts_with("r.json: node_links.all_rails.gb_per_s is 0"),
+            "{err}"
+        );
+        let err = refused("\"one_rail_gb_per_s\": 48.5", "\"one_rail_gb_per_s\": -1");
+        assert!(
+            err.starts_with("r.json: node_links.all_rails.one_rail_gb_per_s is -1"),
+            "{err}"
+        );
+        let err = refused("\"one_rail_gb_per_s\"", "\"one_gb_per_s\"");
+        assert!(err.contains("one_gb_per_s"), "{err}");
+        let misplaced = text.replacen("\"gb_per_s\"", &format!("{written}, \"gb_per_s\""), 1);
+        let err = ClusterProfile::from_json_str(&misplaced, "m.json").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("gpu_links.all_rails belongs to node_links only"),
             "{err}"
         );
     }

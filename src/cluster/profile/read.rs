@@ -315,6 +315,11 @@ fn native_place(steps: &[Step], names: &[&str], found: &Value) -> Place {
             "list the node's GPUs, or write \"gpus\": \"unknown\" to have them profiled",
         ),
         [.., "nics_per_node"] => expect("a whole number of NICs per node, e.g. 8"),
+        [.., "all_rails", "rails"] => expect("a whole number of rails, e.g. 8"),
+        [.., "all_rails", "gb_per_s" | "one_rail_gb_per_s"] => expect("a number in GB/s"),
+        [.., "all_rails"] => expect(
+            "the rails measured at once: {\"rails\": 8, \"gb_per_s\": 352.0, \"one_rail_gb_per_s\": 48.5}",
+        ),
         [.., "gpu_links"] => expect(LINKS)
             .or_missing(GPU_LINKS_HINT)
             .owner("a link matrix"),

@@ -455,8 +455,43 @@ pub struct LinkMatrix {
     /// collective that crosses nodes (each cell is what one GPU pair, one NIC, attains).
     /// `None`: unknown, taken as one.
     pub nics_per_node: Option<u32>,
+    /// `node_links` only: what the rails of one node pair attained all busy at once
+    /// ([`LinkMatrix::all_rails`]). Boxed: a node's GPU matrix never has it, and the GPU
+    /// inventory holds a matrix by value.
+    all_rails: Option<Box<AllRails>>,
     size: usize,
     cells: Cells,
+}
+
+/// What the rails of one node pair attained together: local rank `i` of one node streaming
+/// to local rank `i` of the other for every `i < rails`, all at once (the profile's probe
+/// measures the first node pair). Written as `node_links.all_rails`:
+/// `{"rails": 8, "gb_per_s": 352.0, "one_rail_gb_per_s": 48.5}`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllRails {
+    /// Rank pairs streaming at once: one per NIC (the node's NICs when known, else its
+    /// GPUs).
+    pub rails: u32,
+    /// The sum of their figures, GB/s, in the slower direction.
+    pub gb_per_s: f64,
+    /// What one pair attained alone between the same two nodes (their `node_links`
+    /// figure), GB/s, the slower direction.
+    pub one_rail_gb_per_s: f64,
+}
+
+impl AllRails {
+    /// The share of `rails` × one rail that the rails attained together, at most 1 (a
+    /// shared PCIe switch, a port down or a fabric not rail-optimised make it less; more
+    /// than k × one is taken as k × one, a single pair measured low rather than a gain).
+    pub fn efficiency(&self) -> f64 {
+        let ideal = f64::from(self.rails.max(1)) * self.one_rail_gb_per_s;
+        if ideal > 0.0 && self.gb_per_s.is_finite() {
+            (self.gb_per_s / ideal).clamp(0.0, 1.0)
+        } else {
+            1.0
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -504,6 +539,7 @@ impl LinkMatrix {
         LinkMatrix {
             provenance,
             nics_per_node: None,
+            all_rails: None,
             size,
             cells: Cells::Full(cells),
         }
@@ -547,6 +583,7 @@ impl LinkMatrix {
         Some(LinkMatrix {
             provenance,
             nics_per_node: None,
+            all_rails: None,
             size,
             cells: Cells::Sampled {
                 per_endpoint: per_endpoint.into_iter().map(round_figure).collect(),
@@ -561,6 +598,23 @@ impl LinkMatrix {
     pub fn with_nics_per_node(mut self, nics_per_node: Option<u32>) -> Self {
         self.nics_per_node = nics_per_node;
         self
+    }
+
+    /// The same matrix with `all_rails` set.
+    pub fn with_all_rails(mut self, all_rails: Option<AllRails>) -> Self {
+        self.set_all_rails(all_rails);
+        self
+    }
+
+    /// Sets what the rails of one node pair attained busy at once.
+    pub fn set_all_rails(&mut self, all_rails: Option<AllRails>) {
+        self.all_rails = all_rails.map(Box::new);
+    }
+
+    /// `node_links` only: what the rails of one node pair attained all busy at once (see
+    /// [`AllRails`]). `None`: not measured, every rail taken to attain a cell's figure.
+    pub fn all_rails(&self) -> Option<AllRails> {
+        self.all_rails.as_deref().copied()
     }
 
     /// The number of rows (and columns).
@@ -737,7 +791,9 @@ impl LinkMatrix {
                     .expect("positions lie in the selection")
             }
         };
-        matrix.with_nics_per_node(self.nics_per_node)
+        matrix
+            .with_nics_per_node(self.nics_per_node)
+            .with_all_rails(self.all_rails())
     }
 }
 
@@ -993,6 +1049,8 @@ pub(crate) struct LinksFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nics_per_node: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all_rails: Option<AllRails>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gb_per_s: Option<Vec<Vec<Option<f64>>>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_gb_per_s: Option<Vec<f64>>,
@@ -1071,6 +1129,7 @@ impl From<&LinkMatrix> for LinksFile {
         LinksFile {
             provenance: matrix.provenance.clone(),
             nics_per_node: matrix.nics_per_node,
+            all_rails: matrix.all_rails(),
             gb_per_s,
             node_gb_per_s,
             pairs,

@@ -18,9 +18,9 @@ use super::error::{
 };
 use super::types::{GpusFile, LinksFile, ProfileFile};
 use super::{
-    ClusterProfile, GpuInventory, GpuSpec, LinkMatrix, MeasuredPerf, NodeProfile, ProfileError,
-    Provenance, Source, MAX_PLAUSIBLE_GB_PER_S, MIN_MEASURABLE_GB_PER_S, MIN_MEASURABLE_TFLOPS,
-    MIN_PLAUSIBLE_GB_PER_S, TFLOPS_RANGE,
+    AllRails, ClusterProfile, GpuInventory, GpuSpec, LinkMatrix, MeasuredPerf, NodeProfile,
+    ProfileError, Provenance, Source, MAX_PLAUSIBLE_GB_PER_S, MIN_MEASURABLE_GB_PER_S,
+    MIN_MEASURABLE_TFLOPS, MIN_PLAUSIBLE_GB_PER_S, TFLOPS_RANGE,
 };
 
 /// What to write when `nodes[i].gpu_links` is missing (also serde's missing field).
@@ -265,7 +265,61 @@ fn link_matrix(
             problem: problem.to_string(),
         });
     }
-    Ok(matrix.with_nics_per_node(links.nics_per_node))
+    if let Some(rails) = &links.all_rails {
+        check_all_rails(origin, path, rails)?;
+    }
+    Ok(matrix
+        .with_nics_per_node(links.nics_per_node)
+        .with_all_rails(links.all_rails))
+}
+
+/// `node_links.all_rails`: node links only, at least one rail, both figures positive and
+/// finite; the rails together may attain less than rails × one (that is what it measures)
+/// but not more than the plausible ceiling of as many links.
+fn check_all_rails(origin: &str, path: &str, rails: &AllRails) -> Result<(), ProfileError> {
+    let at = field_path(path, "all_rails");
+    let problem = if path != "node_links" {
+        Some((
+            at.clone(),
+            "belongs to node_links only (remove it here)".to_owned(),
+        ))
+    } else if rails.rails == 0 {
+        Some((
+            field_path(&at, "rails"),
+            "is 0 (give the rank pairs that streamed at once, at least 1)".to_owned(),
+        ))
+    } else {
+        let ceiling = MAX_PLAUSIBLE_GB_PER_S * f64::from(rails.rails);
+        [
+            ("gb_per_s", rails.gb_per_s, ceiling),
+            (
+                "one_rail_gb_per_s",
+                rails.one_rail_gb_per_s,
+                MAX_PLAUSIBLE_GB_PER_S,
+            ),
+        ]
+        .into_iter()
+        .find(|(_, v, max)| !(v.is_finite() && *v > 0.0 && v <= max))
+        .map(|(field, value, max)| {
+            (
+                field_path(&at, field),
+                format!(
+                    "is {} (give the attained GB/s, above 0 and at most {}; measure the rails \
+                     again with pipette-run profile --reprofile)",
+                    show_number(value),
+                    show_number(max)
+                ),
+            )
+        })
+    };
+    match problem {
+        Some((path, problem)) => Err(ProfileError::InvalidValue {
+            origin: origin.to_string(),
+            path,
+            problem,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Sampled node links as a file gives them.

@@ -38,6 +38,8 @@ pub trait Fabric {
     /// node's NICs, and like collectives of the node's other GPUs run at the same time
     /// (tensor-parallel groups tile the nodes), so the group gets its share of the NICs:
     /// `NICs × members / GPUs on the node`. One when the profile does not know the NICs.
+    /// A share above one is scaled by what the rails attained busy at once
+    /// (`node_links.all_rails`: measured / (rails × one)), never below one.
     fn nic_share(&self, node: usize, members: usize) -> f64;
     /// The NIC share of one data-parallel ring crossing `node` when tensor-parallel groups
     /// of `tp` tile the nodes: the node's GPUs run `tp` such rings at once (one per tp
@@ -112,6 +114,10 @@ pub struct ClusterFabric {
     slowest_intra: Vec<f64>,
     /// NICs per node (`node_links.nics_per_node`), if the profile knows them.
     nics_per_node: Option<f64>,
+    /// The share of k × one NIC that k NICs attained busy at once
+    /// (`node_links.all_rails`, [`crate::cluster::profile::AllRails::efficiency`]); 1 when
+    /// not measured.
+    rail_efficiency: f64,
     /// Per node: its NVLink domain as an index (`None`: its NVLink ends at the node).
     domain: Vec<Option<u32>>,
     /// The tables of every GPU kind: the profile's measured ones where it has them.
@@ -173,6 +179,10 @@ impl ClusterFabric {
             perf,
             slowest_intra,
             nics_per_node: cluster.node_links.nics_per_node.map(f64::from),
+            rail_efficiency: cluster
+                .node_links
+                .all_rails()
+                .map_or(1.0, |rails| rails.efficiency()),
             domain: domain_indices(cluster),
             tables,
         })
@@ -262,7 +272,17 @@ impl Fabric for ClusterFabric {
     #[inline]
     fn nic_share(&self, node: usize, members: usize) -> f64 {
         match self.nics_per_node {
-            Some(nics) => nics * members as f64 / self.slots[node].gpus.max(1) as f64,
+            Some(nics) => {
+                let share = nics * members as f64 / self.slots[node].gpus.max(1) as f64;
+                // More than one NIC's worth: what the rails attained busy at once bounds it
+                // (a shared PCIe switch, a port down), never below the one NIC that the
+                // node-link figure itself measured.
+                if share > 1.0 {
+                    (share * self.rail_efficiency).max(1.0)
+                } else {
+                    share
+                }
+            }
             None => 1.0,
         }
     }

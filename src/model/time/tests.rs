@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::cluster::profile::{
-    GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile, PeakTflops, Provenance, Source,
+    AllRails, GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile, PeakTflops,
+    Provenance, Source,
 };
 use crate::config::{
     Normalization, PositionEmbedding, Precision, Recompute, RecomputeMethod, TrainingSettings,
@@ -347,6 +348,50 @@ fn tp_ring_across_nodes_spreads_over_the_nics() {
         (shared.stages[0].tp_comm_ms - latency) / (one.stages[0].tp_comm_ms - latency),
         1.0
     ));
+}
+
+#[test]
+fn tp_ring_across_nodes_gets_what_the_rails_attained_at_once() {
+    // As above, 4 NICs per node: the tp ring's crossings get 4 × 2/2 = 4 links' worth
+    // (80 GB/s) while the rails are taken to add up. Measured at once they attained half
+    // of 4 × 20 GB/s (a shared PCIe switch): the crossings get 2 links, 40 GB/s, and the
+    // transfer takes twice as long. A share under one NIC is left alone, and the rails
+    // never bring a crossing below the one link measured alone.
+    let config = ParallelConfig::even(8, 4, 1, 1, 1);
+    let mut case = Case::new(cluster(2, 2, 200.0, 20.0), config, 4);
+    case.cluster.node_links.nics_per_node = Some(4);
+    let ideal = case.run(TimeModel::Pipette);
+    let rails = |gb_per_s: f64| {
+        Some(AllRails {
+            rails: 4,
+            gb_per_s,
+            one_rail_gb_per_s: 20.0,
+        })
+    };
+    case.cluster.node_links.set_all_rails(rails(80.0));
+    assert_eq!(
+        case.run(TimeModel::Pipette),
+        ideal,
+        "k rails attained k × one"
+    );
+    case.cluster.node_links.set_all_rails(rails(40.0));
+    let half = case.run(TimeModel::Pipette);
+    assert_eq!(half.stages[0].tp_link.as_ref().unwrap().gb_per_s, 40.0);
+    let latency = 34.0 * latency_ms(ALL_REDUCE, 4.0);
+    assert!(close(
+        (half.stages[0].tp_comm_ms - latency) / (ideal.stages[0].tp_comm_ms - latency),
+        2.0
+    ));
+    assert!(half.iteration_ms > ideal.iteration_ms);
+    case.cluster.node_links.set_all_rails(rails(8.0));
+    let floor = case.run(TimeModel::Pipette);
+    assert_eq!(floor.stages[0].tp_link.as_ref().unwrap().gb_per_s, 20.0);
+    // One NIC for both GPUs of a node: one link, measured rails or not.
+    case.cluster.node_links.nics_per_node = Some(1);
+    case.cluster.node_links.set_all_rails(None);
+    let one = case.run(TimeModel::Pipette);
+    case.cluster.node_links.set_all_rails(rails(40.0));
+    assert_eq!(case.run(TimeModel::Pipette), one);
 }
 
 #[test]
