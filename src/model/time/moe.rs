@@ -849,9 +849,9 @@ impl ConfigCosts {
         let stage = &devices[block * s..block * (s + 1)];
         let mut bw = f64::INFINITY;
         let mut ms_per_gflop = f64::NEG_INFINITY;
-        for rank in 0..self.expert_ring_ranks() {
+        for (rank, &device) in stage.iter().enumerate().take(self.expert_ring_ranks()) {
             bw = bw.min(self.expert_ring_link(fabric, devices, s, rank));
-            ms_per_gflop = ms_per_gflop.max(fabric.ms_per_gflop(stage[rank]));
+            ms_per_gflop = ms_per_gflop.max(fabric.ms_per_gflop(device));
         }
         self.stage_expert_sync_from(s, bw, ms_per_gflop)
     }
