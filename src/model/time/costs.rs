@@ -516,6 +516,11 @@ impl ConfigCosts {
         self.tp
     }
 
+    /// Context-parallel size (the groups [`Self::tp`] counts are tp × cp ranks).
+    pub fn cp(&self) -> usize {
+        self.cp
+    }
+
     /// Data-parallel size.
     pub fn dp(&self) -> usize {
         self.dp

@@ -202,7 +202,8 @@ impl ConfigCosts {
     //                                   Σ_{s < pp−1} hop_ms(group(d, s), group(d, s + 1)),
     //                                   hop_ms(group(d, pp − 1), group(d, 0)))
     //   stage_sync(s) = stage_sync_from(s, min over d, k of the ring link
-    //                                   group(d, s)[k] → group((d + 1) % dp, s)[k],
+    //                                   group(d, s)[k] → group((d + 1) % dp, s)[k] (dp > 1)
+    //                                   and of context_ring_gb_per_s(group(d, s)),
     //                                   max over the stage's GPUs of ms_per_gflop)
     //
     // with the hop sum taken in stage order, bit for bit what `evaluate` computes (`replica`
@@ -221,6 +222,18 @@ impl ConfigCosts {
     #[inline]
     pub fn hop_ms<F: Fabric + ?Sized>(&self, fabric: &F, from: &[Device], to: &[Device]) -> f64 {
         hop(fabric, from, to, self.p2p_mb, &self.p2p_latency_ms).0
+    }
+
+    /// The slowest link of the context-parallel rings of the tp × cp group `group` (as
+    /// [`Self::group_slot_ms`] takes it), GB/s: the stage's dp × cp synchronisation crosses
+    /// it as well as the data-parallel rings ([`Self::stage_sync_from`]'s ring figure is the
+    /// minimum of both over the stage). Infinite at cp 1.
+    #[inline]
+    pub fn context_ring_gb_per_s<F: Fabric + ?Sized>(&self, fabric: &F, group: &[Device]) -> f64 {
+        match &self.context {
+            Some(context) => context.ring_gb_per_s(fabric, group),
+            None => f64::INFINITY,
+        }
     }
 
     /// A replica's pipeline time from its slowest slot, the sum of its hops in stage order

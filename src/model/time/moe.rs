@@ -518,6 +518,48 @@ impl ExpertCosts {
     }
 }
 
+impl ExpertCosts {
+    /// One member `a`'s dispatch (or combine): `on_node` members of its group on its node
+    /// (itself included) at `intra` GB/s at worst, `off` members across the network at
+    /// `inter` GB/s at worst, the two at once, the slower governing.
+    #[inline]
+    fn member_dispatch(
+        &self,
+        fabric: &(impl Fabric + ?Sized),
+        a: Device,
+        on_node: usize,
+        off: usize,
+        intra: f64,
+        inter: f64,
+    ) -> DispatchLink {
+        let intra_ms = self.pair_mb * (on_node - 1) as f64 / intra;
+        let mut inter_mb = self.pair_mb * off as f64;
+        if self.dispatcher == Dispatcher::Flex && off > 0 {
+            // DeepEP / HybridEP send a token once to each node that holds one of its
+            // experts and forward it over NVLink there: with the group's experts spread
+            // evenly over `n` nodes and uniform routing, a token reaches
+            // (n − 1)(1 − (1 − 1/n)^k) other nodes on average.
+            let n = self.ep as f64 / on_node as f64;
+            let remote = (n - 1.0) * (1.0 - (1.0 - 1.0 / n).powf(self.topk));
+            inter_mb = inter_mb.min(self.token_mb * remote);
+        }
+        let inter_ms = if off > 0 { inter_mb / inter } else { 0.0 };
+        let intra_ms = if on_node > 1 { intra_ms } else { 0.0 };
+        let latency = self.latency_ms[fabric.gpu_perf(a).kind.index()];
+        DispatchLink {
+            ms: intra_ms.max(inter_ms) + latency,
+            crosses_nodes: off > 0,
+            on_node,
+            intra_gb_per_s: if on_node > 1 { intra } else { 0.0 },
+            inter_gb_per_s: if off > 0 { inter } else { 0.0 },
+        }
+    }
+}
+
+/// Runs of consecutive members on one node that [`ConfigCosts::group_dispatch`] keeps on
+/// the stack (a group of 64 nodes' worth); more go link by link.
+const MAX_RUNS: usize = 64;
+
 /// Routed-expert parameters of one GPU of stage `s` (they leave the dense data-parallel
 /// reduce for the expert-data-parallel one).
 pub(super) fn stage_expert_params(
@@ -546,6 +588,15 @@ pub struct DispatchLink {
     pub inter_gb_per_s: f64,
 }
 
+/// No all-to-all: the starting point of the slowest member's search.
+const NO_DISPATCH: DispatchLink = DispatchLink {
+    ms: 0.0,
+    crosses_nodes: false,
+    on_node: 0,
+    intra_gb_per_s: 0.0,
+    inter_gb_per_s: 0.0,
+};
+
 impl ConfigCosts {
     /// Whether the model has routed experts (and so expert terms in [`Self::evaluate`]).
     pub fn has_experts(&self) -> bool {
@@ -566,67 +617,153 @@ impl ConfigCosts {
         devices: &[Device],
         s: usize,
     ) -> DispatchLink {
-        let mut worst = DispatchLink {
-            ms: 0.0,
-            crosses_nodes: false,
-            on_node: 0,
-            intra_gb_per_s: 0.0,
-            inter_gb_per_s: 0.0,
-        };
-        let Some(x) = &self.expert else { return worst };
-        if x.ep < 2 {
-            return worst;
+        let mut worst = NO_DISPATCH;
+        for group in 0..self.expert_groups() {
+            let link = self.group_dispatch(fabric, devices, s, group);
+            if link.ms > worst.ms {
+                worst = link;
+            }
         }
+        worst
+    }
+
+    /// Expert-parallel groups in one stage (0 without expert parallelism): group
+    /// `g·etp + e` holds the stage's ranks `e + etp·(j + ep·g)`, `j < ep`.
+    pub fn expert_groups(&self) -> usize {
+        match &self.expert {
+            Some(x) if x.ep > 1 => self.world_size() / self.pp.max(1) / (x.ep * x.etp) * x.etp,
+            _ => 0,
+        }
+    }
+
+    /// The expert-parallel group (as [`Self::expert_groups`] numbers them) of the rank at
+    /// `rank` within its stage.
+    pub fn expert_group_of(&self, rank: usize) -> usize {
+        match &self.expert {
+            Some(x) => rank / (x.ep * x.etp) * x.etp + rank % x.etp,
+            None => 0,
+        }
+    }
+
+    /// One dispatch (or combine) collective of expert-parallel group `group` of stage `s`:
+    /// its slowest member's (see [`Self::stage_dispatch`], the slowest of these). Reads only
+    /// the group's ranks, so the mapping's incremental evaluation caches it per group.
+    ///
+    /// The members come in runs of consecutive ranks on one node. A link to another node
+    /// is that node pair's figure for every GPU of the two ([`Fabric::gb_per_s`]), so each
+    /// run looks up one link per other run, and only links inside a node are taken GPU by
+    /// GPU: `runs² + Σ members on a node²` look-ups instead of `ep²`, the same figures
+    /// (minima of equal values), bit for bit what [`Self::pairwise_group_dispatch`] gives.
+    pub fn group_dispatch(
+        &self,
+        fabric: &(impl Fabric + ?Sized),
+        devices: &[Device],
+        s: usize,
+        group: usize,
+    ) -> DispatchLink {
+        let Some(x) = self.expert.as_ref().filter(|x| x.ep > 1) else {
+            return NO_DISPATCH;
+        };
         let block = self.stage_ranks(devices);
         let stage = &devices[block * s..block * (s + 1)];
         let (ep, etp) = (x.ep, x.etp);
-        let groups = block / (ep * etp);
-        let member = |g: usize, e: usize, j: usize| stage[e + etp * (j + ep * g)];
-        for g in 0..groups {
-            for e in 0..etp {
-                for i in 0..ep {
-                    let a = member(g, e, i);
-                    let (mut on_node, mut intra, mut inter) =
-                        (1usize, f64::INFINITY, f64::INFINITY);
-                    let mut off = 0usize;
-                    for j in 0..ep {
-                        if j == i {
-                            continue;
-                        }
-                        let b = member(g, e, j);
-                        if fabric.over_network(a.node, b.node) {
-                            off += 1;
-                            inter = inter.min(fabric.gb_per_s(a, b) * fabric.nic_share(a.node, 1));
-                        } else {
-                            on_node += 1;
-                            intra = intra.min(fabric.gb_per_s(a, b));
-                        }
+        let (g, e) = (group / etp, group % etp);
+        let member = |j: usize| stage[e + etp * (j + ep * g)];
+        // Runs of consecutive members on one node: [start, end).
+        let mut runs = [(0usize, 0usize); MAX_RUNS];
+        let mut count = 0;
+        let mut start = 0;
+        for j in 1..=ep {
+            if j == ep || member(j).node != member(start).node {
+                if count == MAX_RUNS {
+                    return self.pairwise_group_dispatch(fabric, devices, s, group);
+                }
+                runs[count] = (start, j);
+                count += 1;
+                start = j;
+            }
+        }
+        let runs = &runs[..count];
+        let mut worst = NO_DISPATCH;
+        for &(from, to) in runs {
+            let first = member(from);
+            let node = first.node;
+            // The members on other nodes, one look-up per run.
+            let (mut off, mut near) = (0usize, 0usize);
+            let (mut inter, mut near_gb_per_s) = (f64::INFINITY, f64::INFINITY);
+            for &(other_from, other_to) in runs {
+                let other = member(other_from);
+                if other.node == node {
+                    continue;
+                }
+                let bw = fabric.gb_per_s(first, other);
+                if fabric.over_network(node, other.node) {
+                    off += other_to - other_from;
+                    inter = inter.min(bw * fabric.nic_share(node, 1));
+                } else {
+                    near += other_to - other_from;
+                    near_gb_per_s = near_gb_per_s.min(bw);
+                }
+            }
+            for i in from..to {
+                let a = member(i);
+                let (mut on_node, mut intra) = (1 + near, near_gb_per_s);
+                for &(other_from, other_to) in runs {
+                    if member(other_from).node != node {
+                        continue;
                     }
-                    let intra_ms = x.pair_mb * (on_node - 1) as f64 / intra;
-                    let mut inter_mb = x.pair_mb * off as f64;
-                    if x.dispatcher == Dispatcher::Flex && off > 0 {
-                        // DeepEP / HybridEP send a token once to each node that holds one of
-                        // its experts and forward it over NVLink there: with the group's
-                        // experts spread evenly over `n` nodes and uniform routing, a token
-                        // reaches (n − 1)(1 − (1 − 1/n)^k) other nodes on average.
-                        let n = ep as f64 / on_node as f64;
-                        let remote = (n - 1.0) * (1.0 - (1.0 - 1.0 / n).powf(x.topk));
-                        inter_mb = inter_mb.min(x.token_mb * remote);
-                    }
-                    let inter_ms = if off > 0 { inter_mb / inter } else { 0.0 };
-                    let intra_ms = if on_node > 1 { intra_ms } else { 0.0 };
-                    let latency = x.latency_ms[fabric.gpu_perf(a).kind.index()];
-                    let ms = intra_ms.max(inter_ms) + latency;
-                    if ms > worst.ms {
-                        worst = DispatchLink {
-                            ms,
-                            crosses_nodes: off > 0,
-                            on_node,
-                            intra_gb_per_s: if on_node > 1 { intra } else { 0.0 },
-                            inter_gb_per_s: if off > 0 { inter } else { 0.0 },
-                        };
+                    for j in (other_from..other_to).filter(|&j| j != i) {
+                        on_node += 1;
+                        intra = intra.min(fabric.gb_per_s(a, member(j)));
                     }
                 }
+                let link = x.member_dispatch(fabric, a, on_node, off, intra, inter);
+                if link.ms > worst.ms {
+                    worst = link;
+                }
+            }
+        }
+        worst
+    }
+
+    /// [`Self::group_dispatch`] link by link (every member to every other): what a group of
+    /// more than [`MAX_RUNS`] runs takes, and the reference the fast path is tested against.
+    pub fn pairwise_group_dispatch(
+        &self,
+        fabric: &(impl Fabric + ?Sized),
+        devices: &[Device],
+        s: usize,
+        group: usize,
+    ) -> DispatchLink {
+        let mut worst = NO_DISPATCH;
+        let Some(x) = self.expert.as_ref().filter(|x| x.ep > 1) else {
+            return worst;
+        };
+        let block = self.stage_ranks(devices);
+        let stage = &devices[block * s..block * (s + 1)];
+        let (ep, etp) = (x.ep, x.etp);
+        let (g, e) = (group / etp, group % etp);
+        let member = |j: usize| stage[e + etp * (j + ep * g)];
+        for i in 0..ep {
+            let a = member(i);
+            let (mut on_node, mut intra, mut inter) = (1usize, f64::INFINITY, f64::INFINITY);
+            let mut off = 0usize;
+            for j in 0..ep {
+                if j == i {
+                    continue;
+                }
+                let b = member(j);
+                if fabric.over_network(a.node, b.node) {
+                    off += 1;
+                    inter = inter.min(fabric.gb_per_s(a, b) * fabric.nic_share(a.node, 1));
+                } else {
+                    on_node += 1;
+                    intra = intra.min(fabric.gb_per_s(a, b));
+                }
+            }
+            let link = x.member_dispatch(fabric, a, on_node, off, intra, inter);
+            if link.ms > worst.ms {
+                worst = link;
             }
         }
         worst
@@ -644,7 +781,28 @@ impl ConfigCosts {
         if x.ep < 2 || x.collectives[s] == 0.0 {
             return 0.0;
         }
-        let ms = x.collectives[s] * self.stage_dispatch(fabric, devices, s).ms;
+        self.stage_dispatch_ms_from(
+            fabric,
+            devices,
+            s,
+            self.stage_dispatch(fabric, devices, s).ms,
+        )
+    }
+
+    /// [`Self::stage_dispatch_ms`] from the stage's slowest collective (the largest
+    /// [`Self::group_dispatch`] of its groups, ms).
+    pub fn stage_dispatch_ms_from(
+        &self,
+        fabric: &(impl Fabric + ?Sized),
+        devices: &[Device],
+        s: usize,
+        collective_ms: f64,
+    ) -> f64 {
+        let Some(x) = &self.expert else { return 0.0 };
+        if x.ep < 2 || x.collectives[s] == 0.0 {
+            return 0.0;
+        }
+        let ms = x.collectives[s] * collective_ms;
         if !x.shared_overlap {
             return ms;
         }
@@ -684,30 +842,64 @@ impl ConfigCosts {
         devices: &[Device],
         s: usize,
     ) -> (f64, f64) {
-        let Some(x) = &self.expert else {
-            return (0.0, 0.0);
-        };
-        if x.edp < 2 {
+        if self.expert_ring_ranks() == 0 {
             return (0.0, 0.0);
         }
         let block = self.stage_ranks(devices);
         let stage = &devices[block * s..block * (s + 1)];
-        let stride = x.ep * x.etp;
         let mut bw = f64::INFINITY;
         let mut ms_per_gflop = f64::NEG_INFINITY;
-        for start in 0..stride {
-            for g in 0..x.edp {
-                let next = if g + 1 == x.edp { 0 } else { g + 1 };
-                let (a, b) = (stage[start + stride * g], stage[start + stride * next]);
-                bw = bw.min(dp_ring_link(
-                    fabric,
-                    a,
-                    b,
-                    stride.min(self.tp.max(1) * stride),
-                ));
-                ms_per_gflop = ms_per_gflop.max(fabric.ms_per_gflop(a));
-            }
+        for (rank, &device) in stage.iter().enumerate().take(self.expert_ring_ranks()) {
+            bw = bw.min(self.expert_ring_link(fabric, devices, s, rank));
+            ms_per_gflop = ms_per_gflop.max(fabric.ms_per_gflop(device));
         }
+        self.stage_expert_sync_from(s, bw, ms_per_gflop)
+    }
+
+    /// The expert-data-parallel ring link from the stage's rank `rank` to the next member
+    /// of its ring (`ep·etp` ranks on, wrapping), GB/s; infinite without expert-data
+    /// parallelism. Reads the two ranks only.
+    pub fn expert_ring_link(
+        &self,
+        fabric: &(impl Fabric + ?Sized),
+        devices: &[Device],
+        s: usize,
+        rank: usize,
+    ) -> f64 {
+        let Some(x) = self.expert.as_ref().filter(|x| x.edp > 1) else {
+            return f64::INFINITY;
+        };
+        let block = self.stage_ranks(devices);
+        let stride = x.ep * x.etp;
+        let next = if rank + stride >= stride * x.edp {
+            rank % stride
+        } else {
+            rank + stride
+        };
+        let (a, b) = (devices[block * s + rank], devices[block * s + next]);
+        dp_ring_link(fabric, a, b, stride.min(self.tp.max(1) * stride))
+    }
+
+    /// Ranks between two members of an expert-data-parallel ring: ep × etp (1 for a dense
+    /// model).
+    pub fn expert_stride(&self) -> usize {
+        self.expert.as_ref().map_or(1, |x| x.ep * x.etp)
+    }
+
+    /// The ranks of a stage that are in an expert-data-parallel ring (0 without one).
+    pub fn expert_ring_ranks(&self) -> usize {
+        match &self.expert {
+            Some(x) if x.edp > 1 => x.ep * x.etp * x.edp,
+            _ => 0,
+        }
+    }
+
+    /// [`Self::stage_expert_sync`] from the slowest ring link of the stage (GB/s) and its
+    /// slowest GPU (ms per GFLOP).
+    pub fn stage_expert_sync_from(&self, s: usize, bw: f64, ms_per_gflop: f64) -> (f64, f64) {
+        let Some(x) = self.expert.as_ref().filter(|x| x.edp > 1) else {
+            return (0.0, 0.0);
+        };
         let reduce = x.reduce_mb[s] / bw;
         let gather = x.gather_mb[s] / bw;
         // The window the dense reduce leaves unused.

@@ -90,7 +90,12 @@ pub struct PipetteObjective<'a, F: Links + ?Sized> {
     dp: usize,
     pp: usize,
     wrap: bool,
+    /// The stages synchronise over dp × cp ranks (dp > 1 or cp > 1).
     sync: bool,
+    /// Context parallelism: a group is tp × cp ranks and its stage's synchronisation also
+    /// crosses the group's own context-parallel rings, so a group's ring leaf is the
+    /// minimum of its context rings and (dp > 1) its link to the next replica.
+    context: bool,
     /// Every tp group lies inside one node (tp divides the GPUs per node, as the search
     /// space ensures), so the links between two groups on different nodes are all the same
     /// node pair's. Checked by `reset`; moves keep it.
@@ -134,9 +139,25 @@ pub struct PipetteObjective<'a, F: Links + ?Sized> {
     optimizer: f64,
     /// A mixture-of-experts model: per stage, its all-to-all per micro-batch (cells
     /// `expert_at + s`) and its exposed expert-data-parallel sync (`expert_at + pp + s`),
-    /// each read from the stage's own ranks, so a move recomputes only the stages it touches.
+    /// each from the stage's trees below, so a move recomputes only the expert groups and
+    /// ring links its ranks are in, and the figures of their stages.
     experts: bool,
     expert_at: usize,
+    /// Ranks per stage (tp × cp × dp), expert-parallel groups per stage (0 at ep 1) and
+    /// ranks per stage in an expert-data-parallel ring (0 without one).
+    stage_ranks: usize,
+    expert_groups: usize,
+    expert_ring_ranks: usize,
+    /// Ranks between two members of an expert-data-parallel ring (ep × etp).
+    expert_stride: usize,
+    /// Per stage: every expert-parallel group's collective (max, [`ConfigCosts::group_dispatch`]),
+    /// every rank's expert-data-parallel ring link to the next member (min) and every
+    /// ranked GPU's ms per GFLOP (max; kept only when speeds differ).
+    dispatches: Vec<Tree>,
+    expert_rings: Vec<Tree>,
+    expert_speeds: Vec<Tree>,
+    /// Per rank of a stage: its expert-parallel group.
+    expert_group_of: Vec<u32>,
     value: f64,
     saved: f64,
     generation: u32,
@@ -149,8 +170,11 @@ pub struct PipetteObjective<'a, F: Links + ?Sized> {
     rescan_slots: Marks,
     hop_sums: Marks,
     dirty_stages: Marks,
-    /// Stages whose expert terms a move may have changed.
+    /// Stages whose expert terms a move may have changed, and (`s·groups + g`, `s·ranks + r`)
+    /// the expert groups and expert-data-parallel ring links it changed.
     expert_stages: Marks,
+    dispatch_groups: Marks,
+    expert_links: Marks,
 }
 
 impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
@@ -170,8 +194,12 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         let max_slot_at = take(dp);
         let hop_sum_at = take(dp);
         let expert_at = take(2 * pp);
+        let stage_ranks = tp * dp;
+        let expert_groups = costs.expert_groups();
+        let expert_ring_ranks = costs.expert_ring_ranks();
         let mut tree = |leaves: usize, min: bool| {
-            let size = leaves.max(1).next_power_of_two();
+            // Two leaves at least: with one, the leaf would be the root's own cell.
+            let size = leaves.max(2).next_power_of_two();
             Tree {
                 base: take(2 * size),
                 size,
@@ -184,11 +212,24 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         let gathers = tree(pp, false);
         let rings: Vec<Tree> = (0..pp).map(|_| tree(dp, true)).collect();
         let speeds: Vec<Tree> = (0..pp).map(|_| tree(dp, false)).collect();
+        let per_stage = |n: usize, min: bool, tree: &mut dyn FnMut(usize, bool) -> Tree| {
+            if n == 0 {
+                Vec::new()
+            } else {
+                (0..pp).map(|_| tree(n, min)).collect::<Vec<Tree>>()
+            }
+        };
+        let dispatches = per_stage(expert_groups, false, &mut tree);
+        let expert_rings = per_stage(expert_ring_ranks, true, &mut tree);
+        let expert_speeds = per_stage(expert_ring_ranks, false, &mut tree);
         let mut cells = vec![0.0; next];
         for t in [replicas, grads, gathers]
             .into_iter()
             .chain(rings.iter().copied())
             .chain(speeds.iter().copied())
+            .chain(dispatches.iter().copied())
+            .chain(expert_rings.iter().copied())
+            .chain(expert_speeds.iter().copied())
         {
             cells[t.base..t.base + 2 * t.size].fill(t.identity());
         }
@@ -199,7 +240,8 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
             dp,
             pp,
             wrap: costs.has_wrap_hop(),
-            sync: dp > 1,
+            sync: dp * costs.cp() > 1,
+            context: costs.cp() > 1,
             whole_nodes: false,
             uniform_speed: false,
             prefetch: false,
@@ -221,6 +263,16 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
             optimizer: 0.0,
             experts: costs.has_experts(),
             expert_at,
+            stage_ranks,
+            expert_groups,
+            expert_ring_ranks,
+            expert_stride: costs.expert_stride(),
+            dispatches,
+            expert_rings,
+            expert_speeds,
+            expert_group_of: (0..stage_ranks)
+                .map(|r| costs.expert_group_of(r) as u32)
+                .collect(),
             value: f64::NAN,
             saved: f64::NAN,
             generation: 0,
@@ -233,6 +285,8 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
             hop_sums: Marks::new(dp),
             dirty_stages: Marks::new(pp),
             expert_stages: Marks::new(pp),
+            dispatch_groups: Marks::new(pp * expert_groups),
+            expert_links: Marks::new(pp * expert_ring_ranks),
         }
     }
 
@@ -352,17 +406,27 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
             })
     }
 
-    /// The slowest link from group (d, s) to group ((d + 1) % dp, s), tp rank by tp rank.
+    /// The slowest link from group (d, s) to group ((d + 1) % dp, s), tp rank by tp rank
+    /// (none at dp 1), and with context parallelism the slowest of the group's own
+    /// context-parallel rings.
     fn ring_link(&self, devices: &[Device], gid: usize) -> f64 {
+        let here = self.group(devices, gid);
+        let context = if self.context {
+            self.costs.context_ring_gb_per_s(self.fabric, here)
+        } else {
+            f64::INFINITY
+        };
+        if self.dp < 2 {
+            return context;
+        }
         let d = self.replica_of[gid] as usize;
         let next = gid - d + if d + 1 == self.dp { 0 } else { d + 1 };
-        let here = self.group(devices, gid);
         let there = self.group(devices, next);
         let tp = here.len();
         if self.whole_nodes && here[0].node != there[0].node {
-            return dp_ring_link(self.fabric, here[0], there[0], tp);
+            return context.min(dp_ring_link(self.fabric, here[0], there[0], tp));
         }
-        here.iter().zip(there).fold(f64::INFINITY, |m, (&a, &b)| {
+        here.iter().zip(there).fold(context, |m, (&a, &b)| {
             m.min(dp_ring_link(self.fabric, a, b, tp))
         })
     }
@@ -411,13 +475,81 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         self.set_leaf(self.gathers, s, sync.param_gather_ms);
     }
 
-    /// Stage `s`'s expert terms from its ranks ([`ConfigCosts::stage_dispatch_ms`],
-    /// [`ConfigCosts::stage_expert_sync`]), into their cells.
+    /// Stage `s`'s expert terms from its trees' roots ([`ConfigCosts::stage_dispatch_ms_from`],
+    /// [`ConfigCosts::stage_expert_sync_from`], as the full model computes them), into
+    /// their cells.
     fn expert_stage(&mut self, devices: &[Device], s: usize) {
-        let dispatch = self.costs.stage_dispatch_ms(self.fabric, devices, s);
-        let (reduce, gather) = self.costs.stage_expert_sync(self.fabric, devices, s);
+        let collective = match self.dispatches.get(s) {
+            Some(&tree) => 0.0f64.max(self.root(tree)),
+            None => 0.0,
+        };
+        let dispatch = self
+            .costs
+            .stage_dispatch_ms_from(self.fabric, devices, s, collective);
+        let (reduce, gather) = match (self.expert_rings.get(s), self.expert_speeds.get(s)) {
+            (Some(&ring), Some(&speed)) => {
+                let speed = if self.uniform_speed {
+                    self.fabric.ms_per_gflop(devices[0])
+                } else {
+                    self.root(speed)
+                };
+                self.costs.stage_expert_sync_from(s, self.root(ring), speed)
+            }
+            _ => (0.0, 0.0),
+        };
         self.set(self.expert_at + s, dispatch);
         self.set(self.expert_at + self.pp + s, reduce + gather);
+    }
+
+    /// Fills stage `s`'s expert trees from the ranks (at reset).
+    fn build_expert_stage(&mut self, devices: &[Device], s: usize) {
+        if let Some(&tree) = self.dispatches.get(s) {
+            for g in 0..self.expert_groups {
+                self.cells[tree.base + tree.size + g] =
+                    self.costs.group_dispatch(self.fabric, devices, s, g).ms;
+            }
+            self.build(tree);
+        }
+        if let (Some(&ring), Some(&speed)) = (self.expert_rings.get(s), self.expert_speeds.get(s)) {
+            for r in 0..self.expert_ring_ranks {
+                self.cells[ring.base + ring.size + r] =
+                    self.costs.expert_ring_link(self.fabric, devices, s, r);
+                self.cells[speed.base + speed.size + r] =
+                    self.fabric.ms_per_gflop(devices[s * self.stage_ranks + r]);
+            }
+            self.build(ring);
+            self.build(speed);
+        }
+        self.expert_stage(devices, s);
+    }
+
+    /// Marks what the move of `rank` changes in the expert terms.
+    #[inline]
+    fn expert_rank_moved(&mut self, devices: &[Device], rank: usize, generation: u32) {
+        let s = self.stage_of[self.group_of[rank] as usize] as usize;
+        let r = rank - s * self.stage_ranks;
+        self.expert_stages.insert(s, generation);
+        if self.expert_groups > 0 {
+            let g = self.expert_group_of[r] as usize;
+            self.dispatch_groups
+                .insert(s * self.expert_groups + g, generation);
+        }
+        let n = self.expert_ring_ranks;
+        if r < n {
+            let stride = self.expert_stride;
+            let prev = if r < stride {
+                r + n - stride
+            } else {
+                r - stride
+            };
+            self.expert_links.insert(s * n + r, generation);
+            self.expert_links.insert(s * n + prev, generation);
+            if !self.uniform_speed {
+                let speed = self.fabric.ms_per_gflop(devices[rank]);
+                let tree = self.expert_speeds[s];
+                self.set_leaf(tree, r, speed);
+            }
+        }
     }
 
     /// The expert terms of the whole placement, as [`ConfigCosts::evaluate`] adds them:
@@ -459,6 +591,8 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
                 &mut self.hop_sums,
                 &mut self.dirty_stages,
                 &mut self.expert_stages,
+                &mut self.dispatch_groups,
+                &mut self.expert_links,
             ] {
                 marks.reset();
             }
@@ -527,7 +661,7 @@ impl<F: Links + ?Sized> Objective for PipetteObjective<'_, F> {
         self.optimizer = self.costs.optimizer_step_ms(self.fabric, devices);
         if self.experts {
             for s in 0..pp {
-                self.expert_stage(devices, s);
+                self.build_expert_stage(devices, s);
             }
         }
         self.journal.clear();
@@ -597,19 +731,21 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
             &mut self.hop_sums.list,
             &mut self.dirty_stages.list,
             &mut self.expert_stages.list,
+            &mut self.dispatch_groups.list,
+            &mut self.expert_links.list,
         ] {
             list.clear();
         }
         for &rank in ranks {
             self.groups.insert(self.group_of[rank] as usize, generation);
+            if self.experts {
+                self.expert_rank_moved(devices, rank, generation);
+            }
         }
         let groups = std::mem::take(&mut self.groups.list);
         let skip_remote = within_nodes && self.whole_nodes;
         for &gid in &groups {
             let (s, d) = (self.stage_of[gid] as usize, self.replica_of[gid] as usize);
-            if self.experts {
-                self.expert_stages.insert(s, generation);
-            }
             debug_assert!(
                 !self.whole_nodes || {
                     let group = self.group(devices, gid);
@@ -656,7 +792,8 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
                 let base = dp * s;
                 let next = base + if d + 1 == dp { 0 } else { d + 1 };
                 let prev = base + if d == 0 { dp - 1 } else { d - 1 };
-                if near(next) {
+                // The group's own context rings change with any move of its ranks.
+                if self.context || near(next) {
                     self.ring_links.insert(gid, generation);
                 }
                 if near(prev) {
@@ -712,6 +849,21 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
             self.stage(s);
         }
         self.dirty_stages.list = stages;
+        let groups = std::mem::take(&mut self.dispatch_groups.list);
+        for &at in &groups {
+            let (s, g) = (at / self.expert_groups, at % self.expert_groups);
+            let ms = self.costs.group_dispatch(self.fabric, devices, s, g).ms;
+            self.set_leaf(self.dispatches[s], g, ms);
+        }
+        self.dispatch_groups.list = groups;
+        let links = std::mem::take(&mut self.expert_links.list);
+        for &at in &links {
+            let n = self.expert_ring_ranks;
+            let (s, r) = (at / n, at % n);
+            let link = self.costs.expert_ring_link(self.fabric, devices, s, r);
+            self.set_leaf(self.expert_rings[s], r, link);
+        }
+        self.expert_links.list = links;
         let stages = std::mem::take(&mut self.expert_stages.list);
         for &s in &stages {
             self.expert_stage(devices, s);

@@ -295,6 +295,7 @@ fn divisors(n: usize) -> Vec<usize> {
 fn incremental_evaluation_equals_the_full_model() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let mut checked = 0;
+    let mut context_cases = 0;
     for case in 0..40 {
         let nodes = rng.random_range(2..=6);
         let g = [1, 2, 4][rng.random_range(0..3)];
@@ -307,9 +308,20 @@ fn incremental_evaluation_equals_the_full_model() {
             .filter(|&p| p <= 8)
             .collect();
         let pp = pps[rng.random_range(0..pps.len())];
-        let dp = world / tp / pp;
+        // Half the cases with context parallelism (groups of tp × cp ranks, whose own
+        // context rings the stage's synchronisation crosses) where the ranks allow.
+        let cps: Vec<usize> = divisors(world / tp / pp)
+            .into_iter()
+            .filter(|&c| (2..=4).contains(&c) && 1024 % (2 * c) == 0)
+            .collect();
+        let cp = if case % 4 >= 2 && !cps.is_empty() {
+            cps[rng.random_range(0..cps.len())]
+        } else {
+            1
+        };
+        let dp = world / tp / pp / cp;
         // Every other case a mixture of experts, its all-to-all over ep ranks of each
-        // stage's tp × dp and its expert-data-parallel sync priced per stage.
+        // stage's tp × cp × dp and its expert-data-parallel sync priced per stage.
         let experts = case % 2 == 1;
         let settings = if experts {
             moe_settings(8, (dp * 4) as u64)
@@ -317,17 +329,24 @@ fn incremental_evaluation_equals_the_full_model() {
             settings(8, (dp * 4) as u64)
         };
         let mut config = ParallelConfig::even(8, tp as u64, pp as u64, dp as u64, 1);
+        config.cp = cp as u64;
         if pp > 2 && 8 % pp == 0 && rng.random::<f64>() < 0.5 {
             config.vpp = Some((8 / pp as u64).min(2));
         }
         config.distributed_optimizer = dp > 1 && rng.random::<f64>() < 0.5;
         config.sequence_parallel = tp > 1 && rng.random::<f64>() < 0.5;
         if experts {
-            let eps: Vec<usize> = divisors(tp * dp)
+            let eps: Vec<usize> = divisors(tp * cp * dp)
                 .into_iter()
                 .filter(|e| 4 % e == 0)
                 .collect();
             config.ep = eps[rng.random_range(0..eps.len())] as u64;
+            // Expert tensor parallelism: groups of ep ranks etp apart.
+            let etps: Vec<usize> = divisors(tp)
+                .into_iter()
+                .filter(|&t| (tp * cp * dp) % (t * config.ep as usize) == 0)
+                .collect();
+            config.etp = etps[rng.random_range(0..etps.len())] as u64;
             // Megatron: expert parallelism with tp > 1 needs sequence parallelism.
             config.sequence_parallel |= config.ep > 1 && tp > 1;
         }
@@ -347,6 +366,7 @@ fn incremental_evaluation_equals_the_full_model() {
             &options,
         )
         .unwrap();
+        context_cases += usize::from(cp > 1);
         let hosts: Vec<&str> = cluster.hosts().collect();
         let space = MappingSpace::new(&fabric, &hosts).unwrap();
         let mut walker = Walker::new(&space);
@@ -375,9 +395,21 @@ fn incremental_evaluation_equals_the_full_model() {
             assert_eq!(
                 value.to_bits(),
                 full.to_bits(),
-                "case {case}: {value} vs {full}"
+                "case {case}: {value} vs {full} (tp {tp} cp {cp} dp {dp} pp {pp} ep {} etp {})",
+                config.ep,
+                config.etp
             );
             assert_eq!(walker.state.devices(), walker.devices);
+            // The all-to-all looked up per run of a node's members = link by link.
+            for s in 0..pp {
+                for group in 0..costs.expert_groups() {
+                    assert_eq!(
+                        costs.group_dispatch(&fabric, &walker.devices, s, group),
+                        costs.pairwise_group_dispatch(&fabric, &walker.devices, s, group),
+                        "case {case}: stage {s}, expert group {group}"
+                    );
+                }
+            }
             if rng.random::<f64>() < 0.5 {
                 walker.apply(m);
                 objective.revert();
@@ -389,6 +421,7 @@ fn incremental_evaluation_equals_the_full_model() {
         }
     }
     assert_eq!(checked, 40 * 200);
+    assert!(context_cases >= 5, "only {context_cases} cases with cp > 1");
 }
 
 #[test]

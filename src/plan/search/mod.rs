@@ -262,12 +262,10 @@ pub fn plan(
                     });
                     search_mapping(&mut objective, &arrangement.space, &search)
                 }
-                // Context parallelism: the full model over the stage's tp × cp groups
-                // (the incremental objective knows tp groups only), at the compat budget.
+                // Context parallelism: incremental like the rest (groups of tp × cp ranks),
+                // at the budget the full evaluation had, so the searches and plans are
+                // what they were.
                 _ if configs[c].cp > 1 => {
-                    let fabric = &arrangement.fabric;
-                    let mut objective =
-                        FullObjective::new(|d: &[Device]| costs.evaluate(fabric, d));
                     let search = match search {
                         MappingSearch::Auto {
                             limit,
@@ -284,7 +282,7 @@ pub fn plan(
                         },
                         other => other,
                     };
-                    search_mapping(&mut objective, &arrangement.space, &search)
+                    map_config(costs, &pair_fabrics[a], &arrangement.space, &search)
                 }
                 _ => map_config(costs, &pair_fabrics[a], &arrangement.space, &search),
             }?;
