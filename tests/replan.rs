@@ -251,64 +251,6 @@ fn replan_after_sigkill_resumes_from_last_checkpoint() {
 }
 
 #[test]
-fn replan_after_sigstop_stall() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let started = Instant::now();
-    let stall = Duration::from_secs(6);
-    let mut job = start(
-        &HOSTS,
-        &[
-            "--launcher",
-            "local",
-            "--stall-timeout",
-            &format!("{}s", stall.as_secs()),
-            "--startup-timeout",
-            "120s",
-            // After a stall, the node that does not stop within the grace period is the
-            // one left out, so the healthy ones must stop within it: pipette-run's default,
-            // which allows for a busy machine (a healthy torchrun takes a few seconds to
-            // shut its workers down when the CPUs are shared), not a tighter one.
-            "--grace",
-            "10s",
-        ],
-        &[],
-    );
-    job.wait_for_iteration(SAVE_INTERVAL + 2, Patience::quiet(Duration::from_secs(120)));
-    signal_node(&job, "node-b", Signal::SIGSTOP);
-    let stopped_ms = unix_ms();
-    let last_saved = job.saved().expect("a checkpoint was saved");
-    let status = job.wait(Patience::quiet(Duration::from_secs(180)));
-    let events = job.events();
-    let stalled = find(&events, "stalled");
-    assert_eq!(stalled.len(), 1, "{:?}", names(&events));
-    let detected_after = stalled[0]["unix_ms"].as_u64().unwrap() - stopped_ms;
-    // Not before the stall timeout: the silence it measured (from the last iteration line,
-    // just before the stop) is at least that long. How much later depends on the machine.
-    let silent_s = stalled[0]["silent_s"].as_f64().unwrap();
-    assert!(
-        silent_s >= stall.as_secs_f64(),
-        "stall declared after {silent_s} s of silence (timeout {stall:?})"
-    );
-    // The stopped node is the one whose torchrun did not stop within the grace period.
-    let teardown = find(&events, "teardown")[0];
-    let nodes = teardown["nodes"].as_array().unwrap();
-    for node in nodes {
-        let expected = node["host"] != "node-b";
-        assert_eq!(node["stopped_in_grace"], expected, "{teardown}");
-    }
-    assert!(
-        teardown["swept"].as_u64().unwrap() >= 2,
-        "the stopped workers are swept: {teardown}"
-    );
-    let relaunch_ms =
-        assert_replanned_and_resumed(&HOSTS, &mut job, status, last_saved, stopped_ms);
-    eprintln!(
-        "node stopped → stall detected: {detected_after} ms; → relaunch: {relaunch_ms} ms; whole test {:.1} s; teardown: {teardown}",
-        started.elapsed().as_secs_f64()
-    );
-}
-
-#[test]
 fn replan_sigterm_tears_down_every_node() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let grace = Duration::from_secs(3);
@@ -569,18 +511,24 @@ fn n6_a_full_checkpoint_disk_stops_the_job_without_leaving_a_node_out() {
     assert_eq!(find(&events, "launch").len(), 1);
 }
 
+/// A stall (node-b's workers SIGSTOPped, its torchrun alive) is noticed after the stall
+/// timeout's silence, node-b alone is left out, the job re-plans on the other two and
+/// resumes after the last checkpoint. The grace period is 3 s, which a loaded machine's
+/// healthy nodes may well exceed while stopping (N7): what blames node-b is its stopped
+/// workers, not who was slow to stop. (This was two tests, a stopped node and N7; one
+/// launch and re-plan shows both.)
 #[test]
 fn n7_a_stopped_worker_leaves_out_only_its_node_when_every_node_is_slow_to_stop() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    // The issue's case: a grace period a loaded machine's healthy nodes may well exceed.
-    // What blames node-b is its stopped worker, not who was slow to stop.
+    let started = Instant::now();
+    let stall = Duration::from_secs(6);
     let mut job = start(
         &HOSTS,
         &[
             "--launcher",
             "local",
             "--stall-timeout",
-            "6s",
+            &format!("{}s", stall.as_secs()),
             "--startup-timeout",
             "120s",
             "--grace",
@@ -601,12 +549,27 @@ fn n7_a_stopped_worker_leaves_out_only_its_node_when_every_node_is_slow_to_stop(
     let last_saved = job.saved().expect("a checkpoint was saved");
     let status = job.wait(Patience::quiet(Duration::from_secs(180)));
     let events = job.events();
-    assert_eq!(find(&events, "stalled").len(), 1, "{:?}", names(&events));
+    let stalled = find(&events, "stalled");
+    assert_eq!(stalled.len(), 1, "{:?}", names(&events));
+    let detected_after = stalled[0]["unix_ms"].as_u64().unwrap() - stopped_ms;
+    // Not before the stall timeout: the silence it measured (from the last iteration line,
+    // just before the stop) is at least that long. How much later depends on the machine.
+    let silent_s = stalled[0]["silent_s"].as_f64().unwrap();
+    assert!(
+        silent_s >= stall.as_secs_f64(),
+        "stall declared after {silent_s} s of silence (timeout {stall:?})"
+    );
+    let teardown = find(&events, "teardown")[0];
+    assert!(
+        teardown["swept"].as_u64().unwrap() >= workers.len() as u64,
+        "the stopped workers are swept: {teardown}"
+    );
     let relaunch_ms =
         assert_replanned_and_resumed(&HOSTS, &mut job, status, last_saved, stopped_ms);
     eprintln!(
-        "worker stopped → relaunch: {relaunch_ms} ms; teardown: {}",
-        find(&events, "teardown")[0]
+        "workers stopped → stall detected: {detected_after} ms; → relaunch: {relaunch_ms} ms; \
+         whole test {:.1} s; teardown: {teardown}",
+        started.elapsed().as_secs_f64()
     );
 }
 
