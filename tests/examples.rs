@@ -330,3 +330,21 @@ fn the_degraded_example_dry_run_names_its_slow_link_and_its_throughput() {
         "4 launch scripts, the pictures and the plan: {files} files"
     );
 }
+
+/// scripts/demo says every DEMO_HEARTBEAT_S (20 s when run) that a silent step (pip's
+/// install, the quiet release build) still runs, then how long it took.
+#[test]
+fn the_demo_reports_a_silent_step_while_it_runs() {
+    let out = Command::new(repo().join("scripts/demo"))
+        .args(["--heartbeat-self-test", "7"])
+        .env("DEMO_HEARTBEAT_S", "2")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let beats = err.matches("demo: a silent step: still at it, ").count();
+    // At least one beat in 7 s at 2 s apart, however loaded the machine.
+    assert!(beats >= 1, "no heartbeat:\n{err}");
+    assert!(err.contains("demo: a silent step took "), "{err}");
+}
