@@ -190,6 +190,12 @@ fn every_picture_of_every_example_cluster_shows_what_it_should() {
                 );
             }
             assert_eq!(count(&time, "lane"), 4, "{at}");
+            let shades = if chunks > 1 { 2 * chunks } else { 0 };
+            assert_eq!(
+                count(&time, "legend-chunk"),
+                shades,
+                "{at}: each chunk's shades in the legend"
+            );
 
             let links = elements(&files["links.svg"]);
             let n = nodes_used(&plan);
