@@ -264,3 +264,87 @@ fn kubernetes_examples_mount_shm_shared_volumes_and_the_secret() {
     assert_secret("trainjob.yaml", &trainer["env"], secret);
     assert_uses_the_volumes("trainjob.yaml", &trainer["args"].to_string());
 }
+
+/// The degraded example cluster's dry run says what its slow links cost and what its
+/// iteration time comes to, and its run directory's README names every file it holds.
+#[test]
+fn the_degraded_example_dry_run_names_its_slow_link_and_its_throughput() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let run_dir_arg = run_dir.display().to_string();
+    let out = common::run_clean(
+        "pipette-run",
+        &[
+            "--cluster",
+            "examples/clusters/a100-4x8-degraded.json",
+            "--model",
+            "llama2-13b",
+            "--dry-run",
+            "--run-dir",
+            &run_dir_arg,
+            "examples/pretrain_gpt.py",
+            "--global-batch-size",
+            "256",
+            "--bf16",
+            "--train-iters",
+            "1000",
+        ],
+    );
+    // Wrapped lines read as one.
+    let text = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    for want in [
+        "On the critical path: the pipeline hop stage 2 -> 3 (a100-n02 -> a100-n03) runs over a 13.7 GB/s link",
+        "tokens/s (",
+        "per GPU), MFU ",
+        "% of the GPUs' datasheet peak (312 TFLOP/s each)",
+        "GPU-hours per billion tokens; --train-iters 1000: ",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from:\n{out}");
+    }
+    let mfu: f64 = text
+        .split("MFU ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(mfu > 0.0 && mfu < 100.0, "MFU {mfu} %");
+    for line in out.lines() {
+        assert!(line.chars().count() <= 100, "over 100 columns: {line}");
+    }
+
+    let readme = std::fs::read_to_string(run_dir.join("README.md")).unwrap();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&run_dir).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        files += 1;
+        assert!(
+            readme.contains(&format!("- `{name}`: ")),
+            "README.md does not say what {name} is:\n{readme}"
+        );
+    }
+    assert!(
+        files >= 10,
+        "4 launch scripts, the pictures and the plan: {files} files"
+    );
+}
+
+/// scripts/demo says every DEMO_HEARTBEAT_S (20 s when run) that a silent step (pip's
+/// install, the quiet release build) still runs, then how long it took.
+#[test]
+fn the_demo_reports_a_silent_step_while_it_runs() {
+    let out = Command::new(repo().join("scripts/demo"))
+        .args(["--heartbeat-self-test", "7"])
+        .env("DEMO_HEARTBEAT_S", "2")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let beats = err.matches("demo: a silent step: still at it, ").count();
+    // At least one beat in 7 s at 2 s apart, however loaded the machine.
+    assert!(beats >= 1, "no heartbeat:\n{err}");
+    assert!(err.contains("demo: a silent step took "), "{err}");
+}

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use pipette::cluster::profile::GpuInventory;
+use pipette::cluster::profile::{self, GpuInventory};
 use pipette::cluster::ClusterProfile;
 use pipette::config::{settings_from_megatron_args, Settings};
 use pipette::plan::{plan, Plan, PlanOptions};
+use pipette::report::pictures::svg::{text_extent, Anchor};
 use pipette::report::pictures::{svg_files, Picture};
 
 fn root() -> PathBuf {
@@ -189,6 +190,12 @@ fn every_picture_of_every_example_cluster_shows_what_it_should() {
                 );
             }
             assert_eq!(count(&time, "lane"), 4, "{at}");
+            let shades = if chunks > 1 { 2 * chunks } else { 0 };
+            assert_eq!(
+                count(&time, "legend-chunk"),
+                shades,
+                "{at}: each chunk's shades in the legend"
+            );
 
             let links = elements(&files["links.svg"]);
             let n = nodes_used(&plan);
@@ -307,4 +314,176 @@ fn the_pictures_open_in_headless_chromium() {
             drawn * 100.0
         );
     }
+}
+
+/// Every text of an SVG within its canvas, by the writer's own generous estimate of a
+/// text's width: a title or label the picture's edge would clip fails here.
+fn assert_text_within_canvas(svg: &str, at: &str) {
+    let root = regex::Regex::new(r#"<svg [^>]*width="([\d.]+)" height="([\d.]+)""#).unwrap();
+    let c = root.captures(svg).expect("an svg element with its size");
+    let (width, height): (f64, f64) = (c[1].parse().unwrap(), c[2].parse().unwrap());
+    let text = regex::Regex::new(
+        r#"<text class="[^"]*" x="([-\d.]+)" y="([-\d.]+)" font-size="([\d.]+)" text-anchor="(\w+)">([^<]*)</text>"#,
+    )
+    .unwrap();
+    let entity = regex::Regex::new(r"&\w+;").unwrap();
+    let mut texts = 0;
+    for t in text.captures_iter(svg) {
+        texts += 1;
+        let (x, y, size): (f64, f64, f64) = (
+            t[1].parse().unwrap(),
+            t[2].parse().unwrap(),
+            t[3].parse().unwrap(),
+        );
+        let anchor = match &t[4] {
+            "start" => Anchor::Start,
+            "middle" => Anchor::Middle,
+            _ => Anchor::End,
+        };
+        let words = entity.replace_all(&t[5], "x");
+        let (left, right) = text_extent(x, size, anchor, &words);
+        assert!(
+            left >= 0.0 && right <= width && y - size >= 0.0 && y <= height,
+            "{at}: {words:?} at x {left:.0}..{right:.0}, y {y} is outside the {width} × {height} canvas"
+        );
+    }
+    assert!(texts >= 2, "{at}: a title and a legend at least");
+}
+
+#[test]
+fn no_text_leaves_the_canvas_and_every_picture_has_a_title_and_a_legend() {
+    for (name, cluster) in examples() {
+        let plan = quick_plan(&cluster, false);
+        for (file, svg) in svg_files(&plan, &cluster) {
+            let at = format!("{name} {file}");
+            assert_text_within_canvas(&svg, &at);
+            let parsed = elements(&svg);
+            assert_eq!(count(&parsed, "title"), 1, "{at}: one title");
+            assert!(count(&parsed, "legend") >= 1, "{at}: a legend");
+        }
+    }
+}
+
+#[test]
+fn a_one_node_links_picture_says_why_it_draws_no_matrix() {
+    let (_, cluster) = examples()
+        .into_iter()
+        .find(|(n, _)| n == "a100-2x8.json")
+        .unwrap();
+    let mut one = cluster.clone();
+    one.nodes.truncate(1);
+    one.node_links = one_node_links(&cluster);
+    let plan = quick_plan(&one, false);
+    let svg = Picture::Links.svg(&plan, &one);
+    assert!(
+        svg.contains("one node: no link crosses the network"),
+        "{svg}"
+    );
+    assert!(svg.contains("1 node in node-rank order"), "{svg}");
+    let parsed = elements(&svg);
+    assert_eq!(count(&parsed, "link"), 0);
+    let height: f64 = parsed[0].1["height"].parse().unwrap();
+    assert!(
+        height < 100.0,
+        "no empty canvas below the note: {height} px high"
+    );
+    assert_text_within_canvas(&svg, "one node links.svg");
+}
+
+/// The link matrix of `cluster`'s first node alone.
+fn one_node_links(cluster: &ClusterProfile) -> profile::LinkMatrix {
+    profile::LinkMatrix::uniform(
+        1,
+        cluster.node_links.get(0, 1),
+        profile::Provenance::new(profile::Source::Measured),
+    )
+}
+
+#[test]
+fn the_rank_map_shows_context_and_expert_parallel_groups_and_the_cuts_follow_cp() {
+    let (_, cluster) = examples()
+        .into_iter()
+        .find(|(n, _)| n == "a100-4x8-degraded.json")
+        .unwrap();
+    // Context parallel: llama2-7b at 8K tokens pinned to tp 2 × cp 2 × pp 2 (dp 4).
+    let args: Vec<String> = [
+        "--bf16",
+        "--global-batch-size",
+        "64",
+        "--seq-length",
+        "8192",
+        "--max-position-embeddings",
+        "8192",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut s = settings_from_megatron_args(&args, Some("llama2-7b"), &[]).unwrap();
+    s.constraints.tensor_parallel = Some(2);
+    s.constraints.context_parallel = Some(2);
+    s.constraints.pipeline_parallel = Some(2);
+    let options = PlanOptions {
+        budget: Some(2_000),
+        top_k: 1,
+        ..PlanOptions::default()
+    };
+    let cp_plan = plan(&s, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
+    let c = &cp_plan.config;
+    assert_eq!((c.tp, c.cp, c.pp, c.dp), (2, 2, 2, 4));
+    let files: BTreeMap<String, String> = svg_files(&cp_plan, &cluster).into_iter().collect();
+    let map = &files["rank-map.svg"];
+    let parsed = elements(map);
+    assert_eq!(count(&parsed, "cp-group"), 32, "a bar under every GPU");
+    assert_eq!(count(&parsed, "ep-group"), 0);
+    assert!(map.contains("GPUs sharing one sequence (cp 2 × tp 2, context parallel)"));
+    // Ranks 0-3 share a sequence (tp and cp are the innermost orders), ranks 4-7 the next.
+    assert!(map.contains("<title>cp-group 0</title>") && map.contains("<title>cp-group 1</title>"));
+    assert!(
+        map.contains(", cp 1, dp"),
+        "each GPU's tooltip names its cp rank"
+    );
+    assert_text_within_canvas(map, "cp rank-map.svg");
+    // One cut, after the first 16 ranks (tp × cp × dp): at the middle of the nodes.
+    let links = &files["links.svg"];
+    assert_eq!(
+        count(&elements(links), "cut"),
+        2,
+        "the one cut, drawn both ways"
+    );
+    assert!(links.contains(">s1</text>"));
+
+    // Expert parallel: mixtral-8x7b pinned to ep 8.
+    let args: Vec<String> = ["--bf16", "--global-batch-size", "64"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut s = settings_from_megatron_args(&args, Some("mixtral-8x7b"), &[]).unwrap();
+    s.constraints.expert_parallel = Some(8);
+    s.constraints.pipeline_parallel = Some(4);
+    let plan = plan(&s, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
+    let c = &plan.config;
+    assert_eq!(c.ep, 8);
+    let map = Picture::RankMap.svg(&plan, &cluster);
+    let parsed = elements(&map);
+    assert_eq!(count(&parsed, "ep-group"), 32, "a bar under every GPU");
+    assert!(map.contains("GPUs holding every expert once (ep 8 × etp"));
+    assert_text_within_canvas(&map, "ep rank-map.svg");
+}
+
+#[test]
+fn the_run_directory_readme_lists_every_picture() {
+    let listed: Vec<&str> = pipette::render::PICTURES.iter().map(|(f, _)| *f).collect();
+    let (_, cluster) = examples()
+        .into_iter()
+        .find(|(n, _)| n == "a100-2x8.json")
+        .unwrap();
+    let plan = quick_plan(&cluster, false);
+    let written: Vec<String> = svg_files(&plan, &cluster)
+        .into_iter()
+        .map(|(f, _)| f)
+        .collect();
+    assert_eq!(
+        listed, written,
+        "render::PICTURES and the pictures written agree"
+    );
 }

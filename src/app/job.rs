@@ -21,7 +21,7 @@ use crate::replan::trials::MAX_TRIAL_ROUNDS;
 use crate::report::dry_run::{commands_to_human, ShownCommand};
 use crate::report::ledger::{job_summary, Ledger, LedgerInputs, Work};
 use crate::report::pictures;
-use crate::report::plan::{plan_summary, plan_to_human, YoursReport};
+use crate::report::plan::{plan_report, plan_summary, plan_to_human, YoursReport};
 use crate::report::{wrap, TrialFile, WIDTH};
 use crate::supervise;
 use crate::trial;
@@ -39,10 +39,11 @@ pub(super) fn run(config: &RunConfig) -> Result<(), Error> {
         print!("{}", run.report.to_human());
         if let Some(plan) = &run.plan {
             println!();
-            print!(
-                "{}",
-                plan_to_human(plan, run.runner_up.as_ref().map(|(_, t)| t))
-            );
+            let runner_up = run.runner_up.as_ref().map(|(_, t)| t);
+            match &run.profile {
+                Some(profile) => print!("{}", plan_report(plan, runner_up, &run.settings, profile)),
+                None => print!("{}", plan_to_human(plan, runner_up)),
+            }
             if let Some(yours) = &run.report.yours {
                 println!("\nYours: the configuration your arguments give, costed alike");
                 print!("{}", wrap(&yours.to_human(), WIDTH));

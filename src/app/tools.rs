@@ -23,7 +23,7 @@ use crate::plan;
 use crate::report::dry_run::ModelSection;
 use crate::report::estimate::{EstimateReport, ModelTime, ParamsSection};
 use crate::report::pictures::Picture;
-use crate::report::plan::plan_to_human;
+use crate::report::plan::plan_report;
 
 /// Writes generated text (a completion script, a manual page) to stdout as it is.
 fn write_stdout(bytes: &[u8]) -> Result<(), Error> {
@@ -175,10 +175,8 @@ pub(super) fn pipette(command: &PipetteCommand, env: &Environment) -> Result<(),
                 println!("{}", to_json(&plan)?);
             } else {
                 let runner_up = runner_up(&plan, &settings, &profile, &options);
-                print!(
-                    "{}",
-                    plan_to_human(&plan, runner_up.as_ref().map(|(_, t)| t))
-                );
+                let runner_up = runner_up.as_ref().map(|(_, t)| t);
+                print!("{}", plan_report(&plan, runner_up, &settings, &profile));
             }
             Ok(())
         }

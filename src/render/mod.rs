@@ -741,7 +741,12 @@ fn readme(
             context! { path => f.path.clone(), what }
         })
         .collect();
+    file_rows.extend(PICTURES.iter().map(|&(path, what)| context! { path, what }));
     file_rows.push(context! { path => "README.md", what => "this summary" });
+    let later_rows: Vec<Value> = WRITTEN_BY_THE_RUN
+        .iter()
+        .map(|&(path, what)| context! { path, what })
+        .collect();
     templates.render(
         templates::README,
         context! {
@@ -753,9 +758,30 @@ fn readme(
             megatron_command => option_lines(&megatron.args).join(" \\\n  "),
             notes => megatron.notes.clone(),
             files => file_rows,
+            later_files => later_rows,
         },
     )
 }
+
+/// The plan's pictures, which the caller writes beside the rendered files (report's
+/// `pictures::svg_files`; tests/pictures.rs checks the two lists agree).
+pub const PICTURES: [(&str, &str); 4] = [
+    ("rank-map.svg", "the rank map: which GPU of which node each rank runs on, coloured by pipeline stage; tensor-parallel groups outlined, context- and expert-parallel groups as bars under the GPUs"),
+    ("timeline.svg", "one iteration as the time model estimates it: forward and backward blocks per stage and micro-batch, the pipeline's idle bubbles and the exposed data-parallel communication"),
+    ("links.svg", "the attained bandwidth of every node pair (row sends, column receives), slow links marked ✕, where each pipeline stage begins and the pipeline hops on the critical path"),
+    ("memory.svg", "each pipeline stage's estimated memory per GPU by term (weights, gradients and optimizer; activations; overhead) against the usable and the GPU's memory"),
+];
+
+/// Files a launch adds to the run directory once it runs (a dry run writes none of them).
+pub const WRITTEN_BY_THE_RUN: [(&str, &str); 7] = [
+    ("trial.json", "the trial: each candidate configuration run for a few iterations (its iteration time and peak memory), the calibration fitted from them, and which configuration was launched and why (absent with --no-trial or --calibration)"),
+    ("trial-logs/N/", "the output of trial N, a file per node"),
+    ("logs/", "the job's output, a file per node"),
+    ("events.jsonl", "the supervisor's events as they happen, a JSON object per line (progress, stragglers, stops and relaunches)"),
+    ("attempt-N/", "after a relaunch: attempt N's launch scripts and logs"),
+    ("summary.txt", "what the run did and how long it took, as printed at its end"),
+    ("ledger.json", "where the run's wall time went (profiling, planning, trial, start-up, training, checkpoints, failures, restarts), the share spent training and the measured iteration, for tools"),
+];
 
 fn yes_no(on: bool) -> &'static str {
     if on {

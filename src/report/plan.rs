@@ -3,11 +3,13 @@
 use comfy_table::{presets::NOTHING, CellAlignment, ContentArrangement, Table};
 use serde::Serialize;
 
-use crate::config::Recompute;
-use crate::model::time::TimeEstimate;
+use crate::cluster::ClusterProfile;
+use crate::config::{Recompute, Settings};
+use crate::model::time::{mfu_peak_tflops, TimeEstimate};
 use crate::model::ParallelConfig;
 use crate::plan::mapping::SearchMethod;
 use crate::plan::{HeterogeneousPlan, Plan};
+use crate::supervise::output::ProgressSpec;
 
 use super::estimate::with_stated_error;
 
@@ -17,8 +19,24 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// ([`Plan::runner_up`]) on the same footing as the winner's (both on their best mapping),
 /// when there is one, so the text can say which terms make the difference.
 pub fn plan_to_human(plan: &Plan, runner_up: Option<&TimeEstimate>) -> String {
+    plan_text(plan, runner_up, "")
+}
+
+/// The plan as [`plan_to_human`] writes it, with what its iteration time comes to
+/// ([`throughput`]) under the headline: the dry run's and `pipette plan`'s report.
+pub fn plan_report(
+    plan: &Plan,
+    runner_up: Option<&TimeEstimate>,
+    settings: &Settings,
+    profile: &ClusterProfile,
+) -> String {
+    plan_text(plan, runner_up, &throughput(plan, settings, profile))
+}
+
+fn plan_text(plan: &Plan, runner_up: Option<&TimeEstimate>, throughput: &str) -> String {
     let e = &plan.estimate;
     let mut out = headline(plan);
+    out.push_str(throughput);
     if let Some(h) = &plan.heterogeneous {
         out.push_str(&stages(h, e.iteration_ms));
     }
@@ -44,6 +62,7 @@ pub fn plan_to_human(plan: &Plan, runner_up: Option<&TimeEstimate>) -> String {
     if let Some(text) = runner_up.and_then(|r| runner_up_text(plan, r)) {
         out.push_str(&format!("  {text}\n"));
     }
+    out.push_str(&critical_links(t));
     // Which tables priced the plan, when the profile's sweep measured them (the shipped
     // ones otherwise, as the estimate's JSON notes say).
     for note in t
@@ -560,6 +579,139 @@ fn recalibrated(plan: &Plan) -> String {
         "  the ranking and the ties are the planner's figures ({:.1} ms for the pick); the estimate above, {now:.1} ms, is under the calibration the trial fitted\n",
         ranked.mapped_ms
     )
+}
+
+/// The slow links and the GPU on the critical path, each with what its term costs the
+/// iteration: the slowest pipeline hop that crosses nodes, the data-parallel ring's
+/// bottleneck, the critical stage's tensor-parallel ring when it leaves its node, the
+/// expert all-to-all when it crosses nodes, and the GPU that sets the slowest stage's pace.
+/// Every figure is the time model's; empty when nothing of the plan leaves a node. One
+/// paragraph, so a large plan's report stays a screenful.
+fn critical_links(t: &TimeEstimate) -> String {
+    let mut parts = Vec::new();
+    let low = |h: &crate::model::time::HopTime| h.activation.gb_per_s.min(h.gradient.gb_per_s);
+    let slowest_hop = t
+        .pipeline
+        .hops
+        .iter()
+        .filter(|h| !h.activation.intra_node || !h.gradient.intra_node)
+        .min_by(|a, b| low(a).total_cmp(&low(b)));
+    if let Some(h) = slowest_hop {
+        let link = if h.activation.gb_per_s <= h.gradient.gb_per_s {
+            &h.activation
+        } else {
+            &h.gradient
+        };
+        parts.push(format!(
+            "the pipeline hop stage {} -> {} ({} -> {}) runs over a {:.1} GB/s link \
+             (the pipeline's sends: {:.1} ms)",
+            h.from_stage,
+            h.to_stage,
+            link.from.host,
+            link.to.host,
+            link.gb_per_s,
+            t.pipeline_p2p_ms
+        ));
+    }
+    let dp = &t.data_parallel;
+    if let Some(ring) = dp.bottleneck.as_ref().filter(|r| !r.link.intra_node) {
+        parts.push(format!(
+            "the data-parallel {} runs at {:.1} GB/s on {} -> {} ({:.1} ms exposed)",
+            dp.collective,
+            ring.link.gb_per_s,
+            ring.link.from.host,
+            ring.link.to.host,
+            dp.reduce_exposed_ms + dp.param_gather_exposed_ms
+        ));
+    }
+    let stage = t.stages.get(t.critical_stage);
+    if let Some((s, link)) = stage.and_then(|s| Some((s, s.tp_link.as_ref()?))) {
+        if !link.intra_node {
+            parts.push(format!(
+                "stage {}'s tensor-parallel ring leaves its node at {:.1} GB/s ({} -> {}, \
+                 {:.1} ms a micro-batch)",
+                s.stage, link.gb_per_s, link.from.host, link.to.host, s.tp_comm_ms
+            ));
+        }
+    }
+    if let Some(e) = t.expert.as_ref().filter(|e| e.dispatch.crosses_nodes) {
+        parts.push(format!(
+            "the expert all-to-all crosses nodes at {:.1} GB/s ({:.1} ms)",
+            e.dispatch.inter_gb_per_s, t.expert_parallel_ms
+        ));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    if let Some((s, gpu)) = stage.and_then(|s| Some((s, s.gpu.as_ref()?))) {
+        parts.push(format!(
+            "stage {} sets the pace ({:.1} ms a slot) on {} GPU {} ({})",
+            s.stage, s.slot_ms, gpu.device.host, gpu.device.index, gpu.name
+        ));
+    }
+    format!("  On the critical path: {}.\n", parts.join("; "))
+}
+
+/// What the plan's iteration time comes to: tokens per second (all GPUs and per GPU),
+/// MFU against the sum of the plan's GPUs' datasheet peaks (none where a GPU has no
+/// datasheet peak, as a CPU stand-in; see [`mfu_peak_tflops`]), GPU-hours per billion
+/// tokens, and the whole run's when `--train-iters` gives its length. Tokens and FLOPs
+/// per iteration are the launch's progress lines' ([`ProgressSpec::planned`]), so the dry
+/// run and the run count alike.
+fn throughput(plan: &Plan, settings: &Settings, profile: &ClusterProfile) -> String {
+    let spec = ProgressSpec::planned(std::time::Duration::ZERO, plan, settings, profile);
+    let seconds = plan.estimate.iteration_ms / 1000.0;
+    let (Some(tokens), true) = (spec.tokens_per_iteration, seconds > 0.0) else {
+        return String::new();
+    };
+    let gpus = plan.config.world_size().max(1) as f64;
+    let per_s = tokens / seconds;
+    let mut out = format!(
+        "  that is {} tokens/s ({} per GPU)",
+        super::thousands(per_s.round() as u64),
+        super::thousands((per_s / gpus).round() as u64)
+    );
+    // Each rank's GPU's peak: on mixed GPUs the bound is their sum, not the slowest's.
+    let peaks: Option<Vec<f64>> = plan
+        .placement
+        .devices
+        .iter()
+        .map(|d| {
+            let gpu = profile.nodes.get(d.node)?.gpus()?.get(d.gpu)?;
+            mfu_peak_tflops(gpu, settings.training.precision)
+        })
+        .collect();
+    match (spec.flops_per_iteration, peaks) {
+        (Some(flops), Some(peaks)) if !peaks.is_empty() && peaks.iter().all(|p| *p > 0.0) => {
+            let total: f64 = peaks.iter().sum();
+            let (low, high) = peaks
+                .iter()
+                .fold((f64::INFINITY, 0.0_f64), |(l, h), p| (l.min(*p), h.max(*p)));
+            let each = if high - low < 0.5 {
+                format!("{high:.0} TFLOP/s each")
+            } else {
+                format!("{low:.0}-{high:.0} TFLOP/s, {:.0} in all", total)
+            };
+            out.push_str(&format!(
+                ", MFU {:.1} % of the GPUs' datasheet peak ({each})",
+                100.0 * flops / seconds / (total * 1e12)
+            ));
+        }
+        _ => out.push_str(", no MFU (a GPU of the plan has no datasheet peak)"),
+    }
+    out.push_str(&format!(
+        "; {:.1} GPU-hours per billion tokens",
+        gpus * 1e9 / per_s / 3600.0
+    ));
+    if let Some(iters) = settings.training.train_iters {
+        let hours = iters as f64 * seconds / 3600.0;
+        out.push_str(&format!(
+            "; --train-iters {iters}: {hours:.1} hours, {:.0} GPU-hours",
+            hours * gpus
+        ));
+    }
+    out.push('\n');
+    super::wrap(&out, super::WIDTH)
 }
 
 /// The time terms in the order they add up to the iteration; a model with routed experts

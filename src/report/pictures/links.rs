@@ -88,7 +88,8 @@ fn link_map(plan: &Plan, profile: &ClusterProfile, max_groups: usize) -> LinkMap
         grouped(profile, &order, &position, group)
     };
     let c = &plan.config;
-    let per_stage = (c.tp * c.dp).max(1);
+    // Megatron orders ranks tp, cp, dp, then pp: a stage holds world / pp consecutive ranks.
+    let per_stage = (c.tp * c.cp * c.dp).max(1);
     let cuts = (1..c.pp as usize)
         .filter_map(|s| {
             let rank = s as u64 * per_stage;
@@ -335,12 +336,14 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
     let side = n as f64 * cell;
     let width = (left + side + 40.0).max(760.0);
     let height = top + side + 50.0;
-    let mut svg = Svg::new(width, height);
-    svg.title(&format!(
-        "Node links: attained bandwidth, {} nodes in node-rank order (row sends, column receives)",
-        map.order.len()
-    ));
+    let title = format!(
+        "Node links: attained bandwidth, {} in node-rank order (row sends, column receives)",
+        nodes_text(map.order.len())
+    );
     if n < 2 {
+        // Nothing to draw: a canvas of the title and why, not an empty matrix's.
+        let mut svg = Svg::new(760.0, 64.0);
+        svg.title(&title);
         svg.text(
             10.0,
             50.0,
@@ -351,6 +354,8 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
         );
         return svg.finish();
     }
+    let mut svg = Svg::new(width, height);
+    svg.title(&title);
     svg.note(
         42.0,
         &format!(
@@ -443,8 +448,8 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
             );
             if cell >= 40.0 {
                 svg.text(
-                    x + cell / 2.0,
-                    y + cell / 2.0 + 4.0,
+                    x + cell / 2.0 - 3.0,
+                    y + cell / 2.0 + 8.0,
                     10.0,
                     Anchor::Middle,
                     "gbps",
@@ -452,24 +457,16 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
                 );
             }
             if map.slow(v) {
-                let m = cell * 0.2;
-                let w = (cell / 12.0).max(1.0);
-                svg.line(
-                    (x + m, y + m),
-                    (x + cell - m, y + cell - m),
-                    "slow",
-                    "#111",
-                    w,
-                    "",
-                );
-                svg.line(
-                    (x + cell - m, y + m),
-                    (x + m, y + cell - m),
-                    "slow",
-                    "#111",
-                    w,
-                    "",
-                );
+                // With a figure in the cell, a small ✕ in its top right corner, clear of
+                // the figure and of a hop's outline; without, across the cell.
+                let (x0, y0, side, w) = if cell >= 40.0 {
+                    (x + cell - 16.0, y + 5.0, 10.0, 2.0)
+                } else {
+                    let m = cell * 0.2;
+                    (x + m, y + m, cell - 2.0 * m, (cell / 12.0).max(1.0))
+                };
+                svg.line((x0, y0), (x0 + side, y0 + side), "slow", "#111", w, "");
+                svg.line((x0 + side, y0), (x0, y0 + side), "slow", "#111", w, "");
             }
         }
     }
@@ -514,6 +511,11 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
     svg.finish()
 }
 
+/// `1 node`, `4 nodes`.
+fn nodes_text(n: usize) -> String {
+    format!("{n} node{}", if n == 1 { "" } else { "s" })
+}
+
 /// A bandwidth as one digit, 0 (slowest) to 9 (fastest).
 fn digit(map: &LinkMap, v: f64) -> char {
     let d = (map.share(v) * 9.0).round().clamp(0.0, 9.0) as u32;
@@ -524,8 +526,8 @@ pub fn text(plan: &Plan, profile: &ClusterProfile) -> String {
     let map = link_map(plan, profile, TEXT_GROUPS);
     let n = map.rows();
     let mut out = format!(
-        "Node links: attained bandwidth, {} nodes in node-rank order\n",
-        map.order.len()
+        "Node links: attained bandwidth, {} in node-rank order\n",
+        nodes_text(map.order.len())
     );
     if n < 2 {
         out.push_str("  one node: no link crosses the network\n");

@@ -10,7 +10,7 @@ use crate::plan::Plan;
 use crate::report::device_ranges;
 use crate::report::plan::describe;
 
-use super::svg::{category_colour, Anchor, Svg};
+use super::svg::{category_colour, text_width, Anchor, Svg};
 use super::{fit, nodes_in_rank_order, ranks_by_gpu};
 
 /// Up to this many GPUs the map draws a cell per GPU; above, a bar per group of nodes.
@@ -167,8 +167,18 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
         14.0
     };
     let gap = 2.0;
-    let block_w = per_node as f64 * (cell + gap) + 16.0;
-    let block_h = cell + 30.0;
+    let bars = group_bars(c);
+    let labels: Vec<String> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| format!("{i}: {}", row.host))
+        .collect();
+    // Wide enough for its GPUs and, up to 24 characters, its label (longer ones are cut).
+    let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+    let label_w = text_width(&"m".repeat(longest.min(24)), 11.0) + 16.0;
+    let block_w = (per_node as f64 * (cell + gap) + 16.0).max(label_w);
+    let label_chars = ((block_w - 16.0) / text_width("m", 11.0)).floor() as usize;
+    let block_h = cell + 30.0 + BAR_STEP * bars.len() as f64;
     let columns = ((1180.0 / block_w).floor() as usize).clamp(1, rows.len().max(1));
     let lines = rows.len().div_ceil(columns);
     let top = 78.0;
@@ -180,14 +190,18 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
     if c.tp > 1 {
         x += 12.0;
         svg.outline(x, 38.0, 30.0, 16.0, "legend-tp", "#111", 2.0);
-        svg.text(
-            x + 36.0,
-            50.0,
-            11.0,
-            Anchor::Start,
-            "legend",
-            &format!("a tensor-parallel group ({} GPUs)", c.tp),
-        );
+        let text = format!("a tensor-parallel group ({} GPUs)", c.tp);
+        svg.text(x + 36.0, 50.0, 11.0, Anchor::Start, "legend", &text);
+        x += 36.0 + text_width(&text, 11.0);
+    }
+    for bar in &bars {
+        x += 12.0;
+        let class = format!("legend-{}", bar.class);
+        svg.rect(x, 44.0, 14.0, BAR_H, &class, bar.colours[0], "");
+        svg.rect(x + 16.0, 44.0, 14.0, BAR_H, &class, bar.colours[1], "");
+        let text = bar.legend(c);
+        svg.text(x + 36.0, 50.0, 11.0, Anchor::Start, "legend", &text);
+        x += 36.0 + text_width(&text, 11.0);
     }
     svg.note(
         68.0,
@@ -201,7 +215,7 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
             (block_w, block_h),
             top,
             ("node", &row.host),
-            &format!("{i}: {}", row.host),
+            &fit(&labels[i], label_chars),
         );
         let cy = by + 18.0;
         // tp groups: runs of cells of one group, outlined after the cells.
@@ -220,10 +234,34 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
                         "gpu",
                         &category_colour(stage as usize, pp),
                         &format!(
-                            "rank {r}: stage {stage}, tp {}, dp {} — {} GPU {device}",
-                            at.tp, at.dp, row.host
+                            "rank {r}: stage {stage}, tp {}{}, dp {}{} — {} GPU {device}",
+                            at.tp,
+                            if c.cp > 1 {
+                                format!(", cp {}", (r / c.tp.max(1)) % c.cp)
+                            } else {
+                                String::new()
+                            },
+                            at.dp,
+                            if c.ep > 1 {
+                                format!(", ep {}", c.expert_coordinates(*r).ep)
+                            } else {
+                                String::new()
+                            },
+                            row.host
                         ),
                     );
+                    for (k, bar) in bars.iter().enumerate() {
+                        let id = bar.group(c, *r);
+                        svg.rect(
+                            cx - gap / 2.0,
+                            cy + cell + 3.0 + BAR_STEP * k as f64,
+                            cell + gap,
+                            BAR_H,
+                            bar.class,
+                            bar.colours[(id % 2) as usize],
+                            &format!("{} {id}", bar.class),
+                        );
+                    }
                     if cell >= 28.0 {
                         svg.text(
                             cx + cell / 2.0,
@@ -265,6 +303,65 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
         }
     }
     svg.finish()
+}
+
+/// A bar's height under the GPUs, and the step from one bar to the next.
+const BAR_H: f64 = 5.0;
+const BAR_STEP: f64 = 7.0;
+
+/// A bar under the GPUs that marks a group other than tp: the GPUs that share one
+/// sequence under context parallelism, or one expert-parallel group's, in two alternating
+/// shades so neighbouring groups stand apart.
+struct GroupBar {
+    class: &'static str,
+    colours: [&'static str; 2],
+}
+
+impl GroupBar {
+    /// The group of `rank`, numbered within the world.
+    fn group(&self, c: &crate::model::parallel::ParallelConfig, rank: u64) -> u64 {
+        if self.class == "cp-group" {
+            // tp and cp are the innermost orders: tp × cp consecutive ranks hold a sequence.
+            rank / (c.tp * c.cp).max(1)
+        } else {
+            // The expert layout orders etp, ep, edp inside a stage: etp × ep consecutive
+            // ranks hold one copy of every expert.
+            let at = c.expert_coordinates(rank);
+            at.pp * c.expert_dp().max(1) + at.edp
+        }
+    }
+
+    fn legend(&self, c: &crate::model::parallel::ParallelConfig) -> String {
+        if self.class == "cp-group" {
+            format!(
+                "GPUs sharing one sequence (cp {} × tp {}, context parallel)",
+                c.cp, c.tp
+            )
+        } else {
+            format!(
+                "GPUs holding every expert once (ep {} × etp {}, expert parallel)",
+                c.ep, c.etp
+            )
+        }
+    }
+}
+
+/// The bars a configuration draws: cp groups where cp > 1, expert groups where ep > 1.
+fn group_bars(c: &crate::model::parallel::ParallelConfig) -> Vec<GroupBar> {
+    let mut bars = Vec::new();
+    if c.cp > 1 {
+        bars.push(GroupBar {
+            class: "cp-group",
+            colours: ["#1b4f72", "#85c1e9"],
+        });
+    }
+    if c.ep > 1 {
+        bars.push(GroupBar {
+            class: "ep-group",
+            colours: ["#6e2c00", "#f0b27a"],
+        });
+    }
+    bars
 }
 
 /// The grey block of the `i`-th node (or group) of a map laid out in `columns`, below

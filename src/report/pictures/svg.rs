@@ -8,7 +8,26 @@ use std::fmt::Write;
 pub struct Svg {
     width: f64,
     height: f64,
+    /// The rightmost and lowest point any text reaches (by [`text_extent`]): the canvas
+    /// grows to hold it, so a long title or label is never clipped by the picture's edge.
+    reach: (f64, f64),
     body: String,
+}
+
+/// A generous width of `text` at `size` pixels in DejaVu Sans (the widest font of the
+/// family list): 0.58 em a character, where its average over mixed text is about 0.52.
+pub fn text_width(text: &str, size: f64) -> f64 {
+    text.chars().count() as f64 * size * 0.58
+}
+
+/// Where a text drawn at `x` with `anchor` begins and ends.
+pub fn text_extent(x: f64, size: f64, anchor: Anchor, text: &str) -> (f64, f64) {
+    let w = text_width(text, size);
+    match anchor {
+        Anchor::Start => (x, x + w),
+        Anchor::Middle => (x - w / 2.0, x + w / 2.0),
+        Anchor::End => (x - w, x),
+    }
 }
 
 /// `text` as XML character data or attribute value: `&`, `<`, `>`, `"` and `'` escaped,
@@ -54,6 +73,7 @@ impl Svg {
         Svg {
             width,
             height,
+            reach: (0.0, 0.0),
             body: String::new(),
         }
     }
@@ -134,6 +154,8 @@ impl Svg {
 
     /// A text of `size` pixels.
     pub fn text(&mut self, x: f64, y: f64, size: f64, anchor: Anchor, class: &str, text: &str) {
+        let (_, right) = text_extent(x, size, anchor, text);
+        self.reach = (self.reach.0.max(right), self.reach.1.max(y + size * 0.3));
         let anchor = match anchor {
             Anchor::Start => "start",
             Anchor::Middle => "middle",
@@ -171,8 +193,8 @@ impl Svg {
                 r#"<rect class="background" x="0" y="0" width="{w}" height="{h}" fill="white"/>"#,
                 "\n{body}</svg>\n"
             ),
-            w = num(self.width),
-            h = num(self.height),
+            w = num(self.width.max(self.reach.0 + 10.0)),
+            h = num(self.height.max(self.reach.1 + 6.0)),
             body = self.body
         )
     }

@@ -234,8 +234,13 @@ fn microbatches_text(s: &Schedule) -> String {
 }
 
 fn block_colour(b: &Block, chunks: usize) -> String {
-    let light = 20.0 * b.chunk as f64 / chunks.max(1) as f64;
-    match b.pass {
+    pass_colour(b.pass, b.chunk, chunks)
+}
+
+/// A pass's shade: later model chunks lighter.
+fn pass_colour(pass: Pass, chunk: usize, chunks: usize) -> String {
+    let light = 20.0 * chunk as f64 / chunks.max(1) as f64;
+    match pass {
         Pass::Forward => format!("hsl(208,68%,{:.0}%)", 58.0 + light),
         Pass::Backward => format!("hsl(28,85%,{:.0}%)", 52.0 + light),
     }
@@ -293,6 +298,25 @@ pub fn svg(config: &ParallelConfig, time: &TimeEstimate) -> String {
         svg.rect(x, 50.0, 14.0, 12.0, class, fill, "");
         svg.text(x + 18.0, 60.0, 11.0, Anchor::Start, "legend", label);
         x += 40.0 + 7.0 * label.len() as f64;
+    }
+    // Interleaved: each chunk's two shades (forward, backward), so the lighter blocks read.
+    if s.chunks > 1 {
+        for chunk in 0..s.chunks {
+            for (k, pass) in [Pass::Forward, Pass::Backward].into_iter().enumerate() {
+                svg.rect(
+                    x + 15.0 * k as f64,
+                    50.0,
+                    14.0,
+                    12.0,
+                    "legend-chunk",
+                    &pass_colour(pass, chunk, s.chunks),
+                    "",
+                );
+            }
+            let label = format!("chunk {chunk}");
+            svg.text(x + 34.0, 60.0, 11.0, Anchor::Start, "legend", &label);
+            x += 50.0 + 7.0 * label.len() as f64;
+        }
     }
     for stage in 0..s.stages {
         let y = top + stage as f64 * row;
