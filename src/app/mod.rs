@@ -14,15 +14,15 @@
 //!   or measured), settings — into the dry-run report's sections;
 //! - `copies`: one pipette-run per node — the leader's run over the copies' nodes, or an
 //!   agent's life;
-//! - `tools`: the other `pipette` subcommands, each one stage on its own;
+//! - `commands`: the other `pipette` subcommands, one file each;
 //! - `doctor`: `pipette doctor`, whether the nodes are ready to run.
 
+mod commands;
 mod copies;
 mod decided;
 mod doctor;
 mod inputs;
 mod job;
-mod tools;
 mod trial_rounds;
 mod unplanned;
 
@@ -173,7 +173,7 @@ pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     match &cli.command {
         // The one subcommand whose exit code is not an error's: it reports every problem.
         crate::cli::PipetteCommand::Doctor(args) => doctor::main(args, &env),
-        command => finish(tools::pipette(command, &env)),
+        command => finish(commands::pipette(command, &env)),
     }
 }
 
