@@ -1,11 +1,13 @@
 //! The `pipette` subcommands, one file each: every one runs a stage on its own (discover,
 //! cluster, model, estimate, plan, profile, presets), the trial alone (calibrate), or
-//! prints what the command line generates (completions, man, config show).
+//! prints what the command line generates (completions, man, config show); doctor
+//! checks the nodes.
 
 mod calibrate;
 mod cluster;
 mod config;
 mod discover;
+pub(super) mod doctor;
 mod estimate;
 mod generated;
 mod model;

@@ -8,10 +8,10 @@ use serde::Serialize;
 use crate::measure::inventory::parse_gpu_query;
 
 /// The POSIX `sh` script run on every node (`sh -c PROBE pipette-doctor ARGS...`).
-pub(super) const PROBE: &str = include_str!("../../../templates/doctor/probe.sh");
+pub(super) const PROBE: &str = include_str!("../../templates/doctor/probe.sh");
 
 /// The Python script the probe runs with torchrun's python.
-pub(super) const PYTHON_FACTS: &str = include_str!("../../../templates/doctor/facts.py");
+pub(super) const PYTHON_FACTS: &str = include_str!("../../templates/doctor/facts.py");
 
 /// Everything gathered about one node.
 #[derive(Debug, Clone, PartialEq, Serialize)]

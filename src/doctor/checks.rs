@@ -5,9 +5,9 @@
 use serde::Serialize;
 
 use super::facts::{Disk, Gpus, NodeFacts, Reach, Torchrun};
+use crate::cluster::hostlist::compress as compress_hosts;
 use crate::exec::TransportKind;
 use crate::exit::ExitCode;
-use crate::report::compress_hosts;
 
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -390,13 +390,13 @@ fn across_nodes(nodes: &[NodeFacts]) -> Vec<Finding> {
 type NodeValue = fn(&NodeFacts) -> Option<String>;
 
 /// A node's `NCCL_*` variables as `NAME=VALUE` words (empty when none is set).
-pub(super) fn nccl_text(node: &NodeFacts) -> Option<String> {
+pub fn nccl_text(node: &NodeFacts) -> Option<String> {
     let set: Vec<String> = node.nccl.iter().map(|(k, v)| format!("{k}={v}")).collect();
     Some(set.join(" "))
 }
 
 /// The nodes with a value, grouped by it in the order of first appearance.
-pub(super) fn group_by(
+pub fn group_by(
     nodes: &[&NodeFacts],
     value: impl Fn(&NodeFacts) -> Option<String>,
 ) -> Vec<(String, Vec<String>)> {
@@ -488,12 +488,12 @@ pub fn exit_code(findings: &[Finding]) -> ExitCode {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::super::facts::{ClockSkew, Gpu, PythonFacts};
     use super::*;
 
     /// A healthy CPU node.
-    pub(in crate::app::doctor) fn good(host: &str) -> NodeFacts {
+    pub(crate) fn good(host: &str) -> NodeFacts {
         NodeFacts {
             host: host.into(),
             reach: Reach::Reached,
@@ -537,7 +537,7 @@ pub(super) mod tests {
     }
 
     /// A healthy node with 8 H100s.
-    pub(in crate::app::doctor) fn gpu_node(host: &str) -> NodeFacts {
+    pub(crate) fn gpu_node(host: &str) -> NodeFacts {
         let mut n = good(host);
         n.gpus = h100s(8);
         n.python.cuda_devices = Some(8);

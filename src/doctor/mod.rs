@@ -7,110 +7,39 @@
 //! answering and never holds up the others.
 //!
 //! - `facts`: the probe and what its output says ([`facts::NodeFacts`]);
-//! - `checks`: the judgement, a pure function from the facts to findings and an exit code;
-//! - `table`: the report for people, fitted to 80 columns.
+//! - `checks`: the judgement, a pure function from the facts to findings and an exit code.
+//!
+//! The report for people is [`crate::report::doctor`]; finding the nodes and printing
+//! belong to the command (`app`).
 
-mod checks;
-mod facts;
-mod table;
+pub mod checks;
+pub mod facts;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::inputs::{allocate, discover_nodes};
-use crate::cli::node_env::{announced_node_env, EnvRequest};
-use crate::cli::resolved::{DiscoveryInputs, NodeAccess};
-use crate::cli::DoctorArgs;
-use crate::cluster::{AllocationRequest, ClusterProfile, Environment};
-use crate::error::Error;
 use crate::exec::{self, ExecError, ExecOptions, NodeCommand, Stream, Transport};
 use crate::measure::inventory::GPU_QUERY_ARGS;
 
-use checks::{diagnose, Limits};
 use facts::{parse_probe_output, NodeFacts, Reach, PROBE, PYTHON_FACTS};
-
-/// The name and version of `pipette doctor --json`'s object.
-const SCHEMA: &str = "pipette-doctor";
-const SCHEMA_VERSION: u32 = 1;
 
 /// At most this many probes run at once (each is a process here, an ssh or srun client).
 const PARALLEL: usize = 64;
 
 /// What the probes need.
-struct Request {
-    transport: Transport,
-    torchrun: String,
+pub struct Request {
+    pub transport: Transport,
+    pub torchrun: String,
     /// Where the run directory goes, absolute.
-    run_dir: PathBuf,
-    env: Vec<(String, String)>,
-    timeout: Duration,
-}
-
-/// Runs `pipette doctor`; returns the exit code.
-pub(super) fn main(args: &DoctorArgs, env: &Environment) -> i32 {
-    // A stop signal ends the probes in order (exit 128 + N), nothing left running.
-    let _signals = exec::signals::SignalGuard::install();
-    match doctor(args, env) {
-        Ok(code) => code,
-        Err(e) => super::finish(Err(e)),
-    }
-}
-
-fn doctor(args: &DoctorArgs, env: &Environment) -> Result<i32, Error> {
-    let found = discover_nodes(&DiscoveryInputs::new(&args.discovery, env.clone()))?;
-    let profile = match &args.discovery.cluster {
-        Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
-        None => None,
-    };
-    let allocation = allocate(
-        found,
-        profile.as_ref().map(|(p, c)| (p.as_path(), c)),
-        AllocationRequest::default(),
-    )?;
-    for w in &allocation.warnings {
-        crate::log::warn(&w.to_string());
-    }
-    let hosts: Vec<String> = allocation.hosts.iter().map(|h| h.host.clone()).collect();
-    let transport =
-        NodeAccess::new(&args.access, &args.nodes).transport(&hosts, &allocation.source);
-    let cwd = std::env::current_dir()
-        .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
-    let vars = announced_node_env(env, &EnvRequest::new(&args.nodes))?;
-    let request = Request {
-        transport,
-        torchrun: args.access.torchrun.clone(),
-        run_dir: cwd.join(args.run_dir.as_deref().unwrap_or(Path::new("pipette-runs"))),
-        env: vars.into_iter().collect(),
-        timeout: args.timeout,
-    };
-    let nodes = probe_all(&request, &hosts);
-    if let Some(received) = exec::signals::stop_received() {
-        return Err(Error::Interrupted(received.signal));
-    }
-    let kind = request.transport.kind();
-    let findings = diagnose(&nodes, &Limits::with_min_free(kind, args.min_free));
-    let code = checks::exit_code(&findings).code();
-    if args.json {
-        let report = serde_json::json!({
-            "schema": SCHEMA,
-            "version": SCHEMA_VERSION,
-            "transport": kind.as_str(),
-            "run_dir": request.run_dir.display().to_string(),
-            "nodes": nodes,
-            "findings": findings,
-            "exit_code": code,
-        });
-        println!("{}", super::to_json(&report)?);
-    } else {
-        print!("{}", table::render(&nodes, &findings, kind.as_str()));
-    }
-    Ok(code)
+    pub run_dir: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub timeout: Duration,
 }
 
 /// Every node's facts, in the order of `hosts`: the probes run [`PARALLEL`] at a time.
-fn probe_all(request: &Request, hosts: &[String]) -> Vec<NodeFacts> {
+pub fn probe_all(request: &Request, hosts: &[String]) -> Vec<NodeFacts> {
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<NodeFacts>>> = Mutex::new(vec![None; hosts.len()]);
     std::thread::scope(|scope| {
