@@ -387,11 +387,10 @@ pub fn options_after_script(script_args: &[String]) -> Vec<String> {
         })
     };
     let mut found: Vec<String> = Vec::new();
-    for word in script_args.iter().take_while(|w| *w != "--") {
-        let Some(body) = word.strip_prefix("--") else {
+    for word in crate::config::megatron::argparse::arg_words(script_args) {
+        let Some(name) = word.written_name(script_args) else {
             continue;
         };
-        let name = body.split_once('=').map_or(body, |(name, _)| name);
         let theirs = crate::config::megatron::typos::megatron_knows(name)
             || ["help", "version"].contains(&name);
         if !theirs && ours(name) && !found.iter().any(|f| f == name) {
