@@ -129,7 +129,7 @@ fn node_findings(node: &NodeFacts, limits: &Limits) -> Vec<NodeFinding> {
     }
     let torchrun_found = match &node.torchrun {
         Torchrun::Found { .. } => true,
-        Torchrun::Missing { name } => {
+        Torchrun::Missing { name, venv } => {
             let where_ = match name.contains('/') {
                 true => format!("{name:?} is not an executable file there"),
                 false => format!(
@@ -141,7 +141,14 @@ fn node_findings(node: &NodeFacts, limits: &Limits) -> Vec<NodeFinding> {
                 Problem,
                 Check::Torchrun,
                 format!("torchrun not found: {where_}"),
-                "activate the environment that has PyTorch before running pipette (PATH is forwarded to the nodes), or give --env PATH=... or --torchrun PATH-ON-THE-NODES".into(),
+                match venv {
+                    // pipette-run looks on the PATH only: the venv found has to be named.
+                    Some(venv) => format!(
+                        "activate the environment that has PyTorch before running pipette (PATH is forwarded to the nodes): the venv of {venv} is there (`. {}/activate`), or give --torchrun {venv}",
+                        venv.rsplit_once('/').map_or(".", |(bin, _)| bin)
+                    ),
+                    None => "activate the environment that has PyTorch before running pipette (PATH is forwarded to the nodes), or give --env PATH=... or --torchrun PATH-ON-THE-NODES".into(),
+                },
             ));
             false
         }
@@ -581,6 +588,7 @@ pub(crate) mod tests {
         let mut missing = good("n2");
         missing.torchrun = Torchrun::Missing {
             name: "torchrun".into(),
+            venv: None,
         };
         missing.path = Some("/usr/bin:/bin".into());
         missing.python = PythonFacts {
@@ -600,6 +608,7 @@ pub(crate) mod tests {
         let mut by_path = good("n1");
         by_path.torchrun = Torchrun::Missing {
             name: "/opt/venv/bin/torchrun".into(),
+            venv: None,
         };
         v.push((
             "--torchrun names no executable",
@@ -764,6 +773,30 @@ pub(crate) mod tests {
         assert!(fix(TransportKind::Ssh).contains("ssh HOST true"));
         assert!(fix(TransportKind::Srun).contains("squeue"));
         assert!(fix(TransportKind::Local).contains("sh runs"));
+    }
+
+    /// torchrun not on the PATH but in a venv pipette-run knows of: still a problem (a
+    /// launch looks on the PATH), its fix naming the venv.
+    #[test]
+    fn a_venv_off_the_path_is_named_in_the_fix() {
+        let mut node = good("n1");
+        node.torchrun = Torchrun::Missing {
+            name: "torchrun".into(),
+            venv: Some("/home/u/.cache/pipette-run/megatron-venv/bin/torchrun".into()),
+        };
+        let findings = diagnose(
+            std::slice::from_ref(&node),
+            &Limits::with_min_free(TransportKind::Local, 0),
+        );
+        assert_eq!(exit_code(&findings), ExitCode::NoTorchrun);
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        assert!(
+            findings[0].fix.contains(
+                "(`. /home/u/.cache/pipette-run/megatron-venv/bin/activate`), or give --torchrun /home/u/.cache/pipette-run/megatron-venv/bin/torchrun"
+            ),
+            "{}",
+            findings[0].fix
+        );
     }
 
     #[test]

@@ -36,6 +36,40 @@ pub struct Request {
     pub run_dir: PathBuf,
     pub env: Vec<(String, String)>,
     pub timeout: Duration,
+    /// torchruns of venvs to try on a node whose PATH has no `torchrun` ([`venv_torchruns`]).
+    pub venvs: Vec<String>,
+}
+
+/// The torchruns of the venvs pipette-run knows of, for a `--torchrun` given as a bare
+/// name: the one beside `PIPETTE_MEGATRON_PYTHON`, then the venv `scripts/setup-megatron-venv`
+/// makes (`PIPETTE_MEGATRON_VENV`, else `${XDG_CACHE_HOME:-~/.cache}/pipette-run/megatron-venv`).
+/// A path given to `--torchrun` is the user's choice: none then.
+pub fn venv_torchruns(torchrun: &str, env: &crate::cluster::Environment) -> Vec<String> {
+    if torchrun.contains('/') {
+        return Vec::new();
+    }
+    let var = |name: &str| env.get(name).filter(|v| !v.is_empty());
+    let beside_python = var("PIPETTE_MEGATRON_PYTHON")
+        .and_then(|python| std::path::Path::new(python).parent())
+        .map(|bin| bin.join(torchrun));
+    let setup = var("PIPETTE_MEGATRON_VENV")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let cache = var("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| var("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+            Some(cache.join("pipette-run/megatron-venv"))
+        })
+        .map(|venv| venv.join("bin").join(torchrun));
+    let mut found: Vec<String> = Vec::new();
+    for path in beside_python.into_iter().chain(setup) {
+        let path = path.display().to_string();
+        // One word a line: a path with a line end cannot be passed on.
+        if !path.contains('\n') && !found.contains(&path) {
+            found.push(path);
+        }
+    }
+    found
 }
 
 /// Every node's facts, in the order of `hosts`: the probes run [`PARALLEL`] at a time.
@@ -77,13 +111,14 @@ pub fn probe_all(request: &Request, hosts: &[String]) -> Vec<NodeFacts> {
 }
 
 /// The probe's command: `/bin/sh -c PROBE pipette-doctor TORCHRUN RUN_DIR nvidia-smi FACTS
-/// QUERY...`, every value a word of its own.
+/// VENVS QUERY...`, every value a word of its own.
 fn probe_command(request: &Request) -> NodeCommand {
     let mut command = NodeCommand::new("/bin/sh")
         .args(["-c", PROBE, "pipette-doctor"])
         .arg(request.torchrun.clone())
         .arg(request.run_dir.display().to_string())
         .args(["nvidia-smi", PYTHON_FACTS])
+        .arg(request.venvs.join("\n"))
         .args(GPU_QUERY_ARGS);
     command.env = request.env.clone();
     command
@@ -179,4 +214,44 @@ fn probe(request: &Request, host: &str) -> NodeFacts {
         &stdout,
         ((start + end) / 2.0, (end - start).max(0.0) / 2.0),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn venvs_are_looked_for_where_pipette_run_s_setup_puts_them() {
+        let env = |pairs: &[(&str, &str)]| -> crate::cluster::Environment {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            venv_torchruns("torchrun", &env(&[("HOME", "/home/u")])),
+            ["/home/u/.cache/pipette-run/megatron-venv/bin/torchrun"]
+        );
+        assert_eq!(
+            venv_torchruns(
+                "torchrun",
+                &env(&[
+                    ("HOME", "/home/u"),
+                    ("XDG_CACHE_HOME", "/c"),
+                    ("PIPETTE_MEGATRON_PYTHON", "/p/bin/python"),
+                ])
+            ),
+            [
+                "/p/bin/torchrun",
+                "/c/pipette-run/megatron-venv/bin/torchrun"
+            ]
+        );
+        assert_eq!(
+            venv_torchruns("torchrun", &env(&[("PIPETTE_MEGATRON_VENV", "/v")])),
+            ["/v/bin/torchrun"]
+        );
+        // A path to --torchrun is the user's choice; with no home there is nowhere to look.
+        assert!(venv_torchruns("/opt/bin/torchrun", &env(&[("HOME", "/h")])).is_empty());
+        assert!(venv_torchruns("torchrun", &env(&[])).is_empty());
+    }
 }

@@ -8,7 +8,7 @@ use comfy_table::{presets::NOTHING, ColumnConstraint, ContentArrangement, Row, T
 
 use super::{compress_hosts, WIDTH};
 use crate::doctor::checks::{bytes_text, gpus_text, group_by, nccl_text, Check, Finding, Severity};
-use crate::doctor::facts::{Disk, Gpus, NodeFacts, Reach};
+use crate::doctor::facts::{Disk, Gpus, NodeFacts, Reach, Torchrun};
 
 /// The name and version of `pipette doctor --json`'s object.
 const SCHEMA: &str = "pipette-doctor";
@@ -48,6 +48,7 @@ pub fn render(nodes: &[NodeFacts], findings: &[Finding], transport: &str) -> Str
     if cut_gpus {
         below.push_str(&gpu_lines(nodes));
     }
+    below.push_str(&python_lines(nodes));
     below.push_str(&nccl_lines(nodes));
     if !below.is_empty() {
         out.push('\n');
@@ -319,6 +320,25 @@ fn gpu_lines(nodes: &[NodeFacts]) -> String {
         .collect()
 }
 
+/// The python whose versions the table shows, grouped by nodes alike: torchrun's (a
+/// venv's, found where pipette-run knows to look, when torchrun is not on the PATH).
+fn python_lines(nodes: &[NodeFacts]) -> String {
+    let reached: Vec<&NodeFacts> = nodes.iter().filter(|n| n.reached()).collect();
+    let groups = group_by(&reached, |node| {
+        let python = node.python.executable.clone()?;
+        Some(match &node.torchrun {
+            Torchrun::Missing {
+                venv: Some(venv), ..
+            } => format!("{python} (of {venv}, not on the PATH)"),
+            _ => python,
+        })
+    });
+    groups
+        .into_iter()
+        .map(|(text, hosts)| format!("python on {}: {text}\n", compress_hosts(&hosts)))
+        .collect()
+}
+
 /// The `NCCL_*` variables, grouped by nodes alike.
 fn nccl_lines(nodes: &[NodeFacts]) -> String {
     let reached: Vec<&NodeFacts> = nodes.iter().filter(|n| n.reached()).collect();
@@ -348,7 +368,6 @@ mod tests {
     use super::*;
     use crate::doctor::checks::tests::{good, gpu_node};
     use crate::doctor::checks::{diagnose, Limits};
-    use crate::doctor::facts::Torchrun;
     use crate::exec::TransportKind;
 
     /// A GPU node whose versions, NCCL setting and disk make the table wide.
@@ -378,6 +397,7 @@ mod tests {
         );
         nodes[10].torchrun = Torchrun::Missing {
             name: "torchrun".into(),
+            venv: None,
         };
         nodes[11]
             .nccl
@@ -440,6 +460,7 @@ mod tests {
             "NODES      STATUS  PYTHON  TORCH        MCORE   SKEW  FREE     GPUS\n\
              localhost  ok      3.12.1  2.9.0+cu128  0.19.2  0s    1.3 TiB  none (CPU node)\n\
              \n\
+             python on localhost: /venv/bin/python\n\
              NCCL_*: none set on localhost\n\
              \n\
              1 node checked over local: no problem, no warning\n"

@@ -51,6 +51,7 @@ fn doctor(args: &DoctorArgs, env: &Environment) -> Result<i32, Error> {
         run_dir: cwd.join(args.run_dir.as_deref().unwrap_or(Path::new("pipette-runs"))),
         env: vars.into_iter().collect(),
         timeout: args.timeout,
+        venvs: crate::doctor::venv_torchruns(&args.access.torchrun, env),
     };
     let nodes = probe_all(&request, &hosts);
     if let Some(received) = exec::signals::stop_received() {
