@@ -10,7 +10,6 @@ use crate::cluster::{AllocationRequest, ClusterProfile, Environment};
 use crate::error::Error;
 use crate::log;
 use crate::plan;
-use crate::report::pictures::Picture;
 use crate::report::plan::plan_to_human;
 
 pub(super) fn run(args: &PlanArgs, env: &Environment) -> Result<(), Error> {
@@ -34,7 +33,7 @@ pub(super) fn run(args: &PlanArgs, env: &Environment) -> Result<(), Error> {
     let profile = allocation.narrow(path, &full).map_err(allocation_error)?;
     let options = PlanningConfig::new(&args.planning, args.output.seed).plan_options(&settings)?;
     let plan = plan::plan_subset(&settings, &profile, &options)?;
-    if let Some(picture) = args.show.as_deref().and_then(Picture::from_name) {
+    if let Some(picture) = args.show {
         print!("{}", picture.text(&plan, &profile));
     } else if args.output.json {
         println!("{}", to_json(&plan)?);
