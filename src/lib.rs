@@ -49,6 +49,8 @@
 //!   survivors, exit code, stop or re-plan), its driver runs the attempts (launch, watch,
 //!   teardown, health checks, checkpoint read, re-plan, relaunch), typed
 //!   [`supervise::events::Event`]s go to `events.jsonl` and the reporter shows them.
+//! - [`doctor`] checks that the nodes are ready to run (`pipette doctor`): one probe per
+//!   node, what it reports ([`doctor::facts`]) and the pure judgement ([`doctor::checks`]).
 //! - [`report`] shows stage values to people (tables) and to tools (JSON).
 //! - [`app`] is the orchestrator: it runs the stages in order for each command.
 //! - [`error`] is the one top-level error, which maps every failure to an exit code (only
@@ -58,7 +60,7 @@
 //!   [`input_file`] reads a file the user named (a regular file of at most 1 GiB; a leaf).
 //!
 //! The order exec → cluster → peers → measure → config/model → plan → render → launch → trial →
-//! replan → supervise → report → cli → error → app is checked by tests/architecture.rs:
+//! replan → supervise → doctor → report → cli → error → app is checked by tests/architecture.rs:
 //! no module names a later one.
 //!
 //! The binaries in `src/bin` only parse arguments, call [`app`], and exit.
@@ -67,6 +69,7 @@ pub mod app;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod doctor;
 pub mod error;
 pub mod exec;
 pub mod exit;

@@ -30,6 +30,8 @@ const ORDER: &[(&str, u32)] = &[
     // The re-plan policy: trial rounds and the survivors' plan.
     ("replan", 10),
     ("supervise", 11),
+    // `pipette doctor`'s probe and judgement: whether the nodes are ready to run.
+    ("doctor", 11),
     // Presentation and the front: stage values for people, the command lines, the
     // top-level error, the orchestrator.
     ("report", 12),

@@ -34,16 +34,21 @@ fn venv_bin() -> PathBuf {
 
 /// Runs `pipette doctor ARGS` with `path` as its PATH.
 fn doctor(args: &[&str], path: &str) -> Output {
+    doctor_command(args, path).output().unwrap()
+}
+
+/// `pipette doctor ARGS` with `path` as its PATH, to run.
+fn doctor_command(args: &[&str], path: &str) -> std::process::Command {
     // This machine's free disk is not the test's to judge (others fill it).
-    cpu_job_command(env!("CARGO_BIN_EXE_pipette"))
+    let mut command = cpu_job_command(env!("CARGO_BIN_EXE_pipette"));
+    command
         .args(["doctor", "--min-free", "0"])
         .args(args)
         .env("PATH", path)
         .env_remove("PIPETTE_TORCHRUN")
         .env_remove("PIPETTE_SSH_CONFIG")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+        .stdin(Stdio::null());
+    command
 }
 
 fn text(out: &Output) -> String {
@@ -85,6 +90,11 @@ fn local_node_is_ready_and_without_torchrun_on_its_path_is_not() {
     for line in stdout.lines().take_while(|l| !l.is_empty()) {
         assert!(line.chars().count() <= 80, "{line:?}");
     }
+    let venv = venv_bin().display().to_string();
+    assert!(
+        stdout.contains(&format!("\npython on localhost: {venv}/")),
+        "which python the versions are of: {stdout}"
+    );
 
     // The same node, its environment without the venv: reported, exit 71.
     let out = doctor(
@@ -103,12 +113,28 @@ fn local_node_is_ready_and_without_torchrun_on_its_path_is_not() {
         ),
         "{stdout}"
     );
+    // The venv found all the same (where scripts/setup-megatron-venv puts it, or beside
+    // PIPETTE_MEGATRON_PYTHON): its python checked, and named with the fix.
+    assert!(
+        stdout.contains(&format!("or give --torchrun {venv}/torchrun\n")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("\npython on localhost: {venv}/")),
+        "{stdout}"
+    );
+    assert!(
+        row(&stdout, "localhost").contains("0.19.2"),
+        "the venv's megatron-core: {stdout}"
+    );
 }
 
 /// A PATH with nothing on it (no dirname, df, date): the probe still ends, and says so.
 #[test]
 fn an_empty_path_is_reported_not_hung_on() {
-    let out = doctor(
+    // No venv where pipette-run looks for one either: nothing at all to run there (a
+    // venv's python importing PyTorch may take longer than the short time limit here).
+    let out = doctor_command(
         &[
             "--hosts",
             "localhost",
@@ -120,7 +146,11 @@ fn an_empty_path_is_reported_not_hung_on() {
             "20s",
         ],
         &venv_path(),
-    );
+    )
+    .env_remove("PIPETTE_MEGATRON_PYTHON")
+    .env("PIPETTE_MEGATRON_VENV", "/nonexistent-venv")
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(out.status.code(), Some(71), "{}", text(&out));
     assert!(

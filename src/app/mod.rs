@@ -14,15 +14,13 @@
 //!   or measured), settings — into the dry-run report's sections;
 //! - `copies`: one pipette-run per node — the leader's run over the copies' nodes, or an
 //!   agent's life;
-//! - `tools`: the other `pipette` subcommands, each one stage on its own;
-//! - `doctor`: `pipette doctor`, whether the nodes are ready to run.
+//! - `commands`: the `pipette` subcommands, one file each (`doctor` among them).
 
+mod commands;
 mod copies;
 mod decided;
-mod doctor;
 mod inputs;
 mod job;
-mod tools;
 mod trial_rounds;
 mod unplanned;
 
@@ -172,8 +170,8 @@ pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     }
     match &cli.command {
         // The one subcommand whose exit code is not an error's: it reports every problem.
-        crate::cli::PipetteCommand::Doctor(args) => doctor::main(args, &env),
-        command => finish(tools::pipette(command, &env)),
+        crate::cli::PipetteCommand::Doctor(args) => commands::doctor::main(args, &env),
+        command => finish(commands::pipette(command, &env)),
     }
 }
 

@@ -33,6 +33,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::{Recompute, RecomputeMethod};
 use crate::model::time::TimeModel;
+use crate::report::pictures::Picture;
 
 /// Exit codes, shown at the end of every `--help` (from [`crate::exit`]).
 pub const EXIT_CODES_HELP: &str = crate::exit::HELP;
@@ -387,11 +388,10 @@ pub fn options_after_script(script_args: &[String]) -> Vec<String> {
         })
     };
     let mut found: Vec<String> = Vec::new();
-    for word in script_args.iter().take_while(|w| *w != "--") {
-        let Some(body) = word.strip_prefix("--") else {
+    for word in crate::config::megatron::argparse::arg_words(script_args) {
+        let Some(name) = word.written_name(script_args) else {
             continue;
         };
-        let name = body.split_once('=').map_or(body, |(name, _)| name);
         let theirs = crate::config::megatron::typos::megatron_knows(name)
             || ["help", "version"].contains(&name);
         if !theirs && ours(name) && !found.iter().any(|f| f == name) {
@@ -399,6 +399,13 @@ pub fn options_after_script(script_args: &[String]) -> Vec<String> {
         }
     }
     found.into_iter().map(|name| format!("--{name}")).collect()
+}
+
+/// `--show`'s values: the pictures' names, each read into its picture.
+fn picture_parser() -> impl clap::builder::TypedValueParser<Value = Picture> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Picture::ALL.map(Picture::name))
+        .try_map(|name: String| Picture::from_name(&name).ok_or("not a picture's name"))
 }
 
 /// Plan LLM training on a cluster without launching it: inspect nodes, cluster files
@@ -613,8 +620,8 @@ pub struct PlanArgs {
     /// Show a picture of the plan instead of its report, as text: the rank map over the
     /// nodes, the pipeline timeline of one iteration, the node-link heat map, or memory per
     /// stage (a launch's run directory holds them as SVG files)
-    #[arg(long, value_name = "PICTURE", value_parser = ["rank-map", "timeline", "links", "memory"], conflicts_with = "json")]
-    pub show: Option<String>,
+    #[arg(long, value_name = "PICTURE", value_parser = picture_parser(), conflicts_with = "json")]
+    pub show: Option<Picture>,
     /// Megatron arguments, as they would follow SCRIPT
     #[arg(last = true, value_name = "MEGATRON ARGS")]
     pub megatron_args: Vec<String>,

@@ -282,8 +282,13 @@ pub struct SuperviseOptions {
     /// model costs (keep the plan, re-map around it, leave it out); or act: take the best
     /// choice through a re-plan and a resume from the last checkpoint when its gain over the
     /// remaining iterations beats the measured cost of a restart
-    #[arg(long = "stragglers", env = "PIPETTE_STRAGGLERS", value_name = "MODE", default_value = "report", value_parser = ["off", "report", "act"])]
-    pub stragglers: String,
+    #[arg(
+        long = "stragglers",
+        env = "PIPETTE_STRAGGLERS",
+        value_name = "MODE",
+        default_value = "report"
+    )]
+    pub stragglers: Stragglers,
 
     /// A node is slow below this share of the other nodes' median throughput
     #[arg(long = "straggler-threshold", value_name = "SHARE", default_value_t = 0.7, value_parser = parse_share)]
@@ -414,6 +419,14 @@ fn parse_percent(text: &str) -> Result<f64, String> {
     } else {
         Err(format!("{text} % is out of range (give 0 up to 100)"))
     }
+}
+
+/// `--stragglers`' modes, as the command line spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stragglers {
+    Off,
+    Report,
+    Act,
 }
 
 #[cfg(test)]

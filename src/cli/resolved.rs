@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::options::Stragglers;
 use super::ResolveError;
 use crate::cli::{
     AccessOptions, DiscoveryOptions, ModelOptions, NodeOptions, PlanningOptions, RunCli,
@@ -229,10 +230,10 @@ impl RunConfig {
                     supervise::Echo::Streams
                 },
                 stragglers: supervise::stragglers::StragglerOptions {
-                    mode: match s.stragglers.as_str() {
-                        "off" => supervise::stragglers::StragglerMode::Off,
-                        "act" => supervise::stragglers::StragglerMode::Act,
-                        _ => supervise::stragglers::StragglerMode::Report,
+                    mode: match s.stragglers {
+                        Stragglers::Off => supervise::stragglers::StragglerMode::Off,
+                        Stragglers::Report => supervise::stragglers::StragglerMode::Report,
+                        Stragglers::Act => supervise::stragglers::StragglerMode::Act,
                     },
                     threshold: s.straggler_threshold,
                     windows: s.straggler_windows,

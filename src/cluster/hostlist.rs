@@ -445,6 +445,55 @@ fn parse_group(
     Ok(ranges)
 }
 
+/// Hosts in Slurm's hostlist form, runs of one prefix and numbered suffix of one width
+/// bracketed, in the order given: `n01 n02 n03 n07 m1` → `n[01-03,07],m1`.
+pub fn compress(hosts: &[String]) -> String {
+    // (prefix, width, numbers) per run of hosts that differ only in their number.
+    let mut runs: Vec<(&str, usize, Vec<u64>)> = Vec::new();
+    for host in hosts {
+        let digits = host.len() - host.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (prefix, number) = host.split_at(host.len() - digits);
+        let parsed = if digits > 0 && digits <= 18 {
+            number.parse::<u64>().ok()
+        } else {
+            None
+        };
+        match (parsed, runs.last_mut()) {
+            (Some(n), Some((p, w, numbers))) if *p == prefix && *w == digits => numbers.push(n),
+            (Some(n), _) => runs.push((prefix, digits, vec![n])),
+            (None, _) => runs.push((host.as_str(), 0, Vec::new())),
+        }
+    }
+    let parts: Vec<String> = runs
+        .into_iter()
+        .map(|(prefix, width, numbers)| {
+            if numbers.is_empty() {
+                return prefix.to_string();
+            }
+            let pad = |n: u64| format!("{n:0width$}");
+            if numbers.len() == 1 {
+                return format!("{prefix}{}", pad(numbers[0]));
+            }
+            let mut ranges: Vec<String> = Vec::new();
+            let mut i = 0;
+            while i < numbers.len() {
+                let mut j = i;
+                while j + 1 < numbers.len() && numbers[j + 1] == numbers[j] + 1 {
+                    j += 1;
+                }
+                ranges.push(if i == j {
+                    pad(numbers[i])
+                } else {
+                    format!("{}-{}", pad(numbers[i]), pad(numbers[j]))
+                });
+                i = j + 1;
+            }
+            format!("{prefix}[{}]", ranges.join(","))
+        })
+        .collect();
+    parts.join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,5 +711,17 @@ mod tests {
         assert!(expand_ranges("0,a").is_err());
         assert!(expand_ranges("").is_err());
         assert!(expand_ranges("0-18446744073709551615").is_err());
+    }
+
+    #[test]
+    fn hosts_compress_as_slurm_writes_them() {
+        let h = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            compress(&h(&["n01", "n02", "n03", "n07", "m1", "login"])),
+            "n[01-03,07],m1,login"
+        );
+        assert_eq!(compress(&h(&["a9", "a10"])), "a9,a10");
+        assert_eq!(compress(&h(&["x"])), "x");
+        assert_eq!(compress(&[]), "");
     }
 }

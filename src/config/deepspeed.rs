@@ -20,6 +20,9 @@
 
 use serde::Serialize;
 
+use super::megatron::argparse::words_by;
+use super::megatron::options::Arity;
+
 /// The options that name a DeepSpeed config, in dashed spelling. `--deepspeed` alone is
 /// also DeepSpeed's own flag (`deepspeed.add_config_arguments`), so it names a file only
 /// when a value follows it.
@@ -28,30 +31,19 @@ const CONFIG_OPTIONS: &[&str] = &["deepspeed-config", "deepspeed"];
 /// The DeepSpeed config file the script's arguments name, if any (the last one given, as
 /// argparse keeps it; nothing after `--`).
 pub fn config_path(args: &[String]) -> Option<String> {
-    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let mut found = None;
-    for (i, word) in args[..end].iter().enumerate() {
-        let Some(body) = word.strip_prefix("--") else {
-            continue;
-        };
-        let (name, inline) = match body.split_once('=') {
-            Some((name, value)) => (name.replace('_', "-"), Some(value.to_string())),
-            None => (body.replace('_', "-"), None),
-        };
-        if !CONFIG_OPTIONS.contains(&name.as_str()) {
-            continue;
-        }
-        let value = inline.or_else(|| {
-            args[..end]
-                .get(i + 1)
-                .filter(|next| !next.starts_with('-'))
-                .cloned()
-        });
-        if let Some(value) = value.filter(|v| !v.is_empty()) {
-            found = Some(value);
-        }
-    }
-    found
+    let arity = |name: &str| match CONFIG_OPTIONS.contains(&name) {
+        true => Arity::Value,
+        false => Arity::Flag,
+    };
+    words_by(args, arity)
+        .into_iter()
+        .filter(|word| {
+            word.name
+                .as_deref()
+                .is_some_and(|n| CONFIG_OPTIONS.contains(&n))
+        })
+        .filter_map(|word| word.value(args).filter(|v| !v.is_empty()))
+        .next_back()
 }
 
 /// One batch setting of the config: a number, `"auto"`, or not given.

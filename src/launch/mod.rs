@@ -384,49 +384,8 @@ pub fn resume_args(args: &[String], save: &str) -> (Vec<String>, Vec<String>) {
     (out, notes)
 }
 
-/// An option [`drop_options`] dropped: its name (with dashes) and value.
-pub type DroppedOption = (String, Option<String>);
-
-/// Splits the script's arguments at a `--` (which ends Megatron's options) and drops from
-/// the part before it every option named in `names`, in any spelling (`--opt value`,
-/// `--opt=value`, underscores for dashes); those in `with_value` take the next word as
-/// their value unless it is another option. Returns the words kept, what was dropped
-/// (name with dashes, value) in order, and the part from the `--` on.
-pub fn drop_options<'a>(
-    args: &'a [String],
-    names: &[&str],
-    with_value: &[&str],
-) -> (Vec<String>, Vec<DroppedOption>, &'a [String]) {
-    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let mut kept = Vec::with_capacity(end);
-    let mut dropped = Vec::new();
-    let mut words = args[..end].iter().peekable();
-    while let Some(word) = words.next() {
-        let Some(body) = word.strip_prefix("--") else {
-            kept.push(word.clone());
-            continue;
-        };
-        let (name, inline) = match body.split_once('=') {
-            Some((n, v)) => (n.replace('_', "-"), Some(v.to_string())),
-            None => (body.replace('_', "-"), None),
-        };
-        if !names.contains(&name.as_str()) {
-            kept.push(word.clone());
-            continue;
-        }
-        let value = match inline {
-            Some(v) => Some(v),
-            None if with_value.contains(&name.as_str())
-                && words.peek().is_some_and(|w| !w.starts_with("--")) =>
-            {
-                words.next().cloned()
-            }
-            None => None,
-        };
-        dropped.push((name, value));
-    }
-    (kept, dropped, &args[end..])
-}
+// The arguments' one reader decides which word is an option's value.
+pub use crate::config::megatron::argparse::{drop_options, DroppedOption};
 
 /// A job's commands, one per node, as they run.
 pub struct RunningJob {

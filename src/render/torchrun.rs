@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::ScriptInvocation;
+use crate::config::megatron::argparse::words_by;
+use crate::config::megatron::options::Arity;
 
 /// How the installed torchrun spells its options. Current torchrun accepts both
 /// `--nproc-per-node` and `--nproc_per_node`; old releases (PyTorch 1.x) only the
@@ -66,32 +68,22 @@ const PLANNED_FLAGS: &[&str] = &["standalone", "module", "no-python", "run-path"
 /// Long options are respelled (`--max-restarts=3` → `--max_restarts=3`); short options
 /// and separate values are kept as they are.
 pub fn passthrough(options: &[String], spelling: TorchrunSpelling) -> Vec<String> {
+    let planned = |name: &str| PLANNED.contains(&name);
+    let arity = |name: &str| match planned(name) && !PLANNED_FLAGS.contains(&name) {
+        true => Arity::Value,
+        false => Arity::Flag,
+    };
     let mut out = Vec::new();
-    let mut words = options.iter().peekable();
-    while let Some(word) = words.next() {
-        if word == "-m" {
-            continue;
+    for word in words_by(options, arity) {
+        match word.name.as_deref() {
+            Some(name) if planned(name) => {}
+            Some(name) => out.push(match &word.inline_value {
+                Some(value) => spelling.option_value(name, value),
+                None => spelling.option(name),
+            }),
+            None if options[word.start] == "-m" => {}
+            None => out.extend_from_slice(&options[word.start..word.end]),
         }
-        let Some(body) = word.strip_prefix("--") else {
-            out.push(word.clone());
-            continue;
-        };
-        let (name, value) = match body.split_once('=') {
-            Some((name, value)) => (name, Some(value)),
-            None => (body, None),
-        };
-        let dashed = name.replace('_', "-");
-        if PLANNED.contains(&dashed.as_str()) {
-            let takes_value = !PLANNED_FLAGS.contains(&dashed.as_str());
-            if takes_value && value.is_none() && words.peek().is_some_and(|w| !w.starts_with('-')) {
-                words.next();
-            }
-            continue;
-        }
-        out.push(match value {
-            Some(value) => spelling.option_value(&dashed, value),
-            None => spelling.option(&dashed),
-        });
     }
     out
 }

@@ -1,15 +1,25 @@
 # pipette doctor's probe: what `pipette doctor` checks on a node (src/app/doctor), one
 # `key=value` line each, longer outputs between `begin NAME` and `end NAME`. Every value
 # arrives as an argument, never as text of this script: $1 torchrun, $2 where the run
-# directory goes (absolute), $3 nvidia-smi, $4 the Python facts script, then nvidia-smi's
-# query arguments. The clock is read first, so the driver can set it against the
+# directory goes (absolute), $3 nvidia-smi, $4 the Python facts script, $5 the torchruns of
+# venvs pipette-run knows of (one a line: the venv its setup script makes, the one beside
+# PIPETTE_MEGATRON_PYTHON), tried when $1 is not on PATH, then nvidia-smi's query arguments. The clock is read first, so the driver can set it against the
 # midpoint of the round trip.
 echo "clock=$(date +%s.%N)"
-t=$1 d=$2 s=$3 f=$4
-shift 4
+t=$1 d=$2 s=$3 f=$4 v=$5
+shift 5
 echo "path=$PATH"
 r=
-if r=$(command -v -- "$t"); then echo "torchrun=$r"; else r=; echo "torchrun-missing=$t"; fi
+if r=$(command -v -- "$t"); then echo "torchrun=$r"; else
+  r=; echo "torchrun-missing=$t"
+  # Not on PATH: a venv's torchrun, when this node has one, so its python is checked too.
+  set -f; o=$IFS; IFS='
+'
+  for c in $v; do
+    if [ -z "$r" ] && [ -f "$c" ] && [ -x "$c" ]; then r=$c; echo "torchrun-venv=$r"; fi
+  done
+  IFS=$o; set +f
+fi
 # The python torchrun runs the workers with: its #! interpreter, else the python beside it,
 # else python3 on PATH.
 p=

@@ -1,10 +1,15 @@
-//! How Megatron's argparse parser splits the arguments into options and their values, and
-//! reads a count, for reading ([`super::read`]) and rewriting (`render::megatron`) alike.
+//! How argparse splits an argument list into options and their values, and reads a
+//! count: the one reader of `--opt value` words in pipette-run, for Megatron's arguments
+//! (reading them, [`super::read`]; rewriting them, `render::megatron`, the trial's and the
+//! relaunch's [`drop_options`]), a DeepSpeed script's (`config::deepspeed`), torchrun's
+//! own (`render::torchrun`) and the options after SCRIPT (`cli`).
 //!
 //! `--opt value` and `--opt=value`, flags without values, no abbreviations, `--` ends the
-//! options. Which options take a value is the [`super::options`] table's to say, in
-//! either spelling; any other option is taken as a flag, so that the words after it stay
-//! words of their own.
+//! options; a word is an option's value unless it looks like an option itself (a dash and
+//! anything but a number: `--lr -1` is a value). Which options take a value is the
+//! caller's table to say ([`words_by`]); for Megatron's arguments ([`arg_words`]) it is
+//! [`super::options`]'s, in either spelling, and any other option is taken as a flag, so
+//! that the words after it stay words of their own.
 
 use super::options::{find_any_spelling, Arity};
 
@@ -47,8 +52,20 @@ impl ArgWord {
     }
 }
 
-/// The arguments as argparse groups them.
+/// Megatron's arguments as argparse groups them.
 pub fn arg_words(args: &[String]) -> Vec<ArgWord> {
+    words_by(args, megatron_arity)
+}
+
+/// How Megatron's parser reads the option `name` (dashed): its table's arity, a flag for
+/// an option it does not know.
+fn megatron_arity(name: &str) -> Arity {
+    find_any_spelling(name).map_or(Arity::Flag, |o| o.arity)
+}
+
+/// The arguments as argparse groups them, `arity` telling how each option (by its name
+/// with dashes, `num-layers` for `--num_layers`) reads its value.
+pub fn words_by(args: &[String], arity: impl Fn(&str) -> Arity) -> Vec<ArgWord> {
     let mut out = Vec::new();
     let mut i = 0;
     let mut options_ended = false;
@@ -74,7 +91,7 @@ pub fn arg_words(args: &[String]) -> Vec<ArgWord> {
             Some((name, value)) => (name.replace('_', "-"), Some(value.to_string())),
             None => (body.replace('_', "-"), None),
         };
-        let arity = find_any_spelling(&name).map_or(Arity::Flag, |o| o.arity);
+        let arity = arity(&name);
         let mut end = i + 1;
         if arity != Arity::Flag && inline_value.is_none() {
             while args
@@ -96,6 +113,43 @@ pub fn arg_words(args: &[String]) -> Vec<ArgWord> {
         i = end;
     }
     out
+}
+
+/// An option [`drop_options`] dropped: its name (with dashes) and value.
+pub type DroppedOption = (String, Option<String>);
+
+/// Splits Megatron's arguments at a `--` (which ends its options) and drops from the part
+/// before it every option named in `names`, in any spelling (`--opt value`, `--opt=value`,
+/// underscores for dashes); those in `with_value` take a value, the others of `names` none.
+/// Returns the words kept, what was dropped (name with dashes, value) in order, and the
+/// part from the `--` on.
+pub fn drop_options<'a>(
+    args: &'a [String],
+    names: &[&str],
+    with_value: &[&str],
+) -> (Vec<String>, Vec<DroppedOption>, &'a [String]) {
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let (head, tail) = args.split_at(end);
+    let arity = |name: &str| {
+        if with_value.contains(&name) {
+            Arity::Value
+        } else if names.contains(&name) {
+            Arity::Flag
+        } else {
+            megatron_arity(name)
+        }
+    };
+    let mut kept = Vec::with_capacity(end);
+    let mut dropped = Vec::new();
+    for word in words_by(head, arity) {
+        match word.name.as_deref() {
+            Some(name) if names.contains(&name) => {
+                dropped.push((name.to_string(), word.value(head)));
+            }
+            _ => kept.extend_from_slice(&head[word.start..word.end]),
+        }
+    }
+    (kept, dropped, tail)
 }
 
 /// argparse takes the next word as an option's value unless it looks like an option
@@ -171,6 +225,89 @@ mod tests {
         assert_eq!(words[0].written_name(&args), Some("num_layers"));
         assert_eq!(words[1].value(&args).as_deref(), Some("8"));
         assert_eq!(words[2].value(&args), None);
+    }
+
+    /// The decisions every caller shares, whatever its table: `--opt=value`, a flag before
+    /// another option, `--` ending the options, a negative number as a value.
+    #[test]
+    fn any_table_reads_the_edge_cases_alike() {
+        let table = |name: &str| match name {
+            "port" | "config" => Arity::Value,
+            "hosts" => Arity::Values,
+            _ => Arity::Flag,
+        };
+        let read = |text: &str| -> Vec<(Option<String>, usize, usize, Option<String>)> {
+            let args = w(text);
+            words_by(&args, table)
+                .into_iter()
+                .map(|a| (a.name.clone(), a.start, a.end, a.value(&args)))
+                .collect()
+        };
+        let some = |s: &str| Some(s.to_string());
+        // `--opt=value` keeps its value, even one that looks like an option.
+        assert_eq!(
+            read("--config=--x --port=1"),
+            [
+                (some("config"), 0, 1, some("--x")),
+                (some("port"), 1, 2, some("1")),
+            ]
+        );
+        // A flag takes nothing; an option with a value does not take the next option.
+        assert_eq!(
+            read("--verbose --port --config c"),
+            [
+                (some("verbose"), 0, 1, None),
+                (some("port"), 1, 2, None),
+                (some("config"), 2, 4, some("c")),
+            ]
+        );
+        // A negative number is a value; a single-dash word is not.
+        assert_eq!(read("--port -1")[0], (some("port"), 0, 2, some("-1")));
+        assert_eq!(read("--port -x").len(), 2);
+        // `--` ends the options, and is no option's value.
+        assert_eq!(
+            read("--port -- --config c"),
+            [
+                (some("port"), 0, 1, None),
+                (None, 1, 2, None),
+                (None, 2, 3, None),
+                (None, 3, 4, None),
+            ]
+        );
+        // Several values up to the next option; underscores read as dashes.
+        assert_eq!(
+            read("--hosts a b --config_x y"),
+            [
+                (some("hosts"), 0, 3, some("a")),
+                (some("config-x"), 3, 4, None),
+                (None, 4, 5, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn dropped_options_leave_the_rest_as_written() {
+        let args = w("--load a --finetune --lr=-1 --ckpt_step -3 --seq-length 8 -- --load b");
+        let (kept, dropped, tail) = drop_options(
+            &args,
+            &["load", "finetune", "ckpt-step"],
+            &["load", "ckpt-step"],
+        );
+        assert_eq!(kept, w("--lr=-1 --seq-length 8"));
+        assert_eq!(
+            dropped,
+            [
+                ("load".to_string(), Some("a".to_string())),
+                ("finetune".to_string(), None),
+                ("ckpt-step".to_string(), Some("-3".to_string())),
+            ]
+        );
+        assert_eq!(tail, w("-- --load b"));
+        // An option named with a value, followed by another option, drops alone.
+        let args = w("--load --save s");
+        let (kept, dropped, _) = drop_options(&args, &["load"], &["load"]);
+        assert_eq!(kept, w("--save s"));
+        assert_eq!(dropped, [("load".to_string(), None)]);
     }
 
     #[test]

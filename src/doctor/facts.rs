@@ -8,10 +8,10 @@ use serde::Serialize;
 use crate::measure::inventory::parse_gpu_query;
 
 /// The POSIX `sh` script run on every node (`sh -c PROBE pipette-doctor ARGS...`).
-pub(super) const PROBE: &str = include_str!("../../../templates/doctor/probe.sh");
+pub(super) const PROBE: &str = include_str!("../../templates/doctor/probe.sh");
 
 /// The Python script the probe runs with torchrun's python.
-pub(super) const PYTHON_FACTS: &str = include_str!("../../../templates/doctor/facts.py");
+pub(super) const PYTHON_FACTS: &str = include_str!("../../templates/doctor/facts.py");
 
 /// Everything gathered about one node.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -55,6 +55,9 @@ pub enum Torchrun {
     },
     Missing {
         name: String,
+        /// A venv's torchrun there, not on the PATH (its python is the one checked).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        venv: Option<String>,
     },
     /// Not known: the node was not reached, or the probe's output said nothing of it.
     Unknown,
@@ -176,6 +179,7 @@ pub fn parse_probe_output(host: &str, stdout: &str, clock_midpoint: (f64, f64)) 
         },
         (None, Some(name)) => Torchrun::Missing {
             name: name.to_string(),
+            venv: values.get("torchrun-venv").map(|v| v.to_string()),
         },
         (None, None) => Torchrun::Unknown,
     };
@@ -397,7 +401,8 @@ end df
         assert_eq!(
             facts.torchrun,
             Torchrun::Missing {
-                name: "torchrun".into()
+                name: "torchrun".into(),
+                venv: None,
             }
         );
         assert_eq!(
@@ -425,5 +430,20 @@ end df
         );
         assert_eq!(facts.python, PythonFacts::default());
         assert!(matches!(facts.disk, Disk::Failed { .. }));
+    }
+
+    #[test]
+    fn a_venv_s_torchrun_off_the_path_is_read() {
+        let out = "clock=100.0\npath=/usr/bin\ntorchrun-missing=torchrun\n\
+                   torchrun-venv=/v/bin/torchrun\npython=/v/bin/python3\n";
+        let facts = parse_probe_output("n1", out, (100.0, 0.0));
+        assert_eq!(
+            facts.torchrun,
+            Torchrun::Missing {
+                name: "torchrun".into(),
+                venv: Some("/v/bin/torchrun".into()),
+            }
+        );
+        assert_eq!(facts.python.executable.as_deref(), Some("/v/bin/python3"));
     }
 }

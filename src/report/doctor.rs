@@ -1,20 +1,45 @@
 //! `pipette doctor`'s report for people: one row per node (identical rows merged under a
 //! hostlist), fitted to 80 columns, the NCCL settings, then one line per finding with its
-//! fix. Pure.
+//! fix; and for tools, one JSON object. Pure.
 
-use super::checks::{bytes_text, gpus_text, group_by, nccl_text, Check, Finding, Severity};
-use super::facts::{Disk, Gpus, NodeFacts, Reach};
-use crate::report::compress_hosts;
+use std::path::Path;
 
-/// The width the table fits.
-pub const WIDTH: usize = 80;
+use comfy_table::{presets::NOTHING, ColumnConstraint, ContentArrangement, Row, Table, Width};
+
+use super::{compress_hosts, WIDTH};
+use crate::doctor::checks::{bytes_text, gpus_text, group_by, nccl_text, Check, Finding, Severity};
+use crate::doctor::facts::{Disk, Gpus, NodeFacts, Reach, Torchrun};
+
+/// The name and version of `pipette doctor --json`'s object.
+const SCHEMA: &str = "pipette-doctor";
+const SCHEMA_VERSION: u32 = 1;
+
+/// `pipette doctor --json`'s object: every node's facts, the findings and the exit code.
+pub fn json(
+    nodes: &[NodeFacts],
+    findings: &[Finding],
+    transport: &str,
+    run_dir: &Path,
+    exit_code: i32,
+) -> serde_json::Value {
+    serde_json::json!({
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "transport": transport,
+        "run_dir": run_dir.display().to_string(),
+        "nodes": nodes,
+        "findings": findings,
+        "exit_code": exit_code,
+    })
+}
 
 const HEADERS: [&str; 8] = [
     "NODES", "STATUS", "PYTHON", "TORCH", "MCORE", "SKEW", "FREE", "GPUS",
 ];
 const NODES: usize = 0;
 const GPUS: usize = 7;
-const GAP: &str = "  ";
+/// The space between two columns.
+const GAP: u16 = 2;
 
 /// The whole report: table, NCCL settings, findings and a summary line.
 pub fn render(nodes: &[NodeFacts], findings: &[Finding], transport: &str) -> String {
@@ -23,6 +48,7 @@ pub fn render(nodes: &[NodeFacts], findings: &[Finding], transport: &str) -> Str
     if cut_gpus {
         below.push_str(&gpu_lines(nodes));
     }
+    below.push_str(&python_lines(nodes));
     below.push_str(&nccl_lines(nodes));
     if !below.is_empty() {
         out.push('\n');
@@ -71,7 +97,8 @@ fn plural(n: usize) -> &'static str {
 
 /// The table: a row per group of nodes whose cells are all alike. A host list wider than
 /// its column gets a line of its own (wrapped at its commas), the row below it. Also says
-/// whether a GPUS cell was cut short.
+/// whether a GPUS cell was cut short. Laid out by comfy-table; which columns give way, and
+/// how far, is [`fit`]'s.
 pub fn table(nodes: &[NodeFacts], findings: &[Finding]) -> (String, bool) {
     let mut rows: Vec<(Vec<String>, [String; 7])> = Vec::new();
     for node in nodes {
@@ -85,25 +112,51 @@ pub fn table(nodes: &[NodeFacts], findings: &[Finding]) -> (String, bool) {
         .chain(rows.into_iter().map(|(hosts, cells)| {
             std::iter::once(compress_hosts(&hosts))
                 .chain(cells)
+                .map(|cell| printable(&cell))
                 .collect()
         }))
         .collect();
     let widths = fit(&lines);
-    let mut out = String::new();
+    let mut table = Table::new();
+    // One line a row, whatever the cells hold (a cell of wide characters is cut, not
+    // wrapped): the host lines go above the rows by their index.
+    table
+        .load_preset(NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_truncation_indicator("…");
+    // Each host list too wide for its column, on a line of its own above its row.
+    let mut above: Vec<Vec<String>> = Vec::new();
     for line in &lines {
         let mut cells: Vec<String> = line
             .iter()
             .zip(&widths)
-            .map(|(cell, width)| pad(&truncate(cell, *width), *width))
+            .map(|(cell, width)| truncate(cell, *width))
             .collect();
-        if line[NODES].chars().count() > widths[NODES] {
-            for part in wrap_hosts(&line[NODES], WIDTH) {
-                out.push_str(&part);
-                out.push('\n');
+        above.push(match line[NODES].chars().count() > widths[NODES] {
+            true => {
+                cells[NODES] = String::new();
+                wrap_hosts(&line[NODES], WIDTH)
             }
-            cells[NODES] = " ".repeat(widths[NODES]);
+            false => Vec::new(),
+        });
+        let mut row = Row::from(cells);
+        row.max_height(1);
+        table.add_row(row);
+    }
+    for (i, column) in table.column_iter_mut().enumerate() {
+        let gap = if i == 0 { 0 } else { GAP };
+        column.set_padding((gap, 0));
+        column.set_constraint(ColumnConstraint::Absolute(Width::Fixed(
+            u16::try_from(widths[i] + usize::from(gap)).unwrap_or(u16::MAX),
+        )));
+    }
+    let mut out = String::new();
+    for (hosts, row) in above.iter().zip(table.lines()) {
+        for part in hosts {
+            out.push_str(part);
+            out.push('\n');
         }
-        out.push_str(cells.join(GAP).trim_end());
+        out.push_str(row.trim_end());
         out.push('\n');
     }
     let cut_gpus = lines.iter().any(|l| l[GPUS].chars().count() > widths[GPUS]);
@@ -126,7 +179,8 @@ fn fit(lines: &[Vec<String>]) -> Vec<usize> {
                 .unwrap_or(0)
         })
         .collect();
-    let total = |w: &[usize]| w.iter().sum::<usize>() + GAP.len() * (w.len() - 1);
+    let gaps = usize::from(GAP) * (widths.len() - 1);
+    let total = |w: &[usize]| w.iter().sum::<usize>() + gaps;
     for (column, least) in SHRINK {
         let over = total(&widths).saturating_sub(WIDTH);
         let least = least.max(HEADERS[column].len()).min(widths[column]);
@@ -163,6 +217,8 @@ fn wrap_hosts(list: &str, width: usize) -> Vec<String> {
     lines
 }
 
+/// `text` cut to `width` characters, the cut marked with `…`. (comfy-table's own cut
+/// wraps at words first and would leave `8×…` where `8× H10…` fits.)
 fn truncate(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
         return text.to_string();
@@ -170,11 +226,6 @@ fn truncate(text: &str, width: usize) -> String {
     let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
     cut.push('…');
     cut
-}
-
-fn pad(text: &str, width: usize) -> String {
-    let n = text.chars().count();
-    format!("{text}{}", " ".repeat(width.saturating_sub(n)))
 }
 
 /// A node's cells after NODES.
@@ -269,6 +320,25 @@ fn gpu_lines(nodes: &[NodeFacts]) -> String {
         .collect()
 }
 
+/// The python whose versions the table shows, grouped by nodes alike: torchrun's (a
+/// venv's, found where pipette-run knows to look, when torchrun is not on the PATH).
+fn python_lines(nodes: &[NodeFacts]) -> String {
+    let reached: Vec<&NodeFacts> = nodes.iter().filter(|n| n.reached()).collect();
+    let groups = group_by(&reached, |node| {
+        let python = node.python.executable.clone()?;
+        Some(match &node.torchrun {
+            Torchrun::Missing {
+                venv: Some(venv), ..
+            } => format!("{python} (of {venv}, not on the PATH)"),
+            _ => python,
+        })
+    });
+    groups
+        .into_iter()
+        .map(|(text, hosts)| format!("python on {}: {text}\n", compress_hosts(&hosts)))
+        .collect()
+}
+
 /// The `NCCL_*` variables, grouped by nodes alike.
 fn nccl_lines(nodes: &[NodeFacts]) -> String {
     let reached: Vec<&NodeFacts> = nodes.iter().filter(|n| n.reached()).collect();
@@ -295,10 +365,9 @@ fn printable(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::checks::tests::{good, gpu_node};
-    use super::super::checks::{diagnose, Limits};
-    use super::super::facts::Torchrun;
     use super::*;
+    use crate::doctor::checks::tests::{good, gpu_node};
+    use crate::doctor::checks::{diagnose, Limits};
     use crate::exec::TransportKind;
 
     /// A GPU node whose versions, NCCL setting and disk make the table wide.
@@ -328,6 +397,7 @@ mod tests {
         );
         nodes[10].torchrun = Torchrun::Missing {
             name: "torchrun".into(),
+            venv: None,
         };
         nodes[11]
             .nccl
@@ -390,6 +460,7 @@ mod tests {
             "NODES      STATUS  PYTHON  TORCH        MCORE   SKEW  FREE     GPUS\n\
              localhost  ok      3.12.1  2.9.0+cu128  0.19.2  0s    1.3 TiB  none (CPU node)\n\
              \n\
+             python on localhost: /venv/bin/python\n\
              NCCL_*: none set on localhost\n\
              \n\
              1 node checked over local: no problem, no warning\n"

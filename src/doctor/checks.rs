@@ -5,9 +5,9 @@
 use serde::Serialize;
 
 use super::facts::{Disk, Gpus, NodeFacts, Reach, Torchrun};
+use crate::cluster::hostlist::compress as compress_hosts;
 use crate::exec::TransportKind;
 use crate::exit::ExitCode;
-use crate::report::compress_hosts;
 
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -129,7 +129,7 @@ fn node_findings(node: &NodeFacts, limits: &Limits) -> Vec<NodeFinding> {
     }
     let torchrun_found = match &node.torchrun {
         Torchrun::Found { .. } => true,
-        Torchrun::Missing { name } => {
+        Torchrun::Missing { name, venv } => {
             let where_ = match name.contains('/') {
                 true => format!("{name:?} is not an executable file there"),
                 false => format!(
@@ -141,7 +141,14 @@ fn node_findings(node: &NodeFacts, limits: &Limits) -> Vec<NodeFinding> {
                 Problem,
                 Check::Torchrun,
                 format!("torchrun not found: {where_}"),
-                "activate the environment that has PyTorch before running pipette (PATH is forwarded to the nodes), or give --env PATH=... or --torchrun PATH-ON-THE-NODES".into(),
+                match venv {
+                    // pipette-run looks on the PATH only: the venv found has to be named.
+                    Some(venv) => format!(
+                        "activate the environment that has PyTorch before running pipette (PATH is forwarded to the nodes): the venv of {venv} is there (`. {}/activate`), or give --torchrun {venv}",
+                        venv.rsplit_once('/').map_or(".", |(bin, _)| bin)
+                    ),
+                    None => "activate the environment that has PyTorch before running pipette (PATH is forwarded to the nodes), or give --env PATH=... or --torchrun PATH-ON-THE-NODES".into(),
+                },
             ));
             false
         }
@@ -390,13 +397,13 @@ fn across_nodes(nodes: &[NodeFacts]) -> Vec<Finding> {
 type NodeValue = fn(&NodeFacts) -> Option<String>;
 
 /// A node's `NCCL_*` variables as `NAME=VALUE` words (empty when none is set).
-pub(super) fn nccl_text(node: &NodeFacts) -> Option<String> {
+pub fn nccl_text(node: &NodeFacts) -> Option<String> {
     let set: Vec<String> = node.nccl.iter().map(|(k, v)| format!("{k}={v}")).collect();
     Some(set.join(" "))
 }
 
 /// The nodes with a value, grouped by it in the order of first appearance.
-pub(super) fn group_by(
+pub fn group_by(
     nodes: &[&NodeFacts],
     value: impl Fn(&NodeFacts) -> Option<String>,
 ) -> Vec<(String, Vec<String>)> {
@@ -488,12 +495,12 @@ pub fn exit_code(findings: &[Finding]) -> ExitCode {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::super::facts::{ClockSkew, Gpu, PythonFacts};
     use super::*;
 
     /// A healthy CPU node.
-    pub(in crate::app::doctor) fn good(host: &str) -> NodeFacts {
+    pub(crate) fn good(host: &str) -> NodeFacts {
         NodeFacts {
             host: host.into(),
             reach: Reach::Reached,
@@ -537,7 +544,7 @@ pub(super) mod tests {
     }
 
     /// A healthy node with 8 H100s.
-    pub(in crate::app::doctor) fn gpu_node(host: &str) -> NodeFacts {
+    pub(crate) fn gpu_node(host: &str) -> NodeFacts {
         let mut n = good(host);
         n.gpus = h100s(8);
         n.python.cuda_devices = Some(8);
@@ -581,6 +588,7 @@ pub(super) mod tests {
         let mut missing = good("n2");
         missing.torchrun = Torchrun::Missing {
             name: "torchrun".into(),
+            venv: None,
         };
         missing.path = Some("/usr/bin:/bin".into());
         missing.python = PythonFacts {
@@ -600,6 +608,7 @@ pub(super) mod tests {
         let mut by_path = good("n1");
         by_path.torchrun = Torchrun::Missing {
             name: "/opt/venv/bin/torchrun".into(),
+            venv: None,
         };
         v.push((
             "--torchrun names no executable",
@@ -764,6 +773,30 @@ pub(super) mod tests {
         assert!(fix(TransportKind::Ssh).contains("ssh HOST true"));
         assert!(fix(TransportKind::Srun).contains("squeue"));
         assert!(fix(TransportKind::Local).contains("sh runs"));
+    }
+
+    /// torchrun not on the PATH but in a venv pipette-run knows of: still a problem (a
+    /// launch looks on the PATH), its fix naming the venv.
+    #[test]
+    fn a_venv_off_the_path_is_named_in_the_fix() {
+        let mut node = good("n1");
+        node.torchrun = Torchrun::Missing {
+            name: "torchrun".into(),
+            venv: Some("/home/u/.cache/pipette-run/megatron-venv/bin/torchrun".into()),
+        };
+        let findings = diagnose(
+            std::slice::from_ref(&node),
+            &Limits::with_min_free(TransportKind::Local, 0),
+        );
+        assert_eq!(exit_code(&findings), ExitCode::NoTorchrun);
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        assert!(
+            findings[0].fix.contains(
+                "(`. /home/u/.cache/pipette-run/megatron-venv/bin/activate`), or give --torchrun /home/u/.cache/pipette-run/megatron-venv/bin/torchrun"
+            ),
+            "{}",
+            findings[0].fix
+        );
     }
 
     #[test]

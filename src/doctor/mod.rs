@@ -7,110 +7,73 @@
 //! answering and never holds up the others.
 //!
 //! - `facts`: the probe and what its output says ([`facts::NodeFacts`]);
-//! - `checks`: the judgement, a pure function from the facts to findings and an exit code;
-//! - `table`: the report for people, fitted to 80 columns.
+//! - `checks`: the judgement, a pure function from the facts to findings and an exit code.
+//!
+//! The report for people is [`crate::report::doctor`]; finding the nodes and printing
+//! belong to the command (`app`).
 
-mod checks;
-mod facts;
-mod table;
+pub mod checks;
+pub mod facts;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::inputs::{allocate, discover_nodes};
-use crate::cli::node_env::{announced_node_env, EnvRequest};
-use crate::cli::resolved::{DiscoveryInputs, NodeAccess};
-use crate::cli::DoctorArgs;
-use crate::cluster::{AllocationRequest, ClusterProfile, Environment};
-use crate::error::Error;
 use crate::exec::{self, ExecError, ExecOptions, NodeCommand, Stream, Transport};
 use crate::measure::inventory::GPU_QUERY_ARGS;
 
-use checks::{diagnose, Limits};
 use facts::{parse_probe_output, NodeFacts, Reach, PROBE, PYTHON_FACTS};
-
-/// The name and version of `pipette doctor --json`'s object.
-const SCHEMA: &str = "pipette-doctor";
-const SCHEMA_VERSION: u32 = 1;
 
 /// At most this many probes run at once (each is a process here, an ssh or srun client).
 const PARALLEL: usize = 64;
 
 /// What the probes need.
-struct Request {
-    transport: Transport,
-    torchrun: String,
+pub struct Request {
+    pub transport: Transport,
+    pub torchrun: String,
     /// Where the run directory goes, absolute.
-    run_dir: PathBuf,
-    env: Vec<(String, String)>,
-    timeout: Duration,
+    pub run_dir: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub timeout: Duration,
+    /// torchruns of venvs to try on a node whose PATH has no `torchrun` ([`venv_torchruns`]).
+    pub venvs: Vec<String>,
 }
 
-/// Runs `pipette doctor`; returns the exit code.
-pub(super) fn main(args: &DoctorArgs, env: &Environment) -> i32 {
-    // A stop signal ends the probes in order (exit 128 + N), nothing left running.
-    let _signals = exec::signals::SignalGuard::install();
-    match doctor(args, env) {
-        Ok(code) => code,
-        Err(e) => super::finish(Err(e)),
+/// The torchruns of the venvs pipette-run knows of, for a `--torchrun` given as a bare
+/// name: the one beside `PIPETTE_MEGATRON_PYTHON`, then the venv `scripts/setup-megatron-venv`
+/// makes (`PIPETTE_MEGATRON_VENV`, else `${XDG_CACHE_HOME:-~/.cache}/pipette-run/megatron-venv`).
+/// A path given to `--torchrun` is the user's choice: none then.
+pub fn venv_torchruns(torchrun: &str, env: &crate::cluster::Environment) -> Vec<String> {
+    if torchrun.contains('/') {
+        return Vec::new();
     }
-}
-
-fn doctor(args: &DoctorArgs, env: &Environment) -> Result<i32, Error> {
-    let found = discover_nodes(&DiscoveryInputs::new(&args.discovery, env.clone()))?;
-    let profile = match &args.discovery.cluster {
-        Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
-        None => None,
-    };
-    let allocation = allocate(
-        found,
-        profile.as_ref().map(|(p, c)| (p.as_path(), c)),
-        AllocationRequest::default(),
-    )?;
-    for w in &allocation.warnings {
-        crate::log::warn(&w.to_string());
+    let var = |name: &str| env.get(name).filter(|v| !v.is_empty());
+    let beside_python = var("PIPETTE_MEGATRON_PYTHON")
+        .and_then(|python| std::path::Path::new(python).parent())
+        .map(|bin| bin.join(torchrun));
+    let setup = var("PIPETTE_MEGATRON_VENV")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let cache = var("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| var("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+            Some(cache.join("pipette-run/megatron-venv"))
+        })
+        .map(|venv| venv.join("bin").join(torchrun));
+    let mut found: Vec<String> = Vec::new();
+    for path in beside_python.into_iter().chain(setup) {
+        let path = path.display().to_string();
+        // One word a line: a path with a line end cannot be passed on.
+        if !path.contains('\n') && !found.contains(&path) {
+            found.push(path);
+        }
     }
-    let hosts: Vec<String> = allocation.hosts.iter().map(|h| h.host.clone()).collect();
-    let transport =
-        NodeAccess::new(&args.access, &args.nodes).transport(&hosts, &allocation.source);
-    let cwd = std::env::current_dir()
-        .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
-    let vars = announced_node_env(env, &EnvRequest::new(&args.nodes))?;
-    let request = Request {
-        transport,
-        torchrun: args.access.torchrun.clone(),
-        run_dir: cwd.join(args.run_dir.as_deref().unwrap_or(Path::new("pipette-runs"))),
-        env: vars.into_iter().collect(),
-        timeout: args.timeout,
-    };
-    let nodes = probe_all(&request, &hosts);
-    if let Some(received) = exec::signals::stop_received() {
-        return Err(Error::Interrupted(received.signal));
-    }
-    let kind = request.transport.kind();
-    let findings = diagnose(&nodes, &Limits::with_min_free(kind, args.min_free));
-    let code = checks::exit_code(&findings).code();
-    if args.json {
-        let report = serde_json::json!({
-            "schema": SCHEMA,
-            "version": SCHEMA_VERSION,
-            "transport": kind.as_str(),
-            "run_dir": request.run_dir.display().to_string(),
-            "nodes": nodes,
-            "findings": findings,
-            "exit_code": code,
-        });
-        println!("{}", super::to_json(&report)?);
-    } else {
-        print!("{}", table::render(&nodes, &findings, kind.as_str()));
-    }
-    Ok(code)
+    found
 }
 
 /// Every node's facts, in the order of `hosts`: the probes run [`PARALLEL`] at a time.
-fn probe_all(request: &Request, hosts: &[String]) -> Vec<NodeFacts> {
+pub fn probe_all(request: &Request, hosts: &[String]) -> Vec<NodeFacts> {
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<NodeFacts>>> = Mutex::new(vec![None; hosts.len()]);
     std::thread::scope(|scope| {
@@ -148,13 +111,14 @@ fn probe_all(request: &Request, hosts: &[String]) -> Vec<NodeFacts> {
 }
 
 /// The probe's command: `/bin/sh -c PROBE pipette-doctor TORCHRUN RUN_DIR nvidia-smi FACTS
-/// QUERY...`, every value a word of its own.
+/// VENVS QUERY...`, every value a word of its own.
 fn probe_command(request: &Request) -> NodeCommand {
     let mut command = NodeCommand::new("/bin/sh")
         .args(["-c", PROBE, "pipette-doctor"])
         .arg(request.torchrun.clone())
         .arg(request.run_dir.display().to_string())
         .args(["nvidia-smi", PYTHON_FACTS])
+        .arg(request.venvs.join("\n"))
         .args(GPU_QUERY_ARGS);
     command.env = request.env.clone();
     command
@@ -250,4 +214,44 @@ fn probe(request: &Request, host: &str) -> NodeFacts {
         &stdout,
         ((start + end) / 2.0, (end - start).max(0.0) / 2.0),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn venvs_are_looked_for_where_pipette_run_s_setup_puts_them() {
+        let env = |pairs: &[(&str, &str)]| -> crate::cluster::Environment {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            venv_torchruns("torchrun", &env(&[("HOME", "/home/u")])),
+            ["/home/u/.cache/pipette-run/megatron-venv/bin/torchrun"]
+        );
+        assert_eq!(
+            venv_torchruns(
+                "torchrun",
+                &env(&[
+                    ("HOME", "/home/u"),
+                    ("XDG_CACHE_HOME", "/c"),
+                    ("PIPETTE_MEGATRON_PYTHON", "/p/bin/python"),
+                ])
+            ),
+            [
+                "/p/bin/torchrun",
+                "/c/pipette-run/megatron-venv/bin/torchrun"
+            ]
+        );
+        assert_eq!(
+            venv_torchruns("torchrun", &env(&[("PIPETTE_MEGATRON_VENV", "/v")])),
+            ["/v/bin/torchrun"]
+        );
+        // A path to --torchrun is the user's choice; with no home there is nowhere to look.
+        assert!(venv_torchruns("/opt/bin/torchrun", &env(&[("HOME", "/h")])).is_empty());
+        assert!(venv_torchruns("torchrun", &env(&[])).is_empty());
+    }
 }
