@@ -50,6 +50,8 @@
 //!   teardown, health checks, checkpoint read, re-plan, relaunch), typed
 //!   [`supervise::events::Event`]s go to `events.jsonl` and the reporter shows them.
 //! - [`report`] shows stage values to people (tables) and to tools (JSON).
+//! - [`job`] prepares a `pipette-run` job as values, one step after another: gather the
+//!   inputs, decide, the job's spec (built once), the trial, the first attempt.
 //! - [`app`] is the orchestrator: it runs the stages in order for each command.
 //! - [`error`] is the one top-level error, which maps every failure to an exit code (only
 //!   [`app`] and the binaries use it); [`exit`] lists every exit code with its meaning (a
@@ -58,7 +60,7 @@
 //!   [`input_file`] reads a file the user named (a regular file of at most 1 GiB; a leaf).
 //!
 //! The order exec → cluster → peers → measure → config/model → plan → render → launch → trial →
-//! replan → supervise → report → cli → error → app is checked by tests/architecture.rs:
+//! replan → supervise → report → cli → job → error → app is checked by tests/architecture.rs:
 //! no module names a later one.
 //!
 //! The binaries in `src/bin` only parse arguments, call [`app`], and exit.
@@ -71,6 +73,7 @@ pub mod error;
 pub mod exec;
 pub mod exit;
 pub mod input_file;
+pub mod job;
 pub mod launch;
 pub mod log;
 pub mod measure;

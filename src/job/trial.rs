@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::job::Job;
+use super::{Decided, JobError};
 use crate::cli::resolved::RunConfig;
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
-use crate::error::Error;
+use crate::launch::JobTemplate;
 use crate::log::{self, Level};
 use crate::measure::ProgressBars;
 use crate::model::calibration::Calibration;
@@ -30,29 +30,38 @@ use crate::trial::{self, choice, TrialError, TrialMeasurement, TrialReport, Tria
 /// How long one staging or clean-up command of the trial may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Runs the trial rounds of the job's plan as [`next_step`] decides (trial each
+/// What the trial found: the plan to launch and the report (measurements and the fitted
+/// calibration).
+pub struct Trialled {
+    pub plan: Plan,
+    pub report: TrialReport,
+}
+
+/// Runs the trial rounds of the decided plan on `spec` as [`next_step`] decides (trial each
 /// `--trial-micro-batches` size, on running out of memory raise the overhead and re-plan,
 /// fit the calibration, re-plan, try a changed plan again; at most `rounds` rounds), then,
 /// when `choose` and `--trial-top-k` asks for more than the plan's pick, the measured
 /// choice among the best plans ([`choice`]), and returns the plan to launch and the
 /// report. Every trial shares one staging of the hook. Only executes: every decision is
 /// [`next_step`]'s or [`choice`]'s.
-pub(super) fn trial_and_replan(
+pub fn trial(
     config: &RunConfig,
-    job: &Job,
+    spec: &JobTemplate,
+    decided: &Decided,
+    profile: &ClusterProfile,
     rounds: usize,
     choose: bool,
-) -> Result<(Plan, TrialReport), Error> {
-    let options = job.options.clone();
+) -> Result<Trialled, JobError> {
+    let options = decided.options.clone();
     let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
-    let hosts: Vec<String> = job.profile.nodes.iter().map(|n| n.host.clone()).collect();
-    let staging = trial::TrialStaging::new(&job.template, &hosts, COMMAND_TIMEOUT)?;
-    let passed = signals_passed_on(&job.template.run_dir);
+    let hosts: Vec<String> = profile.nodes.iter().map(|n| n.host.clone()).collect();
+    let staging = trial::TrialStaging::new(spec, &hosts, COMMAND_TIMEOUT)?;
+    let passed = signals_passed_on(&spec.run_dir);
     // Every trial's request but its plan.
     let base = TrialRequest {
-        template: &job.template,
-        settings: &job.run.settings,
-        plan: &job.plan,
+        template: spec,
+        settings: &decided.settings,
+        plan: &decided.plan,
         iters: config.trial.iters,
         stop_when_stable: false,
         timeout: config.trial.timeout,
@@ -60,7 +69,7 @@ pub(super) fn trial_and_replan(
         python: "python3",
         signals: trial::SignalObserver(&passed),
     };
-    let mut state = TrialRounds::new(&job.run.settings, &job.profile, options, job.plan.clone());
+    let mut state = TrialRounds::new(&decided.settings, profile, options, decided.plan.clone());
     let policy = trials::Rounds {
         max: rounds,
         first_sizes: config.trial.micro_batches.as_deref(),
@@ -85,9 +94,9 @@ pub(super) fn trial_and_replan(
         report,
         ..
     } = state;
-    let report = report.ok_or_else(|| Error::Internal("no trial was measured".to_string()))?;
+    let report = report.ok_or_else(|| JobError::Internal("no trial was measured".to_string()))?;
     if !choose {
-        return Ok((plan, report));
+        return Ok(Trialled { plan, report });
     }
     let run = choice::CandidateTrials {
         trial: TrialRequest {
@@ -95,8 +104,8 @@ pub(super) fn trial_and_replan(
             ..base
         },
         staging: &staging,
-        settings: &job.run.settings,
-        cluster: &job.profile,
+        settings: &decided.settings,
+        cluster: profile,
         calibration: &options.calibration,
         time_options: options.time_options,
     };
@@ -110,10 +119,11 @@ pub(super) fn trial_and_replan(
         &mut |line| log::log(Level::Info, "trial", &line),
     )
     .map_err(|e| match e {
-        choice::ChoiceError::Trial(e) => Error::from(e),
-        choice::ChoiceError::Time(e) => Error::from(e),
+        choice::ChoiceError::Trial(e) => JobError::from(e),
+        choice::ChoiceError::Time(e) => JobError::from(e),
     })?;
-    Ok(chosen.unwrap_or((plan, report)))
+    let (plan, report) = chosen.unwrap_or((plan, report));
+    Ok(Trialled { plan, report })
 }
 
 /// What the trial rounds have learnt so far, and the plan they stand at.
@@ -157,13 +167,13 @@ impl<'a> TrialRounds<'a> {
         base: &TrialRequest<'_>,
         staging: &trial::TrialStaging,
         progress: &ProgressBars,
-    ) -> Result<Seen, Error> {
+    ) -> Result<Seen, JobError> {
         let mut tried = self.plan.clone();
         tried.config.micro_batch = micro_batch;
         let batch = micro_batch * tried.config.dp;
         let global_batch = self.settings.training.global_batch_size;
         if micro_batch == 0 || global_batch % batch != 0 {
-            return Err(Error::Usage(format!(
+            return Err(JobError::Usage(format!(
                 "--trial-micro-batches {micro_batch}: the global batch {global_batch} is not a \
                  multiple of micro-batch {micro_batch} × dp {} (choose sizes that divide it)",
                 tried.config.dp
@@ -199,7 +209,7 @@ impl<'a> TrialRounds<'a> {
     }
 
     /// The plan re-made with `by_bytes` more memory overhead, after an out-of-memory.
-    fn raise_overhead(&mut self, by_bytes: u64) -> Result<Seen, Error> {
+    fn raise_overhead(&mut self, by_bytes: u64) -> Result<Seen, JobError> {
         self.options.calibration.overhead_bytes += by_bytes;
         if let Some(e) = self.out_of_memory.take() {
             log::log(
@@ -215,7 +225,7 @@ impl<'a> TrialRounds<'a> {
     }
 
     /// The calibration fitted on every round so far, and the plan re-made with it.
-    fn fit(&mut self) -> Result<Seen, Error> {
+    fn fit(&mut self) -> Result<Seen, JobError> {
         let fitted = trial::calibrate(
             self.settings,
             self.profile,
@@ -245,10 +255,10 @@ impl<'a> TrialRounds<'a> {
     }
 
     /// The error when even the smallest micro-batch ran out of memory.
-    fn out_of_memory(&mut self) -> Error {
+    fn out_of_memory(&mut self) -> JobError {
         match self.out_of_memory.take() {
             Some(e) => e.into(),
-            None => Error::Internal("the trial ran out of memory".to_string()),
+            None => JobError::Internal("the trial ran out of memory".to_string()),
         }
     }
 }
