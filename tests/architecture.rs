@@ -1,8 +1,8 @@
-//! The stage order of the crate, checked: data flows one way (exec → cluster → peers → config/model →
-//! plan → render → launch → trial → replan → supervise → report → cli → job → error → app), so no module of an earlier
-//! stage may name a later one. Reads every `crate::` path in the code of src/ (comments
-//! and doc links excepted: a doc may point anywhere) and fails on a back-edge, naming the
-//! file and line.
+//! The stage order of the crate, checked: data flows one way (exec → cluster → peers →
+//! config/model → plan → render → launch → trial → replan → supervise → report → cli → job →
+//! error → app), so no module of an earlier stage may name a later one. Reads every
+//! `crate::` path in the code of src/ (comments and doc links excepted: a doc may point
+//! anywhere) and fails on a back-edge, naming the file and line.
 
 use std::path::{Path, PathBuf};
 

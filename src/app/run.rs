@@ -18,7 +18,7 @@ use crate::replan::trials::MAX_TRIAL_ROUNDS;
 use crate::report::dry_run::NodesSection;
 use crate::report::dry_run::{commands_to_human, ShownCommand, WorldDryRun, RENDERED_NOT_LAUNCHED};
 use crate::report::ledger::{job_summary, Ledger, LedgerInputs, Work};
-use crate::report::plan::{plan_summary, plan_to_human, YoursReport};
+use crate::report::plan::{describe, plan_summary, plan_to_human, YoursReport};
 use crate::report::{wrap, TrialFile, WIDTH};
 use crate::supervise;
 use crate::trial;
@@ -29,7 +29,7 @@ pub(super) use crate::job::runner_up;
 /// `pipette-run --dry-run`: the inputs, and with a profile the plan, the user's
 /// configuration beside it, the commands and the run directory; the trial's commands.
 pub(super) fn dry_run(config: &RunConfig) -> Result<(), Error> {
-    let inputs = job::gather(config, false)?;
+    let inputs = job::gather(config, false, &tell)?;
     let planned = match &inputs.profile {
         None => None,
         Some(profile) => {
@@ -128,7 +128,15 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
             (decided, None)
         } else {
             let started = Instant::now();
-            let trialled = job::trial(config, &spec, &decided, &profile, MAX_TRIAL_ROUNDS, true);
+            let trialled = job::trial(
+                config,
+                &spec,
+                &decided,
+                &profile,
+                MAX_TRIAL_ROUNDS,
+                true,
+                &tell,
+            );
             stage.ledger.trial = Some(started.elapsed());
             let trialled = trialled?;
             stage.during = "the launch's preparation";
@@ -158,12 +166,63 @@ pub(super) fn launch_and_supervise(config: &RunConfig) -> Result<i32, Error> {
 
 /// The inputs with the nodes profiled (or --cluster read), and the profile they give.
 fn gather_profiled(config: &RunConfig) -> Result<(Inputs, ClusterProfile), Error> {
-    let inputs = job::gather(config, true)?;
+    let inputs = job::gather(config, true, &tell)?;
     match inputs.profile.clone() {
         Some(profile) => Ok((inputs, profile)),
         None => Err(Error::Internal(
             "no profile after profiling the nodes".to_string(),
         )),
+    }
+}
+
+/// The job stage's [`job::Event`]s, as log lines.
+fn tell(event: job::Event<'_>) {
+    use job::Event as E;
+    match event {
+        E::Profiling { nodes } => log::log(
+            Level::Info,
+            "profile",
+            &format!("no --cluster given: profiling the {nodes} node(s) found"),
+        ),
+        E::ProfileNote(note) => log::log(Level::Info, "profile", note),
+        E::TrialRound {
+            config: c,
+            micro_batch,
+            iters,
+        } => log::log(
+            Level::Info,
+            "trial",
+            &format!(
+                "trial run: tp {} pp {} dp {} micro-batch {micro_batch}, {iters} iterations",
+                c.tp, c.pp, c.dp
+            ),
+        ),
+        E::OutOfMemory(e) => log::log(
+            Level::Warn,
+            "trial",
+            &format!(
+                "the trial ran out of memory ({e}); re-planning with a larger memory estimate"
+            ),
+        ),
+        E::Fitted(report) => log::log(Level::Info, "trial", &report.to_human()),
+        E::Replanned { changes, now } => log::log_wrapped(
+            Level::Info,
+            "plan",
+            &format!(
+                "re-planned with the calibrated estimates: {} (now {})",
+                changes.join(", "),
+                describe(now)
+            ),
+        ),
+        E::Choice(line) => log::log(Level::Info, "trial", line),
+        E::SignalPassed { signal, workers } => log::log_wrapped(
+            Level::Warn,
+            "trial",
+            &format!(
+                "{signal} received: passed on to the training script in the trial \
+                 ({workers} worker process(es)); the trial goes on"
+            ),
+        ),
     }
 }
 
@@ -425,7 +484,7 @@ pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(),
         return Ok(());
     }
     // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
-    let report = job::trial(config, &spec, &decided, &profile, 1, false)?.report;
+    let report = job::trial(config, &spec, &decided, &profile, 1, false, &tell)?.report;
     write_json(out, &TrialFile::new(&report), "--out")?;
     if config.output.json {
         println!("{}", to_json(&TrialFile::new(&report))?);

@@ -3,14 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Decided, JobError};
+use super::{Decided, Event, JobError, Tell};
 use crate::cli::resolved::{DiscoveryInputs, RunConfig, SettingsInputs};
 use crate::cluster::allocation::NprocPerNode;
 use crate::cluster::discover::Discovery;
 use crate::cluster::{self, Allocation, AllocationError, AllocationRequest, ClusterProfile};
 use crate::config::{self, Settings};
 use crate::launch::JobTemplate;
-use crate::log::{self, Level};
 use crate::measure::{self, ProfileOptions, ProgressBars};
 use crate::model::params;
 use crate::render::{LaunchSpec, ScriptInvocation};
@@ -35,7 +34,7 @@ pub struct Inputs {
 /// `measure`, the nodes are profiled as `pipette profile` does, with its cache), the model
 /// and training settings, and the script; decides the allocation. Nothing is planned or
 /// launched.
-pub fn gather(config: &RunConfig, measure: bool) -> Result<Inputs, JobError> {
+pub fn gather(config: &RunConfig, measure: bool, tell: Tell<'_>) -> Result<Inputs, JobError> {
     let found = discover_nodes(&config.discovery)?;
     // Read the settings first: a mistake there is cheaper to report than after profiling.
     let settings = read_settings(&config.settings, &config.script.args)?;
@@ -44,7 +43,7 @@ pub fn gather(config: &RunConfig, measure: bool) -> Result<Inputs, JobError> {
     }
     let profile = match &config.discovery.cluster_file {
         Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
-        None if measure => Some(measure_nodes(config, &found.spec, &settings)?),
+        None if measure => Some(measure_nodes(config, &found.spec, &settings, tell)?),
         None => None,
     };
     let profile = profile.as_ref().map(|(p, c)| (p.as_path(), c));
@@ -156,6 +155,7 @@ pub fn measure_nodes(
     config: &RunConfig,
     spec: &cluster::ClusterSpec,
     settings: &Settings,
+    tell: Tell<'_>,
 ) -> Result<(PathBuf, ClusterProfile), JobError> {
     let options = ProfileOptions {
         transport: config.launch.access.transport(&spec.hosts(), &spec.source),
@@ -169,18 +169,13 @@ pub fn measure_nodes(
         sweep: sweep_shapes(settings, config.allocation.nproc_per_node),
         ..ProfileOptions::default()
     };
-    log::log(
-        Level::Info,
-        "profile",
-        &format!(
-            "no --cluster given: profiling the {} node(s) found",
-            spec.nodes.len()
-        ),
-    );
+    tell(Event::Profiling {
+        nodes: spec.nodes.len(),
+    });
     let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
     let run = measure::run_profile(&spec.for_profiling(), &options, &progress)?;
     for note in &run.notes {
-        log::log(Level::Info, "profile", note);
+        tell(Event::ProfileNote(note));
     }
     let path = run
         .cache_file

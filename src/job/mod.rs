@@ -13,7 +13,8 @@
 //!   [`launch::Layout::Planned`];
 //! - [`unplanned`]: with planning off, the world torchrun would run.
 //!
-//! Writes nothing on stdout: the front prints. Progress goes to the log, as every stage's.
+//! Prints nothing: what it has to tell as it goes (profiling, the trial's rounds) it
+//! tells as [`Event`]s to the front, which shows them.
 
 pub mod decided;
 pub mod inputs;
@@ -28,9 +29,10 @@ use crate::config::ArgsError;
 use crate::launch;
 use crate::measure::ProfileRunError;
 use crate::model::time::TimeError;
+use crate::model::ParallelConfig;
 use crate::plan::PlanError;
 use crate::render::RenderError;
-use crate::trial::TrialError;
+use crate::trial::{TrialError, TrialReport};
 
 pub use decided::{decide, runner_up, Decided};
 pub use inputs::{gather, Inputs, Previewed};
@@ -39,6 +41,40 @@ pub use spec::{
     write_pictures, Purpose,
 };
 pub use trial::{trial, Trialled};
+
+/// What the stage tells as it goes, for the front to show.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// No `--cluster`: the nodes found are being profiled.
+    Profiling { nodes: usize },
+    /// A line of the profile run's (the cache it used, say).
+    ProfileNote(&'a str),
+    /// A trial round starts: the plan's configuration at `micro_batch`.
+    TrialRound {
+        config: &'a ParallelConfig,
+        micro_batch: u64,
+        iters: u64,
+    },
+    /// The trial ran out of memory: the plan is made again with a larger memory estimate.
+    OutOfMemory(&'a TrialError),
+    /// The calibration fitted on the rounds so far.
+    Fitted(&'a TrialReport),
+    /// The plan made again with the fitted calibration differs from the last: how.
+    Replanned {
+        changes: &'a [String],
+        now: &'a ParallelConfig,
+    },
+    /// A line of the measured choice among the plans the model cannot tell apart.
+    Choice(&'a str),
+    /// USR1 or USR2 was passed on to the training script during the trial (it goes on).
+    SignalPassed {
+        signal: nix::sys::signal::Signal,
+        workers: usize,
+    },
+}
+
+/// Where the stage tells its [`Event`]s.
+pub type Tell<'a> = &'a (dyn Fn(Event<'_>) + Sync);
 
 /// Why a job could not be prepared; each kind maps onto the top-level error's (and so onto
 /// its exit code) one to one.

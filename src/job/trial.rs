@@ -4,25 +4,23 @@
 //! launch, the measured choice among the plans the model cannot tell apart.
 //!
 //! [`next_step`] decides what comes next from what was seen; [`TrialRounds`] here does it and
-//! keeps what the rounds learnt, so the loop in [`trial_and_replan`] only joins the two.
+//! keeps what the rounds learnt, so the loop in [`trial()`] only joins the two.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::{Decided, JobError};
+use super::{Decided, Event as Told, JobError, Tell};
 use crate::cli::resolved::RunConfig;
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
 use crate::launch::JobTemplate;
-use crate::log::{self, Level};
 use crate::measure::ProgressBars;
 use crate::model::calibration::Calibration;
 use crate::model::Placement;
 use crate::plan::{self, Plan, PlanOptions};
 use crate::replan::trials::{self, next_step, Position, Seen, Step};
-use crate::report::plan::describe;
 use crate::supervise::events::{Event, EventLog};
 use crate::supervise::reporter::config_changes;
 use crate::trial::{self, choice, TrialError, TrialMeasurement, TrialReport, TrialRequest};
@@ -51,12 +49,13 @@ pub fn trial(
     profile: &ClusterProfile,
     rounds: usize,
     choose: bool,
+    tell: Tell<'_>,
 ) -> Result<Trialled, JobError> {
     let options = decided.options.clone();
     let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
     let hosts: Vec<String> = profile.nodes.iter().map(|n| n.host.clone()).collect();
     let staging = trial::TrialStaging::new(spec, &hosts, COMMAND_TIMEOUT)?;
-    let passed = signals_passed_on(&spec.run_dir);
+    let passed = signals_passed_on(&spec.run_dir, tell);
     // Every trial's request but its plan.
     let base = TrialRequest {
         template: spec,
@@ -69,7 +68,13 @@ pub fn trial(
         python: "python3",
         signals: trial::SignalObserver(&passed),
     };
-    let mut state = TrialRounds::new(&decided.settings, profile, options, decided.plan.clone());
+    let mut state = TrialRounds::new(
+        &decided.settings,
+        profile,
+        options,
+        decided.plan.clone(),
+        tell,
+    );
     let policy = trials::Rounds {
         max: rounds,
         first_sizes: config.trial.micro_batches.as_deref(),
@@ -116,7 +121,7 @@ pub fn trial(
         &mut trials,
         &before,
         &progress,
-        &mut |line| log::log(Level::Info, "trial", &line),
+        &mut |line| tell(Told::Choice(&line)),
     )
     .map_err(|e| match e {
         choice::ChoiceError::Trial(e) => JobError::from(e),
@@ -139,6 +144,7 @@ struct TrialRounds<'a> {
     report: Option<TrialReport>,
     /// The last round's out-of-memory, until a re-plan answers it.
     out_of_memory: Option<TrialError>,
+    tell: Tell<'a>,
 }
 
 impl<'a> TrialRounds<'a> {
@@ -147,6 +153,7 @@ impl<'a> TrialRounds<'a> {
         profile: &'a ClusterProfile,
         options: PlanOptions,
         plan: Plan,
+        tell: Tell<'a>,
     ) -> Self {
         TrialRounds {
             settings,
@@ -157,6 +164,7 @@ impl<'a> TrialRounds<'a> {
             trials: Vec::new(),
             report: None,
             out_of_memory: None,
+            tell,
         }
     }
 
@@ -179,15 +187,11 @@ impl<'a> TrialRounds<'a> {
                 tried.config.dp
             )));
         }
-        let c = &tried.config;
-        log::log(
-            Level::Info,
-            "trial",
-            &format!(
-                "trial run: tp {} pp {} dp {} micro-batch {micro_batch}, {} iterations",
-                c.tp, c.pp, c.dp, base.iters
-            ),
-        );
+        (self.tell)(Told::TrialRound {
+            config: &tried.config,
+            micro_batch,
+            iters: base.iters,
+        });
         let request = TrialRequest {
             plan: &tried,
             ..base.clone()
@@ -212,13 +216,7 @@ impl<'a> TrialRounds<'a> {
     fn raise_overhead(&mut self, by_bytes: u64) -> Result<Seen, JobError> {
         self.options.calibration.overhead_bytes += by_bytes;
         if let Some(e) = self.out_of_memory.take() {
-            log::log(
-                Level::Warn,
-                "trial",
-                &format!(
-                    "the trial ran out of memory ({e}); re-planning with a larger memory estimate"
-                ),
-            );
+            (self.tell)(Told::OutOfMemory(&e));
         }
         self.plan = plan::plan_subset(self.settings, self.profile, &self.options)?;
         Ok(Seen::Replanned)
@@ -234,21 +232,16 @@ impl<'a> TrialRounds<'a> {
             self.options.time_options,
         )?;
         self.options.calibration = fitted.calibration.clone();
-        log::log(Level::Info, "trial", &fitted.to_human());
+        (self.tell)(Told::Fitted(&fitted));
         self.report = Some(fitted);
         let replanned = plan::plan_subset(self.settings, self.profile, &self.options)?;
         let changes = config_changes(&self.plan.config, &replanned.config);
         let changed = !changes.is_empty();
         if changed {
-            log::log_wrapped(
-                Level::Info,
-                "plan",
-                &format!(
-                    "re-planned with the calibrated estimates: {} (now {})",
-                    changes.join(", "),
-                    describe(&replanned.config)
-                ),
-            );
+            (self.tell)(Told::Replanned {
+                changes: &changes,
+                now: &replanned.config,
+            });
         }
         self.plan = replanned;
         Ok(Seen::Fitted { changed })
@@ -264,9 +257,12 @@ impl<'a> TrialRounds<'a> {
 }
 
 /// What to do with USR1/USR2 passed on to the training script during the trial: note it in
-/// the run's event log, as the supervisor does (attempt 0: the trial), and warn. The log is
-/// opened at the first signal, so a trial without one leaves no event log behind.
-fn signals_passed_on(run_dir: &std::path::Path) -> impl Fn(Signal, usize) + '_ {
+/// the run's event log, as the supervisor does (attempt 0: the trial), and tell it. The log
+/// is opened at the first signal, so a trial without one leaves no event log behind.
+fn signals_passed_on<'a>(
+    run_dir: &'a std::path::Path,
+    tell: Tell<'a>,
+) -> impl Fn(Signal, usize) + Sync + 'a {
     let events: OnceLock<Option<EventLog>> = OnceLock::new();
     move |signal: Signal, workers: usize| {
         let log = events.get_or_init(|| EventLog::create(run_dir).ok());
@@ -277,13 +273,6 @@ fn signals_passed_on(run_dir: &std::path::Path) -> impl Fn(Signal, usize) + '_ {
                 workers,
             });
         }
-        log::log_wrapped(
-            Level::Warn,
-            "trial",
-            &format!(
-                "{signal} received: passed on to the training script in the trial \
-                 ({workers} worker process(es)); the trial goes on"
-            ),
-        );
+        tell(Told::SignalPassed { signal, workers });
     }
 }
