@@ -129,3 +129,100 @@ impl From<launch::LaunchError> for JobError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::resolved::RunConfig;
+    use crate::cli::RunCli;
+    use crate::cluster::Environment;
+    use crate::report::dry_run::PLANNED_NOT_LAUNCHED;
+
+    /// A dry run's steps on a cluster file and a toy model: each takes the last one's
+    /// value, nothing is patched afterwards, and the report is built from the values.
+    #[test]
+    fn a_dry_run_is_a_sequence_of_values_and_its_report_is_built_from_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = dir.path().join("run");
+        let cluster = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/clusters/a100-2x8.json");
+        let (cluster, run) = (cluster.display().to_string(), run_dir.display().to_string());
+        let words = [
+            "pipette-run",
+            "--dry-run",
+            "--cluster",
+            &cluster,
+            "--run-dir",
+            &run,
+            "train.py",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "64",
+            "--num-attention-heads",
+            "4",
+            "--seq-length",
+            "32",
+            "--max-position-embeddings",
+            "32",
+            "--vocab-size",
+            "256",
+            "--micro-batch-size",
+            "1",
+            "--global-batch-size",
+            "16",
+        ];
+        let cli = RunCli::try_parse_from(words).expect("a valid command line");
+        let config = RunConfig::resolve(&cli, Environment::new());
+        let told = Mutex::new(Vec::new());
+        let tell = |event: Event<'_>| told.lock().unwrap().push(format!("{event:?}"));
+
+        let inputs = gather(&config, false, &tell).unwrap();
+        let profile = inputs.profile.as_ref().expect("the cluster file, narrowed");
+        let options = config.planning.plan_options(&inputs.settings).unwrap();
+        let decided = decide(&config, &inputs.settings, profile, options, None).unwrap();
+        let spec = spec(&config, &inputs.allocation, Purpose::Preview).unwrap();
+        assert!(
+            spec.run_id.is_empty(),
+            "a preview's commands carry no run id"
+        );
+        assert_eq!(spec.run_dir, run_dir);
+        let launch = preview(&spec, &decided, profile).unwrap();
+        assert_eq!(launch.nodes.len(), inputs.allocation.hosts.len());
+        let previewed = Previewed {
+            decided: &decided,
+            spec: &spec,
+            launch,
+        };
+        let report = inputs.dry_run_report(&config, Some(previewed));
+        assert_eq!(
+            report.plan.as_ref().map(|p| &p.config),
+            Some(&decided.plan.config)
+        );
+        assert_eq!(report.run_dir.as_deref(), Some(run.as_str()));
+        assert_eq!(report.status, PLANNED_NOT_LAUNCHED);
+        assert_eq!(
+            report.training, inputs.settings.training,
+            "as read, before any pin"
+        );
+        // The same calibration decides the same: the chosen plan stays ours.
+        let again = decided
+            .with_calibration(
+                &config,
+                profile,
+                decided.options.calibration.clone(),
+                decided.plan.clone(),
+            )
+            .unwrap();
+        assert_eq!(again.plan.config, decided.plan.config);
+        assert!(
+            told.lock().unwrap().is_empty(),
+            "a dry run with a cluster file profiles nothing: {:?}",
+            told.lock().unwrap()
+        );
+    }
+}
