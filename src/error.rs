@@ -67,6 +67,28 @@ impl From<crate::cli::ResolveError> for Error {
     }
 }
 
+/// The job stage's errors are the top-level error's kinds, one to one.
+impl From<crate::job::JobError> for Error {
+    fn from(e: crate::job::JobError) -> Error {
+        use crate::job::JobError as J;
+        match e {
+            J::Usage(m) => Error::Usage(m),
+            J::ModelArgs(e) => Error::ModelArgs(e),
+            J::DeepSpeed(e) => Error::DeepSpeed(e),
+            J::NodeList(e) => Error::NodeList(e),
+            J::ClusterFile(e) => Error::ClusterFile(e),
+            J::Time(e) => Error::Time(e),
+            J::Plan(e) => Error::Plan(e),
+            J::Render(e) => Error::Render(e),
+            J::Profile(e) => Error::Profile(e),
+            J::Trial(e) => Error::Trial(e),
+            J::ClusterMismatch(m) => Error::ClusterMismatch(m),
+            J::NoTorchrun(m) => Error::NoTorchrun(m),
+            J::Internal(m) => Error::Internal(m),
+        }
+    }
+}
+
 impl Error {
     /// The stop signal that ended the run, when one did: while profiling, in the trial, or
     /// between two stages.

@@ -52,6 +52,8 @@
 //! - [`doctor`] checks that the nodes are ready to run (`pipette doctor`): one probe per
 //!   node, what it reports ([`doctor::facts`]) and the pure judgement ([`doctor::checks`]).
 //! - [`report`] shows stage values to people (tables) and to tools (JSON).
+//! - [`job`] prepares a `pipette-run` job as values, one step after another: gather the
+//!   inputs, decide, the job's spec (built once), the trial, the first attempt.
 //! - [`app`] is the orchestrator: it runs the stages in order for each command.
 //! - [`error`] is the one top-level error, which maps every failure to an exit code (only
 //!   [`app`] and the binaries use it); [`exit`] lists every exit code with its meaning (a
@@ -60,7 +62,8 @@
 //!   [`input_file`] reads a file the user named (a regular file of at most 1 GiB; a leaf).
 //!
 //! The order exec → cluster → peers → measure → config/model → plan → render → launch → trial →
-//! replan → supervise → doctor → report → cli → error → app is checked by tests/architecture.rs:
+//! replan → supervise → doctor → report → cli → job → error → app is checked by
+//! tests/architecture.rs:
 //! no module names a later one.
 //!
 //! The binaries in `src/bin` only parse arguments, call [`app`], and exit.
@@ -74,6 +77,7 @@ pub mod error;
 pub mod exec;
 pub mod exit;
 pub mod input_file;
+pub mod job;
 pub mod launch;
 pub mod log;
 pub mod measure;

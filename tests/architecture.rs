@@ -1,8 +1,8 @@
-//! The stage order of the crate, checked: data flows one way (exec → cluster → peers → config/model →
-//! plan → render → launch → trial → replan → supervise → app), so no module of an earlier
-//! stage may name a later one. Reads every `crate::` path in the code of src/ (comments
-//! and doc links excepted: a doc may point anywhere) and fails on a back-edge, naming the
-//! file and line.
+//! The stage order of the crate, checked: data flows one way (exec → cluster → peers →
+//! config/model → plan → render → launch → trial → replan → supervise → report → cli → job →
+//! error → app), so no module of an earlier stage may name a later one. Reads every
+//! `crate::` path in the code of src/ (comments and doc links excepted: a doc may point
+//! anywhere) and fails on a back-edge, naming the file and line.
 
 use std::path::{Path, PathBuf};
 
@@ -36,8 +36,11 @@ const ORDER: &[(&str, u32)] = &[
     // top-level error, the orchestrator.
     ("report", 12),
     ("cli", 13),
-    ("error", 14),
-    ("app", 15),
+    // The launch sequence as values (gather, decide, spec, trial, first attempt): it
+    // reads the resolved command line (cli) and builds report sections; it prints nothing.
+    ("job", 14),
+    ("error", 15),
+    ("app", 16),
 ];
 
 fn rank(module: &str) -> Option<u32> {

@@ -6,23 +6,16 @@
 //! [`RunConfig`](crate::cli::RunConfig) that the rest of the orchestrator reads (no clap
 //! types below the entry points).
 //!
-//! - `job`: `pipette-run` — the dry run, and the launch: profile, plan, trial, launch,
-//!   supervise; `pipette calibrate` (the trial alone);
-//! - `unplanned`: `pipette-run` for a script it does not plan (planning off): discovery,
-//!   the world torchrun would run, launched and supervised as a planned job is;
-//! - `inputs`: reading a run's inputs — nodes and their allocation, cluster profile (read
-//!   or measured), settings — into the dry-run report's sections;
+//! - `run`: `pipette-run` — the dry run, and the launch (profile, plan, trial, launch,
+//!   supervise), planned or not, as a straight sequence of the [`crate::job`] stage's
+//!   steps; `pipette calibrate` (the trial alone);
 //! - `copies`: one pipette-run per node — the leader's run over the copies' nodes, or an
 //!   agent's life;
 //! - `commands`: the `pipette` subcommands, one file each (`doctor` among them).
 
 mod commands;
 mod copies;
-mod decided;
-mod inputs;
-mod job;
-mod trial_rounds;
-mod unplanned;
+mod run;
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -34,7 +27,7 @@ use crate::render;
 
 use crate::cli::resolved::{self, RunConfig};
 
-pub use job::installed_torchrun_spelling;
+pub use crate::job::installed_torchrun_spelling;
 
 /// Runs `pipette-run` with these arguments; returns the process exit code.
 pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
@@ -123,20 +116,20 @@ fn drive(config: &RunConfig) -> i32 {
     }
     if let Some(why) = config.planning_off() {
         return match config.output.dry_run {
-            true => finish(unplanned::run(config, &why)),
-            false => match unplanned::launch_and_supervise(config, &why) {
+            true => finish(run::dry_run_unplanned(config, &why)),
+            false => match run::launch_unplanned(config, &why) {
                 Ok(code) => code,
                 Err(e) => finish(Err(e)),
             },
         };
     }
     if !config.output.dry_run {
-        return match job::launch_and_supervise(config) {
+        return match run::launch_and_supervise(config) {
             Ok(code) => code,
             Err(e) => finish(Err(e)),
         };
     }
-    finish(job::run(config))
+    finish(run::dry_run(config))
 }
 
 /// Runs `pipette` with these arguments; returns the process exit code.
@@ -194,16 +187,6 @@ fn current_environment() -> Environment {
     std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .collect()
-}
-
-/// This machine's name, for a run without an allocation.
-fn local_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".to_string())
 }
 
 /// [`finish`], or under `--json` (`json`) [`finish_json`].
@@ -271,38 +254,4 @@ fn clap_exit(e: clap::Error, json: bool) -> i32 {
         print_json_error(first.strip_prefix("error: ").unwrap_or(first), code);
     }
     code
-}
-
-/// Now on the local clock (UTC when the time zone cannot be read), for run directory names.
-fn local_time() -> render::LocalTime {
-    let now = unix_seconds() as nix::libc::time_t;
-    // SAFETY: localtime_r writes only into `tm`, which lives on this stack frame; a zeroed
-    // `tm` is a valid value of the plain C struct.
-    let mut tm: nix::libc::tm = unsafe { std::mem::zeroed() };
-    let ok = !unsafe { nix::libc::localtime_r(&now, &mut tm) }.is_null();
-    let field = |v: nix::libc::c_int| u32::try_from(v).unwrap_or(0);
-    match ok {
-        true => render::LocalTime {
-            year: tm.tm_year + 1900,
-            month: field(tm.tm_mon + 1),
-            day: field(tm.tm_mday),
-            hour: field(tm.tm_hour),
-            minute: field(tm.tm_min),
-            second: field(tm.tm_sec),
-        },
-        false => render::LocalTime {
-            year: 1970,
-            month: 1,
-            day: 1,
-            hour: 0,
-            minute: 0,
-            second: 0,
-        },
-    }
-}
-
-fn unix_seconds() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

@@ -7,16 +7,31 @@ use serde::Serialize;
 
 use crate::cluster::profile::AllRails;
 use crate::cluster::{Allocation, HostAllocation, NodeSource};
+use crate::config::deepspeed::{DeepSpeedBatch, DeepSpeedConfig};
 use crate::config::{
     Constraints, ModelSpec, Normalization, PositionEmbedding, Precision, Recompute,
     TrainingSettings,
 };
+use crate::launch::World;
+use crate::plan::Plan;
+use crate::render::LaunchSpec;
 
 use super::{device_ranges, short_count, thousands};
 
 /// `pipette-run --dry-run --json`'s schema name and version; the version changes with
 /// any field.
 pub const SCHEMA: &str = "pipette-dry-run/1";
+
+/// What a dry run did, when it had no profile to plan with.
+pub const NO_PROFILE_YET: &str = "No cluster profile to plan with: give --cluster FILE (`pipette profile --out FILE` measures the allocated nodes).";
+
+/// What a dry run did, when it planned.
+pub const PLANNED_NOT_LAUNCHED: &str =
+    "Dry run: planned and rendered; nothing was launched (without --dry-run, pipette-run runs the trial and launches).";
+
+/// What a dry run with planning off did.
+pub const RENDERED_NOT_LAUNCHED: &str =
+    "Dry run: rendered; nothing was launched (without --dry-run, pipette-run launches these commands and supervises them).";
 
 /// Everything a dry run found, in the order the stages found it.
 #[derive(Debug, Clone, Serialize)]
@@ -34,16 +49,43 @@ pub struct DryRunReport {
     /// torchrun options that differ from torchrun's defaults; handed on to torchrun.
     pub torchrun_passthrough: Vec<String>,
     /// The plan; `null` without a cluster profile to plan with.
-    pub plan: Option<serde_json::Value>,
+    pub plan: Option<Plan>,
     /// The configuration the script's arguments give, costed beside the plan; `null`
     /// when they set no parallel setting (or there is no plan).
     pub yours: Option<super::plan::YoursReport>,
     /// What runs on every node, and the files of the run directory.
-    pub launch: Option<crate::render::LaunchSpec>,
+    pub launch: Option<LaunchSpec>,
     /// Where the launch scripts, plan and summary were written.
     pub run_dir: Option<String>,
     /// What this version did and did not do.
     pub status: String,
+}
+
+/// The DeepSpeed config as the launch reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeepSpeedReport {
+    pub config: DeepSpeedConfig,
+    /// The batch sizes on the world, as DeepSpeed resolves them; `null` with `"auto"`.
+    pub batch: Option<DeepSpeedBatch>,
+}
+
+/// What `pipette-run --dry-run --json` prints with planning off.
+#[derive(Serialize)]
+pub struct WorldDryRun<'a> {
+    /// Always `"off"`.
+    pub planning: &'static str,
+    /// Why, in one line.
+    pub why: &'a str,
+    pub nodes: NodesSection,
+    pub script: ScriptSection,
+    pub torchrun_passthrough: &'a [String],
+    pub world: &'a World,
+    pub deepspeed: Option<&'a DeepSpeedReport>,
+    pub launch: &'a LaunchSpec,
+    pub run_dir: String,
+    pub notes: &'a [String],
+    /// [`RENDERED_NOT_LAUNCHED`].
+    pub status: &'static str,
 }
 
 /// The nodes as the allocation decided them ([`Allocation`]), with the world size.

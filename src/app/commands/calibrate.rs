@@ -1,6 +1,6 @@
 //! `pipette calibrate`: the trial of a pipette-run job alone, its calibration written out.
 
-use crate::app::job::calibrate;
+use crate::app::run::calibrate;
 use crate::cli::resolved::RunConfig;
 use crate::cli::CalibrateArgs;
 use crate::cluster::Environment;

@@ -2,10 +2,10 @@
 
 use std::path::Path;
 
-use crate::app::inputs::profile_summary;
 use crate::cli::OutputOptions;
 use crate::cluster::ClusterProfile;
 use crate::error::Error;
+use crate::job::inputs::profile_summary;
 
 pub(super) fn run(file: &Path, output: &OutputOptions) -> Result<(), Error> {
     let profile = ClusterProfile::load(file)?;

@@ -1,11 +1,11 @@
 //! `pipette discover`: the nodes pipette-run would use here.
 
-use crate::app::inputs::discover_nodes;
 use crate::app::to_json;
 use crate::cli::resolved::DiscoveryInputs;
 use crate::cli::{DiscoveryOptions, OutputOptions};
 use crate::cluster::Environment;
 use crate::error::Error;
+use crate::job::inputs::discover_nodes;
 use crate::log;
 
 pub(super) fn run(

@@ -4,7 +4,6 @@
 
 use std::path::Path;
 
-use crate::app::inputs::{allocate, discover_nodes};
 use crate::cli::node_env::{announced_node_env, EnvRequest};
 use crate::cli::resolved::{DiscoveryInputs, NodeAccess};
 use crate::cli::DoctorArgs;
@@ -13,6 +12,7 @@ use crate::doctor::checks::{self, diagnose, Limits};
 use crate::doctor::{probe_all, Request};
 use crate::error::Error;
 use crate::exec;
+use crate::job::inputs::{allocate, discover_nodes};
 use crate::report;
 
 /// Runs `pipette doctor`; returns the exit code (its report's, not an error's).

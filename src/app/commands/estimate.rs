@@ -1,13 +1,13 @@
 //! `pipette estimate`: one parallel configuration costed: memory always, time when a
 //! cluster is given.
 
-use crate::app::inputs::read_settings;
 use crate::app::to_json;
 use crate::cli::resolved::{read_calibration, SettingsInputs};
 use crate::cli::EstimateArgs;
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
 use crate::error::Error;
+use crate::job::inputs::read_settings;
 use crate::model::memory::estimate_memory;
 use crate::model::time::{self, TimeModel, TimeOptions, TimeRequest};
 use crate::model::{params, Calibration, ParallelConfig, Placement};

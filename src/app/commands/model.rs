@@ -1,11 +1,11 @@
 //! `pipette model`: the model and training settings, with the exact parameter count.
 
-use crate::app::inputs::{model_section, read_settings};
 use crate::app::to_json;
 use crate::cli::resolved::SettingsInputs;
 use crate::cli::{ModelOptions, OutputOptions};
 use crate::config;
 use crate::error::Error;
+use crate::job::inputs::{model_section, read_settings};
 use crate::report::dry_run::ModelSection;
 
 pub(super) fn run(

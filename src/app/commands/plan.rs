@@ -1,13 +1,13 @@
 //! `pipette plan`: the plan for the nodes found (or a cluster file's), with the parallel
 //! configuration, the rank mapping and why it wins, or one of its pictures.
 
-use crate::app::inputs::{allocate, allocation_error, discover_nodes, read_settings};
-use crate::app::job::runner_up;
 use crate::app::to_json;
 use crate::cli::resolved::{DiscoveryInputs, PlanningConfig, SettingsInputs};
 use crate::cli::PlanArgs;
 use crate::cluster::{AllocationRequest, ClusterProfile, Environment};
 use crate::error::Error;
+use crate::job::inputs::{allocate, allocation_error, discover_nodes, read_settings};
+use crate::job::runner_up;
 use crate::log;
 use crate::plan;
 use crate::report::plan::plan_report;

@@ -1,11 +1,11 @@
 //! `pipette profile`: the allocated nodes measured into a cluster profile file.
 
-use crate::app::inputs::{discover_nodes, profile_summary};
 use crate::cli::node_env::{announced_node_env, EnvRequest};
 use crate::cli::resolved::{DiscoveryInputs, NodeAccess};
 use crate::cli::ProfileArgs;
 use crate::cluster::Environment;
 use crate::error::Error;
+use crate::job::inputs::{discover_nodes, profile_summary};
 use crate::log::{self, Level};
 use crate::measure::{self, ProfileOptions, ProgressBars};
 

@@ -5,12 +5,108 @@
 //! model's stated error). The dry run and every launch show the result
 //! ([`crate::report::plan::YoursReport`]).
 
+use super::JobError;
+use crate::cli::resolved::RunConfig;
 use crate::cluster::ClusterProfile;
 use crate::config::megatron::{parse_pins, Pin};
 use crate::config::{Constraints, Settings};
-use crate::error::Error;
+use crate::model::calibration::Calibration;
+use crate::model::time::{self, TimeEstimate, TimeRequest};
+use crate::model::ParallelConfig;
 use crate::plan::{self, MappingMode, Plan, PlanError, PlanOptions};
 use crate::report::plan::{PinOutcome, Yours, YoursReport};
+
+/// What was decided for one calibration: the plan to run, the settings and options it was
+/// made with, and what it was compared with.
+#[derive(Debug, Clone)]
+pub struct Decided {
+    /// The settings as read, before `--pin yours` (every decision starts from them).
+    pub free: Settings,
+    /// The settings the plan was made with: `free`, or with the user's configuration
+    /// pinned when `--pin yours` kept it (re-plans after the trial or a failure keep it).
+    pub settings: Settings,
+    /// The planner's options, with the calibration this decision was made under.
+    pub options: PlanOptions,
+    pub plan: Plan,
+    /// The user's configuration costed beside the plan; `None` when the arguments set no
+    /// parallel setting.
+    pub yours: Option<YoursReport>,
+    /// The runner-up on its own best mapping ([`runner_up`]).
+    pub runner_up: Option<(ParallelConfig, TimeEstimate)>,
+}
+
+/// Plans `free` (the settings as read) on `profile` with `options`, costs the user's
+/// configuration beside it, applies `--pin yours`, and finds the runner-up. `ours`, when
+/// given, is the plan of `free` already made (the trial's choice).
+pub fn decide(
+    config: &RunConfig,
+    free: &Settings,
+    profile: &ClusterProfile,
+    options: PlanOptions,
+    ours: Option<Plan>,
+) -> Result<Decided, JobError> {
+    let decision = decide_plan(
+        free,
+        &config.script.args,
+        profile,
+        &options,
+        pin_yours(config.settings.pin.as_deref())?,
+        ours,
+    )?;
+    let runner_up = runner_up(&decision.plan, &decision.settings, profile, &options);
+    Ok(Decided {
+        free: free.clone(),
+        settings: decision.settings,
+        options,
+        plan: decision.plan,
+        yours: decision.yours,
+        runner_up,
+    })
+}
+
+impl Decided {
+    /// Decided again under the trial's fitted `calibration`: `chosen` (the trial's plan)
+    /// stays the plan when the plan was ours; the user's configuration is costed again, and
+    /// `--pin yours` weighed again, with the new estimates.
+    pub fn with_calibration(
+        &self,
+        config: &RunConfig,
+        profile: &ClusterProfile,
+        calibration: Calibration,
+        chosen: Plan,
+    ) -> Result<Decided, JobError> {
+        let options = PlanOptions {
+            calibration,
+            ..self.options.clone()
+        };
+        // The plan is ours, free of `--pin yours`, unless that pin kept the user's.
+        let ours = (self.settings == self.free).then_some(chosen);
+        decide(config, &self.free, profile, options, ours)
+    }
+}
+
+/// The runner-up ([`Plan::runner_up`]) estimated on its own best mapping, so the report
+/// can say what tells the winner from it.
+pub fn runner_up(
+    plan: &Plan,
+    settings: &Settings,
+    profile: &ClusterProfile,
+    options: &PlanOptions,
+) -> Option<(ParallelConfig, TimeEstimate)> {
+    let second = &plan.top[plan.runner_up()?];
+    let request = TimeRequest {
+        model: &settings.model,
+        training: &settings.training,
+        config: &second.config,
+        cluster: profile,
+        placement: &second.placement,
+        calibration: &options.calibration,
+        options: options.time_options,
+    };
+    // The plan's own time model, as the winner's estimate and the table were made with.
+    let estimate = time::estimate(&request, plan.search.time_model).ok()?;
+    Some((second.config.clone(), estimate))
+}
 
 /// Megatron's options that set a parallel setting; a `--recompute-...` option is one too.
 const PARALLEL_OPTIONS: [&str; 7] = [
@@ -25,7 +121,7 @@ const PARALLEL_OPTIONS: [&str; 7] = [
 
 /// Whether the script's arguments set any parallel setting (then the user has a
 /// configuration of their own to compare with). Arguments after `--` are not options.
-pub(super) fn wrote_parallel_settings(args: &[String]) -> bool {
+fn wrote_parallel_settings(args: &[String]) -> bool {
     args.iter()
         .take_while(|a| a.as_str() != "--")
         .map(|a| a.split_once('=').map_or(a.as_str(), |(name, _)| name))
@@ -33,7 +129,7 @@ pub(super) fn wrote_parallel_settings(args: &[String]) -> bool {
 }
 
 /// Whether `--pin` holds `yours`.
-pub(super) fn pin_yours(pin: Option<&str>) -> Result<bool, Error> {
+pub fn pin_yours(pin: Option<&str>) -> Result<bool, JobError> {
     Ok(match pin {
         Some(text) => parse_pins(text)?.contains(&Pin::Yours),
         None => false,
@@ -42,7 +138,7 @@ pub(super) fn pin_yours(pin: Option<&str>) -> Result<bool, Error> {
 
 /// The user's configuration as constraints: everything the arguments say, Megatron's
 /// defaults for what they leave out (as `--pin all` reads them); dp follows from the world.
-pub(super) fn yours_constraints(settings: &Settings) -> Constraints {
+fn yours_constraints(settings: &Settings) -> Constraints {
     let t = &settings.training;
     Constraints {
         tensor_parallel: Some(t.tensor_parallel),
@@ -59,27 +155,26 @@ pub(super) fn yours_constraints(settings: &Settings) -> Constraints {
 }
 
 /// The plan to run and what it was compared with.
-pub(super) struct Decision {
-    pub(super) plan: Plan,
+struct Decision {
+    plan: Plan,
     /// `None` when the arguments set no parallel setting.
-    pub(super) yours: Option<YoursReport>,
-    /// The settings the plan was made with: `free`'s, or with the user's configuration
-    /// pinned when `--pin yours` kept it (re-plans after the trial or a failure keep it).
-    pub(super) settings: Settings,
+    yours: Option<YoursReport>,
+    /// See [`Decided::settings`].
+    settings: Settings,
 }
 
 /// Plans `free` (the settings as read, `--pin yours` not applied; `ours`, when given, is
 /// that plan already made), costs the user's configuration beside the plan when `args`
 /// set any parallel setting, and with `pin_yours` keeps the user's configuration unless
 /// the plan is faster by more than the model's stated error.
-pub(super) fn decide(
+fn decide_plan(
     free: &Settings,
     args: &[String],
     profile: &ClusterProfile,
     options: &PlanOptions,
     pin_yours: bool,
     ours: Option<Plan>,
-) -> Result<Decision, Error> {
+) -> Result<Decision, JobError> {
     let ours = match ours {
         Some(plan) => plan,
         None => plan::plan_subset(free, profile, options)?,
@@ -130,11 +225,7 @@ pub(super) fn decide(
 
 /// The user's configuration costed with the same model and calibration as the plan, on
 /// torchrun's default order (as the user's own launch would place it).
-pub(super) fn cost_yours(
-    settings: &Settings,
-    profile: &ClusterProfile,
-    options: &PlanOptions,
-) -> Yours {
+fn cost_yours(settings: &Settings, profile: &ClusterProfile, options: &PlanOptions) -> Yours {
     let mut pinned = settings.clone();
     pinned.constraints = yours_constraints(settings);
     let mut identity = options.clone();
@@ -263,7 +354,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("examples/clusters/a100-2x8.json");
         let profile = ClusterProfile::load(path).unwrap();
-        decide(
+        decide_plan(
             &settings,
             &args,
             &profile,

@@ -1,140 +1,34 @@
 //! `pipette-run` for a script it does not plan (no `--model`, none of Megatron's model
 //! arguments: see [`crate::config::planning_off`]): discovery, then exactly what torchrun
 //! would run on the nodes found — the world of nodes × `--nproc-per-node`, node ranks in
-//! the allocation's order, the script's arguments untouched — launched and supervised by
-//! the same path as a planned job ([`super::job::supervise_job`]); after a node failure the
-//! same script runs again on the survivors, up to `--max-replans` times. A DeepSpeed config
-//! the arguments name is read and its batch arithmetic checked on the world first.
+//! the allocation's order, the script's arguments untouched (the front launches and
+//! supervises it as a planned job; after a node failure the same script runs again on the
+//! survivors, up to `--max-replans` times). A DeepSpeed config the arguments name is read
+//! and its batch arithmetic checked on the world first.
 
-use serde::Serialize;
-
-use super::inputs::{allocate, discover_nodes, script_section};
-use super::job::{ending_on_signal, job_template, launch_error, supervise_job};
-use super::to_json;
+use super::inputs::{allocate, check_local_torchrun, discover_nodes};
+use super::JobError;
 use crate::cli::resolved::RunConfig;
 use crate::cluster::allocation::NprocPerNode;
 use crate::cluster::{Allocation, ClusterProfile, Slots};
-use crate::config::deepspeed::{self, DeepSpeedBatch, DeepSpeedConfig, DeepSpeedError};
-use crate::error::Error;
-use crate::launch::{Layout, World};
+use crate::config::deepspeed::{self, DeepSpeedConfig, DeepSpeedError};
+use crate::launch::World;
 use crate::measure::inventory::{take_inventory, InventoryRequest, NodeDevices};
-use crate::render::{self, LaunchSpec};
-use crate::report::dry_run::{NodesSection, ScriptSection};
-
-/// What a dry run with planning off did.
-const RENDERED_NOT_LAUNCHED: &str =
-    "Dry run: rendered; nothing was launched (without --dry-run, pipette-run launches these commands and supervises them).";
+use crate::report::dry_run::DeepSpeedReport;
 
 /// An unplanned job, ready to render: its nodes, its world and what the DeepSpeed config
 /// (if any) says.
-struct Prepared {
-    allocation: Allocation,
-    world: World,
-    deepspeed: Option<DeepSpeedReport>,
+pub struct Prepared {
+    pub allocation: Allocation,
+    pub world: World,
+    pub deepspeed: Option<DeepSpeedReport>,
     /// Lines for people: why planning is off, the DeepSpeed config, what was not checked.
-    notes: Vec<String>,
-}
-
-/// The DeepSpeed config as the launch reports it.
-#[derive(Debug, Clone, Serialize)]
-struct DeepSpeedReport {
-    config: DeepSpeedConfig,
-    /// The batch sizes on the world, as DeepSpeed resolves them; `null` with `"auto"`.
-    batch: Option<DeepSpeedBatch>,
-}
-
-/// What `pipette-run --dry-run --json` prints with planning off.
-#[derive(Serialize)]
-struct WorldDryRun<'a> {
-    /// Always `"off"`.
-    planning: &'static str,
-    /// Why, in one line.
-    why: &'a str,
-    nodes: NodesSection,
-    script: ScriptSection,
-    torchrun_passthrough: &'a [String],
-    world: &'a World,
-    deepspeed: Option<&'a DeepSpeedReport>,
-    launch: &'a LaunchSpec,
-    run_dir: String,
-    notes: &'a [String],
-    status: &'static str,
-}
-
-/// `pipette-run --dry-run` with planning off: the nodes, the world, the commands.
-pub(super) fn run(config: &RunConfig, why: &str) -> Result<(), Error> {
-    let prepared = prepare(config, why)?;
-    let mut template = job_template(config, &prepared.allocation)?;
-    // A preview: no run id in the commands (see launch::JobTemplate::run_id).
-    template.run_id.clear();
-    let run_dir = template.run_dir.clone();
-    let written = template
-        .render_world(&prepared.world, &run_dir)
-        .map_err(launch_error)
-        .and_then(|spec| Ok(render::write_run_dir(&spec, &run_dir).map(|()| spec)?));
-    // The directory is this run's own (just claimed): nothing partial stays behind.
-    let spec = written.inspect_err(|_| {
-        let _ = std::fs::remove_dir_all(&run_dir);
-    })?;
-    if config.output.json {
-        let report = WorldDryRun {
-            planning: "off",
-            why,
-            nodes: (&prepared.allocation).into(),
-            script: script_section(&config.script),
-            torchrun_passthrough: &config.launch.torchrun_passthrough,
-            world: &prepared.world,
-            deepspeed: prepared.deepspeed.as_ref(),
-            launch: &spec,
-            run_dir: run_dir.display().to_string(),
-            notes: &prepared.notes,
-            status: RENDERED_NOT_LAUNCHED,
-        };
-        println!("{}", to_json(&report)?);
-        return Ok(());
-    }
-    let mut out = String::new();
-    NodesSection::from(&prepared.allocation).write_human(&mut out);
-    print!("{out}");
-    println!();
-    for note in &prepared.notes {
-        println!("{note}");
-    }
-    println!("\nCommands, one per node, exactly as they would run:");
-    for line in spec.command_lines() {
-        println!("  {line}");
-    }
-    println!("\nRun directory: {}", run_dir.display());
-    println!("\n{RENDERED_NOT_LAUNCHED}");
-    Ok(())
-}
-
-/// Launches the world on the nodes found and supervises it to the end (relaunching on the
-/// survivors after a node failure); returns pipette-run's exit code, the job's.
-pub(super) fn launch_and_supervise(config: &RunConfig, why: &str) -> Result<i32, Error> {
-    ending_on_signal(config, |stage| {
-        stage.during = "the launch's preparation";
-        let prepared = prepare(config, why)?;
-        for note in &prepared.notes {
-            crate::log::log(crate::log::Level::Info, "job", note);
-        }
-        let template = job_template(config, &prepared.allocation)?;
-        stage.run_dir = Some(template.run_dir.clone());
-        let first = template
-            .prepare(1, Layout::World(prepared.world), None)
-            .map_err(launch_error)?;
-        // Silence fails the job only when --startup-timeout says how long: torchrun never
-        // gives up on a quiet script, and a script that is not Megatron's prints no iteration
-        // lines by which progress could be told.
-        let mut config = config.clone();
-        config.supervise.startup_timeout = config.startup_timeout_given;
-        supervise_job(&config, &template, first, None, &stage.before())
-    })
+    pub notes: Vec<String>,
 }
 
 /// Discovers the nodes (a `--cluster` file only names them when no allocation is found),
 /// decides the world and checks the DeepSpeed config on it.
-fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
+pub fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, JobError> {
     let found = discover_nodes(&config.discovery)?;
     // Checked once the inputs are: their mistakes are the ones to report first.
     let spec = found.spec.clone();
@@ -166,7 +60,7 @@ fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
         },
     };
     if !config.output.dry_run {
-        super::inputs::check_local_torchrun(config, &spec)?;
+        check_local_torchrun(config, &spec)?;
     }
     Ok(Prepared {
         allocation,
@@ -179,7 +73,7 @@ fn prepare(config: &RunConfig, why: &str) -> Result<Prepared, Error> {
 /// `--nproc-per-node gpu`, `auto` or `cpu` where discovery could not tell the count: each
 /// node is asked, and counted as torchrun counts there — its GPUs (`gpu`; `auto` on a node
 /// that has any), else its logical CPUs (`cpu`; `auto` on a node without GPUs).
-fn count_workers(config: &RunConfig, allocation: &mut Allocation) -> Result<(), Error> {
+fn count_workers(config: &RunConfig, allocation: &mut Allocation) -> Result<(), JobError> {
     let asked = match config.allocation.nproc_per_node {
         Some(asked @ (NprocPerNode::Gpu | NprocPerNode::Auto | NprocPerNode::Cpu)) => asked,
         _ => return Ok(()),
@@ -195,14 +89,14 @@ fn count_workers(config: &RunConfig, allocation: &mut Allocation) -> Result<(), 
     };
     for host in allocation.hosts.iter_mut().filter(|h| h.workers.is_none()) {
         let inventory = take_inventory(&request, &host.host, &Slots::Unknown)
-            .map_err(|e| Error::Profile(e.into()))?;
+            .map_err(|e| JobError::Profile(e.into()))?;
         let count = match (asked, &inventory.devices) {
             (NprocPerNode::Gpu | NprocPerNode::Auto, NodeDevices::Gpus { gpus, .. }) => {
                 gpus.len() as u32
             }
             (NprocPerNode::Cpu | NprocPerNode::Auto, NodeDevices::Cpus { cpus, .. }) => *cpus,
             _ => {
-                return Err(Error::Usage(format!(
+                return Err(JobError::Usage(format!(
                     "--nproc-per-node {asked}: {} has {} (give --nproc-per-node N)",
                     host.host,
                     match inventory.devices {
@@ -219,19 +113,19 @@ fn count_workers(config: &RunConfig, allocation: &mut Allocation) -> Result<(), 
 
 /// The world torchrun would run: the allocation's hosts in order, each with the same
 /// number of workers (one `--nproc-per-node` for every node, as torchrun takes it).
-fn world_of(allocation: &Allocation, why: &str) -> Result<World, Error> {
+fn world_of(allocation: &Allocation, why: &str) -> Result<World, JobError> {
     let mut counts = allocation.hosts.iter().map(|h| (h, h.workers));
     let Some((first, Some(nproc))) = counts.next() else {
         return Err(match allocation.hosts.first() {
-            None => Error::Internal("no node was allocated".to_string()),
-            Some(h) => Error::Usage(format!(
+            None => JobError::Internal("no node was allocated".to_string()),
+            Some(h) => JobError::Usage(format!(
                 "cannot tell how many workers to start on {} (give --nproc-per-node N: with planning off, pipette-run needs the count to lay out the world)",
                 h.host
             )),
         });
     };
     if let Some((other, count)) = counts.find(|(_, n)| *n != Some(nproc)) {
-        return Err(Error::Usage(format!(
+        return Err(JobError::Usage(format!(
             "{} would run {nproc} worker(s) but {} {} (give --nproc-per-node N: torchrun starts the same number on every node)",
             first.host,
             other.host,
@@ -250,7 +144,7 @@ fn world_of(allocation: &Allocation, why: &str) -> Result<World, Error> {
 /// read or parsed here is not an error (the nodes may see another file, and DeepSpeed
 /// reports its own errors): `Ok(Err(note))` says it was not checked. Batch sizes that
 /// DeepSpeed would refuse are an error, before anything is launched.
-fn read_deepspeed(path: &str, world: u64) -> Result<Result<DeepSpeedReport, String>, Error> {
+fn read_deepspeed(path: &str, world: u64) -> Result<Result<DeepSpeedReport, String>, JobError> {
     let text = match crate::input_file::read_to_string(path) {
         Ok(text) => text,
         Err(e) => {

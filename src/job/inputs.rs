@@ -3,43 +3,38 @@
 
 use std::path::{Path, PathBuf};
 
-use super::local_hostname;
+use super::{Decided, Event, JobError, Tell};
 use crate::cli::resolved::{DiscoveryInputs, RunConfig, SettingsInputs};
 use crate::cluster::allocation::NprocPerNode;
 use crate::cluster::discover::Discovery;
 use crate::cluster::{self, Allocation, AllocationError, AllocationRequest, ClusterProfile};
 use crate::config::{self, Settings};
-use crate::error::Error;
-use crate::launch;
-use crate::log::{self, Level};
+use crate::launch::JobTemplate;
 use crate::measure::{self, ProfileOptions, ProgressBars};
-use crate::model::time::TimeEstimate;
-use crate::model::{params, ParallelConfig};
-use crate::plan::Plan;
-use crate::render::ScriptInvocation;
-use crate::report::dry_run::{DryRunReport, ModelSection, ProfileSummary, ScriptSection};
-/// What a dry run did, when it had no profile to plan with.
-pub(super) const NO_PROFILE_YET: &str = "No cluster profile to plan with: give --cluster FILE (`pipette profile --out FILE` measures the allocated nodes).";
+use crate::model::params;
+use crate::render::{LaunchSpec, ScriptInvocation};
+use crate::report::dry_run::{
+    DryRunReport, ModelSection, ProfileSummary, ScriptSection, NO_PROFILE_YET,
+    PLANNED_NOT_LAUNCHED, SCHEMA,
+};
 
-/// A run's inputs and what the planner and renderer made of them.
-pub(super) struct Run {
-    pub(super) report: DryRunReport,
-    pub(super) settings: Settings,
+/// A run's inputs, as read: nothing planned yet.
+pub struct Inputs {
+    /// The settings as read from the Megatron arguments (`--pin yours` not applied).
+    pub settings: Settings,
     /// The hosts, their workers and GPUs.
-    pub(super) allocation: Allocation,
+    pub allocation: Allocation,
     /// The cluster profile narrowed to the allocation.
-    pub(super) profile: Option<ClusterProfile>,
-    pub(super) plan: Option<Plan>,
-    pub(super) runner_up: Option<(ParallelConfig, TimeEstimate)>,
-    /// What the launch would render with (set with the plan).
-    pub(super) template: Option<launch::JobTemplate>,
+    pub profile: Option<ClusterProfile>,
+    /// The cluster profile as found (its file, or the measured one), for the dry run's report.
+    pub profile_summary: Option<ProfileSummary>,
 }
 
 /// Reads every input of a run: the nodes, the cluster profile (--cluster, else, when
 /// `measure`, the nodes are profiled as `pipette profile` does, with its cache), the model
 /// and training settings, and the script; decides the allocation. Nothing is planned or
 /// launched.
-pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Error> {
+pub fn gather(config: &RunConfig, measure: bool, tell: Tell<'_>) -> Result<Inputs, JobError> {
     let found = discover_nodes(&config.discovery)?;
     // Read the settings first: a mistake there is cheaper to report than after profiling.
     let settings = read_settings(&config.settings, &config.script.args)?;
@@ -48,7 +43,7 @@ pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Er
     }
     let profile = match &config.discovery.cluster_file {
         Some(path) => Some((path.clone(), ClusterProfile::load(path)?)),
-        None if measure => Some(measure_nodes(config, &found.spec, &settings)?),
+        None if measure => Some(measure_nodes(config, &found.spec, &settings, tell)?),
         None => None,
     };
     let profile = profile.as_ref().map(|(p, c)| (p.as_path(), c));
@@ -57,39 +52,68 @@ pub(super) fn gather_inputs(config: &RunConfig, measure: bool) -> Result<Run, Er
         Some((path, full)) => Some(allocation.narrow(path, full).map_err(allocation_error)?),
         None => None,
     };
-    let report = DryRunReport {
-        schema: crate::report::dry_run::SCHEMA,
-        cluster_profile: profile.as_ref().map(|(p, c)| profile_summary(p, c)),
-        nodes: (&allocation).into(),
-        script: script_section(&config.script),
-        model: model_section(&settings),
-        training: settings.training.clone(),
-        constraints: settings.constraints.clone(),
-        torchrun_passthrough: config.launch.torchrun_passthrough.clone(),
-        plan: None,
-        yours: None,
-        launch: None,
-        run_dir: None,
-        status: NO_PROFILE_YET.to_string(),
-    };
-    Ok(Run {
-        report,
+    Ok(Inputs {
         settings,
         allocation,
         profile: allocated,
-        plan: None,
-        runner_up: None,
-        template: None,
+        profile_summary: profile.as_ref().map(|(p, c)| profile_summary(p, c)),
     })
+}
+
+/// What a dry run decided and rendered, when it had a profile to plan with.
+pub struct Previewed<'a> {
+    pub decided: &'a Decided,
+    /// The spec it rendered with (its run directory holds the files).
+    pub spec: &'a JobTemplate,
+    pub launch: LaunchSpec,
+}
+
+impl Inputs {
+    /// The dry run's report, built at its end from what it found and, when it planned,
+    /// what it decided and rendered.
+    pub fn dry_run_report(
+        &self,
+        config: &RunConfig,
+        previewed: Option<Previewed<'_>>,
+    ) -> DryRunReport {
+        let mut report = DryRunReport {
+            schema: SCHEMA,
+            cluster_profile: self.profile_summary.clone(),
+            nodes: (&self.allocation).into(),
+            script: script_section(&config.script),
+            model: model_section(&self.settings),
+            training: self.settings.training.clone(),
+            constraints: self.settings.constraints.clone(),
+            torchrun_passthrough: config.launch.torchrun_passthrough.clone(),
+            plan: None,
+            yours: None,
+            launch: None,
+            run_dir: None,
+            status: NO_PROFILE_YET.to_string(),
+        };
+        if let Some(Previewed {
+            decided,
+            spec,
+            launch,
+        }) = previewed
+        {
+            report.plan = Some(decided.plan.clone());
+            report.yours = decided.yours.clone();
+            report.launch = Some(launch);
+            report.run_dir = Some(spec.run_dir.display().to_string());
+            report.status = PLANNED_NOT_LAUNCHED.to_string();
+        }
+        report
+    }
 }
 
 /// When the nodes are run on this machine (the local launcher), torchrun must be there:
 /// an executable `--torchrun` path, or a name found on `PATH`. Checked before anything
 /// runs, so a missing torchrun is not found only when profiling or the trial fails.
-pub(super) fn check_local_torchrun(
+pub fn check_local_torchrun(
     config: &RunConfig,
     spec: &cluster::ClusterSpec,
-) -> Result<(), Error> {
+) -> Result<(), JobError> {
     let transport = config.launch.access.transport(&spec.hosts(), &spec.source);
     if !matches!(transport, crate::exec::Transport::Local) {
         return Ok(());
@@ -103,7 +127,7 @@ pub(super) fn check_local_torchrun(
         true => format!("{torchrun:?} is not an executable file"),
         false => format!("{torchrun:?} is not on PATH"),
     };
-    Err(Error::NoTorchrun(format!(
+    Err(JobError::NoTorchrun(format!(
         "torchrun not found: {where_}, and the nodes run on this machine (activate the \
          environment that has PyTorch, or give --torchrun PATH)"
     )))
@@ -127,11 +151,12 @@ fn find_executable(program: &str, path: &std::ffi::OsStr) -> Option<PathBuf> {
 /// Profiles the discovered nodes (or reuses the cached profile of the same nodes), the
 /// performance sweep at the shapes of the model in `settings` included; returns the cache
 /// file's path (or a description) and the profile.
-pub(super) fn measure_nodes(
+pub fn measure_nodes(
     config: &RunConfig,
     spec: &cluster::ClusterSpec,
     settings: &Settings,
-) -> Result<(PathBuf, ClusterProfile), Error> {
+    tell: Tell<'_>,
+) -> Result<(PathBuf, ClusterProfile), JobError> {
     let options = ProfileOptions {
         transport: config.launch.access.transport(&spec.hosts(), &spec.source),
         nproc_per_node: match config.allocation.nproc_per_node {
@@ -144,18 +169,13 @@ pub(super) fn measure_nodes(
         sweep: sweep_shapes(settings, config.allocation.nproc_per_node),
         ..ProfileOptions::default()
     };
-    log::log(
-        Level::Info,
-        "profile",
-        &format!(
-            "no --cluster given: profiling the {} node(s) found",
-            spec.nodes.len()
-        ),
-    );
+    tell(Event::Profiling {
+        nodes: spec.nodes.len(),
+    });
     let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
     let run = measure::run_profile(&spec.for_profiling(), &options, &progress)?;
     for note in &run.notes {
-        log::log(Level::Info, "profile", note);
+        tell(Event::ProfileNote(note));
     }
     let path = run
         .cache_file
@@ -186,28 +206,28 @@ fn sweep_shapes(
 }
 
 /// The hosts, their workers and GPUs ([`cluster::allocate`]), its errors as pipette's.
-pub(super) fn allocate(
+pub fn allocate(
     found: Discovery,
     profile: Option<(&Path, &ClusterProfile)>,
     request: AllocationRequest,
-) -> Result<Allocation, Error> {
+) -> Result<Allocation, JobError> {
     cluster::allocate(found, profile, request).map_err(allocation_error)
 }
 
 /// A profile that lacks part of the allocation is a cluster mismatch; a worker or node
 /// count that disagrees with the nodes is a usage error.
-pub(super) fn allocation_error(e: AllocationError) -> Error {
+pub fn allocation_error(e: AllocationError) -> JobError {
     match e {
-        AllocationError::NotInProfile { .. } => Error::ClusterMismatch(e.to_string()),
+        AllocationError::NotInProfile { .. } => JobError::ClusterMismatch(e.to_string()),
         AllocationError::NodeCount { .. } | AllocationError::TooFewSlots { .. } => {
-            Error::Usage(e.to_string())
+            JobError::Usage(e.to_string())
         }
-        AllocationError::Filter(e) => Error::NodeList(e.into()),
+        AllocationError::Filter(e) => JobError::NodeList(e.into()),
     }
 }
 
 /// The nodes discovery finds, with its warnings.
-pub(super) fn discover_nodes(inputs: &DiscoveryInputs) -> Result<Discovery, Error> {
+pub fn discover_nodes(inputs: &DiscoveryInputs) -> Result<Discovery, JobError> {
     if let Some(spec) = &inputs.copies {
         return Ok(Discovery {
             spec: spec.clone(),
@@ -222,10 +242,20 @@ pub(super) fn discover_nodes(inputs: &DiscoveryInputs) -> Result<Discovery, Erro
     )?)
 }
 
-pub(super) fn read_settings(
+/// This machine's name, for a run without an allocation.
+fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+pub fn read_settings(
     options: &SettingsInputs,
     megatron_args: &[String],
-) -> Result<Settings, Error> {
+) -> Result<Settings, JobError> {
     let pins = match &options.pin {
         Some(text) => config::megatron::parse_pins(text)?,
         None => Vec::new(),
@@ -237,7 +267,7 @@ pub(super) fn read_settings(
     )?)
 }
 
-pub(super) fn profile_summary(path: &Path, profile: &ClusterProfile) -> ProfileSummary {
+pub fn profile_summary(path: &Path, profile: &ClusterProfile) -> ProfileSummary {
     let mut gpu_models: Vec<String> = Vec::new();
     for gpu in profile.nodes.iter().filter_map(|n| n.gpus()).flatten() {
         if !gpu_models.contains(&gpu.name) {
@@ -257,7 +287,7 @@ pub(super) fn profile_summary(path: &Path, profile: &ClusterProfile) -> ProfileS
     }
 }
 
-pub(super) fn model_section(settings: &Settings) -> ModelSection {
+pub fn model_section(settings: &Settings) -> ModelSection {
     ModelSection {
         spec: settings.model.clone(),
         parameters: params::total_parameters(&settings.model, 1),
@@ -265,7 +295,7 @@ pub(super) fn model_section(settings: &Settings) -> ModelSection {
     }
 }
 
-pub(super) fn script_section(script: &ScriptInvocation) -> ScriptSection {
+pub fn script_section(script: &ScriptInvocation) -> ScriptSection {
     // torchrun's own precedence: --run-path over --no-python; -m is independent.
     let launch = if script.run_path {
         "run-path"

@@ -4,25 +4,23 @@
 //! launch, the measured choice among the plans the model cannot tell apart.
 //!
 //! [`next_step`] decides what comes next from what was seen; [`TrialRounds`] here does it and
-//! keeps what the rounds learnt, so the loop in [`trial_and_replan`] only joins the two.
+//! keeps what the rounds learnt, so the loop in [`trial()`] only joins the two.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::job::Job;
+use super::{Decided, Event as Told, JobError, Tell};
 use crate::cli::resolved::RunConfig;
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
-use crate::error::Error;
-use crate::log::{self, Level};
+use crate::launch::JobTemplate;
 use crate::measure::ProgressBars;
 use crate::model::calibration::Calibration;
 use crate::model::Placement;
 use crate::plan::{self, Plan, PlanOptions};
 use crate::replan::trials::{self, next_step, Position, Seen, Step};
-use crate::report::plan::describe;
 use crate::supervise::events::{Event, EventLog};
 use crate::supervise::reporter::config_changes;
 use crate::trial::{self, choice, TrialError, TrialMeasurement, TrialReport, TrialRequest};
@@ -30,29 +28,39 @@ use crate::trial::{self, choice, TrialError, TrialMeasurement, TrialReport, Tria
 /// How long one staging or clean-up command of the trial may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Runs the trial rounds of the job's plan as [`next_step`] decides (trial each
+/// What the trial found: the plan to launch and the report (measurements and the fitted
+/// calibration).
+pub struct Trialled {
+    pub plan: Plan,
+    pub report: TrialReport,
+}
+
+/// Runs the trial rounds of the decided plan on `spec` as [`next_step`] decides (trial each
 /// `--trial-micro-batches` size, on running out of memory raise the overhead and re-plan,
 /// fit the calibration, re-plan, try a changed plan again; at most `rounds` rounds), then,
 /// when `choose` and `--trial-top-k` asks for more than the plan's pick, the measured
 /// choice among the best plans ([`choice`]), and returns the plan to launch and the
 /// report. Every trial shares one staging of the hook. Only executes: every decision is
 /// [`next_step`]'s or [`choice`]'s.
-pub(super) fn trial_and_replan(
+pub fn trial(
     config: &RunConfig,
-    job: &Job,
+    spec: &JobTemplate,
+    decided: &Decided,
+    profile: &ClusterProfile,
     rounds: usize,
     choose: bool,
-) -> Result<(Plan, TrialReport), Error> {
-    let options = job.options.clone();
+    tell: Tell<'_>,
+) -> Result<Trialled, JobError> {
+    let options = decided.options.clone();
     let progress = ProgressBars::new(!config.output.json, config.supervise.progress_interval);
-    let hosts: Vec<String> = job.profile.nodes.iter().map(|n| n.host.clone()).collect();
-    let staging = trial::TrialStaging::new(&job.template, &hosts, COMMAND_TIMEOUT)?;
-    let passed = signals_passed_on(&job.template.run_dir);
+    let hosts: Vec<String> = profile.nodes.iter().map(|n| n.host.clone()).collect();
+    let staging = trial::TrialStaging::new(spec, &hosts, COMMAND_TIMEOUT)?;
+    let passed = signals_passed_on(&spec.run_dir, tell);
     // Every trial's request but its plan.
     let base = TrialRequest {
-        template: &job.template,
-        settings: &job.run.settings,
-        plan: &job.plan,
+        template: spec,
+        settings: &decided.settings,
+        plan: &decided.plan,
         iters: config.trial.iters,
         stop_when_stable: false,
         timeout: config.trial.timeout,
@@ -60,7 +68,13 @@ pub(super) fn trial_and_replan(
         python: "python3",
         signals: trial::SignalObserver(&passed),
     };
-    let mut state = TrialRounds::new(&job.run.settings, &job.profile, options, job.plan.clone());
+    let mut state = TrialRounds::new(
+        &decided.settings,
+        profile,
+        options,
+        decided.plan.clone(),
+        tell,
+    );
     let policy = trials::Rounds {
         max: rounds,
         first_sizes: config.trial.micro_batches.as_deref(),
@@ -85,9 +99,9 @@ pub(super) fn trial_and_replan(
         report,
         ..
     } = state;
-    let report = report.ok_or_else(|| Error::Internal("no trial was measured".to_string()))?;
+    let report = report.ok_or_else(|| JobError::Internal("no trial was measured".to_string()))?;
     if !choose {
-        return Ok((plan, report));
+        return Ok(Trialled { plan, report });
     }
     let run = choice::CandidateTrials {
         trial: TrialRequest {
@@ -95,8 +109,8 @@ pub(super) fn trial_and_replan(
             ..base
         },
         staging: &staging,
-        settings: &job.run.settings,
-        cluster: &job.profile,
+        settings: &decided.settings,
+        cluster: profile,
         calibration: &options.calibration,
         time_options: options.time_options,
     };
@@ -107,13 +121,14 @@ pub(super) fn trial_and_replan(
         &mut trials,
         &before,
         &progress,
-        &mut |line| log::log(Level::Info, "trial", &line),
+        &mut |line| tell(Told::Choice(&line)),
     )
     .map_err(|e| match e {
-        choice::ChoiceError::Trial(e) => Error::from(e),
-        choice::ChoiceError::Time(e) => Error::from(e),
+        choice::ChoiceError::Trial(e) => JobError::from(e),
+        choice::ChoiceError::Time(e) => JobError::from(e),
     })?;
-    Ok(chosen.unwrap_or((plan, report)))
+    let (plan, report) = chosen.unwrap_or((plan, report));
+    Ok(Trialled { plan, report })
 }
 
 /// What the trial rounds have learnt so far, and the plan they stand at.
@@ -129,6 +144,7 @@ struct TrialRounds<'a> {
     report: Option<TrialReport>,
     /// The last round's out-of-memory, until a re-plan answers it.
     out_of_memory: Option<TrialError>,
+    tell: Tell<'a>,
 }
 
 impl<'a> TrialRounds<'a> {
@@ -137,6 +153,7 @@ impl<'a> TrialRounds<'a> {
         profile: &'a ClusterProfile,
         options: PlanOptions,
         plan: Plan,
+        tell: Tell<'a>,
     ) -> Self {
         TrialRounds {
             settings,
@@ -147,6 +164,7 @@ impl<'a> TrialRounds<'a> {
             trials: Vec::new(),
             report: None,
             out_of_memory: None,
+            tell,
         }
     }
 
@@ -157,27 +175,23 @@ impl<'a> TrialRounds<'a> {
         base: &TrialRequest<'_>,
         staging: &trial::TrialStaging,
         progress: &ProgressBars,
-    ) -> Result<Seen, Error> {
+    ) -> Result<Seen, JobError> {
         let mut tried = self.plan.clone();
         tried.config.micro_batch = micro_batch;
         let batch = micro_batch * tried.config.dp;
         let global_batch = self.settings.training.global_batch_size;
         if micro_batch == 0 || global_batch % batch != 0 {
-            return Err(Error::Usage(format!(
+            return Err(JobError::Usage(format!(
                 "--trial-micro-batches {micro_batch}: the global batch {global_batch} is not a \
                  multiple of micro-batch {micro_batch} × dp {} (choose sizes that divide it)",
                 tried.config.dp
             )));
         }
-        let c = &tried.config;
-        log::log(
-            Level::Info,
-            "trial",
-            &format!(
-                "trial run: tp {} pp {} dp {} micro-batch {micro_batch}, {} iterations",
-                c.tp, c.pp, c.dp, base.iters
-            ),
-        );
+        (self.tell)(Told::TrialRound {
+            config: &tried.config,
+            micro_batch,
+            iters: base.iters,
+        });
         let request = TrialRequest {
             plan: &tried,
             ..base.clone()
@@ -199,23 +213,17 @@ impl<'a> TrialRounds<'a> {
     }
 
     /// The plan re-made with `by_bytes` more memory overhead, after an out-of-memory.
-    fn raise_overhead(&mut self, by_bytes: u64) -> Result<Seen, Error> {
+    fn raise_overhead(&mut self, by_bytes: u64) -> Result<Seen, JobError> {
         self.options.calibration.overhead_bytes += by_bytes;
         if let Some(e) = self.out_of_memory.take() {
-            log::log(
-                Level::Warn,
-                "trial",
-                &format!(
-                    "the trial ran out of memory ({e}); re-planning with a larger memory estimate"
-                ),
-            );
+            (self.tell)(Told::OutOfMemory(&e));
         }
         self.plan = plan::plan_subset(self.settings, self.profile, &self.options)?;
         Ok(Seen::Replanned)
     }
 
     /// The calibration fitted on every round so far, and the plan re-made with it.
-    fn fit(&mut self) -> Result<Seen, Error> {
+    fn fit(&mut self) -> Result<Seen, JobError> {
         let fitted = trial::calibrate(
             self.settings,
             self.profile,
@@ -224,39 +232,37 @@ impl<'a> TrialRounds<'a> {
             self.options.time_options,
         )?;
         self.options.calibration = fitted.calibration.clone();
-        log::log(Level::Info, "trial", &fitted.to_human());
+        (self.tell)(Told::Fitted(&fitted));
         self.report = Some(fitted);
         let replanned = plan::plan_subset(self.settings, self.profile, &self.options)?;
         let changes = config_changes(&self.plan.config, &replanned.config);
         let changed = !changes.is_empty();
         if changed {
-            log::log_wrapped(
-                Level::Info,
-                "plan",
-                &format!(
-                    "re-planned with the calibrated estimates: {} (now {})",
-                    changes.join(", "),
-                    describe(&replanned.config)
-                ),
-            );
+            (self.tell)(Told::Replanned {
+                changes: &changes,
+                now: &replanned.config,
+            });
         }
         self.plan = replanned;
         Ok(Seen::Fitted { changed })
     }
 
     /// The error when even the smallest micro-batch ran out of memory.
-    fn out_of_memory(&mut self) -> Error {
+    fn out_of_memory(&mut self) -> JobError {
         match self.out_of_memory.take() {
             Some(e) => e.into(),
-            None => Error::Internal("the trial ran out of memory".to_string()),
+            None => JobError::Internal("the trial ran out of memory".to_string()),
         }
     }
 }
 
 /// What to do with USR1/USR2 passed on to the training script during the trial: note it in
-/// the run's event log, as the supervisor does (attempt 0: the trial), and warn. The log is
-/// opened at the first signal, so a trial without one leaves no event log behind.
-fn signals_passed_on(run_dir: &std::path::Path) -> impl Fn(Signal, usize) + '_ {
+/// the run's event log, as the supervisor does (attempt 0: the trial), and tell it. The log
+/// is opened at the first signal, so a trial without one leaves no event log behind.
+fn signals_passed_on<'a>(
+    run_dir: &'a std::path::Path,
+    tell: Tell<'a>,
+) -> impl Fn(Signal, usize) + Sync + 'a {
     let events: OnceLock<Option<EventLog>> = OnceLock::new();
     move |signal: Signal, workers: usize| {
         let log = events.get_or_init(|| EventLog::create(run_dir).ok());
@@ -267,13 +273,6 @@ fn signals_passed_on(run_dir: &std::path::Path) -> impl Fn(Signal, usize) + '_ {
                 workers,
             });
         }
-        log::log_wrapped(
-            Level::Warn,
-            "trial",
-            &format!(
-                "{signal} received: passed on to the training script in the trial \
-                 ({workers} worker process(es)); the trial goes on"
-            ),
-        );
+        tell(Told::SignalPassed { signal, workers });
     }
 }

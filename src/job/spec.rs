@@ -1,0 +1,219 @@
+//! What every attempt of a job shares ([`launch::JobTemplate`]), built once from the run's
+//! configuration and allocation, and what is rendered from it: the dry run's preview and
+//! the launch's first attempt.
+
+use std::time::Duration;
+
+use super::{Decided, JobError};
+use crate::cli::resolved::RunConfig;
+use crate::cluster::{Allocation, ClusterProfile};
+use crate::exec::{self, Transport};
+use crate::launch::{self, Attempt, JobTemplate, Layout, World};
+use crate::plan::Plan;
+use crate::render::{self, LaunchSpec};
+use crate::report::pictures;
+
+/// What a job's spec is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// A dry run's preview: no run id in the commands (see [`JobTemplate::run_id`]),
+    /// since pipette-run never supervises them.
+    Preview,
+    /// A launch (or the trial of one).
+    Launch,
+}
+
+/// What every attempt of the job shares: the run's configuration and the allocation (its
+/// hosts and node source choose the transport, its job id the rendezvous id). Claims the
+/// run directory.
+pub fn spec(
+    config: &RunConfig,
+    allocation: &Allocation,
+    purpose: Purpose,
+) -> Result<JobTemplate, JobError> {
+    let launch = &config.launch;
+    let workdir = std::env::current_dir()
+        .map_err(|e| JobError::Internal(format!("cannot read the working directory: {e}")))?;
+    let rdzv_id = rendezvous_id(launch.rdzv_id.as_deref(), allocation.job_id.as_deref());
+    // Claimed (made, atomically) here, so no other launch can write into it.
+    let run_dir = match &launch.run_dir {
+        Some(dir) => render::claim_run_dir(&workdir.join(dir), false)?,
+        None => {
+            let id = match &allocation.job_id {
+                Some(job) => job.clone(),
+                None => std::process::id().to_string(),
+            };
+            render::claim_run_dir(&render::default_run_dir(&workdir, &id, local_time()), true)?
+        }
+    };
+    let templates = match &launch.templates {
+        Some(dir) => render::Templates::from_dir(dir)?,
+        None => render::Templates::embedded(),
+    };
+    let transport = launch
+        .access
+        .transport(&allocation.host_names(), &allocation.source);
+    let run_id = match purpose {
+        Purpose::Preview => String::new(),
+        Purpose::Launch => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            format!("{}-{nanos}", std::process::id())
+        }
+    };
+    Ok(JobTemplate {
+        script: config.script.clone(),
+        torchrun: launch.torchrun.clone(),
+        torchrun_spelling: installed_torchrun_spelling(&launch.torchrun),
+        torchrun_passthrough: launch.torchrun_passthrough.clone(),
+        master_addr: launch.master_addr.clone(),
+        master_port: launch.master_port,
+        rdzv_id,
+        env: config.node_env.clone(),
+        workdir,
+        run_dir,
+        templates,
+        transport,
+        run_id,
+    })
+}
+
+/// Attempt 1 of the decided plan on `profile`'s nodes, rendered and written (its pictures
+/// beside it); the planning inputs travel in its layout, for the re-plans.
+pub fn first_attempt(
+    spec: &JobTemplate,
+    decided: Decided,
+    profile: ClusterProfile,
+) -> Result<Attempt, JobError> {
+    let Decided {
+        settings,
+        options,
+        plan,
+        ..
+    } = decided;
+    let layout = Layout::Planned(Box::new(launch::Planned {
+        settings,
+        options,
+        plan,
+        profile,
+    }));
+    let first = spec.prepare(1, layout, None)?;
+    if let Some(planned) = first.layout.planned() {
+        write_pictures(&first.dir, &planned.plan, &planned.profile)?;
+    }
+    Ok(first)
+}
+
+/// The dry run's preview of the decided plan: the launch rendered, written into the run
+/// directory with the plan's pictures. On failure the directory (this run's own, just
+/// claimed) is removed: nothing partial stays behind.
+pub fn preview(
+    spec: &JobTemplate,
+    decided: &Decided,
+    profile: &ClusterProfile,
+) -> Result<LaunchSpec, JobError> {
+    let run_dir = &spec.run_dir;
+    let written = spec
+        .render(&decided.settings, &decided.plan, None, run_dir)
+        .map_err(JobError::from)
+        .and_then(|launch| {
+            render::write_run_dir(&launch, run_dir)?;
+            write_pictures(run_dir, &decided.plan, profile)?;
+            Ok(launch)
+        });
+    written.inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(run_dir);
+    })
+}
+
+/// The dry run's preview of an unplanned `world`, written into the run directory (removed
+/// again on failure, as [`preview`]'s).
+pub fn preview_world(spec: &JobTemplate, world: &World) -> Result<LaunchSpec, JobError> {
+    let run_dir = &spec.run_dir;
+    let written = spec
+        .render_world(world, run_dir)
+        .map_err(JobError::from)
+        .and_then(|launch| Ok(render::write_run_dir(&launch, run_dir).map(|()| launch)?));
+    written.inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(run_dir);
+    })
+}
+
+/// The plan's pictures ([`pictures::Picture`]) as SVG files beside its other files in the
+/// run directory.
+pub fn write_pictures(
+    dir: &std::path::Path,
+    plan: &Plan,
+    profile: &ClusterProfile,
+) -> Result<(), JobError> {
+    for (name, svg) in pictures::svg_files(plan, profile) {
+        let path = dir.join(name);
+        std::fs::write(&path, svg).map_err(|e| {
+            JobError::Usage(format!(
+                "cannot write {}: {e} (choose another --run-dir)",
+                path.display()
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// How the torchrun installed here spells its options: old releases know only
+/// `--nproc_per_node`. Dashes when it cannot be asked (not installed here, say): every
+/// current torchrun accepts them.
+pub fn installed_torchrun_spelling(torchrun: &str) -> render::TorchrunSpelling {
+    let help = exec::NodeCommand::new(torchrun).arg("--help");
+    match exec::run(
+        &Transport::Local,
+        "localhost",
+        &help,
+        Duration::from_secs(30),
+    ) {
+        Ok(out) if out.status.success() => render::TorchrunSpelling::from_help(&out.stdout_text()),
+        _ => render::TorchrunSpelling::Dashes,
+    }
+}
+
+/// torchrun's `--rdzv-id` when the user set one, else the scheduler's job id, else one
+/// made from the time (the static rendezvous only needs it to be the same on all nodes).
+fn rendezvous_id(asked: Option<&str>, job_id: Option<&str>) -> String {
+    asked
+        .or(job_id)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("pipette-{}", unix_seconds()))
+}
+
+/// Now on the local clock (UTC when the time zone cannot be read), for run directory names.
+pub fn local_time() -> render::LocalTime {
+    let now = unix_seconds() as nix::libc::time_t;
+    // SAFETY: localtime_r writes only into `tm`, which lives on this stack frame; a zeroed
+    // `tm` is a valid value of the plain C struct.
+    let mut tm: nix::libc::tm = unsafe { std::mem::zeroed() };
+    let ok = !unsafe { nix::libc::localtime_r(&now, &mut tm) }.is_null();
+    let field = |v: nix::libc::c_int| u32::try_from(v).unwrap_or(0);
+    match ok {
+        true => render::LocalTime {
+            year: tm.tm_year + 1900,
+            month: field(tm.tm_mon + 1),
+            day: field(tm.tm_mday),
+            hour: field(tm.tm_hour),
+            minute: field(tm.tm_min),
+            second: field(tm.tm_sec),
+        },
+        false => render::LocalTime {
+            year: 1970,
+            month: 1,
+            day: 1,
+            hour: 0,
+            minute: 0,
+            second: 0,
+        },
+    }
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
