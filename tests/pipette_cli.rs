@@ -208,7 +208,10 @@ fn dry_run_on_128_nodes_fits_a_screenful_of_lines() {
     ]);
     let shown = stdout(&mut cmd);
     let lines: Vec<&str> = shown.lines().collect();
-    assert!(lines.len() <= 120, "{} lines:\n{shown}", lines.len());
+    // 120 until the plan report gained its throughput line (tokens/s, MFU, GPU-hours) and
+    // its critical-path paragraph (issue 34); the bound is that the output does not grow
+    // with the nodes, not a screen's height.
+    assert!(lines.len() <= 130, "{} lines:\n{shown}", lines.len());
     let mut in_command = false;
     for line in &lines {
         let columns = line.chars().count();
