@@ -123,10 +123,10 @@ impl EstimateReport {
             None => out.push_str("\nIteration time: give --cluster FILE to estimate it\n"),
             Some(t) => {
                 out.push_str(&format!(
-                    "\nIteration time ({}): {}, {} micro-batches\n",
+                    "\nIteration time ({}): {}, {}\n",
                     t.model,
                     with_stated_error(t.iteration_ms, t.model),
-                    t.microbatches
+                    super::micro_batches(t.microbatches)
                 ));
                 if t.model.stated_error().is_some() {
                     out.push_str(

@@ -33,6 +33,15 @@ impl<'a> TrialFile<'a> {
 }
 
 /// The terminal width our text is laid out for.
+/// `1 micro-batch`, `8 micro-batches`.
+pub fn micro_batches(n: u64) -> String {
+    if n == 1 {
+        "1 micro-batch".into()
+    } else {
+        format!("{n} micro-batches")
+    }
+}
+
 pub const WIDTH: usize = 80;
 
 // Wrapping lives with our log lines, the earliest that need it.

@@ -203,16 +203,17 @@ fn headline(plan: &Plan) -> String {
     }
     match &plan.heterogeneous {
         None => out.push_str(&format!(
-            "  iteration {} (estimated, {} micro-batches), peak memory {:.1} GiB of {:.1} GiB usable\n",
+            "  iteration {} (estimated, {}), peak memory {:.1} GiB of {:.1} GiB usable\n",
             with_stated_error(e.iteration_ms, e.time.model),
-            e.time.microbatches,
+            super::micro_batches(e.time.microbatches),
             e.peak_memory_bytes as f64 / GIB,
             e.usable_memory_bytes as f64 / GIB
         )),
         // Each stage has its own GPUs' memory: the stage table says how each fits.
         Some(_) => out.push_str(&format!(
-            "  iteration {} (estimated, {} micro-batches), every stage within its own GPUs' memory (below)\n",
-            with_stated_error(e.iteration_ms, e.time.model), e.time.microbatches,
+            "  iteration {} (estimated, {}), every stage within its own GPUs' memory (below)\n",
+            with_stated_error(e.iteration_ms, e.time.model),
+            super::micro_batches(e.time.microbatches),
         )),
     }
     if let Some(b) = &e.in_16_bit {
@@ -690,7 +691,7 @@ fn throughput(plan: &Plan, settings: &Settings, profile: &ClusterProfile) -> Str
             let each = if high - low < 0.5 {
                 format!("{high:.0} TFLOP/s each")
             } else {
-                format!("{low:.0}-{high:.0} TFLOP/s, {:.0} in all", total)
+                format!("{low:.0}-{high:.0} TFLOP/s, {:.0} TFLOP/s in all", total)
             };
             out.push_str(&format!(
                 ", MFU {:.1} % of the GPUs' datasheet peak ({each})",

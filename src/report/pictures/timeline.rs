@@ -229,7 +229,7 @@ fn microbatches_text(s: &Schedule) -> String {
     if s.drawn < s.microbatches {
         format!("the first {} of {} micro-batches", s.drawn, s.microbatches)
     } else {
-        format!("{} micro-batches", s.microbatches)
+        crate::report::micro_batches(s.microbatches)
     }
 }
 
