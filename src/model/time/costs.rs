@@ -15,7 +15,7 @@ use crate::model::params::ParameterBreakdown;
 use super::cp::{context_exchange, ContextExchange};
 use super::moe::{stage_expert_params, stage_start, ExpertCosts, ExpertKindOps, ExpertShape};
 use super::ops::{
-    fused_softmax_available, KindOps, OpCost, OpShape, StageOps, StageShape,
+    fused_softmax_available, gathered_bytes, KindOps, OpCost, OpShape, StageOps, StageShape,
     FALLBACK_SOFTMAX_EXTRA_KERNELS, MEGATRON_LAYER_PASS_OPS,
 };
 use super::perf::{GpuKind, PerfTables};
@@ -310,6 +310,29 @@ impl ConfigCosts {
                     bwd_units += 2.0;
                 }
             }
+            // FP8/FP4 with sequence parallelism: Transformer Engine quantises a
+            // column-parallel layer's input before all-gathering it forward and a
+            // row-parallel layer's output gradient before gathering it backward
+            // (`module/layernorm_linear.py` and `module/linear.py`:
+            // `gather_along_first_dim(.., quantizer=..)`; `module/base.py`
+            // `grad_output_preprocess`), so those all-gathers carry the low-precision copy;
+            // the reduce-scatters carry the GEMMs' 16-bit outputs. An MoE layer's MLP
+            // gather is the token dispatcher's, before quantisation, and the layers kept
+            // in BF16 gather at 16 bits: only their attention's, and the dense MLP's, shrink.
+            if let Some(low) = training.low_precision.as_ref().filter(|_| sp) {
+                let stage_layers = config.layers_per_stage[s];
+                let low_layers = stage_layers
+                    - low.bf16_layers_in(stage_start(config, s), stage_layers, model.num_layers);
+                let moe_layers = costs
+                    .expert
+                    .as_ref()
+                    .map_or(0, |x| x.moe_layers[s])
+                    .min(low_layers);
+                let gathers = (2 * low_layers - moe_layers) as f64;
+                let saved = (1.0 - gathered_bytes(low.bits) / act_bytes).max(0.0) * gathers;
+                fwd_units -= saved;
+                bwd_units -= saved * (1.0 + recomputed / layers.max(1.0));
+            }
             let (tp_fwd, tp_bwd) = if tp > 1 {
                 (fwd_units * half_mb, bwd_units * half_mb)
             } else {
@@ -349,7 +372,7 @@ impl ConfigCosts {
                 dp * cp,
                 stage_params,
                 grad_bytes,
-                act_bytes,
+                gathered_param_bytes(training, &params, config, s, stage_params, act_bytes),
                 config.distributed_optimizer,
             );
             costs.dp_reduce_mb.push(reduce / 1e6);
@@ -543,6 +566,73 @@ impl ConfigCosts {
     }
 }
 
+/// Bytes each rank sends in a data-parallel ring of `ranks` for `params` parameters (their
+/// gradients `grad_bytes`): the gradient reduce and, with the distributed optimizer, the
+/// parameter all-gather (`param_bytes` per parameter: [`gathered_param_bytes`]); (0, 0)
+/// without a second rank. Serves the dense data-parallel group and the experts'
+/// expert-data-parallel one.
+pub(super) fn ring_sync_bytes(
+    ranks: usize,
+    params: f64,
+    grad_bytes: f64,
+    param_bytes: f64,
+    distributed_optimizer: bool,
+) -> (f64, f64) {
+    if ranks < 2 {
+        return (0.0, 0.0);
+    }
+    let d = ranks as f64;
+    let ring = (d - 1.0) / d;
+    if distributed_optimizer {
+        (ring * grad_bytes, ring * params * param_bytes)
+    } else {
+        (2.0 * ring * grad_bytes, 0.0)
+    }
+}
+
+/// Bytes per parameter the distributed optimizer all-gathers for stage `s`, whose GPUs
+/// hold `stage_params` parameters besides the routed experts. With `--fp8-param-gather`
+/// (`--fp4-param-gather`) the transformer layers' weights are kept in the low precision
+/// and gathered so (Megatron's help: "perform the param all-gather in fp8"), one byte each
+/// in FP8; the embedding, the output layer and the layers kept in BF16 gather at
+/// `act_bytes`. The layers' norms, a few thousand parameters beside millions, count
+/// with their linear layers.
+pub(super) fn gathered_param_bytes(
+    training: &TrainingSettings,
+    params: &ParameterBreakdown,
+    config: &ParallelConfig,
+    s: usize,
+    stage_params: f64,
+    act_bytes: f64,
+) -> f64 {
+    let Some(low) = training.low_precision.as_ref().filter(|l| l.param_gather) else {
+        return act_bytes;
+    };
+    if stage_params <= 0.0 {
+        return act_bytes;
+    }
+    let start = stage_start(config, s);
+    let layers = config.layers_per_stage[s];
+    let total = params.num_layers;
+    let low_params: f64 = (start..start + layers)
+        .filter(|&i| low.bf16_layers_in(i, 1, total) == 0)
+        .map(|i| (params.layer_total(i) - params.experts_in(i, 1)) as f64)
+        .sum::<f64>()
+        / config.tp.max(1) as f64;
+    let low_params = low_params.min(stage_params);
+    (low_params * gathered_bytes(low.bits) + (stage_params - low_params) * act_bytes) / stage_params
+}
+
+/// The bytes per parameter the expert-data-parallel group all-gathers: the routed
+/// experts' weights are transformer-layer weights, gathered in the low precision with
+/// `--fp8-param-gather` ([`gathered_param_bytes`]).
+pub(super) fn gathered_expert_bytes(training: &TrainingSettings, act_bytes: f64) -> f64 {
+    match training.low_precision.as_ref().filter(|l| l.param_gather) {
+        Some(low) => gathered_bytes(low.bits),
+        None => act_bytes,
+    }
+}
+
 /// Bytes one GPU moves through HBM in the optimizer step for `params` parameters (its
 /// share of the stage's tp slice), Megatron's mixed-precision Adam: the fused Adam update
 /// reads the fp32 main parameter, its gradient and both moments and writes the parameter
@@ -553,29 +643,6 @@ impl ConfigCosts {
 /// still zeroes its whole gradient buffer for the next iteration (`grad_element` bytes a
 /// parameter). The multi-tensor kernels that do it are few and long, so their launch
 /// costs are left out.
-/// Bytes each rank sends in a data-parallel ring of `ranks` for `params` parameters (their
-/// gradients `grad_bytes`): the gradient reduce and, with the distributed optimizer, the
-/// parameter all-gather (`act_bytes` per parameter); (0, 0) without a second rank. Serves
-/// the dense data-parallel group and the experts' expert-data-parallel one.
-pub(super) fn ring_sync_bytes(
-    ranks: usize,
-    params: f64,
-    grad_bytes: f64,
-    act_bytes: f64,
-    distributed_optimizer: bool,
-) -> (f64, f64) {
-    if ranks < 2 {
-        return (0.0, 0.0);
-    }
-    let d = ranks as f64;
-    let ring = (d - 1.0) / d;
-    if distributed_optimizer {
-        (ring * grad_bytes, ring * params * act_bytes)
-    } else {
-        (2.0 * ring * grad_bytes, 0.0)
-    }
-}
-
 pub(super) fn optimizer_bytes(
     params: f64,
     precision: Precision,

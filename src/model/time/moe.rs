@@ -47,7 +47,7 @@ use crate::model::calibration::Calibration;
 use crate::model::parallel::{Device, ParallelConfig};
 use crate::model::params::ParameterBreakdown;
 
-use super::costs::{ring_sync_bytes, ConfigCosts};
+use super::costs::{gathered_expert_bytes, ring_sync_bytes, ConfigCosts};
 use super::evaluate::{dp_ring_link, times};
 use super::ops::{KindOps, OpCost, OpShape, StageOps};
 use super::perf::{GpuKind, Layout, PerfTable, PerfTables};
@@ -502,7 +502,7 @@ impl ExpertCosts {
                 edp as usize,
                 per_gpu,
                 grad,
-                act_bytes,
+                gathered_expert_bytes(training, act_bytes),
                 config.distributed_optimizer,
             );
             out.reduce_mb.push(reduce / 1e6);

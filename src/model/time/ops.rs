@@ -125,6 +125,13 @@ fn quantised_bytes(bits: LowBits) -> f64 {
     }
 }
 
+/// Bytes per element of what Transformer Engine all-gathers when it quantises a GEMM
+/// operand before gathering it: the row-wise copy alone (TE transposes after the gather
+/// where it needs the column-wise one), half of [`quantised_bytes`]: one byte in FP8.
+pub(super) fn gathered_bytes(bits: LowBits) -> f64 {
+    quantised_bytes(bits) / 2.0
+}
+
 /// One transformer layer's linear layers on one GPU of a tp group of `t`, as (in, out):
 /// QKV, attention output, MLP up (gate and up with SwiGLU), MLP down.
 fn layer_linears(model: &ModelSpec, t: f64) -> [(f64, f64); 4] {

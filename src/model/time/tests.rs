@@ -1261,3 +1261,75 @@ fn qk_layernorm_reads_and_writes_q_and_k_in_two_more_kernels() {
         2.0 * bytes / hbm + 2.0 * kernel_ms
     ));
 }
+
+fn fp8(param_gather: bool, bf16_layers_at_start: u64) -> crate::config::LowPrecision {
+    crate::config::LowPrecision {
+        bits: crate::config::LowBits::Fp8,
+        format: "hybrid".into(),
+        recipe: "delayed".into(),
+        param_gather,
+        bf16_layers_at_start,
+        bf16_layers_at_end: 0,
+    }
+}
+
+#[test]
+fn fp8_sequence_parallel_all_gathers_carry_one_byte_an_element() {
+    let model = gpt();
+    let mut config = ParallelConfig::even(8, 2, 2, 1, 1);
+    config.sequence_parallel = true;
+    let costs = |low: Option<crate::config::LowPrecision>, config: &ParallelConfig| {
+        let mut t = training(4);
+        t.low_precision = low;
+        let options = TimeOptions::default();
+        ConfigCosts::new(&model, &t, config, &Calibration::default(), &options).unwrap()
+    };
+    let bf16 = costs(None, &config);
+    let all_fp8 = costs(Some(fp8(false, 0)), &config);
+    let first_bf16 = costs(Some(fp8(false, 1)), &config);
+    // One unit: (t − 1)/t of the s·b·h activation in 16 bits. Each of a stage's 4 layers
+    // gathers twice each way (its attention's and its MLP's input, or their output
+    // gradients), and in FP8 each gather moves half the bytes: 4 units less each way. The
+    // first layer, kept in BF16, gathers at 16 bits.
+    let unit = 0.5 * 1024.0 * 1024.0 * 2.0 / 1e6;
+    for s in 0..2 {
+        assert!(close(bf16.tp_fwd_mb[s] - all_fp8.tp_fwd_mb[s], 4.0 * unit));
+        assert!(close(bf16.tp_bwd_mb[s] - all_fp8.tp_bwd_mb[s], 4.0 * unit));
+    }
+    assert!(close(
+        bf16.tp_fwd_mb[0] - first_bf16.tp_fwd_mb[0],
+        3.0 * unit
+    ));
+    assert!(close(first_bf16.tp_fwd_mb[1], all_fp8.tp_fwd_mb[1]));
+    // Without sequence parallelism the collectives are all-reduces of 16-bit GEMM outputs.
+    config.sequence_parallel = false;
+    let (a, b) = (costs(None, &config), costs(Some(fp8(false, 0)), &config));
+    assert_eq!((a.tp_fwd_mb, a.tp_bwd_mb), (b.tp_fwd_mb, b.tp_bwd_mb));
+}
+
+#[test]
+fn fp8_param_gather_gathers_the_layers_weights_in_one_byte() {
+    let model = gpt();
+    let mut config = ParallelConfig::even(8, 1, 1, 2, 1);
+    config.distributed_optimizer = true;
+    let gather_mb = |low: Option<crate::config::LowPrecision>| {
+        let mut t = training(8);
+        t.low_precision = low;
+        let options = TimeOptions::default();
+        ConfigCosts::new(&model, &t, &config, &Calibration::default(), &options)
+            .unwrap()
+            .dp_gather_mb[0]
+    };
+    let params = ParameterBreakdown::new(&model, 1);
+    let all = params.stage(8, true, true) as f64;
+    let layers = 8.0 * params.layer.total() as f64;
+    // Half of every parameter each way round a ring of two: 2 bytes in BF16; with
+    // --fp8-param-gather the layers' weights in 1 byte, the embedding still in 2.
+    assert!(close(gather_mb(None), 0.5 * all * 2.0 / 1e6));
+    assert!(close(gather_mb(Some(fp8(false, 0))), 0.5 * all * 2.0 / 1e6));
+    let want = 0.5 * (layers + (all - layers) * 2.0) / 1e6;
+    assert!(close(gather_mb(Some(fp8(true, 0))), want));
+    // A layer kept in BF16 keeps its weights in BF16.
+    let one = params.layer.total() as f64;
+    assert!(close(gather_mb(Some(fp8(true, 1))), want + 0.5 * one / 1e6));
+}
