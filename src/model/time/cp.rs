@@ -15,8 +15,13 @@
 //!
 //! A layer's attention block is the rank's attention core of the layer (the cost model's
 //! own figure), split into cp equal steps; backward steps take twice the forward's. Every
-//! transfer crosses the group's slowest ring link. Recomputed layers (full recomputation,
-//! or the core attention under selective recomputation) exchange their forward again.
+//! transfer crosses the slowest link of the rings it runs over: the whole group's ring, or
+//! under `a2a+p2p` the a2a over each run of `a` consecutive cp ranks (inside a node or an
+//! NVLink domain when the levels are laid out so) and the p2p over the rings of ranks `a`
+//! apart (Megatron's hierarchical groups: megatron-core `parallel_state`
+//! `create_hierarchical_groups`, the first level's ranks consecutive). Recomputed layers
+//! (full recomputation, or the core attention under selective recomputation) exchange their
+//! forward again.
 
 use crate::config::{CpCommType, Recompute, RecomputeMethod, TrainingSettings};
 use crate::model::calibration::Calibration;
@@ -94,6 +99,9 @@ pub(super) fn context_exchange(
 pub(super) struct ContextExchange {
     cp: usize,
     tensor: usize,
+    /// Context-parallel ranks in one a2a group: `a2a+p2p`'s first level, else the whole
+    /// group (the p2p ring then runs over ranks this far apart).
+    a2a_ranks: usize,
     /// Forward exchanges per micro-batch of each stage: its layers and the recomputed ones.
     forward_layers: Vec<f64>,
     /// Backward exchanges per micro-batch of each stage: its layers.
@@ -150,6 +158,7 @@ impl ContextExchange {
         let cpf = cp as f64;
         let (mut ring_steps, mut ring_step_mb, mut blocking_mb, mut blocking_ops) =
             (0.0, 0.0, 0.0, 0.0);
+        let mut a2a_ranks = cp as usize;
         match shape.comm {
             CpCommType::P2p => {
                 ring_steps = cpf - 1.0;
@@ -164,7 +173,9 @@ impl ContextExchange {
                 blocking_ops = 2.0;
             }
             CpCommType::A2aP2p => {
-                let a = shape.a2a_level.unwrap_or(1).clamp(1, cp) as f64;
+                let level = shape.a2a_level.unwrap_or(1).clamp(1, cp);
+                a2a_ranks = level as usize;
+                let a = level as f64;
                 let p = cpf / a;
                 blocking_mb = (a - 1.0) / a * tokens * (2.0 * q + 2.0 * kv) * e / 1e6;
                 blocking_ops = if a > 1.0 { 2.0 } else { 0.0 };
@@ -176,6 +187,7 @@ impl ContextExchange {
         Some(ContextExchange {
             cp: cp as usize,
             tensor: t as usize,
+            a2a_ranks,
             forward_layers: stages.iter().map(|&(l, r)| (l + r) as f64).collect(),
             backward_layers: stages.iter().map(|&(l, _)| l as f64).collect(),
             ring_steps,
@@ -198,11 +210,17 @@ impl ContextExchange {
         slowest: Device,
         s: usize,
     ) -> f64 {
-        let bw = self.ring_gb_per_s(fabric, group);
         let perf = fabric.gpu_perf(slowest);
         let k = perf.kind.index();
         let (mut forward, mut backward) = (0.0, 0.0);
         if self.ring_steps > 0.0 {
+            // The p2p ring: the whole group, or a2a+p2p's rings of ranks a2a_ranks apart.
+            let (len, stride) = if self.a2a_ranks < self.cp {
+                (self.cp / self.a2a_ranks, self.a2a_ranks)
+            } else {
+                (self.cp, 1)
+            };
+            let bw = self.rings_gb_per_s(fabric, group, len, stride);
             let step = self.attention[k].ms(perf.ms_per_peak_gflop) / (self.ring_steps + 1.0);
             let latency = self.message_latency_ms[k];
             let send = self.ring_step_mb / bw + latency;
@@ -211,6 +229,7 @@ impl ContextExchange {
                 self.ring_steps * (2.0 * self.ring_step_mb / bw + latency - 2.0 * step).max(0.0);
         }
         if self.blocking_ops > 0.0 {
+            let bw = self.rings_gb_per_s(fabric, group, self.a2a_ranks, 1);
             let ms = self.blocking_mb / bw + self.blocking_ops * self.collective_latency_ms[k];
             forward += ms;
             backward += ms;
@@ -221,27 +240,47 @@ impl ContextExchange {
     /// The slowest link of the group's context-parallel rings (one per tp rank: the ranks
     /// `tp` apart), GB/s; a hop between nodes gets the ring's share of the NICs.
     pub(super) fn ring_gb_per_s<F: Fabric + ?Sized>(&self, fabric: &F, group: &[Device]) -> f64 {
+        self.rings_gb_per_s(fabric, group, self.cp, 1)
+    }
+
+    /// The slowest link of the rings of `len` context-parallel ranks `stride` apart (per
+    /// tp rank, every such ring of the group), GB/s; a hop between nodes gets the ring's
+    /// share of the NICs.
+    fn rings_gb_per_s<F: Fabric + ?Sized>(
+        &self,
+        fabric: &F,
+        group: &[Device],
+        len: usize,
+        stride: usize,
+    ) -> f64 {
         let (t, cp) = (self.tensor, self.cp);
+        let (len, stride) = (len.max(1), stride.max(1));
         let mut best = f64::INFINITY;
-        for k in 0..t.min(group.len()) {
-            for j in 0..cp {
-                let (Some(&a), Some(&b)) =
-                    (group.get(k + t * j), group.get(k + t * ((j + 1) % cp)))
-                else {
-                    continue;
-                };
-                let mut bw = fabric.gb_per_s(a, b);
-                if fabric.over_network(a.node, b.node) {
-                    let on = |node: usize| {
-                        (0..cp)
-                            .filter(|i| group.get(k + t * i).is_some_and(|d| d.node == node))
-                            .count()
+        // A ring starts at every cp rank whose position in its run of `stride·len` ranks is
+        // below `stride`.
+        for base in (0..cp).filter(|c| (c / stride) % len == 0) {
+            let member = |k: usize, j: usize| group.get(k + t * (base + stride * (j % len)));
+            for k in 0..t.min(group.len()) {
+                for j in 0..len {
+                    let (Some(&a), Some(&b)) = (member(k, j), member(k, j + 1)) else {
+                        continue;
                     };
-                    bw *= fabric
-                        .nic_share(a.node, on(a.node))
-                        .min(fabric.nic_share(b.node, on(b.node)));
+                    if a == b {
+                        continue;
+                    }
+                    let mut bw = fabric.gb_per_s(a, b);
+                    if fabric.over_network(a.node, b.node) {
+                        let on = |node: usize| {
+                            (0..len)
+                                .filter(|&i| member(k, i).is_some_and(|d| d.node == node))
+                                .count()
+                        };
+                        bw *= fabric
+                            .nic_share(a.node, on(a.node))
+                            .min(fabric.nic_share(b.node, on(b.node)));
+                    }
+                    best = best.min(bw);
                 }
-                best = best.min(bw);
             }
         }
         best

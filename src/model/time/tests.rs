@@ -1333,3 +1333,45 @@ fn fp8_param_gather_gathers_the_layers_weights_in_one_byte() {
     let one = params.layer.total() as f64;
     assert!(close(gather_mb(Some(fp8(true, 1))), want + 0.5 * one / 1e6));
 }
+
+/// `a2a+p2p` runs its a2a over runs of consecutive cp ranks and its p2p ring over ranks
+/// that far apart (megatron-core's hierarchical groups), each part on the slowest link it
+/// crosses: whichever level stays inside a node pays NVLink, not the network the other
+/// level crosses.
+#[test]
+fn a2a_p2p_prices_each_level_on_the_links_it_crosses() {
+    let mut config = ParallelConfig::even(8, 1, 1, 1, 1);
+    config.cp = 4;
+    let cp_comm = |cluster: ClusterProfile, devices: Option<Vec<Device>>| {
+        let mut case = Case::new(cluster, config.clone(), 4);
+        case.model.seq_length = 16384;
+        case.model.max_position_embeddings = 16384;
+        case.training.cp_comm_type = crate::config::CpCommType::A2aP2p;
+        case.training.hierarchical_context_parallel = Some(vec![2, 2]);
+        if let Some(devices) = devices {
+            case.placement.devices = devices;
+        }
+        let e = case.run(TimeModel::Pipette);
+        assert_eq!(e.iteration_ms, case.fast());
+        e.stages[0].cp_comm_ms
+    };
+    let at = |node, gpu| Device { node, gpu };
+    // cp ranks 0, 1 on one node and 2, 3 on the other: the a2a pairs talk over NVLink,
+    // the p2p rings (0, 2) and (1, 3) cross the network.
+    let a2a_inside = cp_comm(cluster(2, 2, 200.0, 20.0), None);
+    // 0, 2 on one node and 1, 3 on the other: the other way round.
+    let p2p_inside = cp_comm(
+        cluster(2, 2, 200.0, 20.0),
+        Some(vec![at(0, 0), at(1, 0), at(0, 1), at(1, 1)]),
+    );
+    // Every link as slow as the network: what both cost priced on the group's slowest link.
+    let all_slow = cp_comm(cluster(2, 2, 20.0, 20.0), None);
+    // All four on one node: nothing crosses the network.
+    let one_node = cp_comm(cluster(1, 4, 200.0, 20.0), None);
+    for level_inside in [a2a_inside, p2p_inside] {
+        assert!(
+            one_node < level_inside && level_inside < all_slow,
+            "{one_node} < {level_inside} < {all_slow}"
+        );
+    }
+}
