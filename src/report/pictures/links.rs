@@ -46,6 +46,10 @@ struct LinkMap {
     cuts: Vec<(usize, f64)>,
     /// Pipeline hops on the critical path that cross nodes, in rows.
     hops: Vec<Hop>,
+    /// The NVLink domains among the nodes (`nvlink_domain` in the cluster file), each with
+    /// its first and last node rank: inside one, GPUs talk at NVLink rates, not at the
+    /// node links drawn. Empty when no node names one.
+    domains: Vec<(String, usize, usize)>,
 }
 
 /// A pipeline hop on the critical path from one node to another.
@@ -121,6 +125,17 @@ fn link_map(plan: &Plan, profile: &ClusterProfile, max_groups: usize) -> LinkMap
             gbps: link(a, b),
         });
     }
+    // Runs of consecutive nodes (node-rank order) in one NVLink domain.
+    let mut domains: Vec<(String, usize, usize)> = Vec::new();
+    for (p, &node) in order.iter().enumerate() {
+        let Some(id) = profile.nodes[node].nvlink_domain.as_ref() else {
+            continue;
+        };
+        match domains.last_mut() {
+            Some((last, _, end)) if last == id && *end + 1 == p => *end = p,
+            _ => domains.push((id.clone(), p, p)),
+        }
+    }
     let hosts: Vec<String> = order.iter().map(|&n| host(n)).collect();
     let labels = if group == 1 {
         hosts.clone()
@@ -145,6 +160,7 @@ fn link_map(plan: &Plan, profile: &ClusterProfile, max_groups: usize) -> LinkMap
         median,
         cuts,
         hops,
+        domains,
     }
 }
 
@@ -292,6 +308,30 @@ impl LinkMap {
         ]
     }
 
+    /// The notes above the map: the aggregation's, and the NVLink domains (at most four
+    /// named, the rest counted).
+    fn notes(&self) -> Vec<String> {
+        let mut notes = self.aggregate_note();
+        if !self.domains.is_empty() {
+            let named: Vec<String> = self
+                .domains
+                .iter()
+                .take(4)
+                .map(|(id, a, b)| format!("{id} node ranks {a}–{b}"))
+                .collect();
+            let more = match self.domains.len() {
+                n if n > 4 => format!(" and {} more", n - 4),
+                _ => String::new(),
+            };
+            notes.push(
+                "NVLink domains: their GPUs talk at NVLink rates, not the node links drawn:"
+                    .to_string(),
+            );
+            notes.push(format!("{}{more}", named.join(", ")));
+        }
+        notes
+    }
+
     /// A cell's tooltip.
     fn cell_title(&self, i: usize, j: usize, v: f64) -> String {
         if self.group == 1 {
@@ -321,7 +361,7 @@ impl LinkMap {
 pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
     let map = link_map(plan, profile, SVG_GROUPS);
     let n = map.rows();
-    let note = map.aggregate_note();
+    let note = map.notes();
     let cell = if n <= 16 {
         40.0
     } else if n <= 64 {
@@ -331,8 +371,8 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
     };
     let names = cell >= 12.0;
     let left = if names { 130.0 } else { 60.0 };
-    // An aggregated map says so in two more lines above the matrix.
-    let top = 126.0 + 28.0 * (note.len() / 2) as f64;
+    // An aggregated map says so, and NVLink domains are named, in lines above the matrix.
+    let top = 126.0 + 14.0 * note.len() as f64;
     let side = n as f64 * cell;
     let width = (left + side + 40.0).max(760.0);
     let height = top + side + 50.0;
@@ -540,7 +580,7 @@ pub fn text(plan: &Plan, profile: &ClusterProfile) -> String {
         map.median,
         SLOW_SHARE * 100.0
     ));
-    for line in map.aggregate_note() {
+    for line in map.notes() {
         out.push_str(&fit(&format!("  {line}"), 80));
         out.push('\n');
     }

@@ -224,6 +224,34 @@ mod tests {
         svg.matches("<rect").count() + svg.matches("<text").count() + svg.matches("<line").count()
     }
 
+    /// Nodes sharing an NVLink domain are named in the link map, text and SVG alike, by
+    /// node rank; a cluster without domains draws no such line.
+    #[test]
+    fn the_link_map_names_the_nvlink_domains() {
+        let uniform = |n| LinkMatrix::uniform(n, 20.0, Provenance::new(Source::Estimated));
+        let (plan, mut profile) = stretched(4, uniform);
+        let plain = (
+            Picture::Links.text(&plan, &profile),
+            Picture::Links.svg(&plan, &profile),
+        );
+        assert!(!plain.0.contains("NVLink") && !plain.1.contains("NVLink"));
+        for (i, node) in profile.nodes.iter_mut().enumerate() {
+            node.nvlink_domain = Some(format!("nvl72-{}", i / 2));
+        }
+        let text = Picture::Links.text(&plan, &profile);
+        let svg = Picture::Links.svg(&plan, &profile);
+        for shown in [&text, &svg] {
+            assert!(shown.contains("NVLink domains"), "{shown}");
+            assert!(
+                shown.contains("nvl72-0 node ranks 0–1, nvl72-1 node ranks 2–3"),
+                "{shown}"
+            );
+        }
+        for line in text.lines() {
+            assert!(line.chars().count() <= 80, "{line}");
+        }
+    }
+
     #[test]
     fn a_10k_node_80k_gpu_plan_draws_bounded_aggregated_pictures() {
         let (plan, profile) = stretched(10_000, ring);
