@@ -62,7 +62,10 @@
 //!   redoes the forward ones. A ring collective moves `(t − 1)/t` (all-gather,
 //!   reduce-scatter) or `2(t − 1)/t` (all-reduce) of the message over every link of the
 //!   ring, so it takes that volume over the slowest link. A tp group spanning nodes pays
-//!   the node link. `--tp-comm-overlap` hides `tp_comm_overlap` of it.
+//!   the node link. `--tp-comm-overlap` hides `tp_comm_overlap` of it. Under FP8 or FP4
+//!   with sequence parallelism Transformer Engine quantises before it all-gathers, so the
+//!   all-gathers of the layers' linear inputs and output gradients move the low-precision
+//!   copy (one byte an element in FP8); the reduce-scatters stay 16-bit.
 //! - **Pipeline**: the activation `s·b·h` (÷ tp with sequence parallelism) goes forward
 //!   over the link between the two stages' GPUs, the gradient back over the reverse link.
 //!   Pipette's observation: in 1F1B the sends of a micro-batch overlap the computation of
@@ -79,7 +82,7 @@
 //!   backward pass only with `--overlap-grad-reduce`, and the parameter all-gather with the
 //!   next forward pass only with `--overlap-param-gather` ([`TimeOptions`]); the credit is
 //!   that pass's compute time × the calibration's overlap factor, and never more than the
-//!   communication. Stage skew (later stages finish their backward passes earlier) is not
+//!   communication. With `--fp8-param-gather` the layers' weights are gathered in FP8. Stage skew (later stages finish their backward passes earlier) is not
 //!   credited: the estimate errs long.
 //! - **Optimizer step**: memory-bound, the bytes the mixed-precision Adam step moves per
 //!   parameter (fp32 main parameter, gradient and moments read and written, the gradient
