@@ -644,12 +644,13 @@ mod tests {
     /// Maverick and Llama 3.1 405B on H100 and GB200): what FP8 buys, predicted against
     /// measured. Issue 30 asks for 10 % on each; 11 of 12 are (the FP8 GEMMs, the
     /// sequence-parallel all-gathers and the parameter gather in FP8, the attention, the
-    /// all-to-all and the rest at 16 bits). Grok-1 on 512 H100 is not: measured x1.19,
-    /// predicted x1.38 (+16.4 %), where the same model on GB200 measures x1.38-1.42 and is
-    /// predicted within 6 %. Its BF16 row was re-measured 6 % faster in a later README
+    /// all-to-all and the rest at 16 bits, every GEMM operand's quantisation paid where
+    /// that GEMM runs). Grok-1 on 512 H100 is not: measured x1.19, predicted x1.37
+    /// (+15.0 %), where the same model on GB200 measures x1.38-1.42 and is predicted
+    /// within 8 %. Its BF16 row was re-measured 6 % faster in a later README
     /// revision (16.93 s to 15.93 s, "Revised grok1 h100 performance") while its FP8 row
     /// stayed (13.45 s to 13.43 s); against the earlier pair (x1.26) the prediction is
-    /// +9.7 %. Held there, so a regression fails and the gap stays visible.
+    /// +8.5 %. Held there, so a regression fails and the gap stays visible.
     #[test]
     fn the_development_set_s_fp8_pairs_predict_what_fp8_buys() {
         let pairs = report().fp8_pairs;
@@ -657,7 +658,7 @@ mod tests {
         assert!(pairs.iter().any(|p| p.moe) && pairs.iter().any(|p| !p.moe));
         for p in &pairs {
             let bound = if p.key.contains("grok-1 512xH100") {
-                0.17
+                0.16
             } else {
                 0.10
             };

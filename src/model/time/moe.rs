@@ -49,7 +49,7 @@ use crate::model::params::ParameterBreakdown;
 
 use super::costs::{gathered_expert_bytes, ring_sync_bytes, ConfigCosts};
 use super::evaluate::{dp_ring_link, times};
-use super::ops::{KindOps, OpCost, OpShape, StageOps};
+use super::ops::{quantised_bytes, KindOps, OpCost, OpShape, StageOps};
 use super::perf::{GpuKind, Layout, PerfTable, PerfTables};
 use super::Fabric;
 
@@ -210,13 +210,33 @@ impl ExpertKindOps {
             let dense_f = model.ffn_hidden_size as f64;
             // A tensor-parallel MLP of `width` over the layer's tokens (its activation in
             // `kernels` kernels: the dense one's are already counted with the layer's).
+            // FP8/FP4: every GEMM's input is quantised forward and its incoming gradient
+            // backward, as [`KindOps`] prices the dense layer's (`quantised_bytes`): the
+            // dense MLP's quantisation goes with it, the experts pay theirs over their rows
+            // and widths, the shared expert its own. `fwd` and `bwd` count elements.
+            let quant_bytes = shape
+                .low_precision
+                .filter(|&bits| table.kind.low_precision_speedup(bits).is_some())
+                .map(quantised_bytes);
+            let quantise = |fwd: f64, bwd: f64, kernels: f64| match quant_bytes {
+                Some(q) => (
+                    memory(fwd * (e + q), kernels),
+                    memory(bwd * (e + q), kernels),
+                ),
+                None => (OpCost::default(), OpCost::default()),
+            };
             let mlp = |width: f64, kernels: f64| {
                 let (up_f, up_b) = linear(tokens, h, gates * width / t);
                 let (down_f, down_b) = linear(tokens, width / t, h);
                 let act = memory((gates + 1.0) * tokens * width / t * e, kernels);
+                let (qf, qb) = quantise(
+                    tokens * (h + width / t),
+                    tokens * (gates * width / t + h),
+                    2.0,
+                );
                 (
-                    plus(plus(up_f, down_f, 1.0), act, 1.0),
-                    plus(plus(up_b, down_b, 1.0), twice(act), 1.0),
+                    plus(plus(plus(up_f, down_f, 1.0), act, 1.0), qf, 1.0),
+                    plus(plus(plus(up_b, down_b, 1.0), twice(act), 1.0), qb, 1.0),
                 )
             };
             ops.dense_mlp = mlp(dense_f, 0.0);
@@ -238,15 +258,18 @@ impl ExpertKindOps {
             let gemm_kernels = if moe.grouped_gemm { 2.0 } else { 2.0 * local };
             let launch = memory(0.0, gemm_kernels);
             let activation = memory((gates + 1.0) * rows * width * e, 1.0);
-            // GEMM work is per expert; the activation and launches were priced for all rows
-            // and all kernels already, so only the GEMMs multiply by the local experts.
+            let (quant_fwd, quant_bwd) =
+                quantise(rows * (h + width), rows * (gates * width + h), gemm_kernels);
+            // GEMM work is per expert; the activation, the quantisation and the launches
+            // were priced for all rows and all kernels already, so only the GEMMs multiply
+            // by the local experts.
             let experts_fwd = OpCost {
                 gflop: (ef1.gflop + ef2.gflop) * local,
-                fixed_ms: activation.fixed_ms + launch.fixed_ms,
+                fixed_ms: activation.fixed_ms + launch.fixed_ms + quant_fwd.fixed_ms,
             };
             let experts_bwd = OpCost {
                 gflop: (eb1.gflop + eb2.gflop) * local,
-                fixed_ms: 2.0 * activation.fixed_ms + 2.0 * launch.fixed_ms,
+                fixed_ms: 2.0 * activation.fixed_ms + 2.0 * launch.fixed_ms + quant_bwd.fixed_ms,
             };
             ops.experts = (experts_fwd, experts_bwd);
             // The shared expert: a dense MLP of its width over the layer's tokens.
@@ -1077,6 +1100,76 @@ mod tests {
             TimeModel::Pipette,
         )
         .unwrap()
+    }
+
+    /// FP8 quantises every GEMM operand where the GEMM runs: an MoE layer takes the dense
+    /// MLP's quantisation back out with its GEMMs and pays the experts' over their rows
+    /// (tokens × top-k × the dropless load) and widths, one kernel per grouped GEMM.
+    #[test]
+    fn fp8_experts_pay_their_own_quantisation_and_not_the_dense_mlps() {
+        use super::super::ops::{KindOps, OpShape};
+        use super::super::perf::{GpuKind, PerfTable};
+        use super::{ExpertKindOps, ExpertShape, DROPLESS_LOAD};
+        use crate::config::LowBits;
+        use crate::model::memory::AttentionKernel;
+        let mut moe = model(true);
+        if let Some(m) = moe.moe.as_mut() {
+            m.grouped_gemm = true;
+        }
+        let table = PerfTable::get(GpuKind::H100);
+        let calibration = Calibration::default();
+        let expert = ExpertShape {
+            moe: moe.moe.as_ref(),
+            mla: None,
+            ep: 8,
+            etp: 1,
+            cp: 1,
+            modules: &[],
+            selective: false,
+        };
+        let ops = |low_precision| {
+            let shape = OpShape {
+                model: &moe,
+                micro_batch: 1,
+                tp: 1,
+                sequence_parallel: false,
+                act_bytes: 2.0,
+                attention: AttentionKernel::Fused,
+                fused_softmax: true,
+                low_precision,
+                context_parallel: 1,
+            };
+            let dense = KindOps::new(&shape, table, &calibration);
+            ExpertKindOps::new(&shape, &expert, table, &calibration, &dense)
+        };
+        let (bf16, fp8) = (ops(None), ops(Some(LowBits::Fp8)));
+        // Read 2 bytes, write the row-wise and column-wise FP8 copies: 4 bytes an element.
+        let hbm = table.hbm_gb_per_s * 1e6;
+        let kernel = table.memory_kernel_us / 1e3;
+        let quant = |elements: f64| elements * 4.0 / hbm + 2.0 * kernel;
+        let (tokens, h) = (2048.0, 1024.0);
+        let rows = tokens * 2.0 * DROPLESS_LOAD;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9 * b.abs().max(1e-9);
+        // Experts of width 1024 (SwiGLU: 2048 up): inputs h and 1024 forward, gradients
+        // 2048 and h backward.
+        let experts = |o: &ExpertKindOps| (o.experts.0.fixed_ms, o.experts.1.fixed_ms);
+        assert!(close(
+            experts(&fp8).0 - experts(&bf16).0,
+            quant(rows * (h + 1024.0))
+        ));
+        assert!(close(
+            experts(&fp8).1 - experts(&bf16).1,
+            quant(rows * (2048.0 + h))
+        ));
+        // The dense MLP (4096 wide) the layer does not run, its quantisation with it.
+        assert!(close(
+            fp8.dense_mlp.0.fixed_ms - bf16.dense_mlp.0.fixed_ms,
+            quant(tokens * (h + 4096.0))
+        ));
+        assert!(close(
+            fp8.dense_mlp.1.fixed_ms - bf16.dense_mlp.1.fixed_ms,
+            quant(tokens * (8192.0 + h))
+        ));
     }
 
     #[test]

@@ -118,7 +118,7 @@ pub struct OpShape<'a> {
 /// Bytes written per element when Transformer Engine quantises a GEMM operand: the
 /// row-wise and the column-wise (transposed, for the other two GEMMs) copies, one byte
 /// each in FP8; in NVFP4 half a byte each plus an FP8 scale per 16 elements.
-fn quantised_bytes(bits: LowBits) -> f64 {
+pub(super) fn quantised_bytes(bits: LowBits) -> f64 {
     match bits {
         LowBits::Fp8 => 2.0,
         LowBits::Fp4 => 2.0 * (0.5 + 1.0 / 16.0),
