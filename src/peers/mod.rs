@@ -184,7 +184,7 @@ impl Fleet {
         // started one thread and logged one line each, without limit.
         let handshakes = Handshakes::default();
         let refusals = Refusals::new(
-            "a connection to the control port",
+            "a copy of pipette-run connecting",
             "it runs nothing",
             Arc::clone(log),
         );
@@ -685,7 +685,7 @@ mod tests {
         let refused: Vec<&String> = lines.iter().filter(|l| l.starts_with("refused")).collect();
         assert_eq!(refused.len(), 2, "{lines:#?}");
         assert!(
-            refused[0].starts_with("refused a connection to the control port from 127.0.0.1:")
+            refused[0].starts_with("refused a copy of pipette-run connecting from 127.0.0.1:")
                 && refused[0].ends_with(": too many connections at once (it runs nothing)"),
             "{lines:#?}"
         );

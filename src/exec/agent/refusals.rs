@@ -61,7 +61,8 @@ impl Drop for Slot {
 
 /// The refused connections of one listener, logged within bounds (see the module doc).
 pub struct Refusals {
-    /// What was refused, for the lines: "a command connection", "a connection to the control port".
+    /// What was refused, for the lines: "a command connection", "a copy of pipette-run
+    /// connecting".
     what: &'static str,
     /// What a refusal means for the user, after the reason: "nothing was run".
     outcome: &'static str,
