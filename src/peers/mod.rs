@@ -256,6 +256,12 @@ impl Fleet {
             let (rank, name, port) = joined;
             let refusal = if rank == 0 || rank >= copies.count {
                 Some(format!("node rank {rank} is not in 1-{}", copies.count - 1))
+            } else if let Some(problem) = crate::cluster::host_name_problem(&name) {
+                // It becomes a node of the plan: the node lists' rule holds for it too.
+                Some(format!(
+                    "its node name \"{}\" {problem}",
+                    crate::cluster::shown_host(&name)
+                ))
             } else if members.iter().any(|m| m.rank == rank) {
                 Some(format!("node rank {rank} has joined already"))
             } else if members.iter().any(|m| m.host == name) {
