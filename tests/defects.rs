@@ -1112,3 +1112,26 @@ fn n5_other_spellings_of_one_host_are_refused() {
     // A name that is a dotted quad as written, and one with digits among letters, are hosts.
     succeeds(&mut dry_run(d, &["--hosts", "127.0.0.1,n01.rack2"]));
 }
+
+/// N10, another input-file option: `--ssh-config` is read by ssh, not by pipette-run, so
+/// `/dev/zero`, a FIFO or a directory went to every ssh unchecked (a FIFO: every node's
+/// ssh waited for a writer).
+#[test]
+fn n10_the_ssh_configuration_must_be_a_regular_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    for file in [Path::new("/dev/zero"), &fifo, &sub] {
+        fails(
+            &mut dry_run(
+                dir.path(),
+                &["--ssh-config", file.to_str().unwrap(), "--hosts", "a,b"],
+            ),
+            2,
+            &["--ssh-config", "is not a regular file"],
+        );
+    }
+    assert_eq!(entries(dir.path()), ["fifo", "sub"]);
+}
