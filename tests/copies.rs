@@ -290,6 +290,29 @@ fn three_pods_train_one_job_to_the_end() {
     assert_no_process_left(&job.marker());
 }
 
+/// N8: the copies hold the job secret in their environment; nothing they start does (the
+/// wrapper, torchrun, the workers on every node: what the secret guards must not be
+/// readable by the code it runs). Looked at while the job runs, in /proc.
+fn assert_the_job_secret_reaches_no_worker(job: &Copies) {
+    for host in HOSTS {
+        let processes = node_processes(&job.marker(), host);
+        assert!(
+            processes.iter().any(|p| p.cmdline.contains("train_gpt.py")),
+            "no worker of {host} found"
+        );
+        for p in processes {
+            assert!(
+                !p.environ
+                    .iter()
+                    .any(|e| e.starts_with("PIPETTE_JOB_SECRET") || e.contains(SECRET)),
+                "{host}: pid {} ({}) has the job secret",
+                p.pid,
+                p.cmdline
+            );
+        }
+    }
+}
+
 #[test]
 fn sigkill_to_the_agent_of_rank_2_replans_on_the_two_survivors() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -297,6 +320,7 @@ fn sigkill_to_the_agent_of_rank_2_replans_on_the_two_survivors() {
     job.start_all(&["--no-trial"]);
     job.wait_for_iteration(SAVE_INTERVAL + 2, Duration::from_secs(180));
     let last_saved = job.saved().expect("a checkpoint was saved");
+    assert_the_job_secret_reaches_no_worker(&job);
     kill(Pid::from_raw(job.pid(2)), Signal::SIGKILL).unwrap();
     let killed = job.wait(2, Duration::from_secs(10));
     assert_eq!(killed.code(), None, "killed by the signal");

@@ -1028,3 +1028,110 @@ fn n17_a_node_failure_s_detail_is_the_worker_s_error() {
     assert_eq!(failed.len(), 1, "{events:?}");
     assert_eq!(failed[0]["detail"], "ValueError: the worker's own error");
 }
+
+// Further cases of the same classes (issue 33's "kept back" cases, tried independently).
+
+/// N1, other duration options: torchrun's `--monitor-interval` and `--shutdown-timeout`
+/// (seconds, handed to torchrun) took 2^64 s, and torchrun's sleep overflowed on every node.
+#[test]
+fn n1_torchrun_s_seconds_are_bounded_as_every_duration() {
+    let dir = tempfile::tempdir().unwrap();
+    for option in ["--monitor-interval", "--shutdown-timeout"] {
+        fails(
+            &mut dry_run(dir.path(), &[option, "18446744073709551615"]),
+            2,
+            &[option, "is too long (give at most 10 years"],
+        );
+    }
+    fails(
+        dry_run(dir.path(), &[]).env("PET_SHUTDOWN_TIMEOUT", "1e300"),
+        2,
+        &["PET_SHUTDOWN_TIMEOUT", "is too long"],
+    );
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+/// N4, other strings printed raw: `--master-addr` (and `PET_MASTER_ADDR`), `--rdzv-id`
+/// and `--rdzv-endpoint`'s host reached the dry run's output and the launch scripts with
+/// their escape sequences; bidi characters were taken in the master address.
+#[test]
+fn n4_addresses_and_the_rendezvous_id_are_checked_before_printing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let esc = "a\u{1b}[2J\u{1b}[31m";
+    fails(
+        &mut dry_run(d, &["--master-addr", esc]),
+        2,
+        &["--master-addr", "\\u{1b}[2J", "control character"],
+    );
+    fails(
+        dry_run(d, &[]).env("PET_MASTER_ADDR", esc),
+        2,
+        &["PET_MASTER_ADDR", "\\u{1b}[2J"],
+    );
+    fails(
+        &mut dry_run(d, &["--master-addr", "a\u{202e}b"]),
+        2,
+        &["--master-addr", "invisible Unicode format character"],
+    );
+    fails(
+        &mut dry_run(d, &["--rdzv-id", esc]),
+        2,
+        &["--rdzv-id", "\\u{1b}[2J", "control or invisible character"],
+    );
+    fails(
+        &mut dry_run(d, &["--rdzv-endpoint", &format!("{esc}:29500")]),
+        2,
+        &["--rdzv-endpoint", "\\u{1b}[2J"],
+    );
+    assert_eq!(entries(d), Vec::<String>::new());
+}
+
+/// N5, other spellings of one host: `x..` was a node beside `x`, and `127.000.000.001`
+/// and `127.1` nodes beside `127.0.0.1` (the resolver reads them as that address).
+#[test]
+fn n5_other_spellings_of_one_host_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for (hosts, needle) in [
+        ("x..", "empty part between dots"),
+        (".x", "empty part between dots"),
+        (
+            "127.0.0.1,127.000.000.001",
+            "not an IPv4 address as written",
+        ),
+        ("127.1", "not an IPv4 address as written"),
+    ] {
+        fails(&mut dry_run(d, &["--hosts", hosts]), 66, &[needle]);
+    }
+    fails(
+        &mut hostfile_dry_run(d, "10.0.0.010 slots=1\n"),
+        66,
+        &["10.0.0.010", "not an IPv4 address as written"],
+    );
+    // A name that is a dotted quad as written, and one with digits among letters, are hosts.
+    succeeds(&mut dry_run(d, &["--hosts", "127.0.0.1,n01.rack2"]));
+}
+
+/// N10, another input-file option: `--ssh-config` is read by ssh, not by pipette-run, so
+/// `/dev/zero`, a FIFO or a directory went to every ssh unchecked (a FIFO: every node's
+/// ssh waited for a writer).
+#[test]
+fn n10_the_ssh_configuration_must_be_a_regular_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    for file in [Path::new("/dev/zero"), &fifo, &sub] {
+        fails(
+            &mut dry_run(
+                dir.path(),
+                &["--ssh-config", file.to_str().unwrap(), "--hosts", "a,b"],
+            ),
+            2,
+            &["--ssh-config", "is not a regular file"],
+        );
+    }
+    assert_eq!(entries(dir.path()), ["fifo", "sub"]);
+}

@@ -148,9 +148,14 @@ fn option_like_host_names_never_reach_ssh() {
 /// machine's sshd) get the probe staged through ssh (bytes on standard input), node 0's
 /// python finds the port, torchrun runs under the remote wrapper, and the staging
 /// directories are removed through ssh afterwards.
+///
+/// The sessions stage in a TMPDIR of this test's own: counted in the shared /tmp, the
+/// staging directories of any other probe running meanwhile (another test binary, another
+/// checkout's tests) made "left behind" fail at random; and a test run with TMPDIR set
+/// counted a directory the sessions (which do not inherit it) never used.
 #[test]
 fn the_probe_runs_over_ssh() {
-    let sshd = Sshd::start();
+    let sshd = Sshd::start_with_own_tmpdir();
     let python = venv_python();
     let torchrun = python.with_file_name("torchrun");
     assert!(torchrun.is_file(), "{} not found", torchrun.display());
@@ -185,29 +190,30 @@ fn the_probe_runs_over_ssh() {
         cache: None,
         ..ProfileOptions::default()
     };
-    let before = staging_dirs();
+    // The sessions do stage there (else an empty directory would prove nothing).
+    let tmp = sshd.tmp();
+    let said = run(
+        &sshd.transport(),
+        "127.0.0.2",
+        &NodeCommand::new("sh").args(["-c", "printf %s \"$TMPDIR\""]),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(said.stdout_text(), tmp.display().to_string());
     let run = run_profile(&spec, &options, &NoProgress).unwrap_or_else(|e| panic!("{e}"));
     run.profile.validate("ssh profile").unwrap();
     assert_eq!(run.profile.node_links.size(), 2);
     assert!(run.profile.node_links.get(0, 1) > 0.0 && run.profile.node_links.get(1, 0) > 0.0);
     assert_eq!(run.profile.nodes[1].gpus().unwrap().len(), 1);
     assert_eq!(
-        staging_dirs(),
-        before,
-        "the probe's directories were left behind"
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("pipette-probe."))
+            .collect::<Vec<_>>(),
+        Vec::<String>::new(),
+        "the probe's directories were left behind in {}",
+        tmp.display()
     );
-}
-
-fn staging_dirs() -> Vec<String> {
-    let tmp = std::env::var_os("TMPDIR").map_or(PathBuf::from("/tmp"), PathBuf::from);
-    let mut dirs: Vec<String> = std::fs::read_dir(tmp)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with("pipette-probe."))
-                .collect()
-        })
-        .unwrap_or_default();
-    dirs.sort();
-    dirs
 }

@@ -10,7 +10,7 @@ use crate::cluster::copies::{self, Copies, CopiesRequest, Role};
 use crate::cluster::Environment;
 use crate::error::Error;
 use crate::exec::agent::{JobSecret, SECRET_FILE_VARIABLE, SECRET_VARIABLE};
-use crate::peers::{self, Fleet, Log, PeerOptions, DEFAULT_JOIN_TIMEOUT};
+use crate::peers::{self, Fleet, Log, PeerOptions, DEFAULT_JOIN_TIMEOUT, WAITING_NOTE};
 
 /// The leader's control port (default: the master port + 1).
 const PORT_VARIABLE: &str = "PIPETTE_AGENT_PORT";
@@ -64,6 +64,7 @@ fn peer_options(config: &RunConfig) -> Result<PeerOptions, Error> {
         secret: job_secret(env)?,
         port: control_port(env, config.launch.master_port)?,
         join_timeout: DEFAULT_JOIN_TIMEOUT,
+        waiting_note: WAITING_NOTE,
         relay,
     })
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::values::{at_least, positive, whole, whole_usize};
+use super::values::{at_least, not_a_special_file, positive, whole, whole_usize};
 use crate::plan::{MappingMode, MemoryHeadroom};
 
 /// How results are shown.
@@ -314,7 +314,7 @@ pub struct AccessOptions {
 
     /// An ssh client configuration file for reaching the nodes (`ssh -F FILE`): user,
     /// port, identity, host aliases
-    #[arg(long = "ssh-config", env = "PIPETTE_SSH_CONFIG", value_name = "FILE")]
+    #[arg(long = "ssh-config", env = "PIPETTE_SSH_CONFIG", value_name = "FILE", value_parser = not_a_special_file)]
     pub ssh_config: Option<PathBuf>,
 
     /// The torchrun executable on the nodes: a name looked up on each node's PATH, or a

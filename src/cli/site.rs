@@ -46,6 +46,18 @@ pub fn parse_site_config(
             .get_arguments()
             .find(|a| a.get_long() == Some(key.as_str()) && !a.is_positional())
         else {
+            // `max_replans` is an option, spelled as torchrun's aliases are: say how to
+            // write it rather than deny it exists.
+            let dashed = key.replace('_', "-");
+            let known = command
+                .get_arguments()
+                .any(|a| a.get_long() == Some(dashed.as_str()) && !a.is_positional());
+            if known && dashed != key {
+                return Err(format!(
+                    "{shown}: {key:?} is written {dashed:?} here (keys are long option names \
+                     as spelled with dashes on the command line, without the leading --)"
+                ));
+            }
             return Err(format!(
                 "{shown}: {key:?} is not a pipette-run option (keys are long option names \
                  without dashes, e.g. cluster, launcher, stall-timeout)"
@@ -257,6 +269,12 @@ mod tests {
         let e = config("clusters = \"x\"\n").unwrap_err();
         assert!(
             e.starts_with("site.toml: \"clusters\" is not a pipette-run option"),
+            "{e}"
+        );
+        // N15 (a variant): an option spelled with underscores was "not an option".
+        let e = config("max_replans = 2\n").unwrap_err();
+        assert!(
+            e.starts_with("site.toml: \"max_replans\" is written \"max-replans\" here"),
             "{e}"
         );
         let e = config("dry-run = \"yes\"\nseed = [1]\n").unwrap_err();

@@ -6,6 +6,7 @@
 //! writes back the options a user changed, so the launcher hands them to the real
 //! torchrun on every node.
 
+use crate::log::printable;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args};
 
@@ -65,7 +66,8 @@ pub struct TorchrunOptions {
         long = "rdzv-id",
         alias = "rdzv_id",
         env = "PET_RDZV_ID",
-        default_value = "none"
+        default_value = "none",
+        value_parser = rendezvous_id
     )]
     pub rdzv_id: String,
 
@@ -170,7 +172,8 @@ pub struct TorchrunOptions {
         long = "master-addr",
         alias = "master_addr",
         env = "PET_MASTER_ADDR",
-        value_name = "MASTER_ADDR"
+        value_name = "MASTER_ADDR",
+        value_parser = address
     )]
     pub master_addr: Option<String>,
 
@@ -186,7 +189,7 @@ pub struct TorchrunOptions {
     pub master_port: u16,
 
     /// Address of the local node for connections (default: its FQDN)
-    #[arg(long = "local-addr", alias = "local_addr", env = "PET_LOCAL_ADDR")]
+    #[arg(long = "local-addr", alias = "local_addr", env = "PET_LOCAL_ADDR", value_parser = address)]
     pub local_addr: Option<String>,
 
     /// torchrun.logs_specs entry point name that overrides logging behaviour
@@ -312,18 +315,57 @@ fn endpoint(s: &str) -> Result<String, String> {
     };
     match port.map(super::values::positive::<u16>) {
         Some(Err(_)) => Err(format!(
-            "{s:?}: the port {:?} is not a port number (give HOST:PORT, the port from 1 to 65535)",
+            "{:?}: the port {:?} is not a port number (give HOST:PORT, the port from 1 to 65535)",
+            printable(s),
             port.unwrap_or_default()
         )),
-        _ => Ok(s.to_string()),
+        _ => match super::resolved::rendezvous_endpoint(t).0 {
+            Some(host) => address(&host).map(|_| s.to_string()),
+            None => Ok(s.to_string()),
+        },
     }
 }
 
+/// `--master-addr`, `--local-addr` and the host of `--rdzv-endpoint`: a host name or address
+/// as the node lists take them ([`crate::cluster::host_name_problem`]); an escape sequence
+/// there reached the terminal and the launch scripts raw.
+fn address(s: &str) -> Result<String, String> {
+    match crate::cluster::host_name_problem(s) {
+        Some(problem) => Err(format!(
+            "\"{}\" {problem} (give the node's host name or IP address)",
+            crate::cluster::shown_host(s)
+        )),
+        None => Ok(s.to_string()),
+    }
+}
+
+/// `--rdzv-id`: any text torchrun takes, but no control or invisible format character (it
+/// reached the terminal and the launch scripts raw).
+fn rendezvous_id(s: &str) -> Result<String, String> {
+    if s.chars()
+        .any(|c| c.is_control() || crate::log::is_format_char(c))
+    {
+        return Err(format!(
+            "{:?} holds a control or invisible character (give a plain job id)",
+            printable(s)
+        ));
+    }
+    Ok(s.to_string())
+}
+
+/// torchrun's seconds (`--monitor-interval`, `--shutdown-timeout`): at most
+/// [`super::values::MAX_DURATION`], as every duration; 2^64 s passed and made torchrun's
+/// sleep overflow on every node.
 fn non_negative_seconds(s: &str) -> Result<f64, String> {
+    let most = super::values::MAX_DURATION.as_secs_f64();
     match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(v) if v.is_finite() && (0.0..=most).contains(&v) => Ok(v),
+        Ok(v) if v.is_finite() && v > most => Err(format!(
+            "{s:?} seconds is too long (give at most 10 years, {most} s)"
+        )),
         _ => Err(format!(
-            "{s:?} is not a number of seconds of 0 or more (e.g. 0.5)"
+            "{:?} is not a number of seconds of 0 or more (e.g. 0.5)",
+            printable(s)
         )),
     }
 }

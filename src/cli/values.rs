@@ -101,6 +101,20 @@ fn bounded<T: FromStr>(text: &str, min: u128, max: u128) -> Result<T, String> {
 /// below what an `Instant` can hold, with room for sums of several timeouts.
 pub const MAX_DURATION: Duration = Duration::from_secs(315_576_000);
 
+/// A file handed on to another program (`--ssh-config`, which ssh reads): when it is
+/// there, a regular file. A FIFO made every ssh (one per node) wait for a writer, and a
+/// device is no configuration; a missing file is left to the program, which names it.
+pub fn not_a_special_file(text: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::path::PathBuf::from(text);
+    match std::fs::metadata(&path) {
+        Ok(meta) if !meta.is_file() => Err(format!(
+            "{:?} is not a regular file (give a file, not a device, pipe or directory)",
+            crate::log::printable(text)
+        )),
+        _ => Ok(path),
+    }
+}
+
 /// `10`, `10s`, `1.5s`, `500ms`, `5min`, `2h` (a bare number is seconds). The conversion
 /// is checked: a value longer than [`MAX_DURATION`] is an error, never a panic.
 pub fn duration(text: &str) -> Result<Duration, String> {

@@ -140,6 +140,10 @@ fn slurm_step(
         .local_addr
         .clone()
         .or_else(|| variable(env, "SLURMD_NODENAME").map(str::to_string));
+    if let Some(name) = &name {
+        host_name("SLURMD_NODENAME", name)?;
+    }
+    host_name("SLURM_STEP_NODELIST", &leader)?;
     let job_id = variable(env, "SLURM_JOB_ID").map(str::to_string);
     Ok(Copies {
         pattern: Pattern::SlurmStep { job_id },
@@ -189,6 +193,20 @@ fn pods(env: &Environment, request: &CopiesRequest) -> Result<Option<Copies>, Di
         leader,
         name: request.local_addr.clone(),
     }))
+}
+
+/// This node's or the leader's name must be a host name as the node lists' are: it becomes
+/// a node of the plan (printed, written into launch scripts), and an escape sequence in
+/// `SLURMD_NODENAME` reached the dry run's output raw.
+fn host_name(origin: &str, host: &str) -> Result<(), DiscoveryError> {
+    match super::host_name_problem(host) {
+        None => Ok(()),
+        Some(problem) => Err(DiscoveryError::UnusableHostName {
+            origin: origin.to_string(),
+            host: super::shown_host(host),
+            problem,
+        }),
+    }
 }
 
 fn variable<'a>(env: &'a Environment, name: &str) -> Option<&'a str> {
@@ -352,5 +370,21 @@ mod tests {
         assert!(err.contains("set PET_MASTER_ADDR"), "{err}");
         let e = env(&[("PET_NNODES", "3"), ("PET_NODE_RANK", "one")]);
         assert!(detect(&e, &pods_request(3)).is_err());
+    }
+
+    /// N4 (a variant): this node's name from Slurm became a node of the plan unchecked.
+    #[test]
+    fn n4_a_node_name_from_the_environment_is_a_host_name() {
+        let mut e = slurm_task("1", "3", "3");
+        e.insert("SLURMD_NODENAME".into(), "gpu03\u{1b}[2J".into());
+        let err = detect(&e, &CopiesRequest::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "SLURMD_NODENAME: host \"gpu03\\u{1b}[2J\" contains a blank or a control character"
+            ),
+            "{err}"
+        );
     }
 }

@@ -40,14 +40,33 @@ pub const MAX_SLOTS: u32 = 1024;
 /// be printed as it is). The one rule for every node list, checked where the list is read
 /// so that a bad name is a node-list error, not an unreachable node; the cluster profile
 /// reader applies it too.
+///
+/// Two spellings that name one node as two are refused too: a name with an empty part
+/// between dots (`x..` was a node beside `x`), and one of digits and dots that is not an
+/// IPv4 address as written (`127.000.000.001` and `127.1` were nodes beside `127.0.0.1`;
+/// the resolver reads them as that address, and a leading zero as octal).
 pub fn host_name_problem(host: &str) -> Option<String> {
+    let name = host.strip_suffix('.').unwrap_or(host);
     if host.len() > MAX_HOST_NAME {
         Some(format!(
             "is {} bytes long, more than the {MAX_HOST_NAME} a DNS name may have",
             host.len()
         ))
+    } else if let Some(problem) = crate::exec::host_problem(host) {
+        Some(problem.to_string())
+    } else if name.is_empty() || name.starts_with('.') || name.ends_with('.') || name.contains("..")
+    {
+        Some("has an empty part between dots (write each dot between two names)".to_string())
+    } else if name.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && name.parse::<std::net::Ipv4Addr>().is_err()
+    {
+        Some(
+            "is digits and dots but not an IPv4 address as written (four numbers 0-255 \
+             without leading zeros: resolvers read 127.1 as 127.0.0.1 and 010 as 8)"
+                .to_string(),
+        )
     } else {
-        crate::exec::host_problem(host).map(str::to_string)
+        None
     }
 }
 

@@ -31,7 +31,8 @@ use crate::cluster::copies::{Copies, Pattern};
 use crate::cluster::{ClusterSpec, Node, NodeSource, Slots};
 use crate::exec::agent::wire::{self, Channel, HandshakeError, Sender};
 use crate::exec::agent::{
-    AgentNode, AgentOptions, CommandServer, JobSecret, Purpose, HEARTBEAT, SILENCE,
+    AgentNode, AgentOptions, CommandServer, Handshakes, JobSecret, Purpose, Refusals, HEARTBEAT,
+    SILENCE,
 };
 use crate::exec::Transport;
 use crate::exit::ExitCode;
@@ -50,6 +51,8 @@ pub struct PeerOptions {
     pub port: u16,
     /// How long the leader waits for every agent, and an agent tries to reach the leader.
     pub join_timeout: Duration,
+    /// How often a copy still waiting says so ([`WAITING_NOTE`]).
+    pub waiting_note: Duration,
     /// The relay program (this binary), for [`Fleet::transport`].
     pub relay: PathBuf,
 }
@@ -59,15 +62,9 @@ pub struct PeerOptions {
 /// torchrun's agents would.
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The most handshakes the leader runs at once: further connections are closed unread
-/// until one ends (the copies of a job join within a few at a time).
-const MAX_HANDSHAKES: usize = 64;
-
-/// How often an agent that cannot reach its leader says it is still trying.
-const WAITING_NOTE: Duration = Duration::from_secs(30);
-
-/// The most refused connections logged one by one; one line then says the rest are not.
-const MAX_REFUSALS_LOGGED: usize = 10;
+/// How often a copy that waits (the leader for its agents, an agent for its leader) says
+/// whom it awaits and how long it will still wait: a missing copy was a silent 600 s wait.
+pub const WAITING_NOTE: Duration = Duration::from_secs(20);
 
 /// Why the copies could not become one job.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +74,7 @@ pub enum PeerError {
     #[error("cannot resolve the leader's address {host:?}: {detail} (check --master-addr / PET_MASTER_ADDR)")]
     Resolve { host: String, detail: String },
     #[error(
-        "only {joined} of the {count} copies of pipette-run joined within {} (missing node ranks: {missing}; check that every node started pipette-run with the same PIPETTE_JOB_SECRET, and the nodes' logs)",
+        "only {joined} of the {count} copies of pipette-run joined within {} (missing node ranks: {missing}; check that those nodes started pipette-run, with the same PIPETTE_JOB_SECRET and the same control port {port} (PIPETTE_AGENT_PORT, else the master port + 1), that they reach this node on that port, and their logs)",
         crate::exec::format_duration(*.waited)
     )]
     Incomplete {
@@ -85,8 +82,9 @@ pub enum PeerError {
         count: u32,
         missing: String,
         waited: Duration,
+        port: u16,
     },
-    #[error("cannot reach the leader at {addr} within {}: {detail} (check that node rank 0 runs pipette-run, and --master-addr / PET_MASTER_ADDR)", crate::exec::format_duration(*.waited))]
+    #[error("cannot reach the leader at {addr} within {}: {detail} (check that node rank 0 runs pipette-run, that --master-addr / PET_MASTER_ADDR names it, and that every copy has the same control port, PIPETTE_AGENT_PORT, else the master port + 1)", crate::exec::format_duration(*.waited))]
     NoLeader {
         addr: String,
         waited: Duration,
@@ -173,61 +171,78 @@ impl Fleet {
         ));
         let (tx, rx) = mpsc::channel();
         let secret = options.secret.clone();
-        let accept_log = Arc::clone(log);
         listener
             .set_nonblocking(true)
             .map_err(|error| PeerError::Listen {
                 addr: format!("{leader_ip}:{}", options.port),
                 error,
             })?;
-        let deadline = Instant::now() + options.join_timeout;
+        let started = Instant::now();
+        let deadline = started + options.join_timeout;
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         // Handshakes under way and refusals logged, both bounded: a flood of connections
         // started one thread and logged one line each, without limit.
-        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let refusals = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let acceptor = std::thread::spawn(move || {
-            use std::sync::atomic::Ordering;
-            while stop_rx.try_recv().is_err() {
-                match listener.accept() {
-                    Ok((stream, _)) if in_flight.load(Ordering::SeqCst) >= MAX_HANDSHAKES => {
-                        drop(stream);
-                    }
-                    Ok((stream, peer)) => {
-                        let (secret, tx, log) =
-                            (secret.clone(), tx.clone(), Arc::clone(&accept_log));
-                        let (in_flight, refusals) = (Arc::clone(&in_flight), Arc::clone(&refusals));
-                        in_flight.fetch_add(1, Ordering::SeqCst);
-                        std::thread::spawn(move || {
-                            let _ = stream.set_nonblocking(false);
-                            match wire::accept(stream, &secret, Purpose::Control) {
-                                Ok(channel) => {
-                                    let _ = tx.send((peer, channel));
+        let handshakes = Handshakes::default();
+        let refusals = Refusals::new(
+            "a copy of pipette-run connecting",
+            "it runs nothing",
+            Arc::clone(log),
+        );
+        let acceptor = {
+            let refusals = Arc::clone(&refusals);
+            std::thread::spawn(move || {
+                while stop_rx.try_recv().is_err() {
+                    match listener.accept() {
+                        Ok((stream, peer)) => {
+                            let Some(slot) = handshakes.try_start() else {
+                                drop(stream);
+                                refusals.refused(peer, "too many connections at once");
+                                continue;
+                            };
+                            let (secret, tx, refusals) =
+                                (secret.clone(), tx.clone(), Arc::clone(&refusals));
+                            std::thread::spawn(move || {
+                                let _ = stream.set_nonblocking(false);
+                                let accepted = wire::accept(stream, &secret, Purpose::Control);
+                                drop(slot);
+                                match accepted {
+                                    Ok(channel) => {
+                                        let _ = tx.send((peer, channel));
+                                    }
+                                    Err(e) => refusals.refused(peer, &e.to_string()),
                                 }
-                                Err(e) => match refusals.fetch_add(1, Ordering::SeqCst) {
-                                    n if n < MAX_REFUSALS_LOGGED => log(&format!(
-                                        "refused a copy of pipette-run connecting from {peer}: {e} (it runs nothing)"
-                                    )),
-                                    n if n == MAX_REFUSALS_LOGGED => log(
-                                        "further refused connections are not logged (something keeps connecting to the control port)",
-                                    ),
-                                    _ => {}
-                                },
-                            }
-                            in_flight.fetch_sub(1, Ordering::SeqCst);
-                        });
+                            });
+                        }
+                        Err(_) => {
+                            refusals.tick();
+                            std::thread::sleep(Duration::from_millis(25));
+                        }
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(25));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(25)),
                 }
-            }
-        });
+            })
+        };
+        let mut next_note = started + options.waiting_note;
         while members.len() < copies.count as usize {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Ok((peer, mut channel)) = rx.recv_timeout(left) else {
+            let now = Instant::now();
+            if now >= deadline {
                 break;
+            }
+            if now >= next_note {
+                log(&format!(
+                    "still waiting for node ranks {} ({} of {} copies joined) after {}; giving up in {}",
+                    missing_ranks(&members, copies.count),
+                    members.len(),
+                    copies.count,
+                    crate::exec::format_duration(secs(started.elapsed())),
+                    crate::exec::format_duration(secs(deadline - now)),
+                ));
+                next_note += options.waiting_note;
+            }
+            let wait = deadline.min(next_note).saturating_duration_since(now);
+            let (peer, mut channel) = match rx.recv_timeout(wait) {
+                Ok(joining) => joining,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
             };
             let _ = channel.set_read_timeout(Some(wire::HANDSHAKE_TIMEOUT));
             let joined = match channel.recv::<Control>() {
@@ -241,6 +256,12 @@ impl Fleet {
             let (rank, name, port) = joined;
             let refusal = if rank == 0 || rank >= copies.count {
                 Some(format!("node rank {rank} is not in 1-{}", copies.count - 1))
+            } else if let Some(problem) = crate::cluster::host_name_problem(&name) {
+                // It becomes a node of the plan: the node lists' rule holds for it too.
+                Some(format!(
+                    "its node name \"{}\" {problem}",
+                    crate::cluster::shown_host(&name)
+                ))
             } else if members.iter().any(|m| m.rank == rank) {
                 Some(format!("node rank {rank} has joined already"))
             } else if members.iter().any(|m| m.host == name) {
@@ -283,11 +304,8 @@ impl Fleet {
         }
         let _ = stop_tx.send(());
         let _ = acceptor.join();
+        refusals.flush();
         if members.len() < copies.count as usize {
-            let missing: Vec<String> = (1..copies.count)
-                .filter(|r| !members.iter().any(|m| m.rank == *r))
-                .map(|r| r.to_string())
-                .collect();
             for sender in &controls {
                 let _ = sender.send(&Control::End {
                     code: ExitCode::NodeList.code(),
@@ -297,8 +315,9 @@ impl Fleet {
             return Err(PeerError::Incomplete {
                 joined: members.len() as u32,
                 count: copies.count,
-                missing: missing.join(", "),
+                missing: missing_ranks(&members, copies.count),
                 waited: options.join_timeout,
+                port: options.port,
             });
         }
         members.sort_by_key(|m| m.rank);
@@ -407,6 +426,8 @@ pub fn follow(copies: &Copies, options: &PeerOptions, log: &Log) -> Result<i32, 
         detail,
     };
     sender.send(&join).map_err(|e| lost(e.to_string()))?;
+    // The leader answers a join at once; a leader that says nothing is as good as lost.
+    let _ = channel.set_read_timeout(Some(wire::HANDSHAKE_TIMEOUT));
     match channel.recv::<Control>() {
         Ok(Some(Control::Welcome { leader: name })) => log(&format!(
             "node rank {} ({host}) follows the leader on {name} ({leader}): it plans, this node runs its orders",
@@ -419,7 +440,7 @@ pub fn follow(copies: &Copies, options: &PeerOptions, log: &Log) -> Result<i32, 
             })
         }
         Ok(_) => return Err(lost("the leader closed the connection".to_string())),
-        Err(e) => return Err(lost(e.to_string())),
+        Err(e) => return Err(lost(HandshakeError::Io(e).to_string())),
     }
     // The leader speaks at least every HEARTBEAT: silence means its node is gone.
     let _ = channel.set_read_timeout(Some(SILENCE));
@@ -443,21 +464,26 @@ pub fn follow(copies: &Copies, options: &PeerOptions, log: &Log) -> Result<i32, 
 }
 
 /// Connects and authenticates to the leader, retrying until the join timeout (the leader
-/// may start after us). A refusal (wrong secret) is final. Says every [`WAITING_NOTE`]
-/// that it is still waiting, and why: a missing leader was a silent 600 s wait.
+/// may start after us). A refusal (wrong secret) is final. Says every
+/// [`PeerOptions::waiting_note`] that it is still waiting, why, and for how long yet: a
+/// missing leader was a silent 600 s wait.
 fn reach(leader: SocketAddr, options: &PeerOptions, log: &Log) -> Result<Channel, PeerError> {
     let started = Instant::now();
     let deadline = started + options.join_timeout;
     let mut last = String::from("no attempt");
-    let mut next_note = started + WAITING_NOTE;
-    while Instant::now() < deadline {
-        if Instant::now() >= next_note {
+    let mut next_note = started + options.waiting_note;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        if now >= next_note {
             log(&format!(
-                "still waiting for the leader at {leader} after {} ({last}); giving up after {}",
-                crate::exec::format_duration(started.elapsed()),
-                crate::exec::format_duration(options.join_timeout)
+                "still waiting for the leader (node rank 0) at {leader} after {} (last try: {last}); giving up in {}",
+                crate::exec::format_duration(secs(started.elapsed())),
+                crate::exec::format_duration(secs(deadline - now)),
             ));
-            next_note += WAITING_NOTE;
+            next_note += options.waiting_note;
         }
         match TcpStream::connect_timeout(&leader, Duration::from_secs(5)) {
             Ok(stream) => match wire::connect(stream, &options.secret, Purpose::Control) {
@@ -468,17 +494,32 @@ fn reach(leader: SocketAddr, options: &PeerOptions, log: &Log) -> Result<Channel
                         reason,
                     })
                 }
-                Err(HandshakeError::Io(e)) => last = e.to_string(),
+                Err(e) => last = e.to_string(),
             },
             Err(e) => last = e.to_string(),
         }
-        std::thread::sleep(Duration::from_millis(200));
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(left.min(Duration::from_millis(200)));
     }
     Err(PeerError::NoLeader {
         addr: leader.to_string(),
         waited: options.join_timeout,
         detail: last,
     })
+}
+
+/// The node ranks that have not joined, for messages: "2, 3".
+fn missing_ranks(members: &[Member], count: u32) -> String {
+    (1..count)
+        .filter(|r| !members.iter().any(|m| m.rank == *r))
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `d` rounded to a tenth of a second, so waiting notes read "40 s", not "40.003 s".
+fn secs(d: Duration) -> Duration {
+    Duration::from_millis((d.as_millis() as u64 + 50) / 100 * 100)
 }
 
 fn resolve(host: &str) -> Result<IpAddr, PeerError> {
@@ -530,5 +571,134 @@ fn join_addr(host: &str, port: u16) -> String {
         format!("[{host}]:{port}")
     } else {
         format!("{host}:{port}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn collecting() -> (Log, Arc<Mutex<Vec<String>>>) {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&lines);
+        let log: Log = Arc::new(move |line: &str| sink.lock().unwrap().push(line.to_string()));
+        (log, lines)
+    }
+
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    fn options(port: u16, join_timeout_ms: u64, waiting_note_ms: u64) -> PeerOptions {
+        PeerOptions {
+            secret: JobSecret::new(b"n16-test-secret-0123456789".to_vec()).unwrap(),
+            port,
+            join_timeout: Duration::from_millis(join_timeout_ms),
+            waiting_note: Duration::from_millis(waiting_note_ms),
+            relay: PathBuf::from("/nonexistent/relay"),
+        }
+    }
+
+    fn two_pods(rank: u32) -> Copies {
+        Copies {
+            pattern: Pattern::Pods,
+            count: 2,
+            rank,
+            leader: "127.0.0.1".into(),
+            name: Some("127.0.0.1".into()),
+        }
+    }
+
+    /// N16: an agent whose leader never came waited 600 s without a word.
+    #[test]
+    fn n16_an_agent_without_its_leader_says_whom_it_awaits_and_how_long_is_left() {
+        let port = free_port();
+        let (log, lines) = collecting();
+        let err = follow(&two_pods(1), &options(port, 1300, 400), &log).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "cannot reach the leader at 127.0.0.1:{port} within 1.3 s: Connection refused"
+            )) && text.contains("PIPETTE_AGENT_PORT"),
+            "{text}"
+        );
+        let lines = lines.lock().unwrap();
+        assert!(lines.len() >= 2, "{lines:#?}");
+        assert!(
+            lines[0].starts_with(&format!(
+                "still waiting for the leader (node rank 0) at 127.0.0.1:{port} after "
+            )) && lines[0].contains("(last try: Connection refused")
+                && lines[0].contains("; giving up in "),
+            "{lines:#?}"
+        );
+    }
+
+    /// N16: a leader whose agents never came waited silently too.
+    #[test]
+    fn n16_a_leader_without_its_agents_says_whom_it_awaits_and_how_long_is_left() {
+        let port = free_port();
+        let (log, lines) = collecting();
+        let err = match Fleet::gather(&two_pods(0), &options(port, 1300, 400), &log) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("nobody joined"),
+        };
+        assert!(
+            err.starts_with(
+                "only 1 of the 2 copies of pipette-run joined within 1.3 s (missing node ranks: 1; "
+            ) && err.contains(&format!("the same control port {port} (PIPETTE_AGENT_PORT")),
+            "{err}"
+        );
+        let lines = lines.lock().unwrap();
+        let notes: Vec<&String> = lines
+            .iter()
+            .filter(|l| {
+                l.starts_with("still waiting for node ranks 1 (1 of 2 copies joined) after ")
+            })
+            .collect();
+        assert!(!notes.is_empty(), "{lines:#?}");
+        assert!(notes[0].contains("; giving up in "), "{lines:#?}");
+    }
+
+    /// N16: each connection to the control port had its own handshake thread and, once
+    /// refused, its own log line, without limit. Now 64 handshakes at most run at once
+    /// (those beyond are closed unread) and the refusals are summed up in one line.
+    #[test]
+    fn n16_a_flood_of_connections_is_bounded_and_summed_up() {
+        let port = free_port();
+        let (log, lines) = collecting();
+        let gathering = std::thread::spawn(move || {
+            Fleet::gather(&two_pods(0), &options(port, 4000, 60_000), &log).err()
+        });
+        // 100 connections that say nothing, held open: 64 hold a handshake each (for
+        // its 20 s), the other 36 are refused at once.
+        let mut held = Vec::new();
+        let started = Instant::now();
+        while held.len() < 100 {
+            assert!(started.elapsed() < Duration::from_secs(3), "cannot connect");
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(stream) => held.push(stream),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        let err = gathering.join().unwrap().expect("nobody joined");
+        assert!(matches!(err, PeerError::Incomplete { .. }), "{err}");
+        let lines = lines.lock().unwrap().clone();
+        let refused: Vec<&String> = lines.iter().filter(|l| l.starts_with("refused")).collect();
+        assert_eq!(refused.len(), 2, "{lines:#?}");
+        assert!(
+            refused[0].starts_with("refused a copy of pipette-run connecting from 127.0.0.1:")
+                && refused[0].ends_with(": too many connections at once (it runs nothing)"),
+            "{lines:#?}"
+        );
+        assert!(
+            refused[1].starts_with("refused 35 more connections from 127.0.0.1 in the last "),
+            "{lines:#?}"
+        );
+        drop(held);
     }
 }

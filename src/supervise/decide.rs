@@ -414,6 +414,9 @@ fn job_fault(facts: &Facts<'_>) -> Option<String> {
                 return Some(cause);
             }
         }
+        if let Some(cause) = same_error_everywhere(failures, facts.hosts) {
+            return Some(cause);
+        }
     }
     let (now, before) = (mark(facts)?, facts.previous?);
     if now.iteration.is_some() && now.iteration == before.iteration {
@@ -429,6 +432,29 @@ fn job_fault(facts: &Facts<'_>) -> Option<String> {
         );
     }
     None
+}
+
+/// Every node of several failed at once, each with a worker's error and the same one
+/// (numbers aside): nothing points at one node (a missing module, a script that is not
+/// there, a bad argument), so none is left out for it. Each was, and the job ended with
+/// "no node is left to run on" instead of its cause.
+fn same_error_everywhere(failures: &[NodeFailure], hosts: &[String]) -> Option<String> {
+    let first = failures.first()?;
+    let error = without_numbers(&first.detail);
+    let every_node = hosts.len() > 1
+        && hosts
+            .iter()
+            .all(|h| failures.iter().any(|f| crate::exec::same_host(&f.host, h)));
+    let alike = failures
+        .iter()
+        .all(|f| f.reason == FailureReason::Exited && without_numbers(&f.detail) == error);
+    (every_node && alike && !error.is_empty()).then(|| {
+        format!(
+            "every node failed with the same error, so the cause is in the job (its code, its \
+             arguments, its data or its environment), not in a node: {}",
+            one_line(&first.detail)
+        )
+    })
 }
 
 /// The first failure blamed (the lowest node rank among [`blamed`]).
@@ -661,6 +687,42 @@ mod tests {
                 left_out: &["b"],
                 next: fresh.clone(),
                 end: "b (node rank 1): torchrun exited with exit code 1 (worker rank 5 exited with 3)",
+                ..BASE
+            },
+            Case {
+                name: "every node failing with the same error blames the job (N6, a variant)",
+                ending: Ending::Failed(
+                    ["a", "b", "c"]
+                        .iter()
+                        .zip(0..)
+                        .map(|(h, rank)| {
+                            let mut f = failure(h, rank, FailureReason::Exited, 1);
+                            f.detail = format!("[rank{rank}]: ModuleNotFoundError: No module named 'megatron'");
+                            f
+                        })
+                        .collect(),
+                ),
+                fault: "every node failed with the same error",
+                exit_code: 1,
+                left_out: &[],
+                end: "a (node rank 0): torchrun exited with an error",
+                ..BASE
+            },
+            Case {
+                name: "every node failing with different errors blames them all",
+                ending: Ending::Failed(vec![
+                    failure("a", 0, FailureReason::Exited, 1),
+                    failure("b", 1, FailureReason::Exited, 1),
+                    {
+                        let mut f = failure("c", 2, FailureReason::Exited, 1);
+                        f.detail = "RuntimeError: CUDA error: an illegal memory access".into();
+                        f
+                    },
+                ]),
+                exit_code: 1,
+                left_out: &["a", "b", "c"],
+                next: fresh.clone(),
+                end: "a (node rank 0): torchrun exited with an error",
                 ..BASE
             },
             Case {

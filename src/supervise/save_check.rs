@@ -13,14 +13,16 @@ use crate::log::printable;
 
 /// The POSIX `sh` check run in the job's working directory on a node: `$1` is the save
 /// directory. Creates it when missing (as Megatron would), writes and removes a probe file
-/// in it, then reads the tracker's first 64 bytes. Prints one line: `ok none`, `ok N`,
-/// `ok release`, `unwritable`, `notdir`, `corrupt TEXT`, `dangling DIR`.
+/// in it, then reads the tracker's first 64 bytes, when it is a regular file (a FIFO there
+/// would block the read, and Megatron's resume after it). Prints one line: `ok none`,
+/// `ok N`, `ok release`, `unwritable`, `notdir`, `notfile`, `corrupt TEXT`, `dangling DIR`.
 pub const SAVE_CHECK_SCRIPT: &str = concat!(
     "d=$1; if [ -e \"$d\" ] && [ ! -d \"$d\" ]; then echo notdir; exit 0; fi; ",
     "mkdir -p -- \"$d\" 2>/dev/null || { echo unwritable; exit 0; }; ",
     "p=\"$d/.pipette-write-check.$$\"; ( : > \"$p\" ) 2>/dev/null || { echo unwritable; exit 0; }; ",
     "rm -f -- \"$p\"; t=\"$d/latest_checkpointed_iteration.txt\"; ",
-    "[ -e \"$t\" ] || { echo ok none; exit 0; }; ",
+    "[ -e \"$t\" ] || [ -L \"$t\" ] || { echo ok none; exit 0; }; ",
+    "[ -f \"$t\" ] || { echo notfile; exit 0; }; ",
     "c=$(head -c 64 -- \"$t\" 2>/dev/null | tr -d ' \\t\\r\\n'); ",
     "case \"$c\" in release) if [ -d \"$d/release\" ]; then echo ok release; else echo dangling release; fi;; ",
     "''|*[!0-9]*) printf 'corrupt %s\\n' \"$c\";; ",
@@ -38,6 +40,8 @@ pub enum SaveState {
     Unwritable { not_a_directory: bool },
     /// The tracker names no iteration (its first bytes, as read).
     Corrupt(String),
+    /// The tracker is no regular file (a FIFO, a device, a directory, a dangling link).
+    NotAFile,
     /// The tracker names a checkpoint directory that is not there.
     Dangling(String),
     /// The check's answer could not be read (the node did not answer): no evidence.
@@ -57,6 +61,7 @@ pub fn parse(line: &str) -> SaveState {
             not_a_directory: true,
         },
         "corrupt" => SaveState::Corrupt(rest.to_string()),
+        "notfile" => SaveState::NotAFile,
         "dangling" if !rest.is_empty() => SaveState::Dangling(rest.to_string()),
         _ => SaveState::Unknown,
     }
@@ -97,7 +102,15 @@ pub fn refusal(save: &str, state: &SaveState, resumes: bool) -> Option<(String, 
             ),
             ExitCode::ModelArgs.code(),
         )),
-        SaveState::Corrupt(_) | SaveState::Dangling(_) => None,
+        SaveState::NotAFile if resumes => Some((
+            format!(
+                "the checkpoint tracker {save}/{tracker} is not a regular file (a pipe, device, \
+                 directory or dangling link, which the resume would wait on or fail to read); \
+                 remove it to start afresh, or write the last whole checkpoint's iteration in it"
+            ),
+            ExitCode::ModelArgs.code(),
+        )),
+        SaveState::Corrupt(_) | SaveState::Dangling(_) | SaveState::NotAFile => None,
     }
 }
 
@@ -174,6 +187,28 @@ mod tests {
                 not_a_directory: false
             }
         );
+    }
+
+    /// N10 (a variant): a tracker that is a FIFO was read with `head`, which waited for a
+    /// writer until the check's timeout, and the resume then waited on it for ever; a link
+    /// to /dev/zero was read as an empty tracker.
+    #[test]
+    fn n10_a_tracker_that_is_no_regular_file_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("ck")).unwrap();
+        let tracker = dir.path().join("ck/latest_checkpointed_iteration.txt");
+        nix::unistd::mkfifo(&tracker, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_eq!(local(dir.path(), "ck"), SaveState::NotAFile);
+        std::fs::remove_file(&tracker).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &tracker).unwrap();
+        assert_eq!(local(dir.path(), "ck"), SaveState::NotAFile);
+        std::fs::remove_file(&tracker).unwrap();
+        std::os::unix::fs::symlink("/nonexistent/tracker", &tracker).unwrap();
+        assert_eq!(local(dir.path(), "ck"), SaveState::NotAFile);
+        let (line, code) = refusal("/ck", &SaveState::NotAFile, true).unwrap();
+        assert_eq!(code, 65);
+        assert!(line.contains("is not a regular file"), "{line}");
+        assert_eq!(refusal("/ck", &SaveState::NotAFile, false), None);
     }
 
     #[test]

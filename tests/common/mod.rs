@@ -754,6 +754,25 @@ pub struct Sshd {
 
 impl Sshd {
     pub fn start() -> Sshd {
+        Sshd::start_with("")
+    }
+
+    /// As [`Sshd::start`], but every session's `TMPDIR` is [`Sshd::tmp`], a directory of
+    /// this sshd's own: what a test finds there is its own, whatever other tests (or other
+    /// test runs on the machine) leave in /tmp.
+    pub fn start_with_own_tmpdir() -> Sshd {
+        let sshd = Sshd::start_with("SetEnv TMPDIR={dir}/tmp\n");
+        std::fs::create_dir(sshd.tmp()).unwrap();
+        sshd
+    }
+
+    /// The sessions' `TMPDIR` under [`Sshd::start_with_own_tmpdir`].
+    pub fn tmp(&self) -> PathBuf {
+        self.dir.path().join("tmp")
+    }
+
+    /// `extra`: more sshd_config lines, `{dir}` standing for the sshd's directory.
+    fn start_with(extra: &str) -> Sshd {
         assert!(
             Path::new(SSHD).exists(),
             "{SSHD} not found: the ssh transport tests need OpenSSH's server \
@@ -783,8 +802,9 @@ impl Sshd {
                      AuthorizedKeysFile {dir}/authorized_keys\nPidFile {dir}/sshd.pid\n\
                      StrictModes no\nUsePAM no\nPasswordAuthentication no\n\
                      KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
-                     PermitRootLogin yes\nMaxStartups 50\nMaxSessions 50\nLogLevel ERROR\n",
-                    dir = d.display()
+                     PermitRootLogin yes\nMaxStartups 50\nMaxSessions 50\nLogLevel ERROR\n{extra}",
+                    dir = d.display(),
+                    extra = extra.replace("{dir}", &d.display().to_string()),
                 ),
             )
             .unwrap();

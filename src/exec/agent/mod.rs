@@ -25,12 +25,14 @@
 //! [`RELAY_SAYS`], which [`super::RunningCommand::into_output`] reports as an unreachable
 //! node (as ssh's own 255).
 
+mod refusals;
 mod relay;
 mod serve;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};
 
+pub use refusals::{Handshakes, Refusals};
 pub use relay::{is_timeout, relay_main, RELAY_FLAG};
 pub use serve::CommandServer;
 pub use wire::{JobSecret, Purpose};

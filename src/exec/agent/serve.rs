@@ -9,6 +9,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::refusals::{Handshakes, Refusals, Slot};
 use super::wire::{self, Purpose, Sender};
 use super::{CommandMessage, JobSecret, HEARTBEAT};
 use crate::exec::transport::wrapped_here;
@@ -87,18 +88,33 @@ fn accept_loop(
     stopping: Arc<AtomicBool>,
     workers: Arc<Mutex<Vec<JoinHandle<()>>>>,
 ) {
+    let handshakes = Handshakes::default();
+    let refusals = Refusals::new("a command connection", "nothing was run", Arc::clone(&log));
     while !stopping.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, peer)) => {
-                let (secret, log, stopping) =
-                    (secret.clone(), Arc::clone(&log), Arc::clone(&stopping));
-                let worker =
-                    std::thread::spawn(move || serve(stream, peer, &secret, &log, &stopping));
+                let Some(slot) = handshakes.try_start() else {
+                    drop(stream);
+                    refusals.refused(peer, "too many connections at once");
+                    continue;
+                };
+                let (secret, log, stopping, refusals) = (
+                    secret.clone(),
+                    Arc::clone(&log),
+                    Arc::clone(&stopping),
+                    Arc::clone(&refusals),
+                );
+                let worker = std::thread::spawn(move || {
+                    serve(stream, peer, slot, &secret, &refusals, &log, &stopping)
+                });
                 let mut workers = workers.lock().unwrap_or_else(|p| p.into_inner());
                 workers.retain(|w| !w.is_finished());
                 workers.push(worker);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(POLL),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                refusals.tick();
+                std::thread::sleep(POLL)
+            }
             Err(e) => {
                 log(&format!("accepting a command connection failed: {e}"));
                 std::thread::sleep(POLL);
@@ -112,19 +128,18 @@ fn accept_loop(
 fn serve(
     stream: TcpStream,
     peer: SocketAddr,
+    handshake: Slot,
     secret: &JobSecret,
+    refusals: &Refusals,
     log: &Log,
     stopping: &AtomicBool,
 ) {
     let _ = stream.set_nonblocking(false);
-    let mut channel = match wire::accept(stream, secret, Purpose::Command) {
+    let accepted = wire::accept(stream, secret, Purpose::Command);
+    drop(handshake);
+    let mut channel = match accepted {
         Ok(channel) => channel,
-        Err(e) => {
-            log(&format!(
-                "refused a command connection from {peer}: {e} (nothing was run)"
-            ));
-            return;
-        }
+        Err(e) => return refusals.refused(peer, &e.to_string()),
     };
     let (host, grace, command) = match channel.recv::<CommandMessage>() {
         Ok(Some(CommandMessage::Run {
