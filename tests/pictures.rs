@@ -390,6 +390,57 @@ fn a_one_node_links_picture_says_why_it_draws_no_matrix() {
     assert_text_within_canvas(&svg, "one node links.svg");
 }
 
+/// Issue 34: a one-node plan of one stage, as `pipette-run` on one 8-GPU node plans
+/// llama2-7b: the rank map says "1 node", the timeline names no pipeline, no bubble and no
+/// "1 stages", and the links picture says why it draws nothing.
+#[test]
+fn a_one_node_one_stage_plan_reads_as_such_in_every_picture() {
+    let (_, cluster) = examples()
+        .into_iter()
+        .find(|(n, _)| n == "a100-2x8.json")
+        .unwrap();
+    let mut one = cluster.clone();
+    one.nodes.truncate(1);
+    one.node_links = one_node_links(&cluster);
+    let args: Vec<String> = ["--bf16", "--global-batch-size", "64"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut settings = settings_from_megatron_args(&args, Some("llama2-7b"), &[]).unwrap();
+    settings.constraints.tensor_parallel = Some(1);
+    settings.constraints.pipeline_parallel = Some(1);
+    let options = PlanOptions {
+        budget: Some(2_000),
+        top_k: 1,
+        ..PlanOptions::default()
+    };
+    let plan = plan(&settings, &one, &options).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((plan.config.pp, plan.config.dp), (1, 8));
+    let files: BTreeMap<String, String> = svg_files(&plan, &one).into_iter().collect();
+    let map = &files["rank-map.svg"];
+    assert!(map.contains("8 GPUs on 1 node<"), "{map}");
+    let time = &files["timeline.svg"];
+    assert!(
+        time.contains("Timeline of one iteration: one stage (no pipeline), 8 micro-batches"),
+        "{time}"
+    );
+    assert!(
+        !time.contains("1 stages") && !time.contains("bubble"),
+        "{time}"
+    );
+    assert_eq!(count(&elements(time), "legend-idle"), 0);
+    assert_eq!(count(&elements(time), "lane"), 1);
+    let text = Picture::Timeline.text(&plan, &one);
+    assert!(
+        text.starts_with("Timeline of one iteration: one stage (no pipeline)"),
+        "{text}"
+    );
+    assert!(files["links.svg"].contains("one node: no link crosses the network"));
+    for (file, svg) in &files {
+        assert_text_within_canvas(svg, &format!("one node {file}"));
+    }
+}
+
 /// The link matrix of `cluster`'s first node alone.
 fn one_node_links(cluster: &ClusterProfile) -> profile::LinkMatrix {
     profile::LinkMatrix::uniform(
