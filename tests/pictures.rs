@@ -9,7 +9,7 @@ use std::process::Command;
 
 use pipette::cluster::profile::{self, GpuInventory};
 use pipette::cluster::ClusterProfile;
-use pipette::config::{settings_from_megatron_args, Settings};
+use pipette::config::{settings_from_megatron_args, Constraints, Settings};
 use pipette::plan::{plan, Plan, PlanOptions};
 use pipette::report::pictures::svg::{text_extent, Anchor};
 use pipette::report::pictures::{svg_files, Picture};
@@ -366,13 +366,7 @@ fn no_text_leaves_the_canvas_and_every_picture_has_a_title_and_a_legend() {
 
 #[test]
 fn a_one_node_links_picture_says_why_it_draws_no_matrix() {
-    let (_, cluster) = examples()
-        .into_iter()
-        .find(|(n, _)| n == "a100-2x8.json")
-        .unwrap();
-    let mut one = cluster.clone();
-    one.nodes.truncate(1);
-    one.node_links = one_node_links(&cluster);
+    let one = one_node();
     let plan = quick_plan(&one, false);
     let svg = Picture::Links.svg(&plan, &one);
     assert!(
@@ -388,6 +382,77 @@ fn a_one_node_links_picture_says_why_it_draws_no_matrix() {
         "no empty canvas below the note: {height} px high"
     );
     assert_text_within_canvas(&svg, "one node links.svg");
+}
+
+/// Issue 34: a one-node plan of one stage, as `pipette-run` on one 8-GPU node plans
+/// llama2-7b: the rank map says "1 node", the timeline names no pipeline, no bubble and no
+/// "1 stages", and the links picture says why it draws nothing.
+#[test]
+fn a_one_node_one_stage_plan_reads_as_such_in_every_picture() {
+    let one = one_node();
+    let plan = pinned_plan(&one, "llama2-7b", &[], |pin| {
+        pin.tensor_parallel = Some(1);
+        pin.pipeline_parallel = Some(1);
+    });
+    assert_eq!((plan.config.pp, plan.config.dp), (1, 8));
+    let files: BTreeMap<String, String> = svg_files(&plan, &one).into_iter().collect();
+    let map = &files["rank-map.svg"];
+    assert!(map.contains("8 GPUs on 1 node<"), "{map}");
+    let time = &files["timeline.svg"];
+    assert!(
+        time.contains("Timeline of one iteration: one stage (no pipeline), 8 micro-batches"),
+        "{time}"
+    );
+    assert!(
+        !time.contains("1 stages") && !time.contains("bubble"),
+        "{time}"
+    );
+    assert_eq!(count(&elements(time), "legend-idle"), 0);
+    assert_eq!(count(&elements(time), "lane"), 1);
+    let text = Picture::Timeline.text(&plan, &one);
+    assert!(
+        text.starts_with("Timeline of one iteration: one stage (no pipeline)"),
+        "{text}"
+    );
+    assert!(files["links.svg"].contains("one node: no link crosses the network"));
+    for (file, svg) in &files {
+        assert_text_within_canvas(svg, &format!("one node {file}"));
+    }
+}
+
+/// `model` in bf16, global batch 64, with `args` more and what `pin` pins, planned
+/// quickly on `cluster`.
+fn pinned_plan(
+    cluster: &ClusterProfile,
+    model: &str,
+    args: &[&str],
+    pin: impl FnOnce(&mut Constraints),
+) -> Plan {
+    let args: Vec<String> = ["--bf16", "--global-batch-size", "64"]
+        .iter()
+        .chain(args)
+        .map(|s| s.to_string())
+        .collect();
+    let mut s = settings_from_megatron_args(&args, Some(model), &[]).unwrap();
+    pin(&mut s.constraints);
+    let options = PlanOptions {
+        budget: Some(2_000),
+        top_k: 1,
+        ..PlanOptions::default()
+    };
+    plan(&s, cluster, &options).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The first node of a100-2x8.json alone.
+fn one_node() -> ClusterProfile {
+    let (_, cluster) = examples()
+        .into_iter()
+        .find(|(n, _)| n == "a100-2x8.json")
+        .unwrap();
+    let mut one = cluster.clone();
+    one.nodes.truncate(1);
+    one.node_links = one_node_links(&cluster);
+    one
 }
 
 /// The link matrix of `cluster`'s first node alone.
@@ -406,28 +471,12 @@ fn the_rank_map_shows_context_and_expert_parallel_groups_and_the_cuts_follow_cp(
         .find(|(n, _)| n == "a100-4x8-degraded.json")
         .unwrap();
     // Context parallel: llama2-7b at 8K tokens pinned to tp 2 × cp 2 × pp 2 (dp 4).
-    let args: Vec<String> = [
-        "--bf16",
-        "--global-batch-size",
-        "64",
-        "--seq-length",
-        "8192",
-        "--max-position-embeddings",
-        "8192",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut s = settings_from_megatron_args(&args, Some("llama2-7b"), &[]).unwrap();
-    s.constraints.tensor_parallel = Some(2);
-    s.constraints.context_parallel = Some(2);
-    s.constraints.pipeline_parallel = Some(2);
-    let options = PlanOptions {
-        budget: Some(2_000),
-        top_k: 1,
-        ..PlanOptions::default()
-    };
-    let cp_plan = plan(&s, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
+    let long = ["--seq-length", "8192", "--max-position-embeddings", "8192"];
+    let cp_plan = pinned_plan(&cluster, "llama2-7b", &long, |pin| {
+        pin.tensor_parallel = Some(2);
+        pin.context_parallel = Some(2);
+        pin.pipeline_parallel = Some(2);
+    });
     let c = &cp_plan.config;
     assert_eq!((c.tp, c.cp, c.pp, c.dp), (2, 2, 2, 4));
     let files: BTreeMap<String, String> = svg_files(&cp_plan, &cluster).into_iter().collect();
@@ -453,14 +502,10 @@ fn the_rank_map_shows_context_and_expert_parallel_groups_and_the_cuts_follow_cp(
     assert!(links.contains(">s1</text>"));
 
     // Expert parallel: mixtral-8x7b pinned to ep 8.
-    let args: Vec<String> = ["--bf16", "--global-batch-size", "64"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let mut s = settings_from_megatron_args(&args, Some("mixtral-8x7b"), &[]).unwrap();
-    s.constraints.expert_parallel = Some(8);
-    s.constraints.pipeline_parallel = Some(4);
-    let plan = plan(&s, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
+    let plan = pinned_plan(&cluster, "mixtral-8x7b", &[], |pin| {
+        pin.expert_parallel = Some(8);
+        pin.pipeline_parallel = Some(4);
+    });
     let c = &plan.config;
     assert_eq!(c.ep, 8);
     let map = Picture::RankMap.svg(&plan, &cluster);

@@ -16,7 +16,9 @@ use crate::plan::Plan;
 use crate::render;
 use crate::replan::trials::MAX_TRIAL_ROUNDS;
 use crate::report::dry_run::NodesSection;
-use crate::report::dry_run::{commands_to_human, ShownCommand, WorldDryRun, RENDERED_NOT_LAUNCHED};
+use crate::report::dry_run::{
+    commands_to_human, trial_changes_to_human, ShownCommand, WorldDryRun, RENDERED_NOT_LAUNCHED,
+};
 use crate::report::ledger::{job_summary, Ledger, LedgerInputs, Work};
 use crate::report::plan::{describe, plan_report, plan_summary, plan_to_human, YoursReport};
 use crate::report::{wrap, TrialFile, WIDTH};
@@ -99,7 +101,8 @@ pub(super) fn dry_run(config: &RunConfig) -> Result<(), Error> {
             &[],
         )
         .map_err(job::JobError::from)?;
-        print_trial_commands(&commands, &lines, &notes, config);
+        let launched = report.launch.as_ref().map(|launch| launch.command_lines());
+        print_trial_commands(&commands, &lines, &notes, launched.as_deref(), config);
     }
     Ok(())
 }
@@ -481,7 +484,7 @@ pub(super) fn calibrate(config: &RunConfig, out: &std::path::Path) -> Result<(),
             &[],
         )
         .map_err(job::JobError::from)?;
-        print_trial_commands(&commands, &lines, &notes, config);
+        print_trial_commands(&commands, &lines, &notes, None, config);
         return Ok(());
     }
     // One round: the trial of the plan as asked, fitted; the re-plan is only reported.
@@ -500,9 +503,18 @@ pub(super) fn print_trial_commands(
     commands: &[(String, exec::NodeCommand)],
     lines: &[String],
     notes: &[String],
+    launched: Option<&[String]>,
     config: &RunConfig,
 ) {
     println!("\nTrial run, one command per node (unless --no-trial or --calibration):");
+    // After the launch's commands, only what the trial changes of them.
+    if let Some(changes) = launched.and_then(|l| trial_changes_to_human(l, lines, notes)) {
+        print!("{changes}");
+        for note in notes {
+            print!("{}", wrap(&format!("  note: {note}\n"), WIDTH));
+        }
+        return;
+    }
     let shown: Vec<ShownCommand<'_>> = commands
         .iter()
         .zip(lines)

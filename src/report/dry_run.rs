@@ -546,6 +546,195 @@ pub fn commands_to_human(nodes: &[ShownCommand<'_>], here: &BTreeMap<String, Str
     out
 }
 
+/// The trial's commands as the changes they make to the launch's commands shown above
+/// (`launched`, node by node): the variables and options added, changed and left out, the
+/// same on every node. `None` when the two differ in anything else (another program, other
+/// nodes, per-node changes that are not the same): then the trial's commands are shown
+/// whole. An option left out that one of `notes` names is not listed again: the note says it
+/// and why.
+pub fn trial_changes_to_human(
+    launched: &[String],
+    trial: &[String],
+    notes: &[String],
+) -> Option<String> {
+    if launched.len() != trial.len() || trial.is_empty() {
+        return None;
+    }
+    let mut changes = None;
+    for (a, b) in launched.iter().zip(trial) {
+        let these = CommandChanges::between(a, b)?;
+        match &changes {
+            None => changes = Some(these),
+            Some(first) if *first == these => {}
+            Some(_) => return None,
+        }
+    }
+    let changes = changes?;
+    let noted = |name: &str| {
+        notes.iter().any(|note| {
+            note.match_indices(name)
+                .any(|(at, _)| matches!(note[at + name.len()..].chars().next(), None | Some(' ')))
+        })
+    };
+    let words = |items: &[Setting], assigned: bool| -> Vec<String> {
+        items
+            .iter()
+            .flat_map(|(name, values)| match assigned {
+                true => vec![format!(
+                    "{name}={}",
+                    crate::exec::shell_quote(&values.join(" "))
+                )],
+                false => std::iter::once(name)
+                    .chain(values)
+                    .map(|w| crate::exec::shell_quote(w))
+                    .collect(),
+            })
+            .collect()
+    };
+    let left_out: Vec<Setting> = changes
+        .left_out
+        .into_iter()
+        .filter(|(name, _)| !noted(name))
+        .collect();
+    let on = if trial.len() == 1 {
+        "the command above"
+    } else {
+        "the commands above, on every node"
+    };
+    let mut out = format!("  {on}, with\n");
+    for (what, items) in [
+        ("environment added", &changes.env_added),
+        ("environment changed", &changes.env_changed),
+        ("options added", &changes.added),
+        ("options changed to", &changes.changed),
+        ("options left out", &left_out),
+    ] {
+        if items.is_empty() {
+            continue;
+        }
+        let listed = words(items, what.starts_with("environment"));
+        let label = format!("{what}:");
+        let lines = super::fill(
+            std::iter::once(label.as_str()).chain(listed.iter().map(String::as_str)),
+            super::WIDTH,
+            "    ",
+            "        ",
+            0,
+        );
+        out.push_str(&lines.join("\n"));
+        out.push('\n');
+    }
+    Some(out)
+}
+
+/// A variable or an option with its values.
+type Setting = (String, Vec<String>);
+
+/// What one command changes of another: each list in the order the words come.
+#[derive(Debug, PartialEq)]
+struct CommandChanges {
+    env_added: Vec<Setting>,
+    env_changed: Vec<Setting>,
+    added: Vec<Setting>,
+    changed: Vec<Setting>,
+    left_out: Vec<Setting>,
+}
+
+/// A command line's words sorted for comparing: `NAME=value` before the program, options
+/// (`--name=value`, or `--name` with the words up to the next option), every other word.
+#[derive(Default)]
+struct CommandWords {
+    env: Vec<(String, String)>,
+    /// Keyed by how many other words came before, so that torchrun's options and the
+    /// script's stay apart.
+    options: Vec<((usize, String), Vec<String>)>,
+    others: Vec<String>,
+}
+
+impl CommandWords {
+    fn of(line: &str) -> Option<CommandWords> {
+        let mut out = CommandWords::default();
+        let mut takes_values = false;
+        for word in crate::exec::split_words(line).ok()? {
+            let before_program = out.others.last().is_none_or(|w| w == "&&");
+            match word.split_once('=') {
+                Some((name, value)) if before_program && crate::exec::is_env_name(name) => {
+                    out.env.push((name.to_string(), value.to_string()));
+                    continue;
+                }
+                _ => {}
+            }
+            if word.starts_with("--") && word.len() > 2 {
+                let (name, values) = match word.split_once('=') {
+                    Some((name, value)) => (name.to_string(), vec![value.to_string()]),
+                    None => (word.clone(), Vec::new()),
+                };
+                takes_values = values.is_empty();
+                out.options.push(((out.others.len(), name), values));
+            } else if takes_values {
+                out.options.last_mut()?.1.push(word);
+            } else {
+                out.others.push(word);
+            }
+        }
+        Some(out)
+    }
+}
+
+impl CommandChanges {
+    /// `None` when `b` is not `a` with variables and options added, changed or (options
+    /// only) left out, or when an option comes twice in either.
+    fn between(a: &str, b: &str) -> Option<CommandChanges> {
+        let (a, b) = (CommandWords::of(a)?, CommandWords::of(b)?);
+        if a.others != b.others || has_repeats(&a.options) || has_repeats(&b.options) {
+            return None;
+        }
+        let (env_added, env_changed, env_left_out) = compare(&a.env, &b.env);
+        if !env_left_out.is_empty() {
+            return None;
+        }
+        let (added, changed, left_out) = compare(&a.options, &b.options);
+        let named = |items: Vec<((usize, String), Vec<String>)>| -> Vec<Setting> {
+            items.into_iter().map(|((_, name), v)| (name, v)).collect()
+        };
+        let listed = |items: Vec<(String, String)>| -> Vec<Setting> {
+            items.into_iter().map(|(name, v)| (name, vec![v])).collect()
+        };
+        Some(CommandChanges {
+            env_added: listed(env_added),
+            env_changed: listed(env_changed),
+            added: named(added),
+            changed: named(changed),
+            left_out: named(left_out),
+        })
+    }
+}
+
+fn has_repeats<K: PartialEq, V>(items: &[(K, V)]) -> bool {
+    items
+        .iter()
+        .enumerate()
+        .any(|(i, (k, _))| items[..i].iter().any(|(j, _)| j == k))
+}
+
+/// What `b` adds to `a`, what it changes (with `b`'s values) and what it leaves out.
+#[allow(clippy::type_complexity)]
+fn compare<K: PartialEq + Clone, V: PartialEq + Clone>(
+    a: &[(K, V)],
+    b: &[(K, V)],
+) -> (Vec<(K, V)>, Vec<(K, V)>, Vec<(K, V)>) {
+    fn find<'a, K: PartialEq, V>(items: &'a [(K, V)], key: &K) -> Option<&'a V> {
+        items.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+    let added = b.iter().filter(|(k, _)| find(a, k).is_none()).cloned();
+    let changed = b
+        .iter()
+        .filter(|(k, v)| find(a, k).is_some_and(|before| before != v))
+        .cloned();
+    let left_out = a.iter().filter(|(k, _)| find(b, k).is_none()).cloned();
+    (added.collect(), changed.collect(), left_out.collect())
+}
+
 /// The name of `word` when it is `NAME='value'` (as `render` quotes it) with the value
 /// `NAME` has `here`.
 fn forwarded_as_is<'w>(word: &'w str, here: &BTreeMap<String, String>) -> Option<&'w str> {
@@ -641,6 +830,50 @@ mod tests {
         let shown = commands_to_human(&many, &BTreeMap::new());
         assert!(shown.lines().count() <= 5, "{shown}");
         assert!(shown.contains("node ranks 1-99"), "{shown}");
+    }
+
+    /// Issue 34: the trial's commands are shown as what they change of the launch's (the
+    /// dry run repeated every word of them), and whole where that cannot be said.
+    #[test]
+    fn the_trial_shows_only_what_it_changes_of_the_launch() {
+        let node = |rank: u32, env: &str, args: &str| {
+            format!(
+                "cd '/w' && CUDA_VISIBLE_DEVICES='0,1' {env}'torchrun' '--nnodes=2' \
+                 '--node-rank={rank}' 'pretrain_gpt.py' '--num-layers' '32' {args}"
+            )
+        };
+        let launch = "'--train-iters' '1000' '--save' '/ckpt' '--load' '/ckpt' '--bf16'";
+        let trial = "'--bf16' '--train-iters' '5' '--eval-iters' '0'";
+        let launched: Vec<String> = (0..2).map(|r| node(r, "", launch)).collect();
+        let tried: Vec<String> = (0..2)
+            .map(|r| node(r, "PYTHONPATH='/tmp/t x' ", trial))
+            .collect();
+        let notes = ["the trial leaves out --save /ckpt (no checkpoints in a trial)".to_string()];
+        assert_eq!(
+            trial_changes_to_human(&launched, &tried, &notes).as_deref(),
+            Some(
+                "  the commands above, on every node, with\n    \
+                 environment added: PYTHONPATH='/tmp/t x'\n    \
+                 options added: --eval-iters 0\n    \
+                 options changed to: --train-iters 5\n    \
+                 options left out: --load /ckpt\n"
+            )
+        );
+        // Another program, a node more, or a change that differs between nodes: whole.
+        let other: Vec<String> = tried
+            .iter()
+            .map(|l| l.replace("pretrain_gpt", "x"))
+            .collect();
+        assert_eq!(trial_changes_to_human(&launched, &other, &notes), None);
+        assert_eq!(trial_changes_to_human(&launched[..1], &tried, &notes), None);
+        let uneven = vec![tried[0].clone(), node(1, "", trial)];
+        assert_eq!(trial_changes_to_human(&launched, &uneven, &notes), None);
+        // A variable the launch has and the trial lacks is not a change it can name.
+        let unset: Vec<String> = launched
+            .iter()
+            .map(|l| l.replace("CUDA_VISIBLE_DEVICES='0,1' ", ""))
+            .collect();
+        assert_eq!(trial_changes_to_human(&launched, &unset, &notes), None);
     }
 
     /// Issue 30: the dry run names the all-rails figure where the profile measured it.

@@ -7,7 +7,7 @@ use crate::cluster::ClusterProfile;
 use crate::plan::Plan;
 
 use super::svg::{scale_colour, Anchor, Svg};
-use super::{fit, nodes_in_rank_order, ranks_by_gpu};
+use super::{fit, nodes_in_rank_order, nodes_text, ranks_by_gpu};
 
 /// A link below this share of the median node link is marked slow.
 pub const SLOW_SHARE: f64 = 0.8;
@@ -549,11 +549,6 @@ pub fn svg(plan: &Plan, profile: &ClusterProfile) -> String {
         );
     }
     svg.finish()
-}
-
-/// `1 node`, `4 nodes`.
-fn nodes_text(n: usize) -> String {
-    format!("{n} node{}", if n == 1 { "" } else { "s" })
 }
 
 /// A bandwidth as one digit, 0 (slowest) to 9 (fastest).

@@ -120,6 +120,11 @@ pub(crate) fn nodes_in_rank_order(ranks: &[Vec<Option<u64>>]) -> Vec<usize> {
     order
 }
 
+/// `1 node`, `4 nodes`.
+fn nodes_text(n: usize) -> String {
+    format!("{n} node{}", if n == 1 { "" } else { "s" })
+}
+
 fn gpu_count(node: &crate::cluster::profile::NodeProfile) -> usize {
     match &node.gpus {
         crate::cluster::profile::GpuInventory::Known { gpus, .. } => gpus.len(),

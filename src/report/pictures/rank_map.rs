@@ -11,7 +11,7 @@ use crate::report::device_ranges;
 use crate::report::plan::describe;
 
 use super::svg::{category_colour, text_width, Anchor, Svg};
-use super::{fit, nodes_in_rank_order, ranks_by_gpu};
+use super::{fit, nodes_in_rank_order, nodes_text, ranks_by_gpu};
 
 /// Up to this many GPUs the map draws a cell per GPU; above, a bar per group of nodes.
 pub const MAX_GPUS: usize = 2048;
@@ -395,10 +395,10 @@ fn canvas(plan: &Plan, (width, height): (f64, f64), world: usize, nodes: usize) 
     let c = &plan.config;
     let mut svg = Svg::new(width, height);
     svg.title(&format!(
-        "Rank map: {} — {} GPUs on {} nodes",
+        "Rank map: {} — {} GPUs on {}",
         describe(c),
         world,
-        nodes
+        nodes_text(nodes)
     ));
     let pp = c.pp.max(1) as usize;
     let swatch = if pp <= 16 { 22.0 } else { 12.0 };
@@ -516,11 +516,11 @@ pub fn text(plan: &Plan, profile: &ClusterProfile) -> String {
     let c = &plan.config;
     let world: usize = rows.iter().map(|r| r.cells.len()).sum();
     let mut out = format!(
-        "Rank map: tp {} × pp {} × dp {}, {world} GPUs on {} nodes\n",
+        "Rank map: tp {} × pp {} × dp {}, {world} GPUs on {}\n",
         c.tp,
         c.pp,
         c.dp,
-        rows.len()
+        nodes_text(rows.len())
     );
     if world > MAX_GPUS {
         aggregated_text(plan, &rows, world, &mut out);

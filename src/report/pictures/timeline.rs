@@ -217,7 +217,9 @@ pub fn schedule(config: &ParallelConfig, time: &TimeEstimate) -> Schedule {
 }
 
 fn schedule_name(s: &Schedule) -> String {
-    if s.chunks > 1 {
+    if s.stages <= 1 {
+        "one stage (no pipeline)".to_string()
+    } else if s.chunks > 1 {
         format!("interleaved, {} chunks per stage", s.chunks)
     } else {
         "1F1B".to_string()
@@ -274,19 +276,35 @@ pub fn svg(config: &ParallelConfig, time: &TimeEstimate) -> String {
     let scale = plot / total;
     let height = top + row * s.stages as f64 + 70.0;
     let mut svg = Svg::new(left + plot + 30.0, height);
-    svg.title(&format!(
-        "Pipeline timeline of one iteration: {}, {}, {} stages",
-        schedule_name(&s),
-        microbatches_text(&s),
-        s.stages
-    ));
-    svg.note(42.0, &format!(
+    // One stage is no pipeline: nothing waits on another stage, so no bubble to name.
+    let piped = s.stages > 1;
+    if piped {
+        svg.title(&format!(
+            "Pipeline timeline of one iteration: {}, {}, {} stages",
+            schedule_name(&s),
+            microbatches_text(&s),
+            s.stages
+        ));
+        svg.note(42.0, &format!(
             "pipeline {} (idle share {:.0} %: the bubble), then exposed data-parallel communication {}; the time model's critical path: {}",
             ms_text(s.pipeline_ms),
             s.bubble_share() * 100.0,
             ms_text(s.data_parallel_ms),
             ms_text(time.iteration_ms)
         ));
+    } else {
+        svg.title(&format!(
+            "Timeline of one iteration: {}, {}",
+            schedule_name(&s),
+            microbatches_text(&s),
+        ));
+        svg.note(42.0, &format!(
+            "forward and backward passes {}, then exposed data-parallel communication {}; the time model's critical path: {}",
+            ms_text(s.pipeline_ms),
+            ms_text(s.data_parallel_ms),
+            ms_text(time.iteration_ms)
+        ));
+    }
     // Legend swatches.
     let mut x = 10.0;
     for (class, fill, label) in [
@@ -294,7 +312,10 @@ pub fn svg(config: &ParallelConfig, time: &TimeEstimate) -> String {
         ("legend-bwd", "hsl(28,85%,52%)", "backward"),
         ("legend-idle", "#eeeeee", "idle (bubble)"),
         ("legend-dp", "#9a9a9a", "data-parallel (exposed)"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(class, ..)| piped || *class != "legend-idle")
+    {
         svg.rect(x, 50.0, 14.0, 12.0, class, fill, "");
         svg.text(x + 18.0, 60.0, 11.0, Anchor::Start, "legend", label);
         x += 40.0 + 7.0 * label.len() as f64;
