@@ -228,11 +228,8 @@ pub fn is_format_char(c: char) -> bool {
 
 /// `HH:MM:SSZ` of `time` (UTC).
 pub fn stamp(time: SystemTime) -> String {
-    let secs = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-        % 86_400;
-    format!("{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+    let at = jiff::Timestamp::try_from(time).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    at.strftime("%H:%M:%SZ").to_string()
 }
 
 /// The columns of a stamp and the space after it.

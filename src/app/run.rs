@@ -377,7 +377,7 @@ pub(super) fn stop_requested() -> Result<(), Error> {
 /// pipette-run's exit code.
 pub(super) fn supervise_job(
     config: &RunConfig,
-    template: &launch::JobTemplate,
+    template: &launch::JobSpec,
     first: launch::Attempt,
     trial: Option<&trial::TrialReport>,
     before: &Before<'_>,

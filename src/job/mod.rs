@@ -6,7 +6,7 @@
 //!   settings ([`Inputs`]);
 //! - [`decide`]: the plan against the user's own configuration ([`Decided`]); once per
 //!   calibration: before the trial, and again with the trial's fitted one;
-//! - [`spec`]: what every attempt shares ([`launch::JobTemplate`]), built once, after the
+//! - [`spec`]: what every attempt shares ([`launch::JobSpec`]), built once, after the
 //!   inputs it needs exist (a preview's has no run id from the start);
 //! - [`trial`]: the trial rounds and the re-plan they give ([`Trialled`]);
 //! - [`first_attempt`]: attempt 1, rendered and written, with the planning inputs in its

@@ -1,8 +1,8 @@
 //! Launch: from a plan to torchrun running on every node.
 //!
-//! A [`JobTemplate`] holds what every attempt of a job shares (the user's script and
+//! A [`JobSpec`] holds what every attempt of a job shares (the user's script and
 //! arguments, torchrun's options, the environment, the transport, the run directory);
-//! [`JobTemplate::prepare`] renders one [`Attempt`] for a [`Layout`] — a plan on some nodes
+//! [`JobSpec::prepare`] renders one [`Attempt`] for a [`Layout`] — a plan on some nodes
 //! with the settings and options it was planned from ([`Planned`]), or, with planning off,
 //! the world torchrun would run — (with `--load SAVE` when it resumes, see
 //! [`resume_args`]) and writes its files;
@@ -51,7 +51,7 @@ pub const RUN_ID_VAR: &str = "PIPETTE_RUN_ID";
 
 /// What every attempt of a job shares.
 #[derive(Debug, Clone)]
-pub struct JobTemplate {
+pub struct JobSpec {
     /// The user's script and arguments, as given.
     pub script: ScriptInvocation,
     /// The torchrun executable on the nodes.
@@ -190,7 +190,7 @@ pub enum LaunchError {
     PlanJson(String),
 }
 
-impl JobTemplate {
+impl JobSpec {
     /// Attempt `number`'s directory.
     pub fn attempt_dir(&self, number: u32) -> PathBuf {
         if number <= 1 {
@@ -413,7 +413,7 @@ impl RunningNode {
 /// Starts every node's torchrun of `attempt` (node-rank order). A node whose command cannot
 /// be started is kept with its [`RunningNode::start_error`]; the others run.
 pub fn start(
-    template: &JobTemplate,
+    template: &JobSpec,
     attempt: &Attempt,
     sink: Arc<dyn OutputSink>,
     grace: Duration,
