@@ -156,7 +156,7 @@ pub struct LaunchConfig {
 #[derive(Debug, Clone, Default)]
 pub struct NodeAccess {
     /// `--launcher`: local, ssh or srun.
-    pub launcher: Option<String>,
+    pub launcher: Option<launch::Launcher>,
     /// `--ssh-config`.
     pub ssh_config: Option<PathBuf>,
     /// The leader of one copy per node reaches every node through its copy.
@@ -350,7 +350,7 @@ impl NodeAccess {
     /// `--launcher`, `--ssh-config`, `--ssh-args` and `--srun-args` as given.
     pub fn new(access: &AccessOptions, nodes: &NodeOptions) -> NodeAccess {
         NodeAccess {
-            launcher: access.launcher.clone(),
+            launcher: access.launcher.map(launch::Launcher::from),
             ssh_config: access.ssh_config.clone(),
             agents: None,
             ssh_args: nodes.ssh_args.clone().unwrap_or_default().0,
@@ -370,7 +370,7 @@ impl NodeAccess {
             ssh.extra_args = vec!["-F".to_string(), config.display().to_string()];
         }
         ssh.extra_args.extend(self.ssh_args.iter().cloned());
-        match launch::choose_transport(self.launcher.as_deref(), hosts, source, ssh) {
+        match launch::choose_transport(self.launcher, hosts, source, ssh) {
             Transport::Srun(mut srun) => {
                 srun.extra_args.extend(self.srun_args.iter().cloned());
                 Transport::Srun(srun)

@@ -217,6 +217,7 @@ pub fn show(command: clap::Command, config: Option<&SiteConfig>) -> Result<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::options::Launcher;
     use crate::cli::{run_command, RunCli};
     use clap::FromArgMatches;
 
@@ -236,7 +237,7 @@ mod tests {
             RunCli::from_arg_matches(&matches).unwrap()
         };
         let cli = parse(&["pipette-run", "train.py"]);
-        assert_eq!(cli.supervise.access.launcher.as_deref(), Some("ssh"));
+        assert_eq!(cli.supervise.access.launcher, Some(Launcher::Ssh));
         assert_eq!(cli.supervise.stall_timeout.as_secs(), 3600);
         assert!(cli.trial.no_trial);
         assert_eq!(cli.pipette.seed, 7);
@@ -248,7 +249,7 @@ mod tests {
             "1",
             "train.py",
         ]);
-        assert_eq!(cli.supervise.access.launcher.as_deref(), Some("local"));
+        assert_eq!(cli.supervise.access.launcher, Some(Launcher::Local));
         assert_eq!(cli.pipette.seed, 1);
     }
 

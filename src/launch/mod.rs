@@ -322,18 +322,27 @@ impl JobSpec {
     }
 }
 
+/// How the nodes are reached, as `--launcher` asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// Every node is this machine: run the commands here.
+    Local,
+    Ssh,
+    Srun,
+}
+
 /// How to reach the nodes: as asked (`--launcher`), else locally when every node is this
 /// machine (or no allocation was found), with srun inside a Slurm allocation, else ssh.
 pub fn choose_transport(
-    asked: Option<&str>,
+    asked: Option<Launcher>,
     hosts: &[String],
     source: &NodeSource,
     ssh: SshOptions,
 ) -> Transport {
     match asked {
-        Some("local") => Transport::Local,
-        Some("srun") => Transport::Srun(SrunOptions::default()),
-        Some(_) => Transport::Ssh(ssh),
+        Some(Launcher::Local) => Transport::Local,
+        Some(Launcher::Srun) => Transport::Srun(SrunOptions::default()),
+        Some(Launcher::Ssh) => Transport::Ssh(ssh),
         None if *source == NodeSource::Local || hosts.iter().all(|h| exec::is_local_host(h)) => {
             Transport::Local
         }
@@ -496,7 +505,7 @@ mod tests {
         );
         assert_eq!(
             choose_transport(
-                Some("local"),
+                Some(Launcher::Local),
                 &hosts(&["gpu1", "gpu2"]),
                 &NodeSource::Hosts,
                 ssh.clone()
