@@ -2,6 +2,7 @@
 //! configuration and allocation, and what is rendered from it: the dry run's preview and
 //! the launch's first attempt.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{Decided, JobError};
@@ -36,16 +37,7 @@ pub fn spec(
         .map_err(|e| JobError::Internal(format!("cannot read the working directory: {e}")))?;
     let rdzv_id = rendezvous_id(launch.rdzv_id.as_deref(), allocation.job_id.as_deref());
     // Claimed (made, atomically) here, so no other launch can write into it.
-    let run_dir = match &launch.run_dir {
-        Some(dir) => render::claim_run_dir(&workdir.join(dir), false)?,
-        None => {
-            let id = match &allocation.job_id {
-                Some(job) => job.clone(),
-                None => std::process::id().to_string(),
-            };
-            render::claim_run_dir(&render::default_run_dir(&workdir, &id, local_time()), true)?
-        }
-    };
+    let run_dir = claim_run_dir(config, &workdir, allocation.job_id.as_deref())?;
     let templates = match &launch.templates {
         Some(dir) => render::Templates::from_dir(dir)?,
         None => render::Templates::embedded(),
@@ -175,6 +167,23 @@ pub fn installed_torchrun_spelling(torchrun: &str) -> render::TorchrunSpelling {
     }
 }
 
+/// The run directory, made (atomically: no other launch can write into it): `--run-dir`
+/// under `workdir`, else the default one named for now and `job_id` (this process's id
+/// when the scheduler gave none).
+pub fn claim_run_dir(
+    config: &RunConfig,
+    workdir: &Path,
+    job_id: Option<&str>,
+) -> Result<PathBuf, JobError> {
+    Ok(match &config.launch.run_dir {
+        Some(dir) => render::claim_run_dir(&workdir.join(dir), false)?,
+        None => {
+            let id = job_id.map_or_else(|| std::process::id().to_string(), str::to_string);
+            render::claim_run_dir(&render::default_run_dir(workdir, &id, local_time()), true)?
+        }
+    })
+}
+
 /// torchrun's `--rdzv-id` when the user set one, else the scheduler's job id, else one
 /// made from the time (the static rendezvous only needs it to be the same on all nodes).
 fn rendezvous_id(asked: Option<&str>, job_id: Option<&str>) -> String {
@@ -185,7 +194,7 @@ fn rendezvous_id(asked: Option<&str>, job_id: Option<&str>) -> String {
 }
 
 /// Now on the local clock (UTC when the time zone cannot be read), for run directory names.
-pub fn local_time() -> jiff::civil::DateTime {
+fn local_time() -> jiff::civil::DateTime {
     jiff::ZonedDateTime::now().datetime()
 }
 
