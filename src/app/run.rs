@@ -467,11 +467,7 @@ pub(super) fn launch_unplanned(config: &RunConfig, why: &str) -> Result<i32, Err
         let first = spec
             .prepare(1, Layout::World(prepared.world), None)
             .map_err(job::JobError::from)?;
-        // Silence fails the job only when --startup-timeout says how long: torchrun never
-        // gives up on a quiet script, and a script that is not Megatron's prints no iteration
-        // lines by which progress could be told.
-        let mut config = config.clone();
-        config.supervise.startup_timeout = config.startup_timeout_given;
-        supervise_job(&config, &spec, first, None, &stage.before())
+        // With planning off, only --startup-timeout limits the silence (see RunConfig).
+        supervise_job(config, &spec, first, None, &stage.before())
     })
 }
