@@ -11,15 +11,25 @@
 //! ([`wrap`]) and every line of it gets the same stamp. The nodes' own lines
 //! (`[host rN] ...`) are not ours and are never stamped.
 //!
-//! Every line has a target (the part of the job it tells about: [`TARGETS`]) and a level;
-//! a [`Filter`] keeps the lines people asked for: `-q` keeps warnings and errors, `-v`
-//! adds DEBUG, and `PIPETTE_LOG` sets levels as `RUST_LOG` does (`debug`,
-//! `warn,progress=info`, `plan=debug`, `progress=off`).
+//! Every line has a target (the part of the job it tells about: [`TARGETS`]) and a level.
+//! The lines go through `tracing`: an [`EnvFilter`] keeps the lines people asked for (`-q`
+//! keeps warnings and errors, `-v` adds DEBUG, and `PIPETTE_LOG` sets levels as `RUST_LOG`
+//! does: `debug`, `warn,progress=info`, `plan=debug`, `progress=off`), and [`Lines`] writes
+//! them in the format above. The functions here ([`log`], [`log_wrapped`], [`warn`],
+//! [`error`], [`enabled`]) are the stages' way in: they name a target and a level at run
+//! time, which `tracing`'s macros need at compile time.
 //!
 //! A leaf, as `exit` is: it names no stage, so every stage may log.
 
-use std::sync::RwLock;
+use std::sync::{OnceLock, RwLock};
 use std::time::SystemTime;
+
+use tracing::{enabled, event};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::{LookupSpan, Registry};
+use tracing_subscriber::{reload, EnvFilter};
 
 /// How much a line matters, most first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -56,6 +66,28 @@ impl Level {
             _ => return Err(format!("unknown level \"{name}\"")),
         }))
     }
+
+    /// The level's name in a filter directive; `None` is `off`.
+    fn directive(level: Option<Level>) -> &'static str {
+        match level {
+            None => "off",
+            Some(Level::Error) => "error",
+            Some(Level::Warn) => "warn",
+            Some(Level::Info) => "info",
+            Some(Level::Debug) => "debug",
+            Some(Level::Trace) => "trace",
+        }
+    }
+
+    fn of(level: &tracing::Level) -> Level {
+        match *level {
+            tracing::Level::ERROR => Level::Error,
+            tracing::Level::WARN => Level::Warn,
+            tracing::Level::INFO => Level::Info,
+            tracing::Level::DEBUG => Level::Debug,
+            tracing::Level::TRACE => Level::Trace,
+        }
+    }
 }
 
 /// The targets our lines have, with what each tells about.
@@ -77,20 +109,22 @@ pub const TARGETS: &[(&str, &str)] = &[
     ("pipette", "everything else: errors, warnings, notes"),
 ];
 
-/// Which lines are shown: a level for every target, and levels for some.
+/// The target of the error that ends a run ([`error`]): not one of [`TARGETS`], so no
+/// directive of `PIPETTE_LOG` can hide it.
+const END: &str = "end";
+
+/// Which lines are shown: filter directives as `RUST_LOG` writes them, every one checked
+/// (a known target, a known level), for an [`EnvFilter`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Filter {
-    /// `None`: nothing.
-    default: Option<Level>,
-    targets: Vec<(String, Option<Level>)>,
+    directives: Vec<String>,
 }
 
 impl Filter {
     /// Every target at `level`.
-    pub const fn new(level: Level) -> Filter {
+    pub fn new(level: Level) -> Filter {
         Filter {
-            default: Some(level),
-            targets: Vec::new(),
+            directives: vec![Level::directive(Some(level)).to_string()],
         }
     }
 
@@ -110,82 +144,177 @@ impl Filter {
                             known.join(", ")
                         ));
                     }
+                    let level = Level::directive(Level::parse(level.trim())?);
+                    // The last directive for a target wins, as before.
                     filter
-                        .targets
-                        .push((target.to_string(), Level::parse(level.trim())?));
+                        .directives
+                        .retain(|d| d.split_once('=').is_none_or(|(t, _)| t != target));
+                    filter.directives.push(format!("{target}={level}"));
                 }
                 None if flags_chose => {
                     Level::parse(part)?;
                 }
-                None => filter.default = Level::parse(part)?,
+                None => filter.directives[0] = Level::directive(Level::parse(part)?).to_string(),
             }
         }
         Ok(filter)
     }
 
-    /// Whether a line of `target` at `level` is shown (the last directive for the target
-    /// wins).
-    pub fn allows(&self, target: &str, level: Level) -> bool {
-        let limit = self
-            .targets
-            .iter()
-            .rev()
-            .find(|(t, _)| t == target)
-            .map_or(self.default, |(_, l)| *l);
-        limit.is_some_and(|limit| level <= limit)
+    /// The filter for `tracing`: these directives, and the run's end always shown.
+    fn env_filter(&self) -> EnvFilter {
+        let mut directives = self.directives.clone();
+        directives.push(format!("{END}=error"));
+        EnvFilter::builder().parse_lossy(directives.join(","))
     }
 }
 
-struct Logger {
-    program: &'static str,
-    filter: Filter,
-}
+/// The program our lines name (`pipette-run` until [`init`] says otherwise).
+static PROGRAM: RwLock<&str> = RwLock::new("pipette-run");
 
-static LOGGER: RwLock<Logger> = RwLock::new(Logger {
-    program: "pipette-run",
-    filter: Filter::new(Level::Info),
-});
+type FilterHandle = reload::Handle<EnvFilter, Registry>;
+
+/// The filter of the subscriber [`installed`] sets up, to be replaced by [`init`].
+static FILTER: OnceLock<FilterHandle> = OnceLock::new();
+
+/// Our subscriber, as the process's default, installed on first use: INFO of every target
+/// in [`Lines`]' format on standard error.
+fn installed() -> &'static FilterHandle {
+    FILTER.get_or_init(|| {
+        let (filter, handle) = reload::Layer::new(Filter::new(Level::Info).env_filter());
+        let lines = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(std::io::stderr)
+            .event_format(Lines);
+        // Fails only when a default is set already (a test's): its lines go there.
+        let _ =
+            tracing::subscriber::set_global_default(Registry::default().with(filter).with(lines));
+        handle
+    })
+}
 
 /// Sets the program our lines name and the filter (before it: `pipette-run`, INFO).
 pub fn init(program: &'static str, filter: Filter) {
-    let mut logger = LOGGER.write().unwrap_or_else(|p| p.into_inner());
-    *logger = Logger { program, filter };
+    *PROGRAM.write().unwrap_or_else(|p| p.into_inner()) = program;
+    // Fails only when the subscriber is gone, which it never is once global.
+    let _ = installed().reload(filter.env_filter());
+}
+
+/// `tracing`'s macros at `$level`, with the target as a literal: one call site per target
+/// and level.
+macro_rules! at_level {
+    ($target:expr, $level:expr, $what:ident $($rest:tt)*) => {
+        match $level {
+            Level::Error => $what!(target: $target, tracing::Level::ERROR $($rest)*),
+            Level::Warn => $what!(target: $target, tracing::Level::WARN $($rest)*),
+            Level::Info => $what!(target: $target, tracing::Level::INFO $($rest)*),
+            Level::Debug => $what!(target: $target, tracing::Level::DEBUG $($rest)*),
+            Level::Trace => $what!(target: $target, tracing::Level::TRACE $($rest)*),
+        }
+    };
+}
+
+/// [`at_level`] for a target named at run time (one of [`TARGETS`]; any other is
+/// `pipette`'s).
+macro_rules! at_target {
+    ($target:expr, $level:expr, $what:ident $($rest:tt)*) => {
+        match $target {
+            "profile" => at_level!("profile", $level, $what $($rest)*),
+            "plan" => at_level!("plan", $level, $what $($rest)*),
+            "trial" => at_level!("trial", $level, $what $($rest)*),
+            "job" => at_level!("job", $level, $what $($rest)*),
+            "progress" => at_level!("progress", $level, $what $($rest)*),
+            _ => at_level!("pipette", $level, $what $($rest)*),
+        }
+    };
 }
 
 /// Whether a line of `target` at `level` would be shown.
 pub fn enabled(target: &str, level: Level) -> bool {
-    let logger = LOGGER.read().unwrap_or_else(|p| p.into_inner());
-    logger.filter.allows(target, level)
+    installed();
+    at_target!(target, level, enabled)
 }
 
 /// Prints `text` (one line or several, as they are: see [`log_wrapped`]) as ours, when
 /// the filter lets it through. All lines of one message go out together.
 pub fn log(level: Level, target: &str, text: &str) {
-    if enabled(target, level) {
-        emit(level, text);
-    }
-}
-
-fn emit(level: Level, text: &str) {
-    let program = LOGGER.read().unwrap_or_else(|p| p.into_inner()).program;
-    let out = lines(&stamp(SystemTime::now()), program, level, text).concat();
-    eprint!("{out}");
+    installed();
+    at_target!(target, level, event, wrap = false, "{text}");
 }
 
 /// [`log`] with every line broken to fit 80 columns after the stamp and the level's word.
 pub fn log_wrapped(level: Level, target: &str, text: &str) {
-    log(level, target, &wrap(text, TEXT_WIDTH - level.word().len()));
+    installed();
+    at_target!(target, level, event, wrap = true, "{text}");
 }
 
 /// The error that ends a run: one line, never wrapped (every error reads as one line),
 /// and shown whatever the filter says, since it says why the run failed.
 pub fn error(text: &str) {
-    emit(Level::Error, text);
+    installed();
+    tracing::event!(target: END, tracing::Level::ERROR, wrap = false, "{text}");
 }
 
 /// A warning (target `pipette`), as one line.
 pub fn warn(text: &str) {
     log(Level::Warn, "pipette", text);
+}
+
+/// Our lines' format (see the module's doc): a `tracing` event's message, broken to fit
+/// 80 columns when its `wrap` field says so, each line stamped.
+pub struct Lines;
+
+impl<S, N> FormatEvent<S, N> for Lines
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _context: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let mut message = Message::default();
+        event.record(&mut message);
+        let level = Level::of(event.metadata().level());
+        let text = match message.wrap {
+            true => wrap(&message.text, TEXT_WIDTH - level.word().len()),
+            false => message.text,
+        };
+        let program = *PROGRAM.read().unwrap_or_else(|p| p.into_inner());
+        for line in lines(&stamp(SystemTime::now()), program, level, &text) {
+            writer.write_str(&line)?;
+        }
+        Ok(())
+    }
+}
+
+/// An event's fields as [`Lines`] reads them.
+#[derive(Default)]
+struct Message {
+    text: String,
+    wrap: bool,
+}
+
+impl tracing::field::Visit for Message {
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        if field.name() == "wrap" {
+            self.wrap = value;
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.text = value.to_string();
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        // The message is `format_args!`, whose Debug is its text.
+        if field.name() == "message" {
+            self.text = format!("{value:?}");
+        }
+    }
 }
 
 /// `text`'s lines, each as printed: stamp, program, the level's word, the line (made
@@ -228,11 +357,8 @@ pub fn is_format_char(c: char) -> bool {
 
 /// `HH:MM:SSZ` of `time` (UTC).
 pub fn stamp(time: SystemTime) -> String {
-    let secs = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-        % 86_400;
-    format!("{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+    let at = jiff::Timestamp::try_from(time).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    at.strftime("%H:%M:%SZ").to_string()
 }
 
 /// The columns of a stamp and the space after it.
@@ -335,17 +461,34 @@ mod tests {
         }
     }
 
+    /// Whether `filter` shows a line of `target` at `level`, asked of a subscriber of
+    /// this thread alone.
+    fn allows(filter: &Filter, target: &str, level: Level) -> bool {
+        let subscriber = Registry::default().with(filter.env_filter());
+        tracing::subscriber::with_default(subscriber, || at_target!(target, level, enabled))
+    }
+
     #[test]
     fn the_filter_reads_levels_and_targets_as_rust_log_does() {
         let info = Filter::new(Level::Info);
-        assert!(info.allows("plan", Level::Info) && !info.allows("plan", Level::Debug));
+        assert!(allows(&info, "plan", Level::Info) && !allows(&info, "plan", Level::Debug));
         let f = Filter::parse("warn, plan=debug,progress=off", Level::Info, false).unwrap();
-        assert!(f.allows("plan", Level::Debug));
-        assert!(!f.allows("job", Level::Info) && f.allows("job", Level::Warn));
-        assert!(!f.allows("progress", Level::Error));
+        assert!(allows(&f, "plan", Level::Debug));
+        assert!(!allows(&f, "job", Level::Info) && allows(&f, "job", Level::Warn));
+        assert!(!allows(&f, "progress", Level::Error));
+        // The last directive for a target wins.
+        let twice = Filter::parse("plan=off,plan=debug", Level::Info, false).unwrap();
+        assert!(allows(&twice, "plan", Level::Debug));
         // -q or -v chose the level: a bare level in the environment does not move it.
         let q = Filter::parse("debug,trial=info", Level::Warn, true).unwrap();
-        assert!(!q.allows("plan", Level::Info) && q.allows("trial", Level::Info));
+        assert!(!allows(&q, "plan", Level::Info) && allows(&q, "trial", Level::Info));
+        // The error that ends a run is shown whatever the filter says.
+        let off = Filter::parse("off", Level::Info, false).unwrap();
+        assert!(!allows(&off, "pipette", Level::Error));
+        let subscriber = Registry::default().with(off.env_filter());
+        assert!(tracing::subscriber::with_default(subscriber, || {
+            tracing::enabled!(target: END, tracing::Level::ERROR)
+        }));
         assert_eq!(
             Filter::parse("loud", Level::Info, false),
             Err("unknown level \"loud\"".to_string())
@@ -359,5 +502,53 @@ mod tests {
             Filter::parse("", Level::Info, false).unwrap(),
             Filter::new(Level::Info)
         );
+    }
+
+    /// A message through `tracing` comes out as [`lines`] writes it, wrapped when asked.
+    #[test]
+    fn events_are_written_in_our_format() {
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let sink = std::sync::Arc::clone(&out);
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(move || Sink(std::sync::Arc::clone(&sink)))
+            .event_format(Lines);
+        let filter = Filter::new(Level::Info).env_filter();
+        let subscriber = Registry::default().with(filter).with(layer);
+        let long = "word ".repeat(30);
+        tracing::subscriber::with_default(subscriber, || {
+            log(Level::Warn, "job", "a\n  b\u{1b}");
+            log(Level::Debug, "plan", "hidden");
+            log_wrapped(Level::Info, "trial", long.trim_end());
+        });
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let body = |line: &str| line.split_once(' ').unwrap().1.to_string();
+        // The program is whichever [`init`] named last in this process.
+        assert!(body(lines[0]).ends_with(": warning: a"), "{text}");
+        assert!(body(lines[1]).ends_with(": warning:   b\\u{1b}"), "{text}");
+        assert_eq!(lines.len(), 5, "two lines, then 30 words in three: {text}");
+        for line in &lines {
+            assert_eq!(line[..STAMP_WIDTH], lines[0][..STAMP_WIDTH], "{text}");
+            assert!(line.chars().count() <= 80, "{line}");
+        }
+        assert!(
+            lines[3].contains("pipette-run:     word ") || lines[3].contains("pipette:     word "),
+            "{text}"
+        );
+        assert!(!text.contains("hidden"), "{text}");
+    }
+
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 }

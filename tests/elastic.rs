@@ -23,178 +23,65 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, ExitStatus, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
-use common::{assert_no_process_left, cpu_job_command, cpu_profile, node_processes, torchrun};
-use pipette::supervise::events::read_events;
+use common::{
+    assert_no_process_left, find, names, node_processes, unix_ms, JobBuilder, Patience, RunningJob,
+};
 
 const SAVE_INTERVAL: u64 = 2;
 const TRAIN_ITERS: u64 = 5;
-/// A job that writes nothing new for this long is hung (a slow one keeps writing).
-const QUIET_LIMIT: Duration = Duration::from_secs(180);
 
-/// A pipette-run job under test in its own temp dir, whose path marks its processes.
-struct Job {
-    dir: tempfile::TempDir,
-    child: Child,
+/// A job that shows nothing new (output, events, CPU time) for this long is hung.
+fn patience() -> Patience {
+    Patience::quiet(Duration::from_secs(180))
 }
 
-impl Job {
-    /// pipette-run on `hosts` (one worker each) training the tiny GPT with `batch` as its
-    /// global batch, with `extra` pipette options.
-    fn start(hosts: &[&str], batch: u64, extra: &[&str]) -> Job {
-        let dir = tempfile::Builder::new()
-            .prefix("pipette-elastic-")
-            .tempdir()
-            .unwrap();
-        let profile = dir.path().join("cluster.json");
-        std::fs::write(&profile, cpu_profile(hosts, 1)).unwrap();
-        let mut script = common::tiny_gpt_args(TRAIN_ITERS, SAVE_INTERVAL);
-        let at = script
-            .iter()
-            .position(|a| a == "--global-batch-size")
-            .unwrap();
-        script[at + 1] = batch.to_string();
-        let child = cpu_job_command(env!("CARGO_BIN_EXE_pipette-run"))
-            .args(["--no-trial", "--launcher", "local", "--nproc-per-node", "1"])
-            .arg("--cluster")
-            .arg(&profile)
-            .args(["--hosts", &hosts.join(","), "--pin", "tp=1,pp=1"])
-            .arg("--run-dir")
-            .arg(dir.path().join("run"))
-            .arg("--torchrun")
-            .arg(torchrun())
-            .args(["--master-port", &common::free_port().to_string()])
-            .args(["--health-timeout", "15s", "--grace", "2s"])
-            // No --stall-timeout: the kill is seen as a failure at once, and a start-up on a
-            // busy machine can take minutes (a hung job fails the test by QUIET_LIMIT).
-            .args(["--max-replans", "1"])
-            .args(extra)
-            .arg("examples/train_gpt.py")
-            .args(script)
-            .arg("--save")
-            .arg(dir.path().join("save"))
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
-            .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap())
-            .spawn()
-            .expect("start pipette-run");
-        Job { dir, child }
-    }
-
-    fn marker(&self) -> String {
-        self.dir.path().display().to_string()
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn read(&self, name: &str) -> String {
-        std::fs::read_to_string(self.path(name)).unwrap_or_default()
-    }
-
-    /// Bytes written so far: what a job that is not hung keeps adding to.
-    fn written(&self) -> u64 {
-        ["stdout", "stderr", "run/events.jsonl"]
-            .iter()
-            .map(|name| std::fs::metadata(self.path(name)).map_or(0, |m| m.len()))
-            .sum()
-    }
-
-    /// Polls until `done` says yes (`Some`); fails when pipette-run exits first (unless
-    /// `done` takes the status) or writes nothing for [`QUIET_LIMIT`].
-    fn until<T>(&mut self, what: &str, mut done: impl FnMut(&mut Job) -> Option<T>) -> T {
-        let (mut written, mut changed) = (0, Instant::now());
-        loop {
-            if let Some(value) = done(self) {
-                return value;
-            }
-            if self.written() != written {
-                (written, changed) = (self.written(), Instant::now());
-            }
-            if changed.elapsed() > QUIET_LIMIT {
-                let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-                let _ = self.child.wait();
-                panic!(
-                    "{what}: nothing new for {QUIET_LIMIT:?}:\n{}",
-                    self.read("stderr")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits for iteration `n` of the first attempt.
-    fn wait_for_iteration(&mut self, n: u64) {
-        let needle = format!(" iteration {n:8}/");
-        self.until(&format!("iteration {n}"), |job| {
-            if let Ok(Some(status)) = job.child.try_wait() {
-                panic!(
-                    "pipette-run exited ({status}) early:\n{}",
-                    job.read("stderr")
-                );
-            }
-            job.read("stdout").contains(&needle).then_some(())
-        });
-    }
-
-    fn wait(&mut self) -> ExitStatus {
-        self.until("the end", |job| job.child.try_wait().unwrap())
-    }
-
-    /// SIGKILL to every process of `host` (torchrun first); the last checkpoint's
-    /// iteration then, and when (unix ms).
-    fn kill_node(&self, host: &str) -> (u64, u64) {
-        let procs = node_processes(&self.marker(), host);
-        assert!(
-            procs.len() >= 2,
-            "{host} runs torchrun and a worker: {procs:?}"
-        );
-        for p in &procs {
-            kill(Pid::from_raw(p.pid), Signal::SIGKILL).unwrap();
-        }
-        let killed_ms = unix_ms();
-        let saved = self.read("save/latest_checkpointed_iteration.txt");
-        (
-            saved.trim().parse().expect("a checkpoint was saved"),
-            killed_ms,
-        )
-    }
-
-    fn events(&self) -> Vec<Value> {
-        read_events(&self.path("run/events.jsonl")).unwrap()
-    }
+/// pipette-run on `hosts` (one worker each) training the tiny GPT with `batch` as its
+/// global batch, with `extra` pipette options.
+fn start(hosts: &[&str], batch: u64, extra: &[&str]) -> RunningJob {
+    let mut job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-elastic-");
+    let save = job.dir().join("save");
+    let mut script = common::tiny_gpt_args(TRAIN_ITERS, SAVE_INTERVAL);
+    let at = script
+        .iter()
+        .position(|a| a == "--global-batch-size")
+        .unwrap();
+    script[at + 1] = batch.to_string();
+    job.args(["--no-trial", "--launcher", "local"])
+        .cpu_cluster(hosts, 1)
+        .hosts(hosts, 1)
+        .args(["--pin", "tp=1,pp=1"])
+        .launch_basics(&common::torchrun())
+        .args(["--health-timeout", "15s", "--grace", "2s"])
+        // No --stall-timeout: the kill is seen as a failure at once, and a start-up on a
+        // busy machine can take minutes (a hung job fails the test by its patience).
+        .args(["--max-replans", "1"])
+        .args(extra)
+        .arg("examples/train_gpt.py")
+        .args(script)
+        .arg("--save")
+        .arg(save);
+    job.spawn()
 }
 
-impl Drop for Job {
-    fn drop(&mut self) {
-        // A failed test must not leave its job running.
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
-            let _ = self.child.wait();
-        }
-        for p in common::with_marker(&self.marker()) {
-            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-        }
+/// SIGKILL to every process of `host` (torchrun first); the last checkpoint's iteration
+/// then, and when (unix ms).
+fn kill_node(job: &RunningJob, host: &str) -> (u64, u64) {
+    let procs = node_processes(&job.marker(), host);
+    assert!(
+        procs.len() >= 2,
+        "{host} runs torchrun and a worker: {procs:?}"
+    );
+    for p in &procs {
+        kill(Pid::from_raw(p.pid), Signal::SIGKILL).unwrap();
     }
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn find<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["event"] == name).collect()
+    let killed_ms = unix_ms();
+    (job.saved().expect("a checkpoint was saved"), killed_ms)
 }
 
 fn hosts_of(launch: &Value) -> Vec<String> {
@@ -212,13 +99,13 @@ fn hosts_of(launch: &Value) -> Vec<String> {
 /// the replan event and the two launches' hosts.
 fn kill_and_resume(hosts: &[&str], batch: u64, extra: &[&str], victim: &str) -> Recovered {
     let started = Instant::now();
-    let mut job = Job::start(hosts, batch, extra);
-    job.wait_for_iteration(SAVE_INTERVAL + 1);
-    let (saved, killed_ms) = job.kill_node(victim);
-    let status = job.wait();
+    let mut job = start(hosts, batch, extra);
+    job.wait_for_iteration(SAVE_INTERVAL + 1, patience());
+    let (saved, killed_ms) = kill_node(&job, victim);
+    let status = job.wait(patience());
     let events = job.events();
-    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
-    assert_eq!(status.code(), Some(0), "{}\n{names:?}", job.read("stderr"));
+    let names = names(&events);
+    assert_eq!(status.code(), Some(0), "{}\n{names:?}", job.stderr());
     let launches = find(&events, "launch");
     let replans = find(&events, "replan");
     assert_eq!((launches.len(), replans.len()), (2, 1), "{names:?}");
@@ -240,17 +127,11 @@ fn kill_and_resume(hosts: &[&str], batch: u64, extra: &[&str], victim: &str) -> 
         .find(|p| p["attempt"] == 2)
         .expect("attempt 2 reported progress");
     assert_eq!(resumed["first_iteration"], saved + 1, "{resumed}");
-    let mut logs = String::new();
-    for entry in std::fs::read_dir(job.path("run/attempt-2/logs")).unwrap() {
-        logs.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
-    }
+    let logs = job.attempt_logs(2);
     let resuming = format!("resuming training at iteration {}", saved + 1);
     assert!(logs.contains(&resuming), "{logs}");
     assert!(logs.contains(&format!("global batch {batch},")), "{logs}");
-    assert_eq!(
-        job.read("save/latest_checkpointed_iteration.txt").trim(),
-        TRAIN_ITERS.to_string()
-    );
+    assert_eq!(job.saved(), Some(TRAIN_ITERS));
     assert_no_process_left(&job.marker());
     // Where the time from the kill to the first resumed iteration went (printed, never
     // asserted: it measures the machine).

@@ -30,14 +30,15 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
 use common::{
-    find, iteration_line, job_processes, repo, tail, torchrun, JobBuilder, Patience, RunningJob,
+    find, iteration_line, job_processes, repo, tail, torchrun, unix_ms, JobBuilder, Patience,
+    RunningJob,
 };
 
 /// Two cores hold one Megatron job at a time.
@@ -73,13 +74,6 @@ fn megatron_version() -> String {
         Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().into(),
         _ => "unknown".into(),
     }
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 /// Fails when a process of the job is still there after a few seconds.

@@ -25,14 +25,14 @@ mod common;
 
 use std::process::ExitStatus;
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use common::{
-    assert_no_process_left, cpu_profile, find, names, node_processes, tail, JobBuilder, Patience,
-    RunningJob, Sshd,
+    assert_no_process_left, cpu_profile, find, names, node_processes, tail, unix_ms, JobBuilder,
+    Patience, RunningJob, Sshd,
 };
 use pipette::cluster::ClusterProfile;
 use pipette::config::settings_from_megatron_args;
@@ -85,13 +85,6 @@ fn start_with(
         .arg(save)
         .args(script_extra);
     job.spawn()
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 /// Sends `signal` to every process of `host` (torchrun first, then its workers); returns

@@ -9,12 +9,14 @@
 //! - `run`: `pipette-run` — the dry run, and the launch (profile, plan, trial, launch,
 //!   supervise), planned or not, as a straight sequence of the [`crate::job`] stage's
 //!   steps; `pipette calibrate` (the trial alone);
+//! - `interrupt`: a stop signal before the supervisor takes over, recorded as it would;
 //! - `copies`: one pipette-run per node — the leader's run over the copies' nodes, or an
 //!   agent's life;
 //! - `commands`: the `pipette` subcommands, one file each (`doctor` among them).
 
 mod commands;
 mod copies;
+mod interrupt;
 mod run;
 
 use std::ffi::OsString;
@@ -45,7 +47,7 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     // it, the parsed `--json` decides).
     let early = crate::cli::site_config_matches(&args);
     let early_finish = |result| finish_as(crate::cli::json_requested(&early, &args), result);
-    let site = match site_config(&early) {
+    let site = match crate::cli::site::load(&early) {
         Ok(site) => site,
         Err(message) => return early_finish(Err(Error::Usage(message))),
     };
@@ -78,28 +80,6 @@ pub fn pipette_run_main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Ok(Some(found)) => copies::run_copy(config, found, drive),
         Ok(None) => drive(&config),
     }
-}
-
-/// The site configuration (see [`crate::cli::site`]): `--config`/`PIPETTE_CONFIG` as
-/// `matches` holds them, else the default path when a file is there. A file that cannot be
-/// read or parsed is an error naming it.
-fn site_config(matches: &clap::ArgMatches) -> Result<Option<crate::cli::site::SiteConfig>, String> {
-    let env = |name: &str| std::env::var(name).ok();
-    match crate::cli::site::config_path(matches, env, Path::is_file) {
-        Some(path) => site_config_at(&path),
-        None => Ok(None),
-    }
-}
-
-/// The site configuration in `path`.
-fn site_config_at(path: &Path) -> Result<Option<crate::cli::site::SiteConfig>, String> {
-    let text = crate::input_file::read_to_string(path).map_err(|e| {
-        format!(
-            "cannot read the site configuration {}: {e} (fix --config or PIPETTE_CONFIG)",
-            path.display()
-        )
-    })?;
-    crate::cli::site::parse_site_config(&text, path, &crate::cli::run_command()).map(Some)
 }
 
 /// The single driver's run (also the leader's, of one copy per node). A launch has the
@@ -138,7 +118,9 @@ pub fn pipette_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     log::init("pipette", log::Filter::new(log::Level::Info));
     // `pipette calibrate` runs the trial of a pipette-run job: the site configuration
     // gives its options' defaults as it does pipette-run's.
-    let site = match crate::cli::calibrate_site_config_matches(&args).map(|m| site_config(&m)) {
+    let site = match crate::cli::calibrate_site_config_matches(&args)
+        .map(|m| crate::cli::site::load(&m))
+    {
         Some(Err(message)) => return finish(Err(Error::Usage(message))),
         Some(Ok(site)) => site,
         None => None,

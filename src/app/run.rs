@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::interrupt::{ending_on_signal, stop_requested, Before};
 use super::{to_json, write_json};
 use crate::cli::resolved::RunConfig;
 use crate::cluster::ClusterProfile;
@@ -13,7 +14,6 @@ use crate::job::{self, Decided, Inputs, Purpose};
 use crate::launch::{self, Layout};
 use crate::log::{self, Level, TEXT_WIDTH};
 use crate::plan::Plan;
-use crate::render;
 use crate::replan::trials::MAX_TRIAL_ROUNDS;
 use crate::report::dry_run::NodesSection;
 use crate::report::dry_run::{
@@ -261,138 +261,20 @@ fn work(settings: &Settings, plan: &Plan, profile: &ClusterProfile) -> Work {
     }
 }
 
-/// What a launch was doing, for a stop signal's record, and how long each step took, for
-/// the ledger.
-pub(super) struct Stage {
-    /// `profiling the nodes`, `the trial run`.
-    pub(super) during: &'static str,
-    /// The run directory, once known.
-    pub(super) run_dir: Option<std::path::PathBuf>,
-    /// When pipette-run started on the launch.
-    pub(super) start: Instant,
-    /// The steps before the supervisor's, timed so far (`wall` is set at the end).
-    pub(super) ledger: LedgerInputs,
-    /// The user's configuration costed beside the plan, for `--json`.
-    pub(super) yours: Option<YoursReport>,
-}
-
-/// What the supervisor's caller knew before the launch, for the end of the job.
-pub(super) struct Before<'a> {
-    /// The ledger's inputs, `wall` up to the launch.
-    pub(super) ledger: LedgerInputs,
-    pub(super) yours: Option<&'a YoursReport>,
-}
-
-impl Stage {
-    /// What is known so far, with the wall time so far.
-    pub(super) fn before(&self) -> Before<'_> {
-        Before {
-            ledger: LedgerInputs {
-                wall: self.start.elapsed(),
-                ..self.ledger.clone()
-            },
-            yours: self.yours.as_ref(),
-        }
-    }
-}
-
-/// Runs `launch` (which says in its [`Stage`] what it is doing); when a stop signal ends it
-/// before the supervisor takes over (profiling, planning, the trial: each stops what it ran
-/// and removes its staging), records the signal and the exit in the run directory's
-/// `events.jsonl` and `summary.txt` as the supervisor would, prints the summary, and
-/// returns 128 + the signal's number.
-pub(super) fn ending_on_signal(
-    config: &RunConfig,
-    launch: impl FnOnce(&mut Stage) -> Result<i32, Error>,
-) -> Result<i32, Error> {
-    let mut stage = Stage {
-        during: "profiling the nodes",
-        run_dir: None,
-        start: Instant::now(),
-        ledger: LedgerInputs::default(),
-        yours: None,
-    };
-    let error = match launch(&mut stage) {
-        Ok(code) => return Ok(code),
-        Err(e) => e,
-    };
-    let Some(signal) = error.interrupted_by() else {
-        return Err(error);
-    };
-    let ledger = LedgerInputs {
-        wall: stage.start.elapsed(),
-        ..stage.ledger.clone()
-    };
-    let run_dir = match stage.run_dir {
-        Some(dir) => dir,
-        None => {
-            let workdir = std::env::current_dir()
-                .map_err(|e| Error::Internal(format!("cannot read the working directory: {e}")))?;
-            match &config.launch.run_dir {
-                Some(dir) => render::claim_run_dir(&workdir.join(dir), false)?,
-                None => {
-                    let id = std::process::id().to_string();
-                    render::claim_run_dir(
-                        &render::default_run_dir(&workdir, &id, job::local_time()),
-                        true,
-                    )?
-                }
-            }
-        }
-    };
-    let events = supervise::events::EventLog::create(&run_dir).map_err(|e| {
-        Error::Usage(format!(
-            "cannot write {}: {e} (choose another --run-dir)",
-            run_dir.join("events.jsonl").display()
-        ))
-    })?;
-    let count = supervise::signals::stop_received().map_or(1, |r| r.count);
-    let outcome = supervise::interrupted(&events, signal, count, stage.during);
-    log::log(
-        Level::Warn,
-        "job",
-        &format!(
-            "{} received during {}: stopped it (nothing is left running); run directory {} (events.jsonl, summary.txt)",
-            supervise::signals::signal_name(signal),
-            stage.during,
-            run_dir.display()
-        ),
-    );
-    let before = Before {
-        ledger,
-        yours: stage.yours.as_ref(),
-    };
-    finish_outcome(config, &run_dir, &outcome, None, &before)
-}
-
-/// `Err(Error::Interrupted)` once a stop signal has arrived: checked between the stages
-/// that do not watch for one themselves.
-pub(super) fn stop_requested() -> Result<(), Error> {
-    match supervise::signals::stop_received() {
-        Some(r) => Err(Error::Interrupted(r.signal)),
-        None => Ok(()),
-    }
-}
-
 /// Supervises `first` (and every relaunch) to the end, planned or not: the event log, the
 /// notes and the run directory's line, then [`supervise::supervise`], the summary (on
 /// stderr and in the run directory) and, with `--json`, the result on stdout. Returns
 /// pipette-run's exit code.
 pub(super) fn supervise_job(
     config: &RunConfig,
-    template: &launch::JobTemplate,
+    spec: &launch::JobSpec,
     first: launch::Attempt,
     trial: Option<&trial::TrialReport>,
     before: &Before<'_>,
 ) -> Result<i32, Error> {
     let start = Instant::now();
-    let run_dir = template.run_dir.clone();
-    let events = supervise::events::EventLog::create(&run_dir).map_err(|e| {
-        Error::Usage(format!(
-            "cannot write {}: {e} (choose another --run-dir)",
-            run_dir.join("events.jsonl").display()
-        ))
-    })?;
+    let run_dir = spec.run_dir.clone();
+    let events = event_log(&run_dir)?;
     for note in &first.spec.notes {
         log::log_wrapped(Level::Info, "job", note);
     }
@@ -403,7 +285,7 @@ pub(super) fn supervise_job(
     let line = format!("run directory {} ({files})", run_dir.display());
     log::log_wrapped(Level::Info, "job", &line);
     stop_requested()?;
-    let outcome = supervise::supervise(template, first, &config.supervise, &events);
+    let outcome = supervise::supervise(spec, first, &config.supervise, &events);
     let before = Before {
         ledger: LedgerInputs {
             wall: before.ledger.wall + start.elapsed(),
@@ -414,9 +296,19 @@ pub(super) fn supervise_job(
     finish_outcome(config, &run_dir, &outcome, trial, &before)
 }
 
+/// The run directory's `events.jsonl`, begun.
+pub(super) fn event_log(run_dir: &std::path::Path) -> Result<supervise::events::EventLog, Error> {
+    supervise::events::EventLog::create(run_dir).map_err(|e| {
+        Error::Usage(format!(
+            "cannot write {}: {e} (choose another --run-dir)",
+            run_dir.join("events.jsonl").display()
+        ))
+    })
+}
+
 /// The end of a job: the summary (on stderr and in the run directory) and, with `--json`,
 /// the result on stdout. Returns pipette-run's exit code.
-fn finish_outcome(
+pub(super) fn finish_outcome(
     config: &RunConfig,
     run_dir: &std::path::Path,
     outcome: &supervise::Outcome,
@@ -587,11 +479,7 @@ pub(super) fn launch_unplanned(config: &RunConfig, why: &str) -> Result<i32, Err
         let first = spec
             .prepare(1, Layout::World(prepared.world), None)
             .map_err(job::JobError::from)?;
-        // Silence fails the job only when --startup-timeout says how long: torchrun never
-        // gives up on a quiet script, and a script that is not Megatron's prints no iteration
-        // lines by which progress could be told.
-        let mut config = config.clone();
-        config.supervise.startup_timeout = config.startup_timeout_given;
-        supervise_job(&config, &spec, first, None, &stage.before())
+        // With planning off, only --startup-timeout limits the silence (see RunConfig).
+        supervise_job(config, &spec, first, None, &stage.before())
     })
 }

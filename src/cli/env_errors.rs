@@ -9,6 +9,9 @@ use std::ffi::{OsStr, OsString};
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 
+use crate::config::megatron::argparse::words_by;
+use crate::config::megatron::options::Arity;
+
 /// When `error` is about an option's value that came from its environment variable (the
 /// option is not on the command line `args` and `lookup` finds the variable set), the
 /// one-line message naming the variable; else `None` (clap's own message is right).
@@ -35,7 +38,7 @@ pub fn blame_environment(
     let names: Vec<&str> = std::iter::once(long)
         .chain(arg.get_all_aliases().unwrap_or_default())
         .collect();
-    if on_command_line(args, &names, arg.get_short()) {
+    if on_command_line(command, args, &names, arg.get_short()) {
         return None;
     }
     let value = lookup(variable)?;
@@ -74,22 +77,36 @@ fn find_long<'a>(command: &'a clap::Command, long: &str) -> Option<&'a clap::Arg
 }
 
 /// Whether the option appears among `args` before `--` (as `--name`, `--name=...`, or its
-/// short form). A script argument of the same spelling after SCRIPT may count too: the
-/// message is then clap's own, which is still right about the value.
-fn on_command_line(args: &[OsString], names: &[&str], short: Option<char>) -> bool {
-    args.iter()
+/// short form), the words read by [`words_by`] (the one reader of argument lists) with
+/// `command`'s options' arities. A script argument of the same spelling
+/// after SCRIPT may count too: the message is then clap's own, which is still right about
+/// the value.
+fn on_command_line(
+    command: &clap::Command,
+    args: &[OsString],
+    names: &[&str],
+    short: Option<char>,
+) -> bool {
+    let args: Vec<String> = args
+        .iter()
         .skip(1)
-        .map(|a| a.to_string_lossy())
-        .take_while(|a| a != "--")
-        .any(|a| {
-            let long = a
-                .strip_prefix("--")
-                .map(|l| l.split('=').next().unwrap_or(l));
-            long.is_some_and(|l| names.contains(&l))
-                || short.is_some_and(|s| {
-                    a.strip_prefix('-')
-                        .is_some_and(|rest| !rest.starts_with('-') && rest.starts_with(s))
-                })
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let options_end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let arity = |name: &str| match find_long(command, name) {
+        Some(arg) if arg.get_action().takes_values() => Arity::Value,
+        _ => Arity::Flag,
+    };
+    let named = |name: &str| names.iter().any(|n| n.replace('_', "-") == name);
+    words_by(&args[..options_end], arity)
+        .iter()
+        .any(|word| match &word.name {
+            Some(name) => named(name),
+            None => short.is_some_and(|s| {
+                args[word.start]
+                    .strip_prefix('-')
+                    .is_some_and(|rest| !rest.starts_with('-') && rest.starts_with(s))
+            }),
         })
 }
 
@@ -105,24 +122,29 @@ mod tests {
 
     #[test]
     fn typed_options_are_found_in_every_spelling() {
+        let command = RunCli::command();
         let names = ["nproc-per-node", "nproc_per_node"];
         for typed in [
             &["pipette-run", "--nproc-per-node", "x"][..],
             &["pipette-run", "--nproc_per_node=x"],
         ] {
-            assert!(on_command_line(&os(typed), &names, None), "{typed:?}");
+            assert!(
+                on_command_line(&command, &os(typed), &names, None),
+                "{typed:?}"
+            );
         }
         assert!(!on_command_line(
+            &command,
             &os(&["pipette-run", "--", "--nproc-per-node"]),
             &names,
             None
         ));
         assert!(on_command_line(
+            &command,
             &os(&["pipette-run", "-rx"]),
             &["redirects"],
             Some('r')
         ));
-        let command = RunCli::command();
         assert_eq!(
             find_long(&command, "nproc_per_node").and_then(|a| a.get_env()),
             Some(OsStr::new("PET_NPROC_PER_NODE"))

@@ -908,7 +908,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         for (access, nodes) in [(access, nodes), (d_access, d_nodes)] {
-            assert_eq!(access.launcher.as_deref(), Some("ssh"));
+            assert_eq!(access.launcher, Some(options::Launcher::Ssh));
             assert_eq!(access.ssh_config, Some(PathBuf::from("cfg")));
             assert_eq!(access.torchrun, "/opt/tr");
             assert_eq!(nodes.env, [("A".to_string(), Some("1".to_string()))]);

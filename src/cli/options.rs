@@ -309,8 +309,8 @@ pub struct SuperviseOptions {
 pub struct AccessOptions {
     /// How to reach the nodes: local, ssh or srun (default: local when every node is
     /// this machine, srun inside Slurm, else ssh)
-    #[arg(long, env = "PIPETTE_LAUNCHER", value_name = "HOW", value_parser = ["local", "ssh", "srun"])]
-    pub launcher: Option<String>,
+    #[arg(long, env = "PIPETTE_LAUNCHER", value_name = "HOW")]
+    pub launcher: Option<Launcher>,
 
     /// An ssh client configuration file for reaching the nodes (`ssh -F FILE`): user,
     /// port, identity, host aliases
@@ -418,6 +418,24 @@ fn parse_percent(text: &str) -> Result<f64, String> {
         Ok(value)
     } else {
         Err(format!("{text} % is out of range (give 0 up to 100)"))
+    }
+}
+
+/// `--launcher`'s ways to reach the nodes, as the command line spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Launcher {
+    Local,
+    Ssh,
+    Srun,
+}
+
+impl From<Launcher> for crate::launch::Launcher {
+    fn from(launcher: Launcher) -> Self {
+        match launcher {
+            Launcher::Local => crate::launch::Launcher::Local,
+            Launcher::Ssh => crate::launch::Launcher::Ssh,
+            Launcher::Srun => crate::launch::Launcher::Srun,
+        }
     }
 }
 

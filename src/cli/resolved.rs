@@ -52,10 +52,6 @@ pub struct RunConfig {
     pub node_env: BTreeMap<String, String>,
     /// `--env` and `--env-file`.
     pub env_request: super::node_env::EnvRequest,
-    /// `--startup-timeout` as given (`None` when not, or `0`): with planning off it is the
-    /// only silence that fails a job, since a script that is not Megatron's prints no
-    /// iteration lines and may be quiet for long, as it may under torchrun.
-    pub startup_timeout_given: Option<Duration>,
 }
 
 /// How results are shown.
@@ -156,7 +152,7 @@ pub struct LaunchConfig {
 #[derive(Debug, Clone, Default)]
 pub struct NodeAccess {
     /// `--launcher`: local, ssh or srun.
-    pub launcher: Option<String>,
+    pub launcher: Option<launch::Launcher>,
     /// `--ssh-config`.
     pub ssh_config: Option<PathBuf>,
     /// The leader of one copy per node reaches every node through its copy.
@@ -173,6 +169,17 @@ impl RunConfig {
         let t = &cli.torchrun;
         let s = &cli.supervise;
         let endpoint = rendezvous_endpoint(&t.rdzv_endpoint);
+        let settings = SettingsInputs::new(&cli.model);
+        let planned =
+            crate::config::planning_off(cli.script_args(), settings.preset.as_deref()).is_none();
+        // Planned: silence before the first iteration fails the job after --startup-timeout,
+        // else --stall-timeout. With planning off only --startup-timeout as given does:
+        // torchrun never gives up on a quiet script, and a script that is not Megatron's
+        // prints no iteration lines by which progress could be told.
+        let startup_timeout = match planned {
+            true => Some(s.startup_timeout.unwrap_or(s.stall_timeout)),
+            false => s.startup_timeout,
+        };
         RunConfig {
             output: OutputMode {
                 dry_run: cli.pipette.dry_run,
@@ -189,7 +196,7 @@ impl RunConfig {
                 nnodes: t.nnodes,
                 nproc_per_node: t.nproc_per_node,
             },
-            settings: SettingsInputs::new(&cli.model),
+            settings,
             reprofile: cli.profiling.reprofile,
             planning: PlanningConfig::new(&cli.planning, cli.pipette.seed).with_min_nodes(t.nnodes),
             trial: TrialConfig {
@@ -215,8 +222,7 @@ impl RunConfig {
             supervise: supervise::SuperviseOptions {
                 grace: s.grace,
                 stall_timeout: (!s.stall_timeout.is_zero()).then_some(s.stall_timeout),
-                startup_timeout: Some(s.startup_timeout.unwrap_or(s.stall_timeout))
-                    .filter(|d| !d.is_zero()),
+                startup_timeout: startup_timeout.filter(|d| !d.is_zero()),
                 max_replans: s.max_replans,
                 health_timeout: s.health_timeout,
                 progress_interval: match cli.log.quiet {
@@ -241,7 +247,6 @@ impl RunConfig {
                 },
                 ..supervise::SuperviseOptions::default()
             },
-            startup_timeout_given: s.startup_timeout.filter(|d| !d.is_zero()),
             node_env: forwarded_env(&env),
             env_request: super::node_env::EnvRequest::new(&cli.nodes),
             discovery: DiscoveryInputs::new(&cli.discovery, env),
@@ -350,7 +355,7 @@ impl NodeAccess {
     /// `--launcher`, `--ssh-config`, `--ssh-args` and `--srun-args` as given.
     pub fn new(access: &AccessOptions, nodes: &NodeOptions) -> NodeAccess {
         NodeAccess {
-            launcher: access.launcher.clone(),
+            launcher: access.launcher.map(launch::Launcher::from),
             ssh_config: access.ssh_config.clone(),
             agents: None,
             ssh_args: nodes.ssh_args.clone().unwrap_or_default().0,
@@ -370,7 +375,7 @@ impl NodeAccess {
             ssh.extra_args = vec!["-F".to_string(), config.display().to_string()];
         }
         ssh.extra_args.extend(self.ssh_args.iter().cloned());
-        match launch::choose_transport(self.launcher.as_deref(), hosts, source, ssh) {
+        match launch::choose_transport(self.launcher, hosts, source, ssh) {
             Transport::Srun(mut srun) => {
                 srun.extra_args.extend(self.srun_args.iter().cloned());
                 Transport::Srun(srun)
@@ -455,8 +460,17 @@ mod tests {
         assert_eq!(c.planning.base.top_k, crate::plan::search::DEFAULT_TOP_K);
         let s = &c.supervise;
         assert_eq!(s.stall_timeout, Some(Duration::from_secs(30 * 60)));
-        // The start-up timeout follows the stall timeout unless given.
-        assert_eq!(s.startup_timeout, s.stall_timeout);
+        // Planning is off (no model arguments): only --startup-timeout as given limits
+        // the silence before the first iteration.
+        assert_eq!(s.startup_timeout, None);
+        let given = resolve(&["--startup-timeout", "5min", "train.py"]);
+        assert_eq!(
+            given.supervise.startup_timeout,
+            Some(Duration::from_secs(300))
+        );
+        // Planned, it follows the stall timeout unless given.
+        let planned = resolve(&["train.py", "--num-layers", "2"]);
+        assert_eq!(planned.supervise.startup_timeout, s.stall_timeout);
         assert!(matches!(s.echo, supervise::Echo::Streams));
     }
 
@@ -479,7 +493,8 @@ mod tests {
         let c = resolve(&["--rdzv-endpoint", "n3:1234", "--master-addr", "n0", "t.py"]);
         assert_eq!(c.launch.master_addr.as_deref(), Some("n3"));
         assert_eq!(c.launch.master_port, 1234);
-        assert_eq!(c.startup_timeout_given, None);
+        // Planning is off (no model arguments): no --startup-timeout, no limit.
+        assert_eq!(c.supervise.startup_timeout, None);
     }
 
     #[test]

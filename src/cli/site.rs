@@ -157,6 +157,28 @@ pub fn apply(command: clap::Command, config: &SiteConfig) -> clap::Command {
     })
 }
 
+/// The site configuration: `--config`/`PIPETTE_CONFIG` as `matches` holds them, else the
+/// default path when a file is there. A file that cannot be read or parsed is an error
+/// naming it.
+pub fn load(matches: &clap::ArgMatches) -> Result<Option<SiteConfig>, String> {
+    let env = |name: &str| std::env::var(name).ok();
+    match config_path(matches, env, Path::is_file) {
+        Some(path) => load_from(&path),
+        None => Ok(None),
+    }
+}
+
+/// The site configuration in `path`.
+pub fn load_from(path: &Path) -> Result<Option<SiteConfig>, String> {
+    let text = crate::input_file::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read the site configuration {}: {e} (fix --config or PIPETTE_CONFIG)",
+            path.display()
+        )
+    })?;
+    parse_site_config(&text, path, &crate::cli::run_command()).map(Some)
+}
+
 /// Which file is the site configuration: `--config`/`PIPETTE_CONFIG` as parsed in
 /// `matches`, else the first of `$XDG_CONFIG_HOME/pipette/config.toml` and
 /// `$HOME/.config/pipette/config.toml` that `exists` says is there.
@@ -229,6 +251,7 @@ pub fn show(command: clap::Command, config: Option<&SiteConfig>) -> Result<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::options::Launcher;
     use crate::cli::{run_command, RunCli};
     use clap::FromArgMatches;
 
@@ -248,7 +271,7 @@ mod tests {
             RunCli::from_arg_matches(&matches).unwrap()
         };
         let cli = parse(&["pipette-run", "train.py"]);
-        assert_eq!(cli.supervise.access.launcher.as_deref(), Some("ssh"));
+        assert_eq!(cli.supervise.access.launcher, Some(Launcher::Ssh));
         assert_eq!(cli.supervise.stall_timeout.as_secs(), 3600);
         assert!(cli.trial.no_trial);
         assert_eq!(cli.pipette.seed, 7);
@@ -260,7 +283,7 @@ mod tests {
             "1",
             "train.py",
         ]);
-        assert_eq!(cli.supervise.access.launcher.as_deref(), Some("local"));
+        assert_eq!(cli.supervise.access.launcher, Some(Launcher::Local));
         assert_eq!(cli.pipette.seed, 1);
     }
 

@@ -9,7 +9,7 @@ use crate::cluster::allocation::NprocPerNode;
 use crate::cluster::discover::Discovery;
 use crate::cluster::{self, Allocation, AllocationError, AllocationRequest, ClusterProfile};
 use crate::config::{self, Settings};
-use crate::launch::JobTemplate;
+use crate::launch::JobSpec;
 use crate::measure::{self, ProfileOptions, ProgressBars};
 use crate::model::params;
 use crate::render::{LaunchSpec, ScriptInvocation};
@@ -64,7 +64,7 @@ pub fn gather(config: &RunConfig, measure: bool, tell: Tell<'_>) -> Result<Input
 pub struct Previewed<'a> {
     pub decided: &'a Decided,
     /// The spec it rendered with (its run directory holds the files).
-    pub spec: &'a JobTemplate,
+    pub spec: &'a JobSpec,
     pub launch: LaunchSpec,
 }
 
@@ -119,8 +119,8 @@ pub fn check_local_torchrun(
         return Ok(());
     }
     let torchrun = &config.launch.torchrun;
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    if find_executable(torchrun, &path).is_some() {
+    // A name with a `/` is a path (as the shell reads it); `which` checks both.
+    if which::which(torchrun).is_ok() {
         return Ok(());
     }
     let where_ = match torchrun.contains('/') {
@@ -131,21 +131,6 @@ pub fn check_local_torchrun(
         "torchrun not found: {where_}, and the nodes run on this machine (activate the \
          environment that has PyTorch, or give --torchrun PATH)"
     )))
-}
-
-/// `program` as the shell would run it: a path when it holds a `/`, else the first
-/// executable file of that name in `path` (a `PATH` value).
-fn find_executable(program: &str, path: &std::ffi::OsStr) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        return runnable(Path::new(program)).then(|| PathBuf::from(program));
-    }
-    std::env::split_paths(path)
-        .map(|dir| dir.join(program))
-        .find(|candidate| runnable(candidate))
 }
 
 /// Profiles the discovered nodes (or reuses the cached profile of the same nodes), the

@@ -6,17 +6,19 @@
 //!   settings ([`Inputs`]);
 //! - [`decide`]: the plan against the user's own configuration ([`Decided`]); once per
 //!   calibration: before the trial, and again with the trial's fitted one;
-//! - [`spec`]: what every attempt shares ([`launch::JobTemplate`]), built once, after the
+//! - [`spec`]: what every attempt shares ([`launch::JobSpec`]), built once, after the
 //!   inputs it needs exist (a preview's has no run id from the start);
 //! - [`trial`]: the trial rounds and the re-plan they give ([`Trialled`]);
 //! - [`first_attempt`]: attempt 1, rendered and written, with the planning inputs in its
 //!   [`launch::Layout::Planned`];
-//! - [`unplanned`]: with planning off, the world torchrun would run.
+//! - [`unplanned`]: with planning off, the world torchrun would run;
+//! - [`estimate`]: `pipette estimate`'s one configuration, checked and costed.
 //!
 //! Prints nothing: what it has to tell as it goes (profiling, the trial's rounds) it
 //! tells as [`Event`]s to the front, which shows them.
 
 pub mod decided;
+pub mod estimate;
 pub mod inputs;
 mod spec;
 mod trial;
@@ -37,7 +39,7 @@ use crate::trial::{TrialError, TrialReport};
 pub use decided::{decide, runner_up, Decided};
 pub use inputs::{gather, Inputs, Previewed};
 pub use spec::{
-    first_attempt, installed_torchrun_spelling, local_time, preview, preview_world, spec,
+    claim_run_dir, first_attempt, installed_torchrun_spelling, preview, preview_world, spec,
     write_pictures, Purpose,
 };
 pub use trial::{trial, Trialled};

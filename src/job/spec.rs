@@ -1,14 +1,15 @@
-//! What every attempt of a job shares ([`launch::JobTemplate`]), built once from the run's
+//! What every attempt of a job shares ([`launch::JobSpec`]), built once from the run's
 //! configuration and allocation, and what is rendered from it: the dry run's preview and
 //! the launch's first attempt.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{Decided, JobError};
 use crate::cli::resolved::RunConfig;
 use crate::cluster::{Allocation, ClusterProfile};
 use crate::exec::{self, Transport};
-use crate::launch::{self, Attempt, JobTemplate, Layout, World};
+use crate::launch::{self, Attempt, JobSpec, Layout, World};
 use crate::plan::Plan;
 use crate::render::{self, LaunchSpec};
 use crate::report::pictures;
@@ -16,7 +17,7 @@ use crate::report::pictures;
 /// What a job's spec is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Purpose {
-    /// A dry run's preview: no run id in the commands (see [`JobTemplate::run_id`]),
+    /// A dry run's preview: no run id in the commands (see [`JobSpec::run_id`]),
     /// since pipette-run never supervises them.
     Preview,
     /// A launch (or the trial of one).
@@ -30,22 +31,13 @@ pub fn spec(
     config: &RunConfig,
     allocation: &Allocation,
     purpose: Purpose,
-) -> Result<JobTemplate, JobError> {
+) -> Result<JobSpec, JobError> {
     let launch = &config.launch;
     let workdir = std::env::current_dir()
         .map_err(|e| JobError::Internal(format!("cannot read the working directory: {e}")))?;
     let rdzv_id = rendezvous_id(launch.rdzv_id.as_deref(), allocation.job_id.as_deref());
     // Claimed (made, atomically) here, so no other launch can write into it.
-    let run_dir = match &launch.run_dir {
-        Some(dir) => render::claim_run_dir(&workdir.join(dir), false)?,
-        None => {
-            let id = match &allocation.job_id {
-                Some(job) => job.clone(),
-                None => std::process::id().to_string(),
-            };
-            render::claim_run_dir(&render::default_run_dir(&workdir, &id, local_time()), true)?
-        }
-    };
+    let run_dir = claim_run_dir(config, &workdir, allocation.job_id.as_deref())?;
     let templates = match &launch.templates {
         Some(dir) => render::Templates::from_dir(dir)?,
         None => render::Templates::embedded(),
@@ -62,7 +54,7 @@ pub fn spec(
             format!("{}-{nanos}", std::process::id())
         }
     };
-    Ok(JobTemplate {
+    Ok(JobSpec {
         script: config.script.clone(),
         torchrun: launch.torchrun.clone(),
         torchrun_spelling: installed_torchrun_spelling(&launch.torchrun),
@@ -82,7 +74,7 @@ pub fn spec(
 /// Attempt 1 of the decided plan on `profile`'s nodes, rendered and written (its pictures
 /// beside it); the planning inputs travel in its layout, for the re-plans.
 pub fn first_attempt(
-    spec: &JobTemplate,
+    spec: &JobSpec,
     decided: Decided,
     profile: ClusterProfile,
 ) -> Result<Attempt, JobError> {
@@ -109,7 +101,7 @@ pub fn first_attempt(
 /// directory with the plan's pictures. On failure the directory (this run's own, just
 /// claimed) is removed: nothing partial stays behind.
 pub fn preview(
-    spec: &JobTemplate,
+    spec: &JobSpec,
     decided: &Decided,
     profile: &ClusterProfile,
 ) -> Result<LaunchSpec, JobError> {
@@ -129,7 +121,7 @@ pub fn preview(
 
 /// The dry run's preview of an unplanned `world`, written into the run directory (removed
 /// again on failure, as [`preview`]'s).
-pub fn preview_world(spec: &JobTemplate, world: &World) -> Result<LaunchSpec, JobError> {
+pub fn preview_world(spec: &JobSpec, world: &World) -> Result<LaunchSpec, JobError> {
     let run_dir = &spec.run_dir;
     let written = spec
         .render_world(world, run_dir)
@@ -175,6 +167,23 @@ pub fn installed_torchrun_spelling(torchrun: &str) -> render::TorchrunSpelling {
     }
 }
 
+/// The run directory, made (atomically: no other launch can write into it): `--run-dir`
+/// under `workdir`, else the default one named for now and `job_id` (this process's id
+/// when the scheduler gave none).
+pub fn claim_run_dir(
+    config: &RunConfig,
+    workdir: &Path,
+    job_id: Option<&str>,
+) -> Result<PathBuf, JobError> {
+    Ok(match &config.launch.run_dir {
+        Some(dir) => render::claim_run_dir(&workdir.join(dir), false)?,
+        None => {
+            let id = job_id.map_or_else(|| std::process::id().to_string(), str::to_string);
+            render::claim_run_dir(&render::default_run_dir(workdir, &id, local_time()), true)?
+        }
+    })
+}
+
 /// torchrun's `--rdzv-id` when the user set one, else the scheduler's job id, else one
 /// made from the time (the static rendezvous only needs it to be the same on all nodes).
 fn rendezvous_id(asked: Option<&str>, job_id: Option<&str>) -> String {
@@ -185,31 +194,8 @@ fn rendezvous_id(asked: Option<&str>, job_id: Option<&str>) -> String {
 }
 
 /// Now on the local clock (UTC when the time zone cannot be read), for run directory names.
-pub fn local_time() -> render::LocalTime {
-    let now = unix_seconds() as nix::libc::time_t;
-    // SAFETY: localtime_r writes only into `tm`, which lives on this stack frame; a zeroed
-    // `tm` is a valid value of the plain C struct.
-    let mut tm: nix::libc::tm = unsafe { std::mem::zeroed() };
-    let ok = !unsafe { nix::libc::localtime_r(&now, &mut tm) }.is_null();
-    let field = |v: nix::libc::c_int| u32::try_from(v).unwrap_or(0);
-    match ok {
-        true => render::LocalTime {
-            year: tm.tm_year + 1900,
-            month: field(tm.tm_mon + 1),
-            day: field(tm.tm_mday),
-            hour: field(tm.tm_hour),
-            minute: field(tm.tm_min),
-            second: field(tm.tm_sec),
-        },
-        false => render::LocalTime {
-            year: 1970,
-            month: 1,
-            day: 1,
-            hour: 0,
-            minute: 0,
-            second: 0,
-        },
-    }
+fn local_time() -> jiff::civil::DateTime {
+    jiff::ZonedDateTime::now().datetime()
 }
 
 fn unix_seconds() -> u64 {

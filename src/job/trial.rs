@@ -15,7 +15,7 @@ use super::{Decided, Event as Told, JobError, Tell};
 use crate::cli::resolved::RunConfig;
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
-use crate::launch::JobTemplate;
+use crate::launch::JobSpec;
 use crate::measure::ProgressBars;
 use crate::model::calibration::Calibration;
 use crate::model::Placement;
@@ -44,7 +44,7 @@ pub struct Trialled {
 /// [`next_step`]'s or [`choice`]'s.
 pub fn trial(
     config: &RunConfig,
-    spec: &JobTemplate,
+    spec: &JobSpec,
     decided: &Decided,
     profile: &ClusterProfile,
     rounds: usize,

@@ -1,8 +1,8 @@
 //! Launch: from a plan to torchrun running on every node.
 //!
-//! A [`JobTemplate`] holds what every attempt of a job shares (the user's script and
+//! A [`JobSpec`] holds what every attempt of a job shares (the user's script and
 //! arguments, torchrun's options, the environment, the transport, the run directory);
-//! [`JobTemplate::prepare`] renders one [`Attempt`] for a [`Layout`] — a plan on some nodes
+//! [`JobSpec::prepare`] renders one [`Attempt`] for a [`Layout`] — a plan on some nodes
 //! with the settings and options it was planned from ([`Planned`]), or, with planning off,
 //! the world torchrun would run — (with `--load SAVE` when it resumes, see
 //! [`resume_args`]) and writes its files;
@@ -51,7 +51,7 @@ pub const RUN_ID_VAR: &str = "PIPETTE_RUN_ID";
 
 /// What every attempt of a job shares.
 #[derive(Debug, Clone)]
-pub struct JobTemplate {
+pub struct JobSpec {
     /// The user's script and arguments, as given.
     pub script: ScriptInvocation,
     /// The torchrun executable on the nodes.
@@ -190,7 +190,7 @@ pub enum LaunchError {
     PlanJson(String),
 }
 
-impl JobTemplate {
+impl JobSpec {
     /// Attempt `number`'s directory.
     pub fn attempt_dir(&self, number: u32) -> PathBuf {
         if number <= 1 {
@@ -322,18 +322,27 @@ impl JobTemplate {
     }
 }
 
+/// How the nodes are reached, as `--launcher` asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// Every node is this machine: run the commands here.
+    Local,
+    Ssh,
+    Srun,
+}
+
 /// How to reach the nodes: as asked (`--launcher`), else locally when every node is this
 /// machine (or no allocation was found), with srun inside a Slurm allocation, else ssh.
 pub fn choose_transport(
-    asked: Option<&str>,
+    asked: Option<Launcher>,
     hosts: &[String],
     source: &NodeSource,
     ssh: SshOptions,
 ) -> Transport {
     match asked {
-        Some("local") => Transport::Local,
-        Some("srun") => Transport::Srun(SrunOptions::default()),
-        Some(_) => Transport::Ssh(ssh),
+        Some(Launcher::Local) => Transport::Local,
+        Some(Launcher::Srun) => Transport::Srun(SrunOptions::default()),
+        Some(Launcher::Ssh) => Transport::Ssh(ssh),
         None if *source == NodeSource::Local || hosts.iter().all(|h| exec::is_local_host(h)) => {
             Transport::Local
         }
@@ -413,7 +422,7 @@ impl RunningNode {
 /// Starts every node's torchrun of `attempt` (node-rank order). A node whose command cannot
 /// be started is kept with its [`RunningNode::start_error`]; the others run.
 pub fn start(
-    template: &JobTemplate,
+    template: &JobSpec,
     attempt: &Attempt,
     sink: Arc<dyn OutputSink>,
     grace: Duration,
@@ -496,7 +505,7 @@ mod tests {
         );
         assert_eq!(
             choose_transport(
-                Some("local"),
+                Some(Launcher::Local),
                 &hosts(&["gpu1", "gpu2"]),
                 &NodeSource::Hosts,
                 ssh.clone()

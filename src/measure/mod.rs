@@ -532,23 +532,10 @@ fn in_spec_order(profile: ClusterProfile, spec: &ClusterSpec) -> Option<ClusterP
     })
 }
 
-/// `YYYY-MM-DD` of `time` in UTC (days since the epoch to a civil date, after Howard
-/// Hinnant's `civil_from_days`).
+/// `YYYY-MM-DD` of `time` in UTC (the epoch's date for a time before it).
 pub fn utc_date(time: SystemTime) -> String {
-    let secs = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
+    let at = jiff::Timestamp::try_from(time).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    at.strftime("%Y-%m-%d").to_string()
 }
 
 #[cfg(test)]

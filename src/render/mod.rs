@@ -36,9 +36,7 @@ use crate::exec::{single_quote, single_quote_join};
 use crate::model::parallel::ParallelConfig;
 
 pub use megatron::{megatron_args, uses_deepspeed, MegatronArgs};
-pub use run_dir::{
-    claim_run_dir, default_run_dir, refuse_existing_run_dir, write_run_dir, LocalTime,
-};
+pub use run_dir::{claim_run_dir, default_run_dir, refuse_existing_run_dir, write_run_dir};
 pub use templates::Templates;
 pub use torchrun::TorchrunSpelling;
 pub use world::{render_world, WorldInput};

@@ -7,33 +7,16 @@ use std::path::{Path, PathBuf};
 
 use super::{LaunchSpec, RenderError};
 
-/// A moment on the local clock, as a default run directory is named for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LocalTime {
-    pub year: i32,
-    pub month: u32,
-    pub day: u32,
-    pub hour: u32,
-    pub minute: u32,
-    pub second: u32,
-}
-
 /// The default run directory: `WORKDIR/pipette-runs/<local date-time>-<id>`, e.g.
 /// `pipette-runs/2026-11-24T10-31-05-981` (`id`: the scheduler's job id, else this
 /// process's id; characters other than letters, digits, `.`, `-`, `_` become `_`). Names
 /// sort by time and say when and which job; [`claim_run_dir`] numbers a second launch in
 /// the same second.
-pub fn default_run_dir(workdir: &Path, id: &str, time: LocalTime) -> PathBuf {
-    let LocalTime {
-        year,
-        month,
-        day,
-        hour,
-        minute,
-        second,
-    } = time;
+/// `time` is on the local clock (no zone in the name: `:` and `+` would need quoting).
+pub fn default_run_dir(workdir: &Path, id: &str, time: jiff::civil::DateTime) -> PathBuf {
     workdir.join("pipette-runs").join(format!(
-        "{year:04}-{month:02}-{day:02}T{hour:02}-{minute:02}-{second:02}-{}",
+        "{}-{}",
+        time.strftime("%Y-%m-%dT%H-%M-%S"),
         file_name_safe(id)
     ))
 }
@@ -271,14 +254,7 @@ mod tests {
         assert!(write_run_dir(&bad, &run).is_err());
     }
 
-    const NOON: LocalTime = LocalTime {
-        year: 2026,
-        month: 11,
-        day: 24,
-        hour: 10,
-        minute: 3,
-        second: 5,
-    };
+    const NOON: jiff::civil::DateTime = jiff::civil::datetime(2026, 11, 24, 10, 3, 5, 0);
 
     #[test]
     fn default_run_dirs_are_per_launch() {

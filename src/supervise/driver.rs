@@ -22,15 +22,14 @@ use super::{AttemptSummary, AttemptTiming, Outcome, SuperviseOptions};
 use crate::exec::format_duration;
 use crate::exit::ExitCode;
 use crate::launch::{
-    self, read_checkpoint, Attempt, CheckpointState, JobTemplate, Layout, Planned, Resume,
-    RunningJob,
+    self, read_checkpoint, Attempt, CheckpointState, JobSpec, Layout, Planned, Resume, RunningJob,
 };
 use crate::replan::failure::{replan, swap_for_spares, Failed, ReplanError};
 use crate::replan::straggler::RunningPlan;
 
 /// What the driver shares across attempts.
 struct Driver<'a> {
-    template: &'a JobTemplate,
+    template: &'a JobSpec,
     options: &'a SuperviseOptions,
     events: &'a EventLog,
     reporter: Reporter,
@@ -111,7 +110,7 @@ enum Handover {
 
 /// Runs `first` and every relaunch to the end (see [`super::supervise`]).
 pub fn run(
-    template: &JobTemplate,
+    template: &JobSpec,
     first: Attempt,
     options: &SuperviseOptions,
     events: &EventLog,
@@ -775,7 +774,7 @@ impl Driver<'_> {
         left_out: &[String],
         check: bool,
     ) -> (usize, Vec<Health>) {
-        let (template, timeout): (&JobTemplate, Duration) =
+        let (template, timeout): (&JobSpec, Duration) =
             (self.template, self.options.health_timeout);
         let results: Vec<(usize, Option<Health>)> = std::thread::scope(|scope| {
             let handles: Vec<_> = hosts

@@ -294,30 +294,11 @@ pub fn round3(seconds: f64) -> f64 {
 
 /// `2026-11-22T04:09:15.123Z`.
 pub fn rfc3339_millis(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    let rem = secs % 86_400;
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        unix_ms % 1000
-    )
-}
-
-/// Days since 1970-01-01 → (year, month, day) (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    let at = i64::try_from(unix_ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .unwrap_or(jiff::Timestamp::MAX);
+    format!("{at:.3}")
 }
 
 /// Reads an `events.jsonl` back (for tests and tools).

@@ -94,7 +94,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::launch::{Attempt, JobTemplate, Resume};
+use crate::launch::{Attempt, JobSpec, Resume};
 use crate::model::parallel::ParallelConfig;
 use events::EventLog;
 pub use output::Echo;
@@ -283,7 +283,7 @@ pub fn interrupted(events: &EventLog, signal: i32, count: usize, during: &str) -
 /// Runs `first` and supervises it (and every relaunch) to the end. `events` is the run's
 /// event log.
 pub fn supervise(
-    template: &JobTemplate,
+    template: &JobSpec,
     first: Attempt,
     options: &SuperviseOptions,
     events: &EventLog,

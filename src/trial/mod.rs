@@ -5,7 +5,7 @@
 //!
 //! - [`trial_args`] (pure): the user's arguments for a short, side-effect-free run; the
 //!   plan's parallel arguments are then written by the renderer exactly as for the launch
-//!   ([`JobTemplate::render`]), so the trial runs what the launch will run.
+//!   ([`JobSpec::render`]), so the trial runs what the launch will run.
 //! - [`run_trial`]: with `templates/trial/sitecustomize.py` staged on every node once for
 //!   all the trials of a launch ([`TrialStaging`], [`crate::exec::staged`]), puts its
 //!   directory first on `PYTHONPATH` so every
@@ -37,7 +37,7 @@ use crate::exec::signals::ActSignals;
 use crate::exec::staged::{self, JobError, StageError, StagedDirs, StagedFile};
 use crate::exec::{format_duration, ExecError, ExecOptions, NodeCommand, Status, Stream};
 use crate::launch::output_lines::torchrun_root_cause;
-use crate::launch::{self, JobTemplate, LaunchError};
+use crate::launch::{self, JobSpec, LaunchError};
 use crate::measure::{Phase, Progress};
 use crate::model::memory::estimate_memory;
 use crate::model::time::{self, ThroughputBasis, TimeError, TimeModel, TimeOptions, TimeRequest};
@@ -128,7 +128,7 @@ pub fn trial_args(args: &[String], iters: u64, global_batch: u64) -> (Vec<String
 #[derive(Debug, Clone)]
 pub struct TrialRequest<'a> {
     /// How the job is launched (script, torchrun, environment, transport).
-    pub template: &'a JobTemplate,
+    pub template: &'a JobSpec,
     /// The settings the plan was made with.
     pub settings: &'a Settings,
     /// The plan whose configuration and mapping are tried.
@@ -311,7 +311,7 @@ pub type TrialCommands = (Vec<(String, NodeCommand)>, Vec<String>, Vec<String>);
 
 /// The trial's commands and notes, without running anything: what `--dry-run` shows.
 pub fn trial_commands(
-    template: &JobTemplate,
+    template: &JobSpec,
     settings: &Settings,
     plan: &Plan,
     iters: u64,
@@ -368,7 +368,7 @@ const GRACE: Duration = Duration::from_secs(5);
 impl<'a> TrialStaging<'a> {
     /// Stages the hook on every one of `hosts` (each at most `command_timeout`).
     pub fn new(
-        template: &'a JobTemplate,
+        template: &'a JobSpec,
         hosts: &[String],
         command_timeout: Duration,
     ) -> Result<TrialStaging<'a>, TrialError> {

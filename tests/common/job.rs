@@ -427,6 +427,14 @@ pub fn find<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["event"] == name).collect()
 }
 
+/// Now, in milliseconds since the Unix epoch (as the events' `unix_ms`).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
 /// The events' names, in order.
 pub fn names(events: &[Value]) -> Vec<&str> {
     events

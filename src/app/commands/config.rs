@@ -11,8 +11,8 @@ pub(super) fn show(config: Option<&Path>) -> Result<(), Error> {
         .try_get_matches_from(["pipette-run"])
         .unwrap_or_default();
     let site = match config {
-        Some(path) => crate::app::site_config_at(path),
-        None => crate::app::site_config(&matches),
+        Some(path) => crate::cli::site::load_from(path),
+        None => crate::cli::site::load(&matches),
     }
     .map_err(Error::Usage)?;
     let shown =
