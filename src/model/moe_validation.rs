@@ -10,9 +10,11 @@
 //! What a row does not say is taken as Megatron's recipes set it (the Model Zoo's YAML
 //! names them for its rows): distributed optimizer, gradient-reduce and parameter-gather
 //! overlap, sequence parallelism, grouped GEMMs; the `alltoall` dispatcher where none is
-//! named (DeepEP and HybridEP are `flex`); no recomputation where none is listed. Context
-//! parallelism is costed as what it gives each GPU (`seq/cp` tokens on `dp·cp` replicas),
-//! as `tests/low_precision.rs` does. Rows changing only the software at a layout already in
+//! named (DeepEP and HybridEP are `flex`); no recomputation where none is listed. What the
+//! Model Zoo publishes for its runs is taken as it stands: the YAML's embedding and loss
+//! counted in the pipeline split, and forced router balance where its command has it.
+//! Context parallelism is costed as what it gives each GPU (`seq/cp` tokens on `dp·cp`
+//! replicas), as `tests/low_precision.rs` does. Rows changing only the software at a layout already in
 //! the sweep (the Model Zoo's 1F1B all-to-all overlap, the DeepSeek-V3 optimisation
 //! ladder) are reported but not scored.
 
@@ -324,6 +326,12 @@ fn prepare(row: &Value) -> Result<(ModelSpec, TrainingSettings, ParallelConfig),
         } else {
             Dispatcher::Flex
         };
+        if forced_balance(row) {
+            // Every expert gets exactly its even share, as padding to a capacity factor of
+            // one computes.
+            moe.capacity_factor = Some(1.0);
+            moe.pad_to_capacity = true;
+        }
     }
     let mut training = TrainingSettings::new(gbs * cp, Precision::Bf16);
     training.micro_batch_size = mb;
@@ -376,10 +384,49 @@ fn prepare(row: &Value) -> Result<(ModelSpec, TrainingSettings, ParallelConfig),
         training.recompute_modules = modules;
     }
     training.recompute = config.recompute.clone();
+    if row["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("modelzoo/"))
+    {
+        if let Some(split) = embedding_and_loss_split(model.num_layers, pp, config.vpp) {
+            config.layers_per_stage = split;
+        }
+    }
     if let Some(e) = config.expert_layout_error(&model) {
         return Err(e);
     }
     Ok((model, training, config))
+}
+
+/// Whether the row's router was forced to balance (`--moe-router-force-load-balancing`):
+/// where the row says so, and the Model Zoo's cross-node EP 32 layout, whose published
+/// command (yanring/Megatron-MoE-ModelZoo best_practice/qwen3/run_h100_235b.sh @ e8650517,
+/// "H100 config": TP 2, PP 8, VPP 4, EP 32, DeepEP) carries the flag; the row without 1F1B
+/// overlap is that command with the overlap off. Other rows route dropless.
+fn forced_balance(row: &Value) -> bool {
+    let routing = row["routing"].as_str().unwrap_or("");
+    let id = row["id"].as_str().unwrap_or("");
+    routing.starts_with("forced") || id.starts_with("modelzoo/H100/qwen3-235b/256g/crossnode-ep32")
+}
+
+/// Decoder layers per pipeline stage under `--account-for-embedding-in-pipeline-split` and
+/// `--account-for-loss-in-pipeline-split`, which the Model Zoo's YAML sets for every run
+/// (model_configs/benchmarking/Qwen3-235B-A22B.yaml @ e8650517): the embedding and the loss
+/// count as one layer each, `layers + 2` are split evenly over the `pp·vp` virtual stages
+/// in order (virtual stage `c` on rank `c mod pp`), the first holding the embedding, the
+/// last the loss. `None` when they do not divide evenly (Megatron refuses that) or pp is 1.
+fn embedding_and_loss_split(layers: u64, pp: u64, vpp: Option<u64>) -> Option<Vec<u64>> {
+    let chunks = pp * vpp.unwrap_or(1);
+    if pp <= 1 || (layers + 2) % chunks != 0 {
+        return None;
+    }
+    let per_chunk = (layers + 2) / chunks;
+    let mut stages = vec![0u64; pp as usize];
+    for c in 0..chunks {
+        let extra = u64::from(c == 0) + u64::from(c + 1 == chunks);
+        stages[(c % pp) as usize] += per_chunk - extra;
+    }
+    Some(stages)
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -664,5 +711,29 @@ mod tests {
             };
             assert!(p.error.abs() <= bound, "{p:?}");
         }
+    }
+
+    /// The Model Zoo's split counts the embedding and the loss as a layer each: Qwen3's 94
+    /// layers on PP 32 × VP 3 leave two decoder layers on the first and last ranks, on PP 8
+    /// × VP 4 eleven; an uneven count is refused, as Megatron refuses it.
+    #[test]
+    fn the_model_zoo_split_accounts_for_embedding_and_loss() {
+        let pp32 = embedding_and_loss_split(94, 32, Some(3)).unwrap();
+        assert_eq!((pp32[0], pp32[31], pp32.iter().sum::<u64>()), (2, 2, 94));
+        assert!(pp32[1..31].iter().all(|&l| l == 3), "{pp32:?}");
+        let pp8 = embedding_and_loss_split(94, 8, Some(4)).unwrap();
+        assert_eq!(pp8, vec![11, 12, 12, 12, 12, 12, 12, 11]);
+        assert_eq!(embedding_and_loss_split(93, 8, Some(4)), None);
+        assert_eq!(embedding_and_loss_split(94, 1, None), None);
+        let row = |id: &str, routing: &str| serde_json::json!({ "id": id, "routing": routing });
+        assert!(forced_balance(&row(
+            "modelzoo/H100/qwen3-235b/256g/crossnode-ep32",
+            ""
+        )));
+        assert!(forced_balance(&row("x", "forced-balance")));
+        assert!(!forced_balance(&row(
+            "modelzoo/H100/qwen3-235b/256g/intranode-ep8-fsdp",
+            "not stated"
+        )));
     }
 }
