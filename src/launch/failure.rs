@@ -136,3 +136,84 @@ impl NodeFailure {
         failure
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::{Output, TransportKind};
+
+    fn exited(status: Status, remote: bool, stdout: &str, stderr: &str) -> NodeEnd {
+        NodeEnd {
+            node: 1,
+            host: "node-b".into(),
+            remote,
+            end: End::Exited {
+                status,
+                output: Ok(Output {
+                    status,
+                    stdout: stdout.into(),
+                    stderr: stderr.into(),
+                }),
+            },
+        }
+    }
+
+    #[test]
+    fn a_node_s_end_is_classified_once_for_the_job_and_the_trial() {
+        let report = "ValueError: bad batch\nRoot Cause (first observed failure):\n[0]:\n  \
+                      rank      : 3 (local_rank: 1)\n  exitcode  : 7 (pid: 1)\n";
+        let f = NodeFailure::of(&exited(Status::Exited(1), false, "", report));
+        assert_eq!(
+            (f.reason, f.exit_code, f.worker_rank),
+            (FailureReason::Exited, 7, Some(3))
+        );
+        assert_eq!(
+            (f.node_rank, f.detail.as_str()),
+            (1, "ValueError: bad batch")
+        );
+        assert_eq!(f.status.as_deref(), Some("exit code 1"));
+        // A signal is exit::signal's code, here and on a remote node's wrapper.
+        let f = NodeFailure::of(&exited(Status::Signaled(9), false, "bye\n", ""));
+        assert_eq!(
+            (f.reason, f.exit_code, f.detail.as_str()),
+            (FailureReason::Signal, 137, "bye")
+        );
+        let f = NodeFailure::of(&exited(Status::Exited(143), true, "", ""));
+        assert_eq!((f.reason, f.exit_code), (FailureReason::Signal, 143));
+        let f = NodeFailure::of(&exited(Status::Exited(143), false, "", ""));
+        assert_eq!((f.reason, f.exit_code), (FailureReason::Exited, 143));
+        // What never ran, or was lost, or lost its connection.
+        let lost = || ExecError::Lost {
+            host: "node-b".into(),
+            command: "`torchrun`".into(),
+            detail: "gone".into(),
+        };
+        let unreachable = || ExecError::Unreachable {
+            host: "node-b".into(),
+            transport: TransportKind::Ssh,
+            detail: "no route".into(),
+            hint: "check it".into(),
+        };
+        let end = |end: End| NodeEnd {
+            node: 0,
+            host: "node-a".into(),
+            remote: true,
+            end,
+        };
+        let f = NodeFailure::of(&end(End::NotStarted(lost())));
+        assert_eq!((f.reason, f.exit_code), (FailureReason::StartFailed, 127));
+        let f = NodeFailure::of(&end(End::NotStarted(unreachable())));
+        assert_eq!((f.reason, f.exit_code), (FailureReason::ConnectionLost, 68));
+        let f = NodeFailure::of(&end(End::Lost(lost())));
+        assert_eq!(
+            (f.reason, f.exit_code, f.status),
+            (FailureReason::Exited, 70, None)
+        );
+        let f = NodeFailure::of(&end(End::Exited {
+            status: Status::Exited(255),
+            output: Err(unreachable()),
+        }));
+        assert_eq!((f.reason, f.exit_code), (FailureReason::ConnectionLost, 68));
+        assert_eq!(f.status.as_deref(), Some("exit code 255"));
+    }
+}
