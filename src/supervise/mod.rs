@@ -1,7 +1,7 @@
 //! Supervise: watch a launched job to its end, and when a node fails or the job hangs,
 //! tear it down, leave the bad nodes out, re-plan on the survivors and resume from the last
 //! checkpoint, a bounded number of times: the pipeline's loop back after a failure
-//! (`RunningJob ─▶ Outcome`, and on failure back to `Plan`; the other loop back, the trial
+//! (`NodeGroup ─▶ Outcome`, and on failure back to `Plan`; the other loop back, the trial
 //! rounds, comes before the launch, and [`crate::replan`] decides both).
 //!
 //! # What is a failure
