@@ -23,7 +23,7 @@
 pub mod checkpoint;
 pub mod failure;
 pub mod output_lines;
-mod teardown;
+mod processes;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -42,7 +42,7 @@ use crate::render::{self, LaunchSpec, RenderError, ScriptInvocation, Templates};
 
 pub use crate::exec::group::NodeStop;
 pub use checkpoint::{read_checkpoint, CheckpointState};
-pub use teardown::{
+pub use processes::{
     signal_workers, stopped_processes, sweep, JobProcesses, SIGNAL_WORKERS_SCRIPT, STOPPED_SCRIPT,
     SWEEP_SCRIPT,
 };
