@@ -12,7 +12,7 @@
 //! trial rounds: Plan ─▶ trial ─▶ TrialReport ─▶ calibration ─▶ plan again ───────────────┤
 //!               (replan::trials::next_step decides; app's launch executes)               │
 //!                                                                                        │
-//! Plan ─▶ Attempt ─▶ RunningJob ─▶ Ending ─▶ Decision ─▶ Outcome                         │
+//! Plan ─▶ Attempt ─▶ NodeGroup  ─▶ Ending ─▶ Decision ─▶ Outcome                         │
 //!         (render    (launch)      (watch)   (decide)    (supervise)                     │
 //!          via                                  │                                        │
 //!          launch)                              └── re-plan on the survivors ────────────┘

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+use pipette::exec::group::NodeGroup;
 use pipette::exec::{run, spawn_with, ExecOptions, NodeCommand, SrunOptions, Transport};
-use pipette::launch::{sweep, teardown, RunningJob, RunningNode, RUN_ID_VAR};
+use pipette::launch::{sweep, RUN_ID_VAR};
 
 use common::{
     alive, assert_no_process_left, assert_remote_exit_code_and_streams, assert_remote_io_intact,
@@ -115,7 +116,7 @@ fn a_dry_run_inside_an_allocation_finds_its_nodes() {
     );
 }
 
-/// Stopping a job run through srun, as the supervisor does after a signal: `teardown`
+/// Stopping a job run through srun, as the supervisor does after a signal: `NodeGroup::stop`
 /// (gracefully, or killing at once as after a second Ctrl-C), then `sweep`. Nothing of the
 /// job may be left on the node either way: not the launcher (which ignores TERM), not its
 /// worker in a session of its own (as torchrun starts them), and the kill-at-once path
@@ -159,17 +160,9 @@ fn assert_job_stops_through_srun(kill_now: bool) {
         "the job never ran\n{}",
         slurm.logs()
     );
-    let mut running_job = RunningJob {
-        nodes: vec![RunningNode {
-            host: slurm.node.to_owned(),
-            node_rank: 0,
-            command: Some(running),
-            status: None,
-            start_error: None,
-        }],
-    };
+    let mut running_job = NodeGroup::adopt(vec![(slurm.node.to_owned(), Ok(running))], grace);
     let start = Instant::now();
-    let stops = teardown(&mut running_job, grace, &|| kill_now);
+    let stops = running_job.stop(&|| kill_now);
     let torn_down = start.elapsed();
     let left_after_teardown = with_marker(&marker).len();
     // Killing at once must end the job step itself, not leave it all to the sweep: srun

@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::exec::{self, ExecError, ExecOptions, NodeCommand, Stream, Transport};
+use crate::exec::group::{End, NodeGroup};
+use crate::exec::{self, ExecError, ExecOptions, NodeCommand, Status, Stream, Transport};
 use crate::measure::inventory::GPU_QUERY_ARGS;
 
 use facts::{parse_probe_output, NodeFacts, Reach, PROBE, PYTHON_FACTS};
@@ -132,27 +133,31 @@ fn run_watched(
     command: &NodeCommand,
     options: &ExecOptions,
 ) -> Result<exec::Output, ExecError> {
-    let mut running = exec::spawn_with(&request.transport, host, command, options)?;
+    let commands = [(host.to_string(), command.clone())];
+    let mut probe = NodeGroup::start(&request.transport, &commands, options);
     let deadline = Instant::now() + request.timeout;
     loop {
         if let Some(received) = exec::signals::stop_received() {
-            let _ = running.terminate();
+            probe.stop(&|| false);
             return Err(ExecError::Interrupted {
                 signal: received.signal,
             });
         }
-        if running.try_status()?.is_some() {
-            return running.into_output();
+        if let Some(end) = probe.poll().pop() {
+            return match end.end {
+                End::Exited { output, .. } => output,
+                End::NotStarted(e) | End::Lost(e) => Err(e),
+            };
         }
         if Instant::now() >= deadline {
-            let status = running.terminate()?;
-            let (stdout, stderr) = running.output_so_far();
+            let stop = probe.stop(&|| false).pop();
+            let (stdout, stderr) = probe.outputs_so_far().pop().unwrap_or_default();
             return Err(ExecError::TimedOut {
                 host: host.to_string(),
                 command: command.label(),
                 limit: request.timeout,
                 output: Box::new(exec::Output {
-                    status,
+                    status: stop.and_then(|s| s.status).unwrap_or(Status::Exited(-1)),
                     stdout,
                     stderr,
                 }),

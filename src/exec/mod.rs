@@ -20,6 +20,7 @@
 
 pub mod agent;
 mod error;
+pub mod group;
 mod process;
 mod quote;
 pub mod signals;

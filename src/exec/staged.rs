@@ -16,11 +16,12 @@
 //! Knows nothing of torchrun or of what the staged file does.
 
 use std::net::TcpListener;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::group::{End, NodeEnd, NodeGroup, Workers};
 use super::{
-    format_duration, run, run_with, signals, spawn_with, ExecError, ExecOptions, NodeCommand,
-    Output, RunningCommand, Status, Transport,
+    format_duration, run, run_with, signals, ExecError, ExecOptions, NodeCommand, Output, Transport,
 };
 
 /// One file to put on every node.
@@ -233,12 +234,10 @@ fn free_port_here() -> std::io::Result<u16> {
 pub enum JobError {
     #[error(transparent)]
     Exec(#[from] ExecError),
-    /// Node `node` exited unsuccessfully; every node was stopped.
-    #[error("{host} exited with {status}")]
+    /// A node's command ended unsuccessfully ([`NodeEnd::node`]); every node was stopped.
+    #[error("{} exited with {}", .end.host, ended_with(.end))]
     Failed {
-        node: usize,
-        host: String,
-        status: Status,
+        end: Box<NodeEnd>,
         /// Every node's output (standard output, standard error) when it was stopped.
         outputs: Vec<(Vec<u8>, Vec<u8>)>,
     },
@@ -250,16 +249,26 @@ pub enum JobError {
     },
 }
 
-/// Runs `commands` (host, command), one per node, until all succeed (their outputs, in
-/// order), one fails, `timeout` passes, or a stop signal arrives
-/// ([`ExecError::Interrupted`]; nothing is started after one). `tick` is called about every
-/// 50 ms while they run, and once more at the end.
+fn ended_with(end: &NodeEnd) -> String {
+    match (&end.end, end.status()) {
+        (_, Some(status)) => status.to_string(),
+        (End::NotStarted(e) | End::Lost(e), None) => e.to_string(),
+        (End::Exited { .. }, None) => "an unknown status".into(),
+    }
+}
+
+/// Runs `commands` (host, command), one per node, as a [`NodeGroup`] until all succeed
+/// (their outputs, in order), one fails, `timeout` passes, or a stop signal arrives
+/// ([`ExecError::Interrupted`]; nothing is started after one). `tick` is called with the
+/// group about every 50 ms while they run (to pass act signals on, to read progress), and
+/// once more at the end.
 pub fn run_on_every_node(
     transport: &Transport,
     commands: &[(String, NodeCommand)],
     options: &ExecOptions,
     timeout: Duration,
-    mut tick: impl FnMut(),
+    workers: Option<Arc<dyn Workers>>,
+    mut tick: impl FnMut(&NodeGroup),
 ) -> Result<Vec<Output>, JobError> {
     let interrupted = |signal: i32| JobError::Exec(ExecError::Interrupted { signal });
     // Stopping the nodes takes at most the grace period: a second signal waits for it.
@@ -267,83 +276,57 @@ pub fn run_on_every_node(
     if let Some(r) = signals::stop_received() {
         return Err(interrupted(r.signal));
     }
-    let mut running: Vec<RunningCommand> = Vec::with_capacity(commands.len());
-    for (host, command) in commands {
-        match spawn_with(transport, host, command, options) {
-            Ok(r) => running.push(r),
-            Err(e) => {
-                stop_all(&mut running);
-                return Err(e.into());
-            }
-        }
+    let mut group = NodeGroup::start(transport, commands, options);
+    if let Some(workers) = workers {
+        group = group.with_workers(workers);
     }
+    let mut outputs: Vec<Option<Output>> = vec![None; commands.len()];
     let deadline = Instant::now() + timeout;
     loop {
-        tick();
+        tick(&group);
         if let Some(r) = signals::stop_received() {
-            stop_all(&mut running);
+            group.stop(&|| false);
             return Err(interrupted(r.signal));
         }
-        let mut finished = 0;
-        let mut failure = None;
-        for (i, command) in running.iter_mut().enumerate() {
-            match command.try_status() {
-                Ok(Some(status)) if status.success() => finished += 1,
-                Ok(Some(status)) => {
-                    failure = Some((i, status));
-                    break;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    stop_all(&mut running);
+        for end in group.poll() {
+            match end.end {
+                End::NotStarted(e) | End::Lost(e) => {
+                    group.stop(&|| false);
                     return Err(e.into());
+                }
+                End::Exited {
+                    status,
+                    output: Ok(output),
+                } if status.success() => outputs[end.node] = Some(output),
+                End::Exited { .. } => {
+                    group.stop(&|| false);
+                    return Err(JobError::Failed {
+                        outputs: group.outputs_so_far(),
+                        end: Box::new(end),
+                    });
                 }
             }
         }
-        if let Some((node, status)) = failure {
-            stop_all(&mut running);
-            return Err(JobError::Failed {
-                node,
-                host: commands[node].0.clone(),
-                status,
-                outputs: running.iter().map(RunningCommand::output_so_far).collect(),
-            });
-        }
-        if finished == running.len() {
+        if group.all_ended() {
             break;
         }
         if Instant::now() >= deadline {
-            stop_all(&mut running);
+            group.stop(&|| false);
             return Err(JobError::TimedOut {
                 limit: timeout,
-                outputs: running.iter().map(RunningCommand::output_so_far).collect(),
+                outputs: group.outputs_so_far(),
             });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    // The readers may still be handing over the last lines.
-    let outputs = running
-        .into_iter()
-        .map(RunningCommand::into_output)
-        .collect::<Result<Vec<_>, _>>()?;
-    tick();
-    Ok(outputs)
-}
-
-fn stop_all(running: &mut [RunningCommand]) {
-    // Closing every remote side first lets their watchdogs work in parallel.
-    std::thread::scope(|scope| {
-        for command in running.iter_mut() {
-            scope.spawn(move || {
-                let _ = command.terminate();
-            });
-        }
-    });
+    tick(&group);
+    Ok(outputs.into_iter().flatten().collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::Status;
 
     #[test]
     fn ports_are_chosen_outside_the_ephemeral_range() {
@@ -416,7 +399,8 @@ mod tests {
             &commands,
             &ExecOptions::default(),
             Duration::from_secs(10),
-            || ticks += 1,
+            None,
+            |_| ticks += 1,
         )
         .unwrap();
         assert_eq!(out.len(), 2);
@@ -447,19 +431,15 @@ mod tests {
                 ..ExecOptions::default()
             },
             Duration::from_secs(20),
-            || {},
+            None,
+            |_| {},
         )
         .unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(10));
         match err {
-            JobError::Failed {
-                node,
-                status,
-                outputs,
-                ..
-            } => {
-                assert_eq!(node, 1);
-                assert_eq!(status, Status::Exited(7));
+            JobError::Failed { end, outputs } => {
+                assert_eq!(end.node, 1);
+                assert_eq!(end.status(), Some(Status::Exited(7)));
                 assert_eq!(outputs[1].0, b"bye\n");
             }
             other => panic!("{other:?}"),
@@ -472,7 +452,8 @@ mod tests {
                 ..ExecOptions::default()
             },
             Duration::from_millis(300),
-            || {},
+            None,
+            |_| {},
         )
         .unwrap_err();
         assert!(matches!(err, JobError::TimedOut { .. }), "{err:?}");

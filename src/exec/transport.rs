@@ -32,7 +32,7 @@
 //! One exception: killing `srun` outright (KILL) leaves its job step running, its standard
 //! input never closed, so a dropped [`super::RunningCommand`] sends `srun` TERM instead,
 //! and `srun` cancels the step, which Slurm kills whole; a kill at once (a second Ctrl-C,
-//! see `launch::teardown`) does the same before it KILLs `srun`.
+//! see `exec::group::NodeGroup::stop`) does the same before it KILLs `srun`.
 //!
 //! The login shell on ssh nodes must be POSIX-like (sh, bash, dash, zsh, ksh): it reads the
 //! single-quoted words. `setsid`, `mktemp` and `head -c` must exist there (util-linux and

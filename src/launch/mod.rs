@@ -6,10 +6,11 @@
 //! with the settings and options it was planned from ([`Planned`]), or, with planning off,
 //! the world torchrun would run — (with `--load SAVE` when it resumes, see
 //! [`resume_args`]) and writes its files;
-//! [`start`] runs its torchrun commands through the exec seam as a [`RunningJob`];
-//! [`teardown`] stops them all (TERM, grace, KILL, in parallel) and [`sweep`] kills what
-//! a launcher left behind (torchrun starts its workers in sessions of their own, so a
-//! killed or stopped torchrun can leave them running); [`read_checkpoint`] says what the
+//! [`start`] runs its torchrun commands through the exec seam as a [`NodeGroup`] (which
+//! stops them all: TERM, grace, KILL, in parallel), with the job's [`JobProcesses`] to pass
+//! act signals to its workers and to [`sweep`] what a launcher left behind (torchrun starts
+//! its workers in sessions of their own, so a killed or stopped torchrun can leave them
+//! running); [`failure`] says what a node's end means; [`read_checkpoint`] says what the
 //! user's save directory holds; [`output_lines`] reads what the job prints (Megatron's
 //! iteration lines, torchrun's failure report).
 //!
@@ -20,8 +21,9 @@
 //! [`crate::supervise`]) and does not decide when to re-plan.
 
 pub mod checkpoint;
+pub mod failure;
 pub mod output_lines;
-mod teardown;
+mod processes;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,18 +34,17 @@ use serde::Serialize;
 
 use crate::cluster::{ClusterProfile, NodeSource};
 use crate::config::Settings;
-use crate::exec::{
-    self, ExecError, ExecOptions, NodeCommand, OutputSink, RunningCommand, SrunOptions, SshOptions,
-    Status, Transport,
-};
+use crate::exec::group::NodeGroup;
+use crate::exec::{self, ExecOptions, NodeCommand, OutputSink, SrunOptions, SshOptions, Transport};
 use crate::model::parallel::ParallelConfig;
 use crate::plan::{Plan, PlanError, PlanOptions};
 use crate::render::{self, LaunchSpec, RenderError, ScriptInvocation, Templates};
 
+pub use crate::exec::group::NodeStop;
 pub use checkpoint::{read_checkpoint, CheckpointState};
-pub use teardown::{
-    signal_workers, stopped_processes, sweep, teardown, NodeStop, SIGNAL_WORKERS_SCRIPT,
-    STOPPED_SCRIPT, SWEEP_SCRIPT,
+pub use processes::{
+    signal_workers, stopped_processes, sweep, JobProcesses, SIGNAL_WORKERS_SCRIPT, STOPPED_SCRIPT,
+    SWEEP_SCRIPT,
 };
 
 /// The variable that marks every process of one pipette-run invocation.
@@ -396,65 +397,42 @@ pub fn resume_args(args: &[String], save: &str) -> (Vec<String>, Vec<String>) {
 // The arguments' one reader decides which word is an option's value.
 pub use crate::config::megatron::argparse::{drop_options, DroppedOption};
 
-/// A job's commands, one per node, as they run.
-pub struct RunningJob {
-    pub nodes: Vec<RunningNode>,
-}
-
-/// One node's torchrun.
-pub struct RunningNode {
-    pub host: String,
-    pub node_rank: u64,
-    /// `None` once it has ended and its output was collected, or when it could not start.
-    pub command: Option<RunningCommand>,
-    /// How it ended, once it has.
-    pub status: Option<Status>,
-    /// Why it could not be started.
-    pub start_error: Option<ExecError>,
-}
-
-impl RunningNode {
-    pub fn is_running(&self) -> bool {
-        self.command.is_some() && self.status.is_none()
-    }
-}
-
-/// Starts every node's torchrun of `attempt` (node-rank order). A node whose command cannot
-/// be started is kept with its [`RunningNode::start_error`]; the others run.
+/// Starts every node's torchrun of `attempt` (node-rank order) as one group, with the
+/// job's processes for act signals and the sweep (each such command bounded by
+/// `command_timeout`). A node whose command cannot be started is reported by the group's
+/// first poll; the others run.
 pub fn start(
     template: &JobSpec,
     attempt: &Attempt,
     sink: Arc<dyn OutputSink>,
     grace: Duration,
-) -> RunningJob {
+    command_timeout: Duration,
+) -> NodeGroup {
     let options = ExecOptions {
         grace,
         // Enough of the end to read torchrun's failure report.
         capture_limit: Some(64 << 10),
         sink: Some(sink),
     };
-    let nodes = attempt
+    let commands: Vec<(String, NodeCommand)> = attempt
         .spec
         .nodes
         .iter()
         .enumerate()
         .map(|(index, node)| {
-            let command = template.node_command(&attempt.spec, index);
-            let spawned = exec::spawn_with(&template.transport, &node.host, &command, &options);
-            let (command, start_error) = match spawned {
-                Ok(running) => (Some(running), None),
-                Err(e) => (None, Some(e)),
-            };
-            RunningNode {
-                host: node.host.clone(),
-                node_rank: node.node_rank,
-                command,
-                status: None,
-                start_error,
-            }
+            (
+                node.host.clone(),
+                template.node_command(&attempt.spec, index),
+            )
         })
         .collect();
-    RunningJob { nodes }
+    NodeGroup::start(&template.transport, &commands, &options).with_workers(Arc::new(
+        JobProcesses {
+            transport: template.transport.clone(),
+            run_id: template.run_id.clone(),
+            timeout: command_timeout,
+        },
+    ))
 }
 
 #[cfg(test)]

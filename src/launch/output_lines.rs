@@ -4,6 +4,10 @@
 //! the launch stage owns them because it owns what it started, so the trial and the
 //! supervisor, both later stages, read the job's output through them.
 
+use std::sync::LazyLock;
+
+use regex::Regex;
+
 use crate::exit;
 
 /// Megatron's iteration line, ` [date] iteration        5/      20 | consumed samples: ...`:
@@ -88,6 +92,27 @@ fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     let rest = rest.trim_start().strip_prefix(':')?;
     Some(rest.trim())
 }
+
+/// The last line of `output` that reads as a Python exception (`ValueError: ...`,
+/// `torch.OutOfMemoryError: ...`, `KeyboardInterrupt`) before torchrun's own report: the
+/// failing worker's error when torchrun's report carries no traceback.
+pub fn last_exception_line(output: &str) -> Option<String> {
+    let end = output
+        .find("torch.distributed.elastic.multiprocessing.errors.ChildFailedError")
+        .unwrap_or(output.len());
+    output[..end]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| EXCEPTION.is_match(l))
+        .map(str::to_string)
+}
+
+/// `ValueError: text`, `torch.OutOfMemoryError: text`, `MemoryError`, `KeyboardInterrupt`.
+static EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?::\s.*)?$")
+        .expect("a valid regex")
+});
 
 #[cfg(test)]
 mod tests {

@@ -551,7 +551,8 @@ pub fn run_probe(
         &commands,
         &exec_options,
         request.timeout,
-        || {
+        None,
+        |_| {
             if !launched {
                 progress.update(Phase::Launch, commands.len() as u64);
                 progress.finish(Phase::Launch);
@@ -568,16 +569,11 @@ pub fn run_probe(
     match outcome {
         Ok(_) => {}
         Err(JobError::Exec(e)) => return Err(e.into()),
-        Err(JobError::Failed {
-            node,
-            status,
-            outputs,
-            ..
-        }) => {
-            let (stdout, stderr) = &outputs[node];
+        Err(JobError::Failed { end, outputs }) => {
+            let (stdout, stderr) = &outputs[end.node];
             return Err(ProfileRunError::ProbeFailed {
-                host: request.nodes[node].host.clone(),
-                status,
+                host: request.nodes[end.node].host.clone(),
+                status: end.status().unwrap_or(Status::Exited(-1)),
                 detail: diagnose(stderr, stdout),
                 output: String::from_utf8_lossy(stderr).into_owned(),
             });

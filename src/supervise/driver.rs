@@ -20,9 +20,10 @@ use super::stragglers::{
 use super::watch::{watch, WatchSignals};
 use super::{AttemptSummary, AttemptTiming, Outcome, SuperviseOptions};
 use crate::exec::format_duration;
+use crate::exec::group::NodeGroup;
 use crate::exit::ExitCode;
 use crate::launch::{
-    self, read_checkpoint, Attempt, CheckpointState, JobSpec, Layout, Planned, Resume, RunningJob,
+    self, read_checkpoint, Attempt, CheckpointState, JobSpec, Layout, Planned, Resume,
 };
 use crate::replan::failure::{replan, swap_for_spares, Failed, ReplanError};
 use crate::replan::straggler::RunningPlan;
@@ -248,14 +249,26 @@ impl Driver<'_> {
             since_failure,
         });
         let launched = Instant::now();
-        let mut job = launch::start(template, attempt, output.clone(), options.grace);
+        let mut job = launch::start(
+            template,
+            attempt,
+            output.clone(),
+            options.grace,
+            options.health_timeout,
+        );
         let record = |event: Event| self.emit(event);
-        let pass_on = |signal| self.pass_on(attempt.number, &hosts, signal);
+        let passed_on = |signal: nix::sys::signal::Signal, workers| {
+            self.emit(Event::SignalPassed {
+                attempt: attempt.number,
+                signal: signal.to_string(),
+                workers,
+            });
+        };
         let mut acts = self.acts.borrow_mut();
         let signals = WatchSignals {
             guard: self.signals.as_ref(),
             acts: &mut acts,
-            pass_on: &pass_on,
+            passed_on: &passed_on,
         };
         let mut straggler_watch = watch_stragglers.then(|| StragglerWatch {
             detector: {
@@ -523,36 +536,6 @@ impl Driver<'_> {
         }
     }
 
-    /// Passes act signal `signal` on to the training script's workers on every node, all
-    /// nodes at once (see [`launch::signal_workers`]), and records it.
-    fn pass_on(&self, attempt: u32, hosts: &[String], signal: nix::sys::signal::Signal) {
-        let template = self.template;
-        let timeout = self.options.health_timeout;
-        let workers: usize = std::thread::scope(|scope| {
-            let handles: Vec<_> = hosts
-                .iter()
-                .map(|host| {
-                    scope.spawn(move || {
-                        launch::signal_workers(
-                            &template.transport,
-                            host,
-                            &template.run_id,
-                            signal,
-                            timeout,
-                        )
-                        .unwrap_or(0)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
-        });
-        self.emit(Event::SignalPassed {
-            attempt,
-            signal: signal.to_string(),
-            workers,
-        });
-    }
-
     /// Tears the attempt down (nothing of it may outlive it), sweeps its nodes and, after a
     /// failure, health-checks those not already suspected. After a stall, first finds the
     /// nodes where a process of the job is stopped (the teardown kills it).
@@ -560,7 +543,7 @@ impl Driver<'_> {
         &self,
         attempt: &Attempt,
         hosts: &[String],
-        job: &mut RunningJob,
+        job: &mut NodeGroup,
         output: &JobOutput,
         ending: &Ending,
     ) -> Checked {
@@ -571,9 +554,7 @@ impl Driver<'_> {
         self.reporter.teardown_begins(ending);
         let signals_before = self.signal_count();
         let teardown_start = Instant::now();
-        let stops = launch::teardown(job, self.options.grace, &|| {
-            self.signal_count() > signals_before
-        });
+        let stops = job.stop(&|| self.signal_count() > signals_before);
         for stop in stops.iter().filter(|s| s.was_running) {
             let status = stop
                 .status
@@ -587,7 +568,8 @@ impl Driver<'_> {
             .map(|s| s.host.clone())
             .collect();
         let suspects = decide::suspects(ending, &unresponsive, &stopped, hosts);
-        let (swept, health) = self.sweep_and_check(attempt, hosts, &suspects, ending.is_failure());
+        let swept = job.sweep().iter().sum();
+        let health = self.check_health(attempt, hosts, &suspects, ending.is_failure());
         self.emit(Event::Teardown {
             attempt: attempt.number,
             nodes: stops.iter().map(StopRecord::from).collect(),
@@ -764,43 +746,35 @@ impl Driver<'_> {
         Ok((next, text))
     }
 
-    /// Sweeps every node of the attempt and, when asked, health-checks those not already
-    /// left out, all in parallel. Returns the number of processes swept and the health
-    /// results.
-    fn sweep_and_check(
+    /// When asked, health-checks every node of the attempt not already left out, all in
+    /// parallel.
+    fn check_health(
         &self,
         attempt: &Attempt,
         hosts: &[String],
         left_out: &[String],
         check: bool,
-    ) -> (usize, Vec<Health>) {
+    ) -> Vec<Health> {
         let (template, timeout): (&JobSpec, Duration) =
             (self.template, self.options.health_timeout);
-        let results: Vec<(usize, Option<Health>)> = std::thread::scope(|scope| {
+        if !check {
+            return Vec::new();
+        }
+        std::thread::scope(|scope| {
             let handles: Vec<_> = hosts
                 .iter()
+                .filter(|host| !left_out.contains(host))
                 .map(|host| {
                     scope.spawn(move || {
-                        let swept =
-                            launch::sweep(&template.transport, host, &template.run_id, timeout)
-                                .unwrap_or(0);
-                        let health = (check && !left_out.contains(host)).then(|| {
-                            let gpus = attempt
-                                .layout
-                                .profile()
-                                .and_then(|p| health::expected_gpus(p, host));
-                            health::check(&template.transport, host, gpus, timeout)
-                        });
-                        (swept, health)
+                        let gpus = attempt
+                            .layout
+                            .profile()
+                            .and_then(|p| health::expected_gpus(p, host));
+                        health::check(&template.transport, host, gpus, timeout)
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or((0, None)))
-                .collect()
-        });
-        let swept = results.iter().map(|(n, _)| n).sum();
-        (swept, results.into_iter().filter_map(|(_, h)| h).collect())
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        })
     }
 }

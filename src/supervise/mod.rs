@@ -1,7 +1,7 @@
 //! Supervise: watch a launched job to its end, and when a node fails or the job hangs,
 //! tear it down, leave the bad nodes out, re-plan on the survivors and resume from the last
 //! checkpoint, a bounded number of times: the pipeline's loop back after a failure
-//! (`RunningJob ─▶ Outcome`, and on failure back to `Plan`; the other loop back, the trial
+//! (`NodeGroup ─▶ Outcome`, and on failure back to `Plan`; the other loop back, the trial
 //! rounds, comes before the launch, and [`crate::replan`] decides both).
 //!
 //! # What is a failure
@@ -141,58 +141,8 @@ impl Default for SuperviseOptions {
     }
 }
 
-/// Why a node failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailureReason {
-    /// Its torchrun exited with a non-zero code (a worker failed).
-    Exited,
-    /// Its torchrun was ended by a signal (killed, or the node lost it).
-    Signal,
-    /// Its command could not be started.
-    StartFailed,
-    /// The transport's connection to it died.
-    ConnectionLost,
-}
-
-/// A node's failure, as seen by the supervisor.
-#[derive(Debug, Clone, Serialize)]
-pub struct NodeFailure {
-    pub host: String,
-    pub node_rank: u64,
-    pub reason: FailureReason,
-    /// How its command ended, in words (`exit code 1`, `signal 9 (SIGKILL)`).
-    pub status: Option<String>,
-    /// The failing worker's exit code (from torchrun's failure report when it has one),
-    /// 128 + N for a signal, 68 for an unreachable node, 127 for a command that could not
-    /// start.
-    pub exit_code: i32,
-    /// The global rank of the worker that failed first, when torchrun said.
-    pub worker_rank: Option<u64>,
-    pub detail: String,
-}
-
-impl NodeFailure {
-    /// The failure in one line: the host, its node rank, what ended.
-    pub fn describe(&self) -> String {
-        let what = match self.reason {
-            FailureReason::Exited => format!(
-                "torchrun exited with {}{}",
-                self.status.as_deref().unwrap_or("an error"),
-                self.worker_rank
-                    .map(|r| format!(" (worker rank {r} exited with {})", self.exit_code))
-                    .unwrap_or_default()
-            ),
-            FailureReason::Signal => format!(
-                "torchrun was ended by {}",
-                self.status.as_deref().unwrap_or("a signal")
-            ),
-            FailureReason::StartFailed => format!("could not start: {}", self.detail),
-            FailureReason::ConnectionLost => format!("connection lost: {}", self.detail),
-        };
-        format!("{} (node rank {}): {what}", self.host, self.node_rank)
-    }
-}
+// A node's failure is classified where its end is read, for the trial too.
+pub use crate::launch::failure::{FailureReason, NodeFailure};
 
 /// One attempt, for the summary.
 #[derive(Debug, Clone, Serialize)]

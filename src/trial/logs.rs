@@ -184,26 +184,8 @@ pub fn root_cause_traceback(output: &str) -> Option<Vec<String>> {
     Some(traceback)
 }
 
-/// The last line of `output` that reads as a Python exception (`ValueError: ...`,
-/// `torch.OutOfMemoryError: ...`, `KeyboardInterrupt`) before torchrun's own report: the
-/// failing worker's error when torchrun's report carries no traceback.
-pub fn last_exception_line(output: &str) -> Option<String> {
-    let end = output
-        .find("torch.distributed.elastic.multiprocessing.errors.ChildFailedError")
-        .unwrap_or(output.len());
-    output[..end]
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| EXCEPTION.is_match(l))
-        .map(str::to_string)
-}
-
-/// `ValueError: text`, `torch.OutOfMemoryError: text`, `MemoryError`, `KeyboardInterrupt`.
-static EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?::\s.*)?$")
-        .expect("a valid regex")
-});
+// Read by the failure's one classification too (launch::failure), so it lives there.
+pub use crate::launch::output_lines::last_exception_line;
 
 #[cfg(test)]
 mod tests {

@@ -35,8 +35,8 @@ use crate::cluster::ClusterProfile;
 use crate::config::Settings;
 use crate::exec::signals::ActSignals;
 use crate::exec::staged::{self, JobError, StageError, StagedDirs, StagedFile};
-use crate::exec::{format_duration, ExecError, ExecOptions, NodeCommand, Status, Stream};
-use crate::launch::output_lines::torchrun_root_cause;
+use crate::exec::{format_duration, ExecError, ExecOptions, NodeCommand, Stream};
+use crate::launch::failure::NodeFailure;
 use crate::launch::{self, JobSpec, LaunchError};
 use crate::measure::{Phase, Progress};
 use crate::model::memory::estimate_memory;
@@ -443,7 +443,7 @@ pub fn run_trial(
     let total = request.iters.max(2);
     progress.start(Phase::Trial, total);
     let started = std::time::Instant::now();
-    // USR1/USR2 reach the script in the trial as in the job (see exec::signals).
+    // Act signals that arrive from now on are the trial's to pass on (see exec::signals).
     let mut acts = ActSignals::new();
     let mut stopped_early = false;
     let take = |event: Event,
@@ -457,27 +457,21 @@ pub fn run_trial(
         }
         Event::Memory(m) => memory_lines.push(m),
     };
+    // USR1/USR2 reach the script in the trial as in the job, through the same workers.
+    let workers = Arc::new(launch::JobProcesses {
+        transport: template.transport.clone(),
+        run_id: template.run_id.clone(),
+        timeout: request.command_timeout,
+    });
     let outcome = staged::run_on_every_node(
         &template.transport,
         &commands,
         &options,
         request.timeout,
-        || {
+        Some(workers),
+        |nodes| {
             for signal in acts.take() {
-                let workers: usize = hosts
-                    .iter()
-                    .map(|host| {
-                        launch::signal_workers(
-                            &template.transport,
-                            host,
-                            &template.run_id,
-                            signal,
-                            request.command_timeout,
-                        )
-                        .unwrap_or(0)
-                    })
-                    .sum();
-                (request.signals.0)(signal, workers);
+                (request.signals.0)(signal, nodes.signal_workers(signal));
             }
             for event in rx.try_iter() {
                 take(event, &mut results, &mut iterations, &mut memory_lines);
@@ -487,15 +481,7 @@ pub fn run_trial(
                 // rank's peak on the way out; a script that handles TERM itself runs on
                 // to its last iteration, which is as good.
                 stopped_early = true;
-                for host in &hosts {
-                    let _ = launch::signal_workers(
-                        &template.transport,
-                        host,
-                        &template.run_id,
-                        nix::sys::signal::Signal::SIGTERM,
-                        request.command_timeout,
-                    );
-                }
+                nodes.signal_workers(nix::sys::signal::Signal::SIGTERM);
             }
         },
     );
@@ -527,26 +513,16 @@ pub fn run_trial(
         // The end this trial asked for: the workers died of the TERM it sent.
         Err(JobError::Failed { .. }) if stopped_early => {}
         Err(JobError::Exec(e)) => return Err(e.into()),
-        Err(JobError::Failed {
-            node,
-            host,
-            status,
-            outputs,
-        }) => {
+        Err(JobError::Failed { end, outputs }) => {
+            // How the node ended, read as the supervisor reads a job's node.
+            let failure = NodeFailure::of(&end);
+            let node = end.node;
             let (out, err) = &outputs[node];
             let text = format!(
                 "{}\n{}",
                 String::from_utf8_lossy(out),
                 String::from_utf8_lossy(err)
             );
-            let cause = torchrun_root_cause(&text);
-            let code = cause
-                .map(|(_, c)| c)
-                .or(status.code())
-                .unwrap_or(match status {
-                    Status::Signaled(s) => 128 + s,
-                    Status::Exited(c) => c,
-                });
             // The failing rank's own error: its traceback in torchrun's report (the
             // hook wrote its error file), else the last exception the node printed.
             let traceback = logs::root_cause_traceback(&text);
@@ -559,10 +535,10 @@ pub fn run_trial(
                 None => tail_of(&outputs, node),
             };
             return Err(TrialError::ScriptFailed(Box::new(ScriptFailure {
-                host,
+                host: failure.host,
                 node_rank: node,
-                rank: cause.and_then(|(r, _)| r),
-                code,
+                rank: failure.worker_rank,
+                code: failure.exit_code,
                 out_of_memory: error.as_deref().is_some_and(logs::ran_out_of_memory),
                 error,
                 tail,

@@ -1,184 +1,39 @@
-//! Stopping a job: every node's torchrun torn down at once (TERM, the grace period, KILL,
-//! through the exec seam, which also tears remote commands down on the node), a second
-//! signal killing at once, and then a sweep for what a launcher left behind; and passing an
-//! act signal (USR1, USR2) to the training script's workers while the job goes on
-//! ([`signal_workers`]).
+//! A job's processes beyond its launchers' process groups ([`JobProcesses`]): a sweep for
+//! what a launcher left behind once the job's [`NodeGroup`](crate::exec::group::NodeGroup) has stopped it (TERM, the grace
+//! period, KILL, a second signal killing at once), and passing an act signal (USR1, USR2)
+//! to the training script's workers while the job goes on ([`signal_workers`]).
 //!
 //! Why the sweep: torchrun starts each worker in a session of its own, so when torchrun
 //! itself is killed (or stopped, and then killed) its workers are outside the process group
-//! the seam tears down. Every process of a job carries `PIPETTE_RUN_ID` and `PIPETTE_HOST`
+//! the group tears down. Every process of a job carries `PIPETTE_RUN_ID` and `PIPETTE_HOST`
 //! in its environment, so the sweep finds them by that, on this machine or on a node.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::{RunningJob, RUN_ID_VAR};
-use crate::exec::{
-    self, ExecError, NodeCommand, Status, Transport, TransportKind, REMOTE_TEARDOWN_MARGIN,
-};
+use super::RUN_ID_VAR;
+use crate::exec::group::Workers;
+use crate::exec::{self, ExecError, NodeCommand, Transport};
 
-/// How one node's torchrun stopped.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeStop {
-    pub host: String,
-    pub node_rank: u64,
-    /// Its status (`None` when it could not be waited for: see `error`).
-    pub status: Option<Status>,
-    /// From the start of the teardown until it was gone.
-    pub took: Duration,
-    /// Whether it stopped by itself after TERM, within the grace period, rather than by
-    /// the KILL that follows it (see [`killed`]). After a stall, a launcher that did not is
-    /// taken for hung (or stopped), and its node is left out of the next attempt.
-    pub stopped_in_grace: bool,
-    /// Whether it was still running when the teardown began.
-    pub was_running: bool,
-    pub error: Option<String>,
+/// A job's processes on its nodes, as the run's marks find them: what an act signal is
+/// for (the workers torchrun started) and what the sweep kills once the job's group is
+/// stopped ([`NodeGroup`](crate::exec::group::NodeGroup)'s [`Workers`]). Each command on a node is bounded by `timeout`.
+pub struct JobProcesses {
+    pub transport: Transport,
+    pub run_id: String,
+    pub timeout: Duration,
 }
 
-/// Stops every node's command that still runs, all at once, and reaps them: TERM, the
-/// grace period the commands were started with, KILL (see
-/// [`exec::RunningCommand::terminate`]); `grace` (the same) judges who stopped in time. When
-/// `kill_now` turns true (a second Ctrl-C) the local process groups are killed at once
-/// (`srun` is first told to cancel its job step, see [`kill_at_once`]). Returns one [`NodeStop`] per node,
-/// node-rank order.
-pub fn teardown(
-    job: &mut RunningJob,
-    grace: Duration,
-    kill_now: &dyn Fn() -> bool,
-) -> Vec<NodeStop> {
-    let start = Instant::now();
-    let mut stops: Vec<Option<NodeStop>> = Vec::with_capacity(job.nodes.len());
-    std::thread::scope(|scope| {
-        let mut handles = Vec::new();
-        for node in job.nodes.iter_mut() {
-            let running = node.is_running();
-            let Some(command) = node.command.as_mut().filter(|_| running) else {
-                stops.push(Some(NodeStop {
-                    host: node.host.clone(),
-                    node_rank: node.node_rank,
-                    status: node.status,
-                    took: Duration::ZERO,
-                    stopped_in_grace: true,
-                    was_running: false,
-                    error: None,
-                }));
-                continue;
-            };
-            stops.push(None);
-            let pgid = command.pgid();
-            let kind = command.transport();
-            let host = node.host.clone();
-            let rank = node.node_rank;
-            let handle = scope.spawn(move || {
-                let result = command.terminate();
-                let took = start.elapsed();
-                let (status, error) = match result {
-                    Ok(status) => (Some(status), None),
-                    Err(e) => (None, Some(e.to_string())),
-                };
-                NodeStop {
-                    host,
-                    node_rank: rank,
-                    status,
-                    took,
-                    stopped_in_grace: status.is_some_and(|s| !killed(s, kind))
-                        && (kind == TransportKind::Local || took < grace + REMOTE_TEARDOWN_MARGIN),
-                    was_running: true,
-                    error,
-                }
-            });
-            handles.push((stops.len() - 1, pgid, kind, handle));
-        }
-        let mut killed_at: Option<Instant> = None;
-        let mut escalated = false;
-        while !handles.iter().all(|(_, _, _, h)| h.is_finished()) {
-            let first = killed_at.is_none() && kill_now();
-            if first {
-                killed_at = Some(Instant::now());
-            }
-            let escalate =
-                !escalated && killed_at.is_some_and(|at| at.elapsed() >= SRUN_CANCEL_WAIT);
-            escalated |= escalate;
-            for (_, pgid, kind, handle) in &handles {
-                let (signal, then_kill) = kill_at_once(*kind);
-                let signal = match (first, escalate && then_kill) {
-                    (true, _) => signal,
-                    (false, true) => Signal::SIGKILL,
-                    (false, false) => continue,
-                };
-                if !handle.is_finished() {
-                    // The group's leader is not reaped until its thread returns, so
-                    // the group id is still ours.
-                    let _ = killpg(Pid::from_raw(*pgid), signal);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        for (index, _, _, handle) in handles {
-            stops[index] = Some(handle.join().unwrap_or_else(|_| NodeStop {
-                host: String::new(),
-                node_rank: 0,
-                status: None,
-                took: start.elapsed(),
-                stopped_in_grace: false,
-                was_running: true,
-                error: Some("the teardown thread panicked".into()),
-            }));
-        }
-    });
-    for (node, stop) in job.nodes.iter_mut().zip(&stops) {
-        if let Some(stop) = stop {
-            if node.status.is_none() {
-                node.status = stop.status;
-            }
-        }
+impl Workers for JobProcesses {
+    fn signal(&self, host: &str, signal: Signal) -> usize {
+        signal_workers(&self.transport, host, &self.run_id, signal, self.timeout).unwrap_or(0)
     }
-    stops.into_iter().flatten().collect()
-}
 
-/// Whether a command torn down ended by the KILL that follows the grace period (ours, or
-/// the remote watchdog's, which the wrapper reports as 128 + 9) rather than by itself.
-///
-/// Why the status and not the clock: a launcher that exits just before the grace period
-/// is over may be reaped just after it when the machine is busy; what tells a hung
-/// launcher from a live one is whether it had to be killed. (A remote command that outlived
-/// its watchdog's grace period and margin, see [`exec::RunningCommand::terminate`], was not
-/// stopped in time either, whatever ended `ssh` or `srun` here after that.)
-fn killed(status: Status, kind: TransportKind) -> bool {
-    const KILL: i32 = Signal::SIGKILL as i32;
-    match status {
-        Status::Signaled(signal) => signal == KILL,
-        Status::Exited(code) => kind != TransportKind::Local && code == 128 + KILL,
-    }
-}
-
-/// How long a `srun` sent TERM by a kill at once has to cancel its job step and exit
-/// before it is killed. It needs a round trip to the node's slurmstepd, which kills the
-/// step's tasks at once (tens of milliseconds on an idle test cluster); a srun that cannot reach it
-/// is killed anyway, and the sweep is left to find the step's processes.
-pub const SRUN_CANCEL_WAIT: Duration = Duration::from_secs(5);
-
-/// How a kill at once (a second Ctrl-C) stops a node's local process group: the signal
-/// sent first, and whether KILL follows after [`SRUN_CANCEL_WAIT`].
-///
-/// A killed `ssh` drops its connection, and the remote watchdog tears the command down
-/// (see [`exec::transport`]); a local command is its group. So both get KILL. A killed
-/// `srun`, though, leaves its job step running on the node, whole (Slurm does not close
-/// the step's standard input when srun disappears, so the watchdog never fires). TERM is
-/// srun's own "kill now": it answers with "forcing job termination" and has slurmstepd
-/// send KILL to every task of the step at once (a plain `scancel` of the step would go
-/// through TERM, `KillWait`, KILL instead: 30 s by default).
-fn kill_at_once(kind: TransportKind) -> (Signal, bool) {
-    match kind {
-        TransportKind::Srun => (Signal::SIGTERM, true),
-        // A killed agent relay drops its connection: the agent then tears the command
-        // down, as the ssh watchdog does.
-        TransportKind::Local | TransportKind::Ssh | TransportKind::Agent => {
-            (Signal::SIGKILL, false)
-        }
+    fn sweep(&self, host: &str) -> usize {
+        sweep(&self.transport, host, &self.run_id, self.timeout).unwrap_or(0)
     }
 }
 
@@ -380,9 +235,11 @@ pub fn signal_workers(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
     use super::*;
-    use crate::exec::{spawn, spawn_with, ExecOptions, Transport};
-    use crate::launch::RunningNode;
+    use crate::exec::group::NodeGroup;
+    use crate::exec::{spawn, Transport};
 
     fn alive(pid: i32) -> bool {
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
@@ -470,16 +327,9 @@ mod tests {
             assert!(Instant::now() < end, "the worker never left the group");
             std::thread::sleep(Duration::from_millis(10));
         }
-        let mut job = RunningJob {
-            nodes: vec![RunningNode {
-                host: "node-x".into(),
-                node_rank: 0,
-                command: Some(running),
-                status: None,
-                start_error: None,
-            }],
-        };
-        let stops = teardown(&mut job, Duration::from_secs(2), &|| false);
+        let mut job =
+            NodeGroup::adopt(vec![("node-x".into(), Ok(running))], Duration::from_secs(2));
+        let stops = job.stop(&|| false);
         assert_eq!(stops.len(), 1);
         assert!(stops[0].stopped_in_grace, "{stops:?}");
         assert!(
@@ -501,113 +351,6 @@ mod tests {
             assert!(Instant::now() < end, "the sweep did not kill {worker}");
             std::thread::sleep(Duration::from_millis(10));
         }
-    }
-
-    #[test]
-    fn a_launcher_that_ignores_term_is_killed_after_the_grace_period() {
-        let grace = Duration::from_millis(500);
-        let command = NodeCommand::new("sh")
-            .arg("-c")
-            .arg("trap '' TERM; sleep 60 & wait; wait");
-        let options = ExecOptions {
-            grace,
-            ..ExecOptions::default()
-        };
-        let running = spawn_with(&Transport::Local, "n", &command, &options).unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-        let mut job = RunningJob {
-            nodes: vec![RunningNode {
-                host: "n".into(),
-                node_rank: 0,
-                command: Some(running),
-                status: None,
-                start_error: None,
-            }],
-        };
-        let stops = teardown(&mut job, grace, &|| false);
-        assert!(!stops[0].stopped_in_grace, "{stops:?}");
-        assert!(stops[0].took >= grace);
-        assert_eq!(stops[0].status, Some(Status::Signaled(9)));
-    }
-
-    /// A stand-in for `srun` (the arguments are ignored): it records the TERM it gets and
-    /// exits, or, with `ignore`, ignores it (a srun that cannot reach its node).
-    fn fake_srun(dir: &std::path::Path, name: &str, ignore: bool) -> Transport {
-        let path = dir.join(name);
-        let on_term = if ignore {
-            "''".to_string()
-        } else {
-            format!("'echo TERM > {}.got; exit 143'", path.display())
-        };
-        // A child shell writes the script: a file this multi-threaded test process held
-        // open for writing could be inherited by a process another test is starting, and
-        // exec'ing it in that instant fails with ETXTBSY ("Text file busy").
-        let script = format!("#!/bin/sh\ntrap {on_term} TERM\nwhile :; do sleep 0.05; done\n");
-        let status = std::process::Command::new("sh")
-            .args([
-                "-c",
-                "printf '%s' \"$2\" > \"$1\" && chmod 755 \"$1\"",
-                "sh",
-            ])
-            .arg(&path)
-            .arg(script)
-            .status()
-            .unwrap();
-        assert!(status.success());
-        Transport::Srun(crate::exec::SrunOptions {
-            program: path,
-            ..crate::exec::SrunOptions::default()
-        })
-    }
-
-    #[test]
-    fn a_second_signal_has_srun_cancel_its_step_and_kills_the_rest_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let grace = Duration::from_secs(30);
-        let options = ExecOptions {
-            grace,
-            ..ExecOptions::default()
-        };
-        let sleeper = NodeCommand::new("sh")
-            .arg("-c")
-            .arg("trap '' TERM; sleep 60 & wait; wait");
-        let nodes = [
-            ("cancels", fake_srun(dir.path(), "srun-cancels", false)),
-            ("hangs", fake_srun(dir.path(), "srun-hangs", true)),
-            ("local", Transport::Local),
-        ];
-        let mut job = RunningJob {
-            nodes: nodes
-                .iter()
-                .enumerate()
-                .map(|(rank, (host, transport))| RunningNode {
-                    host: (*host).into(),
-                    node_rank: rank as u64,
-                    command: Some(spawn_with(transport, host, &sleeper, &options).unwrap()),
-                    status: None,
-                    start_error: None,
-                })
-                .collect(),
-        };
-        std::thread::sleep(Duration::from_millis(200));
-        let stops = teardown(&mut job, grace, &|| true);
-        let [cancels, hangs, local] = &stops[..] else {
-            panic!("{stops:?}")
-        };
-        // srun got TERM (its way to cancel the step) and exited by itself.
-        assert_eq!(cancels.status, Some(Status::Exited(143)), "{stops:?}");
-        assert!(dir.path().join("srun-cancels.got").exists());
-        assert!(cancels.took < Duration::from_secs(2), "{stops:?}");
-        // A local command is killed at once, as before.
-        assert_eq!(local.status, Some(Status::Signaled(9)), "{stops:?}");
-        assert!(local.took < Duration::from_secs(2), "{stops:?}");
-        // A srun that does not exit is killed after a bounded wait, not the grace period.
-        assert_eq!(hangs.status, Some(Status::Signaled(9)), "{stops:?}");
-        assert!(
-            hangs.took >= SRUN_CANCEL_WAIT
-                && hangs.took < SRUN_CANCEL_WAIT + Duration::from_secs(2),
-            "{stops:?}"
-        );
     }
 
     /// A launcher (no `TORCHELASTIC_RUN_ID`), its worker (with it) and the worker's own child
@@ -658,44 +401,9 @@ mod tests {
         assert_eq!(tell("node-y"), 0);
         // Only the worker was signalled (`tell` counts every process it signalled).
         assert_eq!(std::fs::read_to_string(&got).unwrap(), "worker\n");
-        let mut job = RunningJob {
-            nodes: vec![RunningNode {
-                host: "node-x".into(),
-                node_rank: 0,
-                command: Some(running),
-                status: None,
-                start_error: None,
-            }],
-        };
-        teardown(&mut job, Duration::from_secs(2), &|| false);
+        let mut job =
+            NodeGroup::adopt(vec![("node-x".into(), Ok(running))], Duration::from_secs(2));
+        job.stop(&|| false);
         sweep(&Transport::Local, "node-x", &run_id, Duration::from_secs(5)).unwrap();
-    }
-
-    #[test]
-    fn a_second_signal_kills_at_once() {
-        let command = NodeCommand::new("sh")
-            .arg("-c")
-            .arg("trap '' TERM; sleep 60 & wait; wait");
-        let running = spawn(&Transport::Local, "n", &command).unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-        let mut job = RunningJob {
-            nodes: vec![RunningNode {
-                host: "n".into(),
-                node_rank: 0,
-                command: Some(running),
-                status: None,
-                start_error: None,
-            }],
-        };
-        let start = Instant::now();
-        let stops = teardown(&mut job, Duration::from_secs(30), &|| {
-            start.elapsed() > Duration::from_millis(200)
-        });
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            start.elapsed()
-        );
-        assert_eq!(stops[0].status, Some(Status::Signaled(9)));
     }
 }
