@@ -195,12 +195,26 @@ fn n8_credentials_reach_the_worker_and_no_file() {
     let d = dir.path();
     const TOKEN: &str = "hf_n8_never_written_0xC0FFEE";
     const PASSWORD: &str = "n8-password-never-written";
-    let options: Vec<String> = ["--env", &format!("MY_DB_PASSWORD={PASSWORD}")]
-        .map(String::from)
-        .to_vec();
+    // Kept-back shapes of the same class: a password inside a URL, whatever the variable's
+    // name, and a personal access token named `*_PAT`.
+    const URL_PASSWORD: &str = "n8-url-password";
+    let url = format!("postgresql://trainer:{URL_PASSWORD}@db.example/runs");
+    const PAT: &str = "ghp_n8_personal_access_token";
+    let options: Vec<String> = [
+        "--env",
+        &format!("MY_DB_PASSWORD={PASSWORD}"),
+        "--env",
+        &format!("RESULTS_DB={url}"),
+        "--env",
+        &format!("GH_PAT={PAT}"),
+    ]
+    .map(String::from)
+    .to_vec();
     let names = [
         "HF_TOKEN",
         "MY_DB_PASSWORD",
+        "RESULTS_DB",
+        "GH_PAT",
         "PIPETTE_JOB_SECRET",
         "PIPETTE_JOB_SECRET_FILE",
     ];
@@ -212,6 +226,8 @@ fn n8_credentials_reach_the_worker_and_no_file() {
     let seen = run_job(d, &options, &names, &env);
     assert_eq!(seen["HF_TOKEN"], TOKEN, "{seen}");
     assert_eq!(seen["MY_DB_PASSWORD"], PASSWORD, "{seen}");
+    assert_eq!(seen["RESULTS_DB"], url.as_str(), "{seen}");
+    assert_eq!(seen["GH_PAT"], PAT, "{seen}");
     assert_eq!(seen["PIPETTE_JOB_SECRET"], Value::Null, "{seen}");
     assert_eq!(seen["PIPETTE_JOB_SECRET_FILE"], Value::Null, "{seen}");
 
@@ -229,11 +245,9 @@ fn n8_credentials_reach_the_worker_and_no_file() {
             }
             let bytes = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).to_string();
             assert!(!bytes.contains(TOKEN), "{} holds HF_TOKEN", path.display());
-            assert!(
-                !bytes.contains(PASSWORD),
-                "{} holds the password",
-                path.display()
-            );
+            for secret in [PASSWORD, URL_PASSWORD, PAT] {
+                assert!(!bytes.contains(secret), "{} holds {secret}", path.display());
+            }
             let name = path.file_name().unwrap().to_string_lossy().to_string();
             if name.starts_with("launch-") && name.ends_with(".sh") {
                 scripts += 1;
@@ -261,5 +275,10 @@ fn n8_credentials_reach_the_worker_and_no_file() {
     );
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("HF_TOKEN"), "{text}");
-    assert!(!text.contains(TOKEN) && !text.contains(PASSWORD), "{text}");
+    for secret in [TOKEN, PASSWORD, URL_PASSWORD, PAT] {
+        assert!(
+            !text.contains(secret),
+            "the dry run shows {secret}:\n{text}"
+        );
+    }
 }

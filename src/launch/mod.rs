@@ -312,7 +312,7 @@ impl JobSpec {
         // here, at launch, from pipette-run's own environment, and kept off the nodes'
         // command lines (a secret, not an environment word).
         for (name, value) in &node.env {
-            match render::is_credential(name) {
+            match render::is_credential_var(name, value) {
                 true => command
                     .secrets
                     .extend(self.env.get(name).map(|v| (name.clone(), v.clone()))),

@@ -293,9 +293,9 @@ pub const FORWARDED_NAMES: &[&str] = &[
     "TOKENIZERS_PARALLELISM",
 ];
 
-/// Credentials by name, beside the shapes [`is_credential`] knows (`*_KEY`, `*TOKEN*`,
-/// `*SECRET*`, `*PASSWORD*`, `*PASSWD*`, `*CREDENTIAL*`): the trackers', hubs' and cloud
-/// stores' that training scripts read.
+/// Credentials by name, beside the shapes [`is_credential`] knows (`*_KEY`, `*_PAT`,
+/// `*_PASS`, `*_PWD`, `*TOKEN*`, `*AUTH*`, `*COOKIE*`, `*SECRET*`, `*PASSWORD*`, `*PASSWD*`,
+/// `*CREDENTIAL*`): the trackers', hubs' and cloud stores' that training scripts read.
 pub const CREDENTIAL_NAMES: &[&str] = &[
     "WANDB_API_KEY",
     "HF_TOKEN",
@@ -316,11 +316,41 @@ pub const CREDENTIAL_SHOWN: &str = "(a credential: not shown)";
 /// Whether a variable's name says it holds a credential (see [`CREDENTIAL_NAMES`]).
 pub fn is_credential(name: &str) -> bool {
     let name = name.to_ascii_uppercase();
-    name.ends_with("_KEY")
-        || ["TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"]
-            .iter()
-            .any(|part| name.contains(part))
+    ["_KEY", "_PAT", "_PASS", "_PWD"]
+        .iter()
+        .any(|end| name.ends_with(end))
+        || [
+            "TOKEN",
+            "SECRET",
+            "PASSWORD",
+            "PASSWD",
+            "CREDENTIAL",
+            "AUTH",
+            "COOKIE",
+        ]
+        .iter()
+        .any(|part| name.contains(part))
         || CREDENTIAL_NAMES.contains(&name.as_str())
+}
+
+/// Whether a forwarded variable holds a credential: by its name ([`is_credential`]), by its
+/// value (a URL with a password in it, `https://user:pw@host`, as `DATABASE_URL` and
+/// `MLFLOW_TRACKING_URI` often carry), or because it is already [`CREDENTIAL_SHOWN`] (a
+/// value hidden when the launch was described, to be taken from pipette-run's environment
+/// when the node starts).
+pub fn is_credential_var(name: &str, value: &str) -> bool {
+    is_credential(name) || value == CREDENTIAL_SHOWN || url_with_password(value)
+}
+
+/// Whether `value` holds a URL whose user part carries a password (`scheme://user:pw@…`).
+fn url_with_password(value: &str) -> bool {
+    value.match_indices("://").any(|(at, _)| {
+        let rest = &value[at + 3..];
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        authority
+            .rsplit_once('@')
+            .is_some_and(|(user, _)| user.contains(':'))
+    })
 }
 
 /// Never forwarded though a prefix matches: each node's own (the mapping sets the devices;
@@ -528,7 +558,7 @@ impl NodeCommon<'_> {
         );
         let env: Vec<(String, String)> = env
             .into_iter()
-            .map(|(name, value)| match is_credential(&name) {
+            .map(|(name, value)| match is_credential_var(&name, &value) {
                 true => (name, CREDENTIAL_SHOWN.to_string()),
                 false => (name, value),
             })
@@ -549,7 +579,7 @@ impl NodeCommon<'_> {
             run_dir => single_quote(self.run_dir),
             env => env.iter().map(|(name, value)| context! {
                 name => name.clone(),
-                value => if is_credential(name) {
+                value => if is_credential_var(name, value) {
                     // Read where the script runs; never written into it.
                     format!("\"${{{name}:?{name} is a credential this script does not hold: set it}}\"")
                 } else {
@@ -967,6 +997,32 @@ pub fn file_name_part(host: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// N8's kept-back shapes: a password inside a URL, whatever the name; tokens named
+    /// `*_PAT`, `*AUTH*`, `*_PASS`; a value already hidden stays hidden. Plain URLs and
+    /// ordinary variables are forwarded as they are.
+    #[test]
+    fn n8_credentials_by_name_and_by_value() {
+        use super::{is_credential_var, CREDENTIAL_SHOWN};
+        for (name, value) in [
+            ("RESULTS_DB", "postgresql://trainer:pw@db.example/runs"),
+            ("MLFLOW_TRACKING_URI", "https://u:p@mlflow.example:5000/"),
+            ("GH_PAT", "ghp_x"),
+            ("AUTH_HEADER", "Bearer x"),
+            ("DB_PASS", "x"),
+            ("HF_TOKEN", "x"),
+            ("ANYTHING", CREDENTIAL_SHOWN),
+        ] {
+            assert!(is_credential_var(name, value), "{name}={value}");
+        }
+        for (name, value) in [
+            ("MLFLOW_TRACKING_URI", "https://mlflow.example:5000/x?a=b@c"),
+            ("NCCL_SOCKET_IFNAME", "eth0"),
+            ("DATA", "s3://bucket/path:with@colon"),
+            ("OMP_NUM_THREADS", "8"),
+        ] {
+            assert!(!is_credential_var(name, value), "{name}={value}");
+        }
+    }
     /// `cargo run` put the target directory and the toolchain's libraries in
     /// LD_LIBRARY_PATH: none of it reaches the nodes; outside cargo the same value passes
     /// untouched, and PATH always does.

@@ -345,7 +345,7 @@ pub fn trial_commands(
         shown.env.retain(|(k, _)| k != launch::RUN_ID_VAR);
         // Nor is a credential's value shown (see render::CREDENTIAL_SHOWN).
         for (name, value) in &mut shown.env {
-            if crate::render::is_credential(name) {
+            if crate::render::is_credential_var(name, value) {
                 *value = crate::render::CREDENTIAL_SHOWN.to_string();
             }
         }
