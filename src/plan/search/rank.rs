@@ -63,7 +63,14 @@ pub(super) fn best(
     order: impl Fn((usize, f64), (usize, f64)) -> Ordering,
 ) -> Vec<(usize, f64)> {
     let k = k.max(1);
-    let bounds: Vec<f64> = (0..n).into_par_iter().map(&bound).collect();
+    // A NaN bound bounds nothing: such an item goes first and is evaluated.
+    let bounds: Vec<f64> = (0..n)
+        .into_par_iter()
+        .map(|i| match bound(i) {
+            b if b.is_nan() => f64::NEG_INFINITY,
+            b => b,
+        })
+        .collect();
     let mut queue: Vec<usize> = (0..n).collect();
     queue.sort_by(|&a, &b| bounds[a].total_cmp(&bounds[b]).then(a.cmp(&b)));
     // Enough per chunk to keep every thread busy and to fill the k best at once.
@@ -75,7 +82,7 @@ pub(super) fn best(
         let take = match kept.get(k - 1) {
             Some(&(_, kth)) => queue[next..end]
                 .iter()
-                .take_while(|&&i| !(bounds[i] > kth))
+                .take_while(|&&i| bounds[i].total_cmp(&kth).is_le())
                 .count(),
             None => end - next,
         };
