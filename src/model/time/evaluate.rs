@@ -141,6 +141,55 @@ impl ConfigCosts {
         pipeline + grad + gather + self.optimizer_step_ms(fabric, devices) + experts
     }
 
+    /// A lower bound of [`Self::evaluate`]`(fabric, devices)` at a fraction of its cost:
+    /// the planner ranks thousands of configurations on their default placement and fully
+    /// evaluates only those whose bound could still beat the ones it keeps. `kinds` is
+    /// [`placement_kinds`]`(fabric, devices)` (the same for every configuration on the same
+    /// GPUs, so the caller computes it once).
+    ///
+    /// Why it is a bound. `evaluate` is `pipeline + grad + gather + optimizer + experts`,
+    /// summed in that order, and this is the same sum with
+    /// - `pipeline`: the max over the dp replicas of their pipeline time, taken here over
+    ///   replica 0 alone (the max of a subset is ≤ the max of all);
+    /// - `grad`, `gather`: the exposed dp reduce and gather, each `ms − min(window, ms)`
+    ///   ≥ 0, taken as 0;
+    /// - `optimizer`: exact (the same function);
+    /// - `experts` = `dispatch + expert sync`: the sync (exposed like `grad`, ≥ 0) taken as
+    ///   0; the dispatch is `slots × max over stages of f(collective)`, with `collective`
+    ///   the max over the stage's expert groups, taken here over group 0 alone, and `f`
+    ///   ([`Self::stage_dispatch_ms_from`]: `c·x − min(hidden, c·x / 2)`, c ≥ 0) is
+    ///   non-decreasing in `x`.
+    ///
+    /// Every dropped term is ≥ 0 and every kept one is ≤ its counterpart, and IEEE rounding
+    /// is monotone (`a ≤ a'`, `b ≤ b'` ⇒ `fl(a + b) ≤ fl(a' + b')`, the same for `·` by a
+    /// factor ≥ 0; `max` and `min` are exact), so the bound is ≤ `evaluate` bit for bit,
+    /// not only in exact arithmetic. On a uniform cluster's default placement the replicas
+    /// and the expert groups are alike and the bound is close to the evaluation.
+    pub fn lower_bound_ms<F: Fabric + ?Sized>(
+        &self,
+        fabric: &F,
+        devices: &[Device],
+        kinds: u8,
+    ) -> f64 {
+        debug_assert_eq!(devices.len(), self.world_size());
+        let pipeline = 0.0f64.max(self.replica_ms(fabric, devices, 0));
+        let optimizer = (0..self.pp)
+            .map(|s| self.stage_optimizer_ms(kinds, s))
+            .fold(0.0, f64::max);
+        let dispatch = if self.expert.as_ref().is_some_and(|x| x.ep > 1) {
+            let worst = (0..self.pp)
+                .map(|s| {
+                    let group = self.group_dispatch(fabric, devices, s, 0).ms;
+                    self.stage_dispatch_ms_from(fabric, devices, s, group)
+                })
+                .fold(0.0, f64::max);
+            self.dispatch_slots() * worst
+        } else {
+            0.0
+        };
+        pipeline + 0.0 + 0.0 + optimizer + (dispatch + 0.0)
+    }
+
     /// The optimizer step after the data-parallel synchronisation: the slowest stage's,
     /// every stage costed on the placement's slowest-memory GPU kind. Taking the kind from
     /// the whole placement, not the stage's own GPUs, keeps the term the same for every

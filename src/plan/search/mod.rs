@@ -17,7 +17,11 @@
 //!    would make it fit.
 //! 3. **Rank** the rest by the time model on torchrun's default placement of their
 //!    arrangement (in parallel; ties broken by a stable key of the configuration, then the
-//!    arrangement, so the order is the same on every machine).
+//!    arrangement, so the order is the same on every machine). Only the best `top_k` are
+//!    needed: configurations are evaluated in the order of a cheap lower bound of their
+//!    time ([`ConfigCosts::lower_bound_ms`]), and those whose bound passes the `top_k`-th
+//!    best found are never evaluated in full ([`rank::best`]); the best `top_k` and their
+//!    order are those of evaluating every one.
 //! 4. **Map** the best `top_k` (in parallel, each with a seed derived from the plan's seed
 //!    and its rank, so the thread count changes nothing) with [`super::mapping`], node
 //!    swaps confined to a GPU class on mixed clusters; a mapping that gains less than
@@ -45,8 +49,8 @@ use crate::config::Settings;
 use crate::model::memory::estimate_memory;
 use crate::model::parallel::{Device, Placement};
 use crate::model::time::{
-    compat::pipette_compat_ms, estimate, ClusterFabric, ConfigCosts, TimeError, TimeModel,
-    TimeRequest,
+    compat::pipette_compat_ms, estimate, placement_kinds, ClusterFabric, ConfigCosts, TimeError,
+    TimeModel, TimeRequest,
 };
 use crate::plan::experts::ExpertPlan;
 use crate::plan::hetero::{class_orders, gpu_classes, Arrangement};
@@ -63,7 +67,7 @@ pub use options::{
     default_budget, MappingMode, MemoryHeadroom, PlanOptions, COMPAT_BUDGET,
     DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_MAPPING_THRESHOLD, DEFAULT_TOP_K, MAX_BUDGET,
 };
-use rank::{by_cost, cost, stage_needs};
+use rank::{best, by_cost, cost, stage_needs};
 pub use rank::{derive_seed, simpler};
 use report::{even_split, stage_plans};
 pub use report::{
@@ -191,38 +195,64 @@ pub fn plan(
         ));
     }
 
-    // 3. Rank on each arrangement's torchrun default placement.
-    let ranked: Vec<Result<(usize, f64, ConfigCosts), TimeError>> = fitting
+    // 3. Rank on each arrangement's torchrun default placement: the best `top_k`, in
+    //    the order a full ranking gives them ([`rank::best`]).
+    let costs: Vec<Result<ConfigCosts, TimeError>> = fitting
         .par_iter()
         .map(|&p| {
             let (c, a) = pairs[p];
-            let costs = ConfigCosts::with_tables(
+            ConfigCosts::with_tables(
                 &settings.model,
                 &settings.training,
                 &configs[c],
                 &options.calibration,
                 &options.time_options,
                 arrangements[a].fabric.tables(),
-            )?;
-            let ms = cost(
+            )
+        })
+        .collect();
+    let costs = costs.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let kinds: Vec<u8> = arrangements
+        .iter()
+        .map(|a| placement_kinds(&a.fabric, &identity))
+        .collect();
+    let top_k = options.top_k.max(1);
+    let kept = best(
+        fitting.len(),
+        top_k,
+        |i| match options.time_model {
+            // The bound is the Pipette model's; the compat formula is ranked in full.
+            TimeModel::Pipette => {
+                let a = pairs[fitting[i]].1;
+                costs[i].lower_bound_ms(&arrangements[a].fabric, &identity, kinds[a])
+            }
+            _ => f64::NEG_INFINITY,
+        },
+        |i| {
+            let (c, a) = pairs[fitting[i]];
+            cost(
                 settings,
                 options.time_model,
-                &costs,
+                &costs[i],
                 &configs[c],
                 &arrangements[a].fabric,
                 &identity,
-            );
-            Ok((p, ms, costs))
-        })
+            )
+        },
+        |(i, ms), (j, other)| {
+            let (p, q) = (fitting[i], fitting[j]);
+            by_cost((ms, &configs[pairs[p].0]), (other, &configs[pairs[q].0]))
+                .then_with(|| pairs[p].1.cmp(&pairs[q].1))
+        },
+    );
+    // Every fitting configuration is ranked, by its full evaluation or by a bound that
+    // puts it behind the best `top_k`: one evaluation each, as the statistics count them.
+    let ranking_evaluations = fitting.len() as u64;
+    let mut costs: Vec<Option<ConfigCosts>> = costs.into_iter().map(Some).collect();
+    let ranked: Vec<(usize, f64, ConfigCosts)> = kept
+        .into_iter()
+        .map(|(i, ms)| (fitting[i], ms, costs[i].take().expect("each kept once")))
         .collect();
-    let mut ranked = ranked.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let config_of = |p: usize| &configs[pairs[p].0];
-    ranked.sort_by(|a, b| {
-        by_cost((a.1, config_of(a.0)), (b.1, config_of(b.0)))
-            .then_with(|| pairs[a.0].1.cmp(&pairs[b.0].1))
-    });
-    let ranking_evaluations = ranked.len() as u64;
-    ranked.truncate(options.top_k.max(1));
 
     // 4. Map the best, node swaps confined to each arrangement's classes.
     let pair_fabrics: Vec<PairFabric> = arrangements
