@@ -1087,6 +1087,50 @@ fn n4_addresses_and_the_rendezvous_id_are_checked_before_printing() {
     assert_eq!(entries(d), Vec::<String>::new());
 }
 
+/// N4, the script's own words: a script argument (and a script path) holding an escape
+/// sequence reached the dry run and `launch-*.sh` raw. Both now carry it escaped (bash's
+/// `$'\x1b…'` in the script, which hands the word on unchanged), and the run still plans.
+#[test]
+fn n4_the_script_s_arguments_are_escaped_in_the_dry_run_and_the_scripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let run = d.join("run");
+    let out = pipette_run(d)
+        .arg("--run-dir")
+        .arg(&run)
+        .args(["--nproc-per-node", "1", "--dry-run", "train.py"])
+        .arg("--wandb-exp-name")
+        .arg("x\u{1b}[2J\u{1b}[31mred\u{202e}")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{202e}'),
+        "{text}"
+    );
+    assert!(
+        text.contains("$'x\\x1b[2J\\x1b[31mred\\xe2\\x80\\xae'"),
+        "{text}"
+    );
+    let mut scripts = 0;
+    for entry in std::fs::read_dir(&run).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(
+            !bytes.contains(&0x1b),
+            "{} holds a raw escape",
+            path.display()
+        );
+        scripts += usize::from(path.extension().is_some_and(|e| e == "sh"));
+    }
+    assert!(scripts > 0, "no launch script in {}", run.display());
+}
+
 /// N5, other spellings of one host: `x..` was a node beside `x`, and `127.000.000.001`
 /// and `127.1` nodes beside `127.0.0.1` (the resolver reads them as that address).
 #[test]

@@ -16,8 +16,9 @@
 //! that host's `cuda_visible_devices` list in order.
 //!
 //! Nothing a user, a scheduler or a host name supplies is ever read by a shell: every value
-//! in a launch script is one single-quoted word ([`single_quote`]), and templates
-//! receive values already quoted.
+//! in a launch script is one quoted word ([`shell::word`]: single-quoted, or bash's `$'…'`
+//! with escapes where it holds a control character), and templates receive values already
+//! quoted.
 
 pub mod megatron;
 mod run_dir;
@@ -32,7 +33,7 @@ use minijinja::{context, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Precision, Recompute, Settings};
-use crate::exec::{single_quote, single_quote_join};
+
 use crate::model::parallel::ParallelConfig;
 
 pub use megatron::{megatron_args, uses_deepspeed, MegatronArgs};
@@ -202,12 +203,12 @@ impl NodeLaunch {
     /// The command as one bash line, exactly as the script runs it:
     /// `cd DIR && NAME=VALUE ... torchrun ...`, every word quoted.
     pub fn command_line(&self, workdir: &str) -> String {
-        let mut line = format!("cd {} &&", single_quote(workdir));
+        let mut line = format!("cd {} &&", shell::word(workdir));
         for (name, value) in &self.env {
-            line.push_str(&format!(" {name}={}", single_quote(value)));
+            line.push_str(&format!(" {name}={}", shell::word(value)));
         }
         line.push(' ');
-        line.push_str(&single_quote_join(&self.argv));
+        line.push_str(&shell::words(&self.argv));
         line
     }
 }
@@ -565,7 +566,7 @@ impl NodeCommon<'_> {
             .collect();
         let first_rank = node_rank as u64 * nproc;
         let script_path = format!("launch-{node_rank}-{}.sh", file_name_part(host));
-        let quoted: Vec<String> = argv.iter().map(|w| single_quote(w)).collect();
+        let quoted: Vec<String> = argv.iter().map(|w| shell::word(w)).collect();
         let context = context! {
             node_rank,
             nnodes => self.nnodes,
@@ -573,17 +574,17 @@ impl NodeCommon<'_> {
             world_size => self.nnodes as u64 * nproc,
             first_rank,
             last_rank => first_rank + nproc - 1,
-            host => single_quote(host),
+            host => shell::word(host),
             host_comment => shell::one_line(host),
-            workdir => single_quote(self.workdir),
-            run_dir => single_quote(self.run_dir),
+            workdir => shell::word(self.workdir),
+            run_dir => shell::word(self.run_dir),
             env => env.iter().map(|(name, value)| context! {
                 name => name.clone(),
                 value => if is_credential_var(name, value) {
                     // Read where the script runs; never written into it.
                     format!("\"${{{name}:?{name} is a credential this script does not hold: set it}}\"")
                 } else {
-                    single_quote(value)
+                    shell::word(value)
                 },
             }).collect::<Vec<_>>(),
             argv => quoted,
@@ -827,9 +828,9 @@ fn option_lines(words: &[String]) -> Vec<String> {
         match lines.last_mut() {
             Some(line) if !word.starts_with('-') => {
                 line.push(' ');
-                line.push_str(&single_quote(word));
+                line.push_str(&shell::word(word));
             }
-            _ => lines.push(single_quote(word)),
+            _ => lines.push(shell::word(word)),
         }
     }
     lines
@@ -847,13 +848,13 @@ fn command_lines(argv: &[String], script_args: usize) -> Vec<String> {
         "--run_path",
     ];
     let program = argv.len() - script_args - 1;
-    let mut lines: Vec<String> = argv[..program].iter().map(|w| single_quote(w)).collect();
+    let mut lines: Vec<String> = argv[..program].iter().map(|w| shell::word(w)).collect();
     match lines.last_mut() {
         Some(last) if program > 1 && BEFORE_SCRIPT.contains(&argv[program - 1].as_str()) => {
             last.push(' ');
-            last.push_str(&single_quote(&argv[program]));
+            last.push_str(&shell::word(&argv[program]));
         }
-        _ => lines.push(single_quote(&argv[program])),
+        _ => lines.push(shell::word(&argv[program])),
     }
     lines.extend(option_lines(&argv[program + 1..]));
     lines

@@ -428,7 +428,7 @@ impl DryRunReport {
         let s = &self.script;
         out.push_str(&format!(
             "\nScript: {} ({}), {} arguments passed through\n",
-            s.program,
+            crate::log::printable(&s.program),
             s.launch,
             s.args.len()
         ));
@@ -740,7 +740,7 @@ fn compare<K: PartialEq + Clone, V: PartialEq + Clone>(
 fn forwarded_as_is<'w>(word: &'w str, here: &BTreeMap<String, String>) -> Option<&'w str> {
     let (name, quoted) = word.split_once('=')?;
     let value = here.get(name)?;
-    (crate::exec::is_env_name(name) && quoted == crate::exec::single_quote(value)).then_some(name)
+    (crate::exec::is_env_name(name) && quoted == crate::render::shell::word(value)).then_some(name)
 }
 
 /// Other nodes listed one per line up to this many.
