@@ -265,10 +265,17 @@ impl ContextExchange {
             // a ring cost len² look-ups, which on 100,000 GPUs with cp 64 was most of the
             // planner's time.
             let mut nodes: Vec<usize> = Vec::with_capacity(len);
+            let mut last_nodes: Vec<usize> = Vec::with_capacity(len);
+            // A hop over the network costs what its two nodes and their member counts say,
+            // whichever GPUs it joins: the rings of the other tp ranks, on the same nodes,
+            // reuse the figure of the hop at the same place in the ring.
+            let mut over: Vec<Option<(usize, usize, f64)>> = vec![None; len];
             for k in 0..t.min(group.len()) {
+                std::mem::swap(&mut nodes, &mut last_nodes);
                 nodes.clear();
                 nodes.extend((0..len).filter_map(|i| member(k, i).map(|d| d.node)));
                 nodes.sort_unstable();
+                let same_nodes = k > 0 && nodes == last_nodes;
                 let on = |node: usize| {
                     nodes.partition_point(|&n| n <= node) - nodes.partition_point(|&n| n < node)
                 };
@@ -279,12 +286,21 @@ impl ContextExchange {
                     if a == b {
                         continue;
                     }
-                    let mut bw = fabric.gb_per_s(a, b);
-                    if fabric.over_network(a.node, b.node) {
-                        bw *= fabric
-                            .nic_share(a.node, on(a.node))
-                            .min(fabric.nic_share(b.node, on(b.node)));
+                    if !fabric.over_network(a.node, b.node) {
+                        best = best.min(fabric.gb_per_s(a, b));
+                        continue;
                     }
+                    let bw = match over[j] {
+                        Some((x, y, bw)) if same_nodes && (x, y) == (a.node, b.node) => bw,
+                        _ => {
+                            let bw = fabric.gb_per_s(a, b)
+                                * fabric
+                                    .nic_share(a.node, on(a.node))
+                                    .min(fabric.nic_share(b.node, on(b.node)));
+                            over[j] = Some((a.node, b.node, bw));
+                            bw
+                        }
+                    };
                     best = best.min(bw);
                 }
             }
