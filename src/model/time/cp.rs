@@ -279,7 +279,7 @@ impl ContextExchange {
                 let on = |node: usize| {
                     nodes.partition_point(|&n| n <= node) - nodes.partition_point(|&n| n < node)
                 };
-                for j in 0..len {
+                for (j, hop) in over.iter_mut().enumerate() {
                     let (Some(&a), Some(&b)) = (member(k, j), member(k, j + 1)) else {
                         continue;
                     };
@@ -290,14 +290,14 @@ impl ContextExchange {
                         best = best.min(fabric.gb_per_s(a, b));
                         continue;
                     }
-                    let bw = match over[j] {
+                    let bw = match *hop {
                         Some((x, y, bw)) if same_nodes && (x, y) == (a.node, b.node) => bw,
                         _ => {
                             let bw = fabric.gb_per_s(a, b)
                                 * fabric
                                     .nic_share(a.node, on(a.node))
                                     .min(fabric.nic_share(b.node, on(b.node)));
-                            over[j] = Some((a.node, b.node, bw));
+                            *hop = Some((a.node, b.node, bw));
                             bw
                         }
                     };
