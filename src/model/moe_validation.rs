@@ -663,14 +663,13 @@ mod tests {
         .unwrap()
     }
 
-    /// The headline figures of `scripts/validate-time-model`'s MoE part: the Model Zoo's
-    /// and DGX Cloud's MoE rows within the 20 % median after one scale per source,
-    /// and every layout sweep of three or more layouts with its pick within 5 % of the
-    /// measured fastest. Kendall's tau is held at what the model reaches today, 0.67 on the
-    /// one such sweep (Qwen3-235B on 256 H100: the cross-node EP 32 layout, measured on
-    /// another software branch than the other three, is predicted slower than the
-    /// in-node EP 8 with PP 32), below the 0.7: a regression fails, the gap stays
-    /// visible.
+    /// The headline figures of `scripts/validate-time-model`'s MoE part, the bounds:
+    /// the Model Zoo's and DGX Cloud's MoE rows within a 20 % median after one scale per
+    /// source, and every layout sweep of three or more layouts ranked with Kendall's tau
+    /// ≥ 0.7 and its pick within 5 % of the measured fastest. The one such sweep (Qwen3-235B
+    /// on 256 H100) ranks all four layouts as measured (tau 1.0) since an all-to-all's
+    /// start-up no longer grows with its group like a ring's (the cross-node EP 32 layout
+    /// had been predicted slower than the in-node EP 8 with PP 32, tau 0.67).
     #[test]
     fn the_moe_development_set_holds_its_headline_figures() {
         let r = report();
@@ -682,7 +681,7 @@ mod tests {
         let sweeps: Vec<&DevSweep> = r.sweeps.iter().filter(|s| s.runs >= 3).collect();
         assert!(!sweeps.is_empty());
         for s in sweeps {
-            assert!(s.kendall_tau.is_some_and(|t| t >= 0.66), "{s:?}");
+            assert!(s.kendall_tau.is_some_and(|t| t >= 0.7), "{s:?}");
             assert!(s.regret <= 0.05, "{s:?}");
         }
     }

@@ -14,7 +14,7 @@
 //! | routed experts | `E/ep` GEMMs of `M = T·k·etp·L·ep/E` tokens each (grouped: one kernel) up `h → gates·F/etp`, down `F/etp → h`, at the table's efficiency for that `M`: small `M` (many experts per token, large `ep`) is slow |
 //! | expert activation | memory-bound over `M·E/ep × F/etp` |
 //! | shared expert | a dense MLP of the shared width, tensor-parallel like the attention |
-//! | dispatch, combine | `alltoall`/`flex`: two all-to-alls forward, two backward, `T·k·h·L/ep` bytes between each pair of the ep group; `allgather`: all-gather and reduce-scatter of `T·h` from every member |
+//! | dispatch, combine | `alltoall`/`flex`: two all-to-alls forward, two backward, `T·k·h·L/ep` bytes between each pair of the ep group; `allgather`: all-gather and reduce-scatter of `T·h` from every member; each one start-up latency, the measured figure of its group but no more than the largest measured group's ([`all_to_all_latency_group`]) |
 //!
 //! The dense MLP the layer replaces (`ffn_hidden_size`) is taken back out. The all-to-all
 //! runs over the links the expert-parallel group really spans: a member sends its
@@ -70,6 +70,24 @@ pub fn load_factor(moe: &MoeSpec) -> f64 {
         Some(c) if c > 0.0 => c.clamp(1.0, DROPLESS_LOAD),
         _ => DROPLESS_LOAD,
     }
+}
+
+/// The group size whose measured collective latency an all-to-all over `ep` ranks pays.
+///
+/// An all-to-all posts its message to every peer at once (NCCL runs `alltoall` as one
+/// group of point-to-point sends and receives, one per peer, on parallel channels; DeepEP
+/// and HybridEP as one kernel), so its start-up does not grow step by step with the group
+/// as a ring's does: [`PerfTable::collective_latency`] extrapolates a ring's `(n − 1)`
+/// steps past the largest measured group, which priced an all-to-all over 32 H100 at
+/// 4.4 times, over 128 at 18 times its 8-GPU figure. Up to the largest measured group
+/// the measured figure stands (it is what an exchange over that many GPUs waits); past
+/// it, that figure. DeepEP's published low-latency kernels bear this out: the same 128
+/// tokens a rank take 192 µs over 128 ranks and 194 µs over 256 (H800, CX7 400 Gb/s;
+/// deepseek-ai/DeepEP docs/legacy.md, MIT), where a ring's start-up would double.
+/// An all-to-all waits like an all-gather over the group: the all-gather's figure is
+/// taken.
+pub(super) fn all_to_all_latency_group(ep: usize, table: &PerfTable) -> usize {
+    ep.min(table.largest_measured_group().max(2))
 }
 
 /// The first decoder layer of stage `s`: the stages in order, each contiguous (as the
@@ -532,8 +550,8 @@ impl ExpertCosts {
             out.gather_mb.push(gather / 1e6);
         }
         for kind in GpuKind::ALL {
-            let latency = tables.get(kind).collective_latency(ep as usize);
-            // An all-to-all waits like an all-gather over the same group.
+            let table = tables.get(kind);
+            let latency = table.collective_latency(all_to_all_latency_group(ep as usize, table));
             out.latency_ms[kind.index()] =
                 latency.all_gather * calibration.collective_latency_scale / 1e3;
         }
@@ -1208,6 +1226,43 @@ mod tests {
             + across.expert_parallel_ms
             + across.expert_dp_exposed_ms;
         assert!((sum - across.iteration_ms).abs() < 1e-6 * across.iteration_ms);
+    }
+
+    /// An all-to-all posts every peer's message at once: its start-up is the measured
+    /// figure of its group up to the largest measured one (8 H100), and that figure past
+    /// it, not a ring's `ep − 1` steps (an EP 32 all-to-all had paid 4.4 times the 8-GPU
+    /// figure, EP 128 18 times).
+    #[test]
+    fn an_all_to_all_waits_one_exchange_not_a_ring_of_its_group() {
+        use super::super::perf::{GpuKind, PerfTable, PerfTables};
+        use super::{all_to_all_latency_group, ExpertCosts};
+        let h100 = PerfTable::get(GpuKind::H100);
+        assert_eq!(h100.largest_measured_group(), 8);
+        for (ep, group) in [(2, 2), (4, 4), (8, 8), (16, 8), (32, 8), (128, 8)] {
+            assert_eq!(all_to_all_latency_group(ep, h100), group, "ep {ep}");
+        }
+        let moe = model(true);
+        let training = TrainingSettings::new(64, Precision::Bf16);
+        let latency = |ep: u64| {
+            let mut config = ParallelConfig::even(moe.num_layers, 1, 1, 16, 1);
+            config.ep = ep;
+            let costs = ExpertCosts::new(
+                &moe,
+                &training,
+                &config,
+                &Calibration::default(),
+                PerfTables::shipped(),
+                2.0,
+                4.0,
+            )
+            .unwrap();
+            costs.latency_ms[GpuKind::H100.index()]
+        };
+        let eight = h100.collective_latency(8).all_gather / 1e3;
+        assert!(eight > 0.0);
+        assert_eq!(latency(8), eight);
+        assert_eq!(latency(16), eight);
+        assert_eq!(latency(4), h100.collective_latency(4).all_gather / 1e3);
     }
 
     #[test]

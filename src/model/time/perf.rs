@@ -446,6 +446,12 @@ impl PerfTable {
         }
     }
 
+    /// The largest group whose collective latency the table measured, GPUs (8 when the
+    /// file has no by-group table: its figures are for 8 GPUs).
+    pub fn largest_measured_group(&self) -> usize {
+        self.all_reduce_by_group.last().map_or(8, |e| e.0)
+    }
+
     /// The latencies of collectives over a group of `n` GPUs, µs (0 for one GPU). The
     /// all-reduce's is the measured figure for that group size; beyond the largest measured
     /// group (a ring across nodes) it grows with the ring's steps, `(n − 1)/(N − 1)` of the
