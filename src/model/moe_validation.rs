@@ -719,10 +719,10 @@ mod tests {
     ///   micro-batch) would put it 13 % under.
     /// - The H100 FP8 rate is MAMF's, measured by `torch._scaled_mm` without fast
     ///   accumulation (stas00/ml-engineering mamf-finder.py), as TE runs dgrad and wgrad.
-    /// - With `--tp-comm-overlap` the model hides a fixed half of the tp collectives in
-    ///   either precision; hiding each behind its own GEMM, as userbuffers do, leaves more
-    ///   exposed in FP8, but Grok-1's attention collectives (the MoE layers' experts carry
-    ///   none) are nearly all hidden either way and the pair would move up, not down.
+    /// - The recipe's `--tp-comm-overlap` hides no more than the overlapped GEMMs last
+    ///   (`KindOps::tp_overlap_gemms`; only the attention's here, the experts carry none),
+    ///   so FP8 hides less: costed with it the pair is x1.359 instead of x1.365.
+    ///
     /// What is left is the experts' FP8 rate on Hopper at these shapes (one 32768-wide
     /// expert per GPU, 2,048 rows): matching the pair needs them x1.26 faster in FP8, not
     /// x1.58, and no published H100 FP8 grouped-GEMM figure says so. Held at 16 %, so a
