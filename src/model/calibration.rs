@@ -49,7 +49,8 @@ pub struct Calibration {
     /// fits it; attention, norms and kernel launches usually make it 0.6–0.8.
     pub measured_compute_efficiency: f64,
     /// Time: share of the tensor-parallel collectives hidden behind the GEMMs with
-    /// `--tp-comm-overlap` (Transformer Engine's userbuffers). Default 0.5, a first guess.
+    /// `--tp-comm-overlap` (Transformer Engine's userbuffers). Default 0.5, a first guess;
+    /// never more than the overlapped GEMMs last (`ops::KindOps::tp_overlap_gemms`).
     pub tp_comm_overlap: f64,
     /// Time: with `--overlap-grad-reduce`, the share of a stage's last backward pass that
     /// can hide the data-parallel gradient reduce (the last bucket is reduced after the

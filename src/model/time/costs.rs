@@ -65,6 +65,10 @@ pub struct ConfigCosts {
     pub(super) tp_latency_ms: Vec<f64>,
     /// Share of tp collective time left exposed.
     pub(super) tp_exposed: f64,
+    /// The GEMMs of stage `s` on GPU kind `k` (at `k · pp + s`) that `--tp-comm-overlap`
+    /// hides the tp collectives behind ([`KindOps::tp_overlap_gemms`]): no more hides
+    /// than they last.
+    pub(super) tp_overlap_ops: Vec<OpCost>,
     /// Per-operation compute of stage `s` on GPU kind `k` at `k · pp + s`.
     pub(super) ops: Vec<StageOps>,
     /// `ops[i].slot()`, for the evaluation's inner loop.
@@ -200,6 +204,7 @@ impl ConfigCosts {
             slot_ops: Vec::with_capacity(pp * GpuKind::ALL.len()),
             host_ms: Vec::with_capacity(pp),
             p2p_latency_ms: [0.0; GpuKind::ALL.len()],
+            tp_overlap_ops: Vec::with_capacity(pp * GpuKind::ALL.len()),
             tp_exposed: if options.tp_comm_overlap {
                 1.0 - calibration.tp_comm_overlap
             } else {
@@ -496,7 +501,7 @@ impl ConfigCosts {
                     },
                     _ => 0,
                 };
-                let mut stage = kind_ops.stage(&StageShape {
+                let stage_shape = StageShape {
                     layers,
                     first: s == 0,
                     last: s + 1 == self.pp,
@@ -504,11 +509,14 @@ impl ConfigCosts {
                     selective: config.recompute == Recompute::Selective,
                     bf16_layers: low
                         .map_or(0, |l| l.bf16_layers_in(start, layers, model.num_layers)),
-                });
+                };
+                let mut stage = kind_ops.stage(&stage_shape);
+                let moe_layers = self.expert.as_ref().map_or(0, |x| x.moe_layers[s]);
                 if let Some(extra) = &expert_ops {
-                    let moe_layers = self.expert.as_ref().map_or(0, |x| x.moe_layers[s]);
                     stage = extra.stage(stage, layers, moe_layers, s + 1 == self.pp, self.has_mla);
                 }
+                self.tp_overlap_ops
+                    .push(kind_ops.tp_overlap_gemms(&stage_shape, moe_layers));
                 self.ops.push(stage);
                 self.slot_ops.push(stage.slot());
             }

@@ -343,11 +343,31 @@ impl ConfigCosts {
         s: usize,
     ) -> (f64, f64) {
         let (compute, slowest) = self.slowest_compute(fabric, group, s);
-        let mut comm = self.tp_ms(fabric, group, s) * self.tp_exposed;
+        let tp = self.tp_ms(fabric, group, s);
+        let mut comm = tp - self.tp_hidden_ms(fabric, group[slowest], tp, s);
         if let Some(context) = &self.context {
             comm += context.exposed_ms(fabric, group, group[slowest], s);
         }
         (compute, comm)
+    }
+
+    /// Of stage `s`'s tp collectives (`tp_ms` per micro-batch), what `--tp-comm-overlap`
+    /// hides on `device`, the group's slowest GPU: the calibrated share, but no more than
+    /// the GEMMs it overlaps them with last there ([`ConfigCosts::tp_overlap_ops`]).
+    #[inline]
+    pub(super) fn tp_hidden_ms<F: Fabric + ?Sized>(
+        &self,
+        fabric: &F,
+        device: Device,
+        tp_ms: f64,
+        s: usize,
+    ) -> f64 {
+        if self.tp_exposed >= 1.0 {
+            return 0.0;
+        }
+        let perf = fabric.gpu_perf(device);
+        let gemms = self.tp_overlap_ops[perf.kind.index() * self.pp + s].ms(perf.ms_per_peak_gflop);
+        (tp_ms * (1.0 - self.tp_exposed)).min(gemms)
     }
 
     /// Stage `s`'s exposed context-parallel exchange for one micro-batch ([`super::cp`]);

@@ -62,7 +62,10 @@
 //!   redoes the forward ones. A ring collective moves `(t − 1)/t` (all-gather,
 //!   reduce-scatter) or `2(t − 1)/t` (all-reduce) of the message over every link of the
 //!   ring, so it takes that volume over the slowest link. A tp group spanning nodes pays
-//!   the node link. `--tp-comm-overlap` hides `tp_comm_overlap` of it. Under FP8 or FP4
+//!   the node link. `--tp-comm-overlap` hides `tp_comm_overlap` of it, but no more than
+//!   the GEMMs Transformer Engine overlaps the collectives with last (every layer's
+//!   attention linears and the dense layers' MLP ones, [`ops::KindOps::tp_overlap_gemms`]):
+//!   in FP8 they are shorter and hide less. Under FP8 or FP4
 //!   with sequence parallelism Transformer Engine quantises before it all-gathers, so the
 //!   all-gathers of the layers' linear inputs and output gradients move the low-precision
 //!   copy (one byte an element in FP8); the reduce-scatters stay 16-bit.

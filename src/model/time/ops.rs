@@ -259,6 +259,13 @@ pub struct KindOps {
     first_bwd: OpCost,
     last_fwd: OpCost,
     last_bwd: OpCost,
+    /// One layer's linear GEMMs, forward and backward, at 100 % of the table: the
+    /// attention's (QKV and output projection) and the MLP's (up and down), at the
+    /// low-precision rate where the layers run in FP8 or FP4.
+    attention_linears_gflop: f64,
+    mlp_linears_gflop: f64,
+    /// The low-precision GEMMs' speed-up over 16 bits (1 without).
+    low_speedup: f64,
     /// Some GEMM shape was not in the table.
     pub interpolated: bool,
     pub extrapolated: bool,
@@ -302,10 +309,16 @@ impl KindOps {
             .low_precision
             .and_then(|bits| Some((bits, table.kind.low_precision_speedup(bits)?)));
         let speedup = low.map_or(1.0, |(_, x)| x);
-        for (input, output) in layer_linears(model, t) {
+        ops.low_speedup = speedup;
+        for (i, (input, output)) in layer_linears(model, t).into_iter().enumerate() {
             let (fwd, bwd) = linear(input, output);
             ops.layer_fwd.gflop += fwd / speedup;
             ops.layer_bwd.gflop += bwd / speedup;
+            if i < 2 {
+                ops.attention_linears_gflop += (fwd + bwd) / speedup;
+            } else {
+                ops.mlp_linears_gflop += (fwd + bwd) / speedup;
+            }
         }
         let logits = if shape.model.vocab_size > 0 {
             let v = padded_vocab_size(model, shape.tp) as f64 / t;
@@ -451,6 +464,34 @@ impl KindOps {
     /// One layer's attention core forward (with unfused attention, its score kernels).
     pub fn attention(&self) -> OpCost {
         self.attention_fwd
+    }
+
+    /// The GEMMs that `--tp-comm-overlap` hides stage `stage`'s tensor-parallel
+    /// collectives behind, per micro-batch, at 100 % of the table. Transformer Engine's
+    /// userbuffers overlap each collective with its own layer's GEMM (the all-gather of a
+    /// column-parallel layer's input with its forward GEMM, the reduce-scatter of a
+    /// row-parallel layer's output with its forward GEMM, and backward the gathered output
+    /// gradient with the dgrad GEMM, the input re-gather and the dgrad reduce-scatter with
+    /// the dgrad and wgrad GEMMs: `transformer_engine/pytorch/module/base.py`
+    /// `initialize_ub`, its `ub_overlap_ag`, `ub_overlap_rs` and `ub_bulk_*` layers), so no
+    /// more of them hides than those GEMMs last: every layer's attention linears and the
+    /// dense layers' MLP ones. An MoE layer's experts are grouped GEMMs without userbuffers,
+    /// and recomputed forwards are left out: the cap errs towards exposure. In FP8 or FP4
+    /// the GEMMs are shorter, so less hides; the layers kept in BF16 count at 16 bits.
+    pub fn tp_overlap_gemms(&self, stage: &StageShape, moe_layers: u64) -> OpCost {
+        let layers = stage.layers as f64;
+        if layers == 0.0 {
+            return OpCost::default();
+        }
+        let bf16 = stage.bf16_layers.min(stage.layers) as f64;
+        // Each layer at its own precision: the BF16 ones `low_speedup` times longer.
+        let precision = (layers - bf16 + bf16 * self.low_speedup) / layers;
+        let dense = stage.layers.saturating_sub(moe_layers) as f64;
+        OpCost {
+            gflop: (layers * self.attention_linears_gflop + dense * self.mlp_linears_gflop)
+                * precision,
+            fixed_ms: 0.0,
+        }
     }
 
     /// A stage's forward, backward and recomputation on this kind.

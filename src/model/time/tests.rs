@@ -268,13 +268,92 @@ fn tensor_parallel_ring_takes_the_slowest_link() {
     assert!(close(stage.tp_comm_ms, expected), "{}", stage.tp_comm_ms);
     assert_eq!(stage.tp_comm_hidden_ms, 0.0);
 
-    // --tp-comm-overlap hides the calibrated share.
+    // --tp-comm-overlap hides the calibrated share, but no more than the GEMMs it overlaps
+    // the collectives with last (`tp_comm_overlap_hides_no_more_than_the_overlapped_gemms_last`).
     let mut overlapped = case;
     overlapped.options.tp_comm_overlap = true;
     let o = overlapped.run(TimeModel::Pipette);
-    assert!(close(o.stages[0].tp_comm_ms, 0.5 * expected));
-    assert!(close(o.stages[0].tp_comm_hidden_ms, 0.5 * expected));
+    let fabric = ClusterFabric::new(
+        &overlapped.cluster,
+        Precision::Bf16,
+        &overlapped.calibration,
+    )
+    .unwrap();
+    let gemms = ConfigCosts::new(
+        &overlapped.model,
+        &overlapped.training,
+        &overlapped.config,
+        &overlapped.calibration,
+        &overlapped.options,
+    )
+    .unwrap()
+    .tp_overlap_ops[GpuKind::A100.index()]
+    .ms(fabric
+        .gpu_perf(Device { node: 0, gpu: 0 })
+        .ms_per_peak_gflop);
+    let hidden = (0.5 * expected).min(gemms);
+    assert!(close(o.stages[0].tp_comm_ms, expected - hidden));
+    assert!(close(o.stages[0].tp_comm_hidden_ms, hidden));
     assert_eq!(o.iteration_ms, overlapped.fast());
+}
+
+/// `--tp-comm-overlap` hides the calibrated share of the tp collectives, but no more than
+/// the GEMMs Transformer Engine overlaps them with last (every layer's linear layers, here
+/// dense): over a slow link the collectives outlast them, and in FP8, whose GEMMs are
+/// `low_precision_speedup` times shorter, more of the same collectives stays exposed.
+#[test]
+fn tp_comm_overlap_hides_no_more_than_the_overlapped_gemms_last() {
+    // tp 4 in one node of H100s over 5 GB/s links.
+    let mut c = cluster(1, 4, 5.0, 23.5);
+    if let GpuInventory::Known { gpus, .. } = &mut c.nodes[0].gpus {
+        for g in gpus.iter_mut() {
+            g.name = "NVIDIA H100 80GB HBM3".into();
+            g.peak_tflops = PeakTflops::new(Some(989.4), 989.4);
+        }
+    }
+    let mut config = ParallelConfig::even(8, 4, 1, 1, 1);
+    config.sequence_parallel = true;
+    let mut case = Case::new(c, config, 4);
+    case.options.tp_comm_overlap = true;
+    let fabric = ClusterFabric::new(&case.cluster, Precision::Bf16, &case.calibration).unwrap();
+    let ms_per_gflop = fabric
+        .gpu_perf(Device { node: 0, gpu: 0 })
+        .ms_per_peak_gflop;
+    let h100 = GpuKind::H100.index();
+    let gemms = |case: &Case| {
+        ConfigCosts::new(
+            &case.model,
+            &case.training,
+            &case.config,
+            &case.calibration,
+            &case.options,
+        )
+        .unwrap()
+        .tp_overlap_ops[h100]
+            .ms(ms_per_gflop)
+    };
+    let bf16_gemms = gemms(&case);
+    let bf16 = case.run(TimeModel::Pipette);
+    let bf16_fast = case.fast();
+    case.training.low_precision = Some(fp8(false, 0));
+    let fp8_gemms = gemms(&case);
+    let fp8 = case.run(TimeModel::Pipette);
+    let speedup = GpuKind::H100
+        .low_precision_speedup(crate::config::LowBits::Fp8)
+        .unwrap();
+    assert!(close(fp8_gemms * speedup, bf16_gemms));
+    for (e, gemms, fast) in [
+        (&bf16, bf16_gemms, bf16_fast),
+        (&fp8, fp8_gemms, case.fast()),
+    ] {
+        let stage = &e.stages[0];
+        let total = stage.tp_comm_ms + stage.tp_comm_hidden_ms;
+        // Half the collectives would outlast the GEMMs: those hide, the rest is exposed.
+        assert!(0.5 * total > gemms, "{total} {gemms}");
+        assert!(close(stage.tp_comm_hidden_ms, gemms));
+        assert_eq!(e.iteration_ms, fast);
+    }
+    assert!(fp8.stages[0].tp_comm_hidden_ms < bf16.stages[0].tp_comm_hidden_ms);
 }
 
 #[test]
