@@ -5,7 +5,7 @@
 //! kinds the split sums to the model's layers, fits every stage and never gives a faster
 //! stage fewer layers than a slower one with the same memory unless it is full.
 
-mod common;
+use crate::common;
 
 use pipette::cluster::profile::{
     GpuInventory, GpuSpec, LinkMatrix, NodeProfile, PeakTflops, Provenance, Source,

@@ -9,7 +9,7 @@
 //!   over node orders, which is what Pipette's annealer (moving whole servers) can reach;
 //! - placements are permutations: every GPU runs exactly one rank.
 
-mod common;
+use crate::common;
 
 use pipette::cluster::profile::{
     GpuInventory, GpuSpec, LinkMatrix, NodeProfile, PeakTflops, Provenance, Source,

@@ -3,7 +3,7 @@
 //! the smallest need and what would fit) when nothing fits, and errors for profiles the
 //! planner cannot use.
 
-mod common;
+use crate::common;
 
 use pipette::cluster::profile::{GpuInventory, GpuSpec, PeakTflops, Provenance, Source};
 use pipette::cluster::ClusterProfile;

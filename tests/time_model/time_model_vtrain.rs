@@ -21,7 +21,7 @@
 //! improves.
 //! `scripts/validate-time-model` prints the full report.
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 

@@ -3,7 +3,7 @@
 //! tensor parallelism belongs inside a node, the data-parallel ring's bottleneck governs,
 //! and the three models agree on obvious orderings.
 
-mod common;
+use crate::common;
 
 use pipette::cluster::profile::{
     GpuInventory, GpuSpec, LinkMatrix, PeakTflops, Provenance, Source,

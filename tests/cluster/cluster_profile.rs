@@ -2,7 +2,7 @@
 //! formats (with the real mpiGraph measurement in data/mpigraph), every class of validation
 //! error as a user reads it, round trips, and garbage that must never panic.
 
-mod common;
+use crate::common;
 
 use pipette::cluster::profile::{
     Dtype, GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile, PeakTflops, Provenance,
