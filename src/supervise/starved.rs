@@ -157,20 +157,19 @@ mod tests {
             .to_string()
     }
 
-    /// A process of run `run_id` that runs `script` in sh, pinned to one CPU when `pinned`.
-    fn process_of_run(run_id: &str, script: &str, pinned: bool) -> Child {
-        let mut command = if pinned {
-            let mut c = Command::new("taskset");
-            c.args(["-c", &first_allowed_cpu(), "sh"]);
-            c
-        } else {
-            Command::new("sh")
-        };
-        command
-            .args(["-c", script])
+    /// A busy process of run `run_id`, pinned to one CPU.
+    fn busy_process_of_run(run_id: &str) -> Child {
+        Command::new("taskset")
+            .args([
+                "-c",
+                &first_allowed_cpu(),
+                "sh",
+                "-c",
+                "while :; do :; done",
+            ])
             .env(crate::launch::RUN_ID_VAR, run_id)
             .spawn()
-            .expect("start sh (under taskset, from util-linux, when pinned)")
+            .expect("start sh under taskset (util-linux)")
     }
 
     /// Two busy processes of the job on one CPU: each runs half the time and waits the
@@ -178,9 +177,7 @@ mod tests {
     #[test]
     fn two_busy_workers_on_one_cpu_wait_for_it() {
         let run_id = format!("starved-test-{}", std::process::id());
-        let mut busy: Vec<Child> = (0..2)
-            .map(|_| process_of_run(&run_id, "while :; do :; done", true))
-            .collect();
+        let mut busy: Vec<Child> = (0..2).map(|_| busy_process_of_run(&run_id)).collect();
         let mut clock = StarvedClock::new(&run_id);
         let mut other = StarvedClock::new(&format!("{run_id}-other"));
         clock.sample();
@@ -216,9 +213,22 @@ mod tests {
     #[test]
     fn a_blocked_worker_waits_for_no_cpu() {
         let run_id = format!("blocked-test-{}", std::process::id());
-        let mut sleeper = process_of_run(&run_id, "sleep 30", false);
+        let mut sleeper = Command::new("sleep")
+            .arg("30")
+            .env(crate::launch::RUN_ID_VAR, &run_id)
+            .spawn()
+            .expect("start sleep");
+        // Asleep before the clock starts: on a busy machine its start-up may wait for a CPU.
+        let stat = format!("/proc/{}/stat", sleeper.id());
+        let started = Instant::now();
+        while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains("(sleep) S")) {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "sleep never slept"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let mut clock = StarvedClock::new(&run_id);
-        std::thread::sleep(Duration::from_millis(100));
         clock.sample();
         assert!(!clock.waits.is_empty(), "the sleeping process was found");
         std::thread::sleep(Duration::from_millis(600));
