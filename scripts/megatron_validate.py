@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Megatron's own verdict on argument lists pipette-run renders (tests/render_megatron.rs).
+"""Megatron's own verdict on argument lists pipette-run renders (tests/render/render_megatron.rs).
 
 Runs in the venv made by scripts/setup-megatron-venv (megatron-core 0.19.2, CPU torch). For
 every case it does what a Megatron training script does with its arguments before the first

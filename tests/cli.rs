@@ -19,10 +19,6 @@ fn pipette_run() -> Command {
     cmd
 }
 
-fn example(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
 /// Runs a dry run with `--json` and returns the report.
 fn dry_run_json(cmd: &mut Command) -> Value {
     common::json_report(&cmd.output().expect("pipette-run runs"))
@@ -169,7 +165,7 @@ fn the_dry_run_names_forwarded_variables_and_forwards_nothing_of_cargos() {
         .env("PATH", &long_path)
         .env("NCCL_DEBUG", "INFO")
         .arg("--cluster")
-        .arg(example("examples/clusters/a100-2x8.json"))
+        .arg(common::example_cluster_path("a100-2x8.json"))
         .arg("--run-dir")
         .arg(dir.path().join("run"))
         .args([
@@ -522,7 +518,7 @@ fn cluster_file_names_the_nodes_without_an_allocation() {
     let report = dry_run_json(
         pipette_run()
             .arg("--cluster")
-            .arg(example("examples/clusters/a100-2x8.json"))
+            .arg(common::example_cluster_path("a100-2x8.json"))
             .arg("--run-dir")
             .arg(dir.path().join("run"))
             .args(["--dry-run", "--json", "train.py"])
@@ -601,7 +597,7 @@ fn pinned_settings_become_constraints() {
 fn an_impossible_pinned_interleaving_names_its_rules() {
     pipette_run()
         .arg("--cluster")
-        .arg(example("examples/clusters/a100-2x8.json"))
+        .arg(common::example_cluster_path("a100-2x8.json"))
         .args(["--pin", "vpp=2", "--dry-run", "train.py"])
         .args(TINY_MODEL)
         .assert()
@@ -623,7 +619,7 @@ fn dry_run_shows_the_master_address_the_launch_uses() {
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = pipette_run();
         cmd.arg("--cluster")
-            .arg(example("examples/clusters/a100-2x8.json"))
+            .arg(common::example_cluster_path("a100-2x8.json"))
             .arg("--run-dir")
             .arg(dir.path().join("run"))
             .args(extra)
@@ -811,7 +807,7 @@ fn cluster_file_missing_an_allocated_host_exits_67() {
         pipette_run()
             .args(["--hosts", "nowhere1"])
             .arg("--cluster")
-            .arg(example("examples/clusters/a100-2x8.json"))
+            .arg(common::example_cluster_path("a100-2x8.json"))
             .args(["--dry-run", "train.py"])
             .args(TINY_MODEL),
         67,
@@ -885,7 +881,7 @@ fn an_old_torchrun_gets_underscore_spellings() {
         pipette_run()
             .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))
             .arg("--cluster")
-            .arg(example("examples/clusters/a100-2x8.json"))
+            .arg(common::example_cluster_path("a100-2x8.json"))
             .arg("--run-dir")
             .arg(dir.path().join("run"))
             .args(["--dry-run", "--json", "train.py"])

@@ -3,6 +3,8 @@
 //! pair, a bar per stage), every text form within 80 columns, and the SVGs opened in a real
 //! headless Chromium whose screenshots must not be blank.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,13 +16,9 @@ use pipette::plan::{plan, Plan, PlanOptions};
 use pipette::report::pictures::svg::{text_extent, Anchor};
 use pipette::report::pictures::{svg_files, Picture};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// Every example cluster, by file name.
 fn examples() -> Vec<(String, ClusterProfile)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("examples/clusters"))
+    let mut files: Vec<PathBuf> = std::fs::read_dir(common::repo().join("examples/clusters"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
@@ -232,7 +230,8 @@ fn every_picture_of_every_example_cluster_shows_what_it_should() {
 
 #[test]
 fn host_names_are_escaped_in_every_picture() {
-    let text = std::fs::read_to_string(root().join("examples/clusters/a100-2x8.json")).unwrap();
+    let text =
+        std::fs::read_to_string(common::repo().join("examples/clusters/a100-2x8.json")).unwrap();
     let hostile = text.replace("a100-n00", "n<0>&'\\\"");
     let cluster = ClusterProfile::from_json_str(&hostile, "hostile.json").unwrap();
     let plan = quick_plan(&cluster, false);
@@ -294,7 +293,7 @@ fn the_pictures_open_in_headless_chromium() {
             String::from_utf8_lossy(&out.stderr)
         );
         let read = Command::new(python())
-            .arg(root().join("tests/helpers/png_colours.py"))
+            .arg(common::repo().join("tests/helpers/png_colours.py"))
             .arg(&shot)
             .output()
             .expect("python runs");

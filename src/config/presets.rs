@@ -3,7 +3,7 @@
 //! A preset is a list of Megatron arguments. Read through the same parser as the user's own
 //! arguments, its values are the defaults and whatever the user's arguments say overrides
 //! them (see [`super::settings_from_megatron_args`]). So a preset means exactly what its
-//! arguments mean to Megatron, and `tests/megatron_params.rs` checks each preset's
+//! arguments mean to Megatron, and `tests/megatron/megatron_params.rs` checks each preset's
 //! parameter count against the model Megatron builds from [`Preset::megatron_args`].
 //!
 //! Sources: GPT-3 from Brown et al. 2020 (Table 2.1: layers, d_model, heads × d_head,
@@ -50,7 +50,7 @@
 //!
 //! Every MoE preset routes with the `alltoall` dispatcher (the Megatron-Core MoE README's
 //! choice for these layouts; `flex` needs DeepEP); `--moe-grouped-gemm` and the fused
-//! kernels are the user's to add. `tests/megatron_params.rs` checks each count, total and
+//! kernels are the user's to add. `tests/megatron/megatron_params.rs` checks each count, total and
 //! active, against the model megatron-core builds.
 
 use super::megatron::ArgsError;
@@ -551,13 +551,13 @@ mod tests {
             assert_eq!(m.position_embedding, PositionEmbedding::Rope);
             assert!(m.swiglu && m.untie_embeddings_and_output_weights);
             assert!(!m.add_bias_linear && !m.add_qkv_bias);
-            // Megatron's own count (tests/megatron_params.rs); 8B and 70B are the released
+            // Megatron's own count (tests/megatron/megatron_params.rs); 8B and 70B are the released
             // checkpoints' counts too.
             assert_eq!(total_parameters(&m, 1), parameters, "{name}");
         }
     }
 
-    /// Total and active parameters (Megatron's own count: tests/megatron_params.rs), which
+    /// Total and active parameters (Megatron's own count: tests/megatron/megatron_params.rs), which
     /// round to the publications' figures: Mixtral 8x7B 46.7B total / 12.9B active, 8x22B
     /// 141B / 39B, Qwen3 30.5B / 3.3B and 235B / 22B. DeepSeek-V3 publishes 671B / 37B
     /// without its multi-token-prediction module, which the preset trains (one layer: 683B

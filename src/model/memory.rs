@@ -85,7 +85,7 @@
 //! The peak is the worst stage. Stages hold any layer counts (`layers_per_stage`), and each
 //! stage's `total_bytes` depends only on its own layers and position, so on a cluster that
 //! mixes GPUs the planner checks every stage against its own GPUs' memory
-//! (`plan::hetero`) rather than the peak against the smallest GPU. `tests/megatron_memory.rs` checks the formula part against
+//! (`plan::hetero`) rather than the peak against the smallest GPU. `tests/megatron/megatron_memory.rs` checks the formula part against
 //! Megatron's own `megatron/training/theoretical_memory_usage.py`, which models the first
 //! stage only, leaves linear biases and learned position embeddings out, ignores GQA and
 //! SwiGLU's third matrix in its activations, and adds 5 % to its no-sequence-parallel figure.

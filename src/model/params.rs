@@ -39,7 +39,7 @@
 //! learned position embeddings out; these counts do not.
 //!
 //! Totals count every parameter of the whole model once, whatever the tensor-parallel size;
-//! tp enters only through the padded vocabulary. `tests/megatron_params.rs` checks them
+//! tp enters only through the padded vocabulary. `tests/megatron/megatron_params.rs` checks them
 //! against the model Megatron itself builds. Arithmetic saturates at `u64::MAX` instead of
 //! overflowing, so absurd inputs can never panic here (the argument reader rejects them).
 

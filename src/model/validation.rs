@@ -8,7 +8,7 @@
 //! runs ([`fit_calibration`]), and scoring predictions: the error of every run, Kendall's
 //! tau and the regret of the model's pick within each sweep (one model on one GPU count),
 //! and the micro-batch pairs whose faster member the model names. Used by
-//! `examples/validate_time_model.rs` (the report) and `tests/time_model_vtrain.rs` (the
+//! `examples/validate_time_model.rs` (the report) and `tests/time_model/time_model_vtrain.rs` (the
 //! bounds CI holds the model to). Must not change the time model itself.
 
 use std::collections::BTreeMap;

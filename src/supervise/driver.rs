@@ -297,6 +297,7 @@ impl Driver<'_> {
             options,
             &record,
             attempt.number,
+            &template.run_id,
             &mut stragglers,
         );
         drop(acts);

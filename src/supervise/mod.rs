@@ -13,7 +13,8 @@
 //!   line (nor a line about checkpoints or evaluation, which may take longer than a few
 //!   iterations) for the stall timeout; before the first one, and after the last
 //!   (`iteration N/N`: the final save and the shutdown), no line of output at all from any
-//!   node for the start-up timeout.
+//!   node for the start-up timeout. Time the job's processes on this machine spent waiting
+//!   for a CPU is not counted (`starved.rs`): a starved job is slow, not stuck.
 //!
 //! # Which nodes are left out
 //!
@@ -87,6 +88,7 @@ pub mod output;
 pub mod reporter;
 pub mod save_check;
 pub use crate::exec::signals;
+mod starved;
 pub mod stragglers;
 mod watch;
 

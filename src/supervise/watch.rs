@@ -8,6 +8,7 @@ use super::decide::Ending;
 use super::events::Event;
 use super::output::{JobOutput, Phase};
 use super::signals::{signal_name, ActSignals, SignalGuard};
+use super::starved::StarvedClock;
 use super::{NodeFailure, SuperviseOptions};
 use crate::exec::group::NodeGroup;
 
@@ -23,6 +24,9 @@ pub struct WatchSignals<'a> {
 /// Polls `job` until it ends; returns how, and when the end was seen. Every failure,
 /// stall, stop signal and the first iteration go to `record`; act signals are passed on as
 /// they come; `stragglers` is asked at every poll whether a straggler ends the attempt.
+/// The stall rule leaves out the time the job's processes of run `run_id` on this machine
+/// waited for a CPU ([`StarvedClock`]).
+#[allow(clippy::too_many_arguments)]
 pub fn watch(
     job: &mut NodeGroup,
     output: &JobOutput,
@@ -30,6 +34,7 @@ pub fn watch(
     options: &SuperviseOptions,
     record: &dyn Fn(Event),
     attempt: u32,
+    run_id: &str,
     stragglers: &mut dyn FnMut() -> Option<Ending>,
 ) -> (Ending, Instant) {
     let failed = |failures: Vec<NodeFailure>| {
@@ -48,6 +53,7 @@ pub fn watch(
         return failed(start_failures);
     }
     let mut progress_reported = false;
+    let mut silence = Silence::new(run_id);
     loop {
         for signal in signals.acts.take() {
             (signals.passed_on)(signal, job.signal_workers(signal));
@@ -78,7 +84,7 @@ pub fn watch(
         if let Some(ending) = stragglers() {
             return (ending, Instant::now());
         }
-        if let Some(silent) = stalled(output, options) {
+        if let Some(silent) = silence.stalled(output, options) {
             record(Event::Stalled {
                 attempt,
                 silent,
@@ -100,12 +106,40 @@ fn failures_of(job: &mut NodeGroup) -> Vec<NodeFailure> {
         .collect()
 }
 
-/// How long the job has made no progress, once that is past its phase's limit.
-fn stalled(output: &JobOutput, options: &SuperviseOptions) -> Option<Duration> {
-    let (silent, phase) = output.since_progress();
-    let limit = match phase {
-        Phase::Training => options.stall_timeout,
-        Phase::Starting | Phase::Finishing => options.startup_timeout,
-    }?;
-    (silent >= limit).then_some(silent)
+/// The stall rule's measure of silence: wall time since the last progress less the time the
+/// job waited for a CPU meanwhile.
+struct Silence {
+    starved: StarvedClock,
+    /// The wall silence at the last poll: when it drops, progress came.
+    last_silent: Duration,
+    /// The starved clock's total at the last progress.
+    starved_at_progress: Duration,
+}
+
+impl Silence {
+    fn new(run_id: &str) -> Silence {
+        Silence {
+            starved: StarvedClock::new(run_id),
+            last_silent: Duration::ZERO,
+            starved_at_progress: Duration::ZERO,
+        }
+    }
+
+    /// How long the job has made no progress (wall time), once that, less the time it
+    /// waited for a CPU, is past its phase's limit.
+    fn stalled(&mut self, output: &JobOutput, options: &SuperviseOptions) -> Option<Duration> {
+        let (silent, phase) = output.since_progress();
+        let starved = self.starved.total();
+        if silent < self.last_silent {
+            self.starved_at_progress = starved;
+        }
+        self.last_silent = silent;
+        // A sample's wait may reach a little before the silence began: never below zero.
+        let could_run = silent.saturating_sub(starved.saturating_sub(self.starved_at_progress));
+        let limit = match phase {
+            Phase::Training => options.stall_timeout,
+            Phase::Starting | Phase::Finishing => options.startup_timeout,
+        }?;
+        (could_run >= limit).then_some(silent)
+    }
 }

@@ -153,6 +153,34 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The measured 16-node A100 fabric the project shares (`data/mpigraph/`). Never skipped:
+/// without it the importer and the models are untested against real data, so the test
+/// fails and says what is missing.
+pub fn shared_mpigraph_path() -> PathBuf {
+    let path = repo().join("data/mpigraph/mpigraph-16node-a100.json");
+    assert!(
+        path.is_file(),
+        "{} is missing: it is the repository's copy of the measured mpiGraph data (see \
+         data/mpigraph/README.md); restore it, this test must not be skipped",
+        path.display()
+    );
+    path
+}
+
+/// The path of `examples/clusters/NAME`; a missing file fails the test.
+pub fn example_cluster_path(name: &str) -> PathBuf {
+    let path = repo().join("examples/clusters").join(name);
+    assert!(path.is_file(), "{} is missing", path.display());
+    path
+}
+
+/// The example cluster `examples/clusters/NAME`, loaded; a missing or invalid file fails
+/// the test.
+pub fn example_cluster(name: &str) -> pipette::cluster::ClusterProfile {
+    pipette::cluster::ClusterProfile::load(example_cluster_path(name))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// A command of `bin` set up for a CPU job on loopback: run from the repository, gloo on
 /// `lo`, one thread per worker, unbuffered Python, and none of the variables from which
 /// discovery or planning would read this machine's allocation or pipette settings.

@@ -151,7 +151,7 @@ use crate::model::parallel::{Device, ParallelConfig, Placement};
 /// the shipped tables and calibration, nothing fitted, as `scripts/validate-time-model`
 /// computes it (`multi.median_abs_error` of the `defaults` mode: 0.0422 on 2026-11-24).
 /// Half of those runs were predicted closer than this and half farther (the 90th
-/// percentile is 19 %). `tests/time_model_vtrain.rs` fails when the validation's figure
+/// percentile is 19 %). `tests/time_model/time_model_vtrain.rs` fails when the validation's figure
 /// drifts more than half a point from it, so a change to the model updates it here.
 pub const STATED_ERROR: f64 = 0.043;
 

@@ -16,7 +16,7 @@ const WALK_MAX: u64 = 500;
 /// Final temperature over initial temperature.
 const COOLING: f64 = 1e-3;
 /// Rounds of annealing: the temperature falls on, but each round after the first starts
-/// from the best state seen. On the exhaustive checks of `tests/plan_mapping.rs` and on
+/// from the best state seen. On the exhaustive checks of `tests/plan/plan_mapping.rs` and on
 /// 64 to 1024 GPUs this found better mappings than one walk with the same budget.
 const ROUNDS: u64 = 8;
 /// The fewest evaluations a round gets (small budgets run fewer rounds).

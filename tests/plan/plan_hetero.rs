@@ -5,7 +5,7 @@
 //! kinds the split sums to the model's layers, fits every stage and never gives a faster
 //! stage fewer layers than a slower one with the same memory unless it is full.
 
-use std::path::PathBuf;
+use crate::common;
 
 use pipette::cluster::profile::{
     GpuInventory, GpuSpec, LinkMatrix, NodeProfile, PeakTflops, Provenance, Source,
@@ -18,14 +18,6 @@ use pipette::model::parallel::Device;
 use pipette::plan::{plan, MappingMode, MemoryHeadroom, Plan, PlanOptions};
 use pipette::report::plan::plan_to_human;
 use proptest::prelude::*;
-
-fn example(name: &str) -> ClusterProfile {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("examples/clusters")
-        .join(name);
-    assert!(path.is_file(), "{} is missing", path.display());
-    ClusterProfile::load(&path).unwrap_or_else(|e| panic!("{e}"))
-}
 
 fn preset(name: &str, args: &[&str]) -> Settings {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -81,7 +73,7 @@ fn stage_fit(
 /// checks what the issue asks: the uneven layout is faster by the model, every stage fits
 /// in its own GPUs, and the report and JSON show the comparison.
 fn uneven_beats_even(file: &str, settings: &Settings) -> (Plan, Plan) {
-    let cluster = example(file);
+    let cluster = common::example_cluster(file);
     let options = PlanOptions::default();
     let uneven = plan(settings, &cluster, &options).unwrap_or_else(|e| panic!("{e}"));
     let even = plan(settings, &cluster, &even_only(&options)).unwrap_or_else(|e| panic!("{e}"));
@@ -192,7 +184,7 @@ fn h100_and_two_kinds_of_a100_get_layers_by_speed_and_memory() {
 fn mapping_keeps_every_stage_on_its_kind_of_gpu() {
     // Annealing with a budget large enough to try many node swaps: the stages must still
     // sit on the GPUs their layers were sized for.
-    let cluster = example("a100-v100-mixed-4x8.json");
+    let cluster = common::example_cluster("a100-v100-mixed-4x8.json");
     let settings = preset("gpt3-13b", &["--fp16", "--global-batch-size", "64"]);
     let options = PlanOptions {
         mapping: MappingMode::Anneal,
@@ -225,7 +217,7 @@ fn mapping_keeps_every_stage_on_its_kind_of_gpu() {
 #[test]
 fn nothing_fits_names_the_stage_and_its_gpus() {
     // GPT-3 175B on 32 mixed GPUs fits nowhere.
-    let cluster = example("a100-v100-mixed-4x8.json");
+    let cluster = common::example_cluster("a100-v100-mixed-4x8.json");
     let settings = preset("gpt3-175b", &["--fp16", "--global-batch-size", "64"]);
     let err = plan(&settings, &cluster, &PlanOptions::default()).unwrap_err();
     let text = err.to_string();
@@ -241,7 +233,7 @@ fn nothing_fits_names_the_stage_and_its_gpus() {
 
 #[test]
 fn homogeneous_clusters_have_no_stage_report() {
-    let cluster = example("a100-2x8.json");
+    let cluster = common::example_cluster("a100-2x8.json");
     let settings = preset("gpt3-1.3b", &["--global-batch-size", "64"]);
     let options = PlanOptions {
         budget: Some(2_000),

@@ -9,7 +9,7 @@
 //!   over node orders, which is what Pipette's annealer (moving whole servers) can reach;
 //! - placements are permutations: every GPU runs exactly one rank.
 
-use std::path::PathBuf;
+use crate::common;
 
 use pipette::cluster::profile::{
     GpuInventory, GpuSpec, LinkMatrix, NodeProfile, PeakTflops, Provenance, Source,
@@ -28,10 +28,6 @@ use pipette::plan::mapping::{
 use proptest::prelude::*;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn a100(index: u32) -> GpuSpec {
     GpuSpec {
@@ -242,12 +238,7 @@ fn annealing_reaches_the_exhaustive_optimum() {
 /// it) cut from the real mpiGraph measurement in `data/mpigraph`, with the links of
 /// `degrade` (sender, receiver) pairs cut to half.
 fn pipette_file(degrade: &[(usize, usize)]) -> String {
-    let path = root().join("data/mpigraph/mpigraph-16node-a100.json");
-    assert!(
-        path.is_file(),
-        "{} is missing: the side-by-side needs the real measurement",
-        path.display()
-    );
+    let path = common::shared_mpigraph_path();
     let measured = ClusterProfile::load(&path).unwrap_or_else(|e| panic!("{e}"));
     let hosts: Vec<String> = measured.hosts().take(8).map(str::to_string).collect();
     let rows: Vec<Vec<String>> = (0..8)

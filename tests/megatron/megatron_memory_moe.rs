@@ -13,13 +13,13 @@
 //! divides MLA's down projections by tp; Megatron duplicates them on every tp rank). And
 //! one it cannot be kept out of: Megatron's multi-token-prediction block is its transformer
 //! layers alone, while the model Megatron builds also has each MTP layer's `enorm`, `hnorm`,
-//! `eh_proj` (2h × h) and `final_layernorm` (tests/megatron_params.rs counts them); those
+//! `eh_proj` (2h × h) and `final_layernorm` (tests/megatron/megatron_params.rs counts them); those
 //! are taken off our figure before comparing.
 //!
 //! Runs `scripts/megatron_memory_reference.py` once in the venv (see
-//! tests/megatron_memory.rs); never skips.
+//! tests/megatron/megatron_memory.rs); never skips.
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 

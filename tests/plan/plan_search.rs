@@ -3,24 +3,13 @@
 //! the smallest need and what would fit) when nothing fits, and errors for profiles the
 //! planner cannot use.
 
-use std::path::PathBuf;
+use crate::common;
 
 use pipette::cluster::profile::{GpuInventory, GpuSpec, PeakTflops, Provenance, Source};
 use pipette::cluster::ClusterProfile;
 use pipette::config::{settings_from_megatron_args, Recompute, Settings};
 use pipette::model::time::TimeModel;
 use pipette::plan::{plan, simpler, MappingMode, Plan, PlanError, PlanOptions};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// An example cluster; a missing file fails the test.
-fn example(name: &str) -> ClusterProfile {
-    let path = root().join("examples/clusters").join(name);
-    assert!(path.is_file(), "{} is missing", path.display());
-    ClusterProfile::load(&path).unwrap_or_else(|e| panic!("{e}"))
-}
 
 fn preset(name: &str, args: &[&str]) -> Settings {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -71,7 +60,7 @@ fn quick() -> PlanOptions {
 
 #[test]
 fn plan_json_has_the_contract_keys() {
-    let cluster = example("a100-4x8-degraded.json");
+    let cluster = common::example_cluster("a100-4x8-degraded.json");
     let settings = preset("gpt3-1.3b", &["--global-batch-size", "128"]);
     let result = plan(&settings, &cluster, &quick()).unwrap_or_else(|e| panic!("{e}"));
     let json = serde_json::to_value(&result).unwrap();
@@ -172,7 +161,7 @@ fn plan_with_threads(threads: usize, settings: &Settings, cluster: &ClusterProfi
 
 #[test]
 fn same_seed_same_plan_on_one_and_two_threads() {
-    let cluster = example("a100-4x8-degraded.json");
+    let cluster = common::example_cluster("a100-4x8-degraded.json");
     let settings = preset("gpt3-1.3b", &["--global-batch-size", "128"]);
     let one = plan_with_threads(1, &settings, &cluster);
     let two = plan_with_threads(2, &settings, &cluster);
@@ -206,7 +195,12 @@ fn pinned_settings_are_respected() {
     .collect();
     let pins = pipette::config::megatron::parse_pins("tp,pp=2,mbs=2").unwrap();
     let settings = settings_from_megatron_args(&args, Some("gpt3-1.3b"), &pins).unwrap();
-    let result = plan(&settings, &example("a100-4x8-degraded.json"), &quick()).unwrap();
+    let result = plan(
+        &settings,
+        &common::example_cluster("a100-4x8-degraded.json"),
+        &quick(),
+    )
+    .unwrap();
     for c in std::iter::once(&result.config).chain(result.top.iter().map(|t| &t.config)) {
         assert_eq!((c.tp, c.pp, c.dp, c.micro_batch), (2, 2, 8, 2), "{c:?}");
     }
@@ -336,7 +330,7 @@ fn profiles_the_planner_cannot_use_are_errors() {
     // bf16 on V100s: no tensor cores for it.
     let err = plan(
         &preset("gpt3-1.3b", &["--global-batch-size", "64"]),
-        &example("v100-8x8.json"),
+        &common::example_cluster("v100-8x8.json"),
         &quick(),
     )
     .unwrap_err();
@@ -376,7 +370,7 @@ fn the_compat_model_and_the_exhaustive_mode_plan_too() {
 
 #[test]
 fn ties_within_the_stated_error_go_to_the_simplest_configuration() {
-    let cluster = example("a100-2x8.json");
+    let cluster = common::example_cluster("a100-2x8.json");
     let settings = preset("gpt3-13b", &["--global-batch-size", "64"]);
     let options = PlanOptions {
         top_k: 8,
@@ -442,7 +436,7 @@ fn simpler_means_fewer_stages_then_smaller_tp_then_larger_micro_batches() {
 fn the_mapping_keeps_torchruns_order_unless_it_gains_the_threshold() {
     // A degraded cluster, where a mapping pays: with no threshold the search's best
     // mapping runs; with a threshold above its gain torchrun's order stays.
-    let cluster = example("a100-4x8-degraded.json");
+    let cluster = common::example_cluster("a100-4x8-degraded.json");
     let settings = preset("gpt3-1.3b", &["--global-batch-size", "128"]);
     let free = PlanOptions {
         mapping_threshold: 0.0,
@@ -479,7 +473,7 @@ fn the_mapping_keeps_torchruns_order_unless_it_gains_the_threshold() {
 
 /// The first 16 trays of the example GB200 NVL72 rack: 64 GPUs in one NVLink domain.
 fn nvl72_16_trays() -> ClusterProfile {
-    let racks = example("gb200-nvl72-4racks.json");
+    let racks = common::example_cluster("gb200-nvl72-4racks.json");
     let trays = racks.at_positions(&(0..16).collect::<Vec<_>>());
     let domain = trays.nodes[0].nvlink_domain.clone();
     assert!(
@@ -542,7 +536,7 @@ fn long_contexts_plan_with_context_parallelism_inside_the_nvlink_domain() {
 /// domains, though a single rack's trays may share one group.
 #[test]
 fn context_parallel_groups_never_cross_nvlink_domains() {
-    let racks = example("gb200-nvl72-4racks.json");
+    let racks = common::example_cluster("gb200-nvl72-4racks.json");
     let cluster = racks.at_positions(&[14, 15, 16, 17, 18, 19, 20, 21]);
     assert_ne!(
         cluster.nodes[0].nvlink_domain,

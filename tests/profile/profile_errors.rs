@@ -3,7 +3,7 @@
 //! a probe that hangs (stopped at the time limit), and in every case the probe's temporary
 //! directories removed and no process left behind. A stand-in torchrun plays the probe.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

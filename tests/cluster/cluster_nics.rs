@@ -3,7 +3,7 @@
 //! assumed, and a tp 2 layout's data-parallel reduce, which crosses the nodes, moves as the
 //! bandwidth its rings get does.
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 

@@ -2,7 +2,7 @@
 //! (`tests/fixtures/nvidia-smi/`, sources in its README), and the inventory of a GPU node
 //! taken through the exec seam from a stand-in `nvidia-smi` that replays those captures.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

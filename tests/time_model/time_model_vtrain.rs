@@ -21,7 +21,8 @@
 //! improves.
 //! `scripts/validate-time-model` prints the full report.
 
-use std::path::PathBuf;
+use crate::common;
+
 use std::sync::OnceLock;
 
 use pipette::cluster::ClusterProfile;
@@ -32,21 +33,17 @@ use pipette::model::validation::{
 };
 use pipette::model::Calibration;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn cluster() -> &'static ClusterProfile {
     static CLUSTER: OnceLock<ClusterProfile> = OnceLock::new();
     CLUSTER.get_or_init(|| {
-        ClusterProfile::load(root().join("examples/clusters/vtrain-a100.json"))
+        ClusterProfile::load(common::repo().join("examples/clusters/vtrain-a100.json"))
             .unwrap_or_else(|e| panic!("{e}"))
     })
 }
 
 /// The runs of one of vTrain's files; a missing file fails the test.
 fn runs(file: &str) -> Vec<PreparedRun> {
-    let path = root().join("data/vtrain").join(file);
+    let path = common::repo().join("data/vtrain").join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
             "{}: {e} (the measured data set is part of the repository: data/vtrain/README.md)",

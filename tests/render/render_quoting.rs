@@ -9,7 +9,7 @@
 //! test writes down itself (not taken from the render). A canary argument that would
 //! create a file if any shell expanded it proves nothing ran.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -22,7 +22,7 @@
 //! Never skips: without the venv it fails and says how to make it
 //! (`PIPETTE_MEGATRON_PYTHON` picks the python, else `scripts/setup-megatron-venv`'s).
 
-mod common;
+use crate::common;
 
 use common::words;
 

@@ -10,7 +10,7 @@
 //! The test never skips: without the venv it fails and says how to make it.
 //! `PIPETTE_MEGATRON_PYTHON` picks another python; `PIPETTE_MEGATRON_VENV` another venv.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

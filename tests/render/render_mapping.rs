@@ -9,7 +9,7 @@
 //! the mapping as torchrun and CUDA realise it (rank r = node_rank · G + local rank, local
 //! rank i on the i-th visible GPU) and compares it with the placement.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

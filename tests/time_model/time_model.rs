@@ -3,7 +3,7 @@
 //! tensor parallelism belongs inside a node, the data-parallel ring's bottleneck governs,
 //! and the three models agree on obvious orderings.
 
-use std::path::PathBuf;
+use crate::common;
 
 use pipette::cluster::profile::{
     GpuInventory, GpuSpec, LinkMatrix, PeakTflops, Provenance, Source,
@@ -20,17 +20,6 @@ use pipette::model::time::{
 use pipette::model::Calibration;
 use proptest::prelude::*;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// An example cluster; a missing file fails the test.
-fn example(name: &str) -> ClusterProfile {
-    let path = root().join("examples/clusters").join(name);
-    assert!(path.is_file(), "{} is missing", path.display());
-    ClusterProfile::load(&path).unwrap_or_else(|e| panic!("{e}"))
-}
-
 fn a100() -> GpuSpec {
     GpuSpec {
         index: 0,
@@ -44,8 +33,7 @@ fn a100() -> GpuSpec {
 
 /// The 16-node mpiGraph measurement published with Pipette, with 8 default A100s a node.
 fn mpigraph() -> ClusterProfile {
-    let path = root().join("data/mpigraph/mpigraph-16node-a100.json");
-    assert!(path.is_file(), "{} is missing", path.display());
+    let path = common::shared_mpigraph_path();
     ClusterProfile::load(&path)
         .unwrap_or_else(|e| panic!("{e}"))
         .with_default_gpus(a100(), 8, 240.0)
@@ -112,7 +100,7 @@ fn every_example_cluster_is_costed_three_ways() {
         ("h100-128x8.json", Precision::Bf16),
         ("v100-8x8.json", Precision::Fp16),
     ] {
-        let cluster = example(file);
+        let cluster = common::example_cluster(file);
         let gpus = cluster.gpu_count().unwrap();
         let training = TrainingSettings {
             precision,
@@ -150,7 +138,7 @@ fn a_degraded_pipeline_link_costs_what_the_formula_says() {
     // n00 → n01 and its gradient n01 → n00.
     let (model, training) = preset("gpt3-1.3b");
     let training = with_batch(training, 64);
-    let cluster = example("a100-2x8.json");
+    let cluster = common::example_cluster("a100-2x8.json");
     let config = ParallelConfig::even(24, 8, 2, 1, 1);
     let placement = Placement::identity(16, 8);
     let healthy = run(
@@ -284,7 +272,7 @@ fn a_degraded_link_on_the_measured_fabric_costs_what_the_formula_says() {
 fn tensor_parallelism_belongs_inside_a_node_in_all_three_models() {
     let (model, training) = preset("gpt3-1.3b");
     let training = with_batch(training, 64);
-    let cluster = example("a100-2x8.json");
+    let cluster = common::example_cluster("a100-2x8.json");
     let config = ParallelConfig::even(24, 8, 2, 1, 1);
     let inside = Placement::identity(16, 8);
     // Rank r on node r % 2: every tp group straddles both nodes.
@@ -335,7 +323,7 @@ fn the_slowest_link_of_the_data_parallel_ring_governs() {
     // n00, n03, n02, n01 it uses only healthy links.
     let (model, training) = preset("gpt3-1.3b");
     let training = with_batch(training, 64);
-    let cluster = example("a100-4x8-degraded.json");
+    let cluster = common::example_cluster("a100-4x8-degraded.json");
     let config = ParallelConfig::even(24, 8, 1, 4, 1);
     let in_order = Placement::identity(32, 8);
     let reordered = Placement {
@@ -397,7 +385,7 @@ fn the_three_models_agree_on_obvious_orderings() {
     let (model, training) = preset("gpt3-1.3b");
     let training = with_batch(training, 64);
     // Perfect links: every GPU pair 300 GB/s, every node pair 50 GB/s.
-    let mut perfect = example("h100-16x8.json");
+    let mut perfect = common::example_cluster("h100-16x8.json");
     let n = perfect.nodes.len();
     perfect.node_links = LinkMatrix::uniform(n, 50.0, Provenance::new(Source::Estimated));
     for node in &mut perfect.nodes {
@@ -417,7 +405,7 @@ fn the_three_models_agree_on_obvious_orderings() {
         }
     }
     // The same placement on a degraded fabric: never faster.
-    let degraded = example("a100-4x8-degraded.json");
+    let degraded = common::example_cluster("a100-4x8-degraded.json");
     let mut healthy = degraded.clone();
     healthy.node_links = LinkMatrix::uniform(4, 24.0, Provenance::new(Source::Estimated));
     let config = ParallelConfig::even(24, 8, 2, 2, 1);
@@ -432,7 +420,7 @@ fn the_three_models_agree_on_obvious_orderings() {
 #[test]
 fn a_mixed_cluster_is_governed_by_its_slow_gpus() {
     let (model, training) = preset("gpt3-1.3b");
-    let cluster = example("a100-v100-mixed-4x8.json");
+    let cluster = common::example_cluster("a100-v100-mixed-4x8.json");
     let config = ParallelConfig::even(24, 8, 4, 1, 1);
     let placement = Placement::identity(32, 8);
     // bf16 cannot run on the V100 nodes.
@@ -487,7 +475,7 @@ fn a_mixed_cluster_is_governed_by_its_slow_gpus() {
 /// `nodes` copies of the example DGX-A100-like node (8 × A100 at about 240 GB/s), every node
 /// pair at the example's 23.5 GB/s (one HDR NIC per GPU).
 fn a100_nodes(nodes: usize) -> ClusterProfile {
-    let mut c = example("a100-2x8.json");
+    let mut c = common::example_cluster("a100-2x8.json");
     let template = c.nodes[0].clone();
     c.nodes = (0..nodes)
         .map(|i| {
@@ -561,7 +549,7 @@ fn the_micro_batch_sweep_at_tp_8_comes_out_in_the_measured_order() {
 
 #[test]
 fn imported_profiles_need_gpus_first() {
-    let path = root().join("data/mpigraph/mpigraph-16node-a100.json");
+    let path = common::shared_mpigraph_path();
     let raw = ClusterProfile::load(&path).unwrap();
     let (model, training) = preset("gpt3-1.3b");
     let config = ParallelConfig::even(24, 1, 1, 1, 1);
@@ -605,7 +593,7 @@ impl Setup {
         let rows = |cells: &[f64], n: usize| -> Vec<Vec<f64>> {
             (0..n).map(|i| cells[i * n..(i + 1) * n].to_vec()).collect()
         };
-        let mut c = example("a100-2x8.json");
+        let mut c = common::example_cluster("a100-2x8.json");
         let template = c.nodes[0].clone();
         c.nodes = (0..self.nodes)
             .map(|i| {
@@ -785,7 +773,7 @@ fn kendall_tau(a: &[f64], b: &[f64]) -> f64 {
 /// the attention and the context-parallel exchange scale, which that leaves as they are.
 #[test]
 fn the_context_parallel_sweep_ranks_as_measured() {
-    let text = std::fs::read_to_string(root().join("data/moe/dev.json")).unwrap();
+    let text = std::fs::read_to_string(common::repo().join("data/moe/dev.json")).unwrap();
     let dev: serde_json::Value = serde_json::from_str(&text).unwrap();
     let source = dev["sources"]
         .as_array()
@@ -793,7 +781,8 @@ fn the_context_parallel_sweep_ranks_as_measured() {
         .iter()
         .find(|s| s["id"] == "megatron_moe_modelzoo_qwen3")
         .expect("the Model Zoo source");
-    let cluster = example("h100-128x8.json").at_positions(&(0..32).collect::<Vec<_>>());
+    let cluster =
+        common::example_cluster("h100-128x8.json").at_positions(&(0..32).collect::<Vec<_>>());
     for routing in ["forced-balance", "dropless"] {
         let rows: Vec<&serde_json::Value> = source["rows"]
             .as_array()
@@ -914,7 +903,7 @@ fn the_context_parallel_exchange_hides_behind_attention_where_it_can() {
         max_position_embeddings: 65_536,
         ..model
     };
-    let cluster = example("h100-16x8.json").at_positions(&[0, 1, 2, 3]);
+    let cluster = common::example_cluster("h100-16x8.json").at_positions(&[0, 1, 2, 3]);
     let placement = Placement::identity(32, 8);
     let mut config = ParallelConfig::even(32, 2, 1, 4, 1);
     config.cp = 4;

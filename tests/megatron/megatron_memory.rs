@@ -31,7 +31,7 @@
 //! `PIPETTE_WRITE_REFERENCE=1` rewrites `tests/data/megatron_memory.json` from Megatron's
 //! live figures.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

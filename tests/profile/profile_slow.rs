@@ -4,7 +4,7 @@
 //! and says so. A stand-in torchrun plays the probe and prints the report a real probe
 //! prints, so the figure is the same on any machine.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

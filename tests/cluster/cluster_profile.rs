@@ -2,7 +2,7 @@
 //! formats (with the real mpiGraph measurement in data/mpigraph), every class of validation
 //! error as a user reads it, round trips, and garbage that must never panic.
 
-use std::path::PathBuf;
+use crate::common;
 
 use pipette::cluster::profile::{
     Dtype, GpuInventory, GpuSpec, LinkMatrix, MeasuredTflops, NodeProfile, PeakTflops, Provenance,
@@ -25,27 +25,6 @@ const EXAMPLES: [&str; 11] = [
     "v100-8x8.json",
     "vtrain-a100.json",
 ];
-
-fn crate_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn example(name: &str) -> ClusterProfile {
-    let path = crate_dir().join("examples/clusters").join(name);
-    ClusterProfile::load(&path).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// The measured 16-node A100 fabric the project shares. Never skipped: without it the
-/// importer is untested against real data, so the test fails and says what is missing.
-fn shared_mpigraph_path() -> PathBuf {
-    let path = crate_dir().join("data/mpigraph/mpigraph-16node-a100.json");
-    assert!(
-        path.is_file(),
-        "{} is missing: it is the repository's copy of the measured mpiGraph data (see data/mpigraph/README.md); restore it, this test must not be skipped",
-        path.display()
-    );
-    path
-}
 
 fn a100(index: u32) -> GpuSpec {
     GpuSpec {
@@ -119,7 +98,7 @@ fn assert_error(value: &Value, expected: &str) {
 
 #[test]
 fn every_example_loads_and_validates() {
-    let dir = crate_dir().join("examples/clusters");
+    let dir = common::repo().join("examples/clusters");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -131,7 +110,7 @@ fn every_example_loads_and_validates() {
         "examples/clusters holds exactly these files"
     );
     for name in EXAMPLES {
-        let profile = example(name);
+        let profile = common::example_cluster(name);
         profile.validate(name).unwrap();
         assert!(profile.gpus_known(), "{name}");
         assert!(
@@ -160,9 +139,9 @@ fn examples_are_written_as_to_json_pretty_writes() {
     // The generator script and ClusterProfile::to_json_pretty agree on the layout, so
     // loading and rewriting an example changes nothing.
     for name in EXAMPLES {
-        let path = crate_dir().join("examples/clusters").join(name);
+        let path = common::repo().join("examples/clusters").join(name);
         let text = std::fs::read_to_string(&path).unwrap();
-        let rewritten = example(name).to_json_pretty();
+        let rewritten = common::example_cluster(name).to_json_pretty();
         assert!(
             rewritten == text,
             "{name}: rewriting changes the file (run scripts/gen-example-clusters, or fix the writer); first difference at line {}",
@@ -191,7 +170,7 @@ fn within(values: &[f64], low: f64, high: f64) -> bool {
 
 #[test]
 fn a100_example_models_nvlink3_and_hdr() {
-    let p = example("a100-2x8.json");
+    let p = common::example_cluster("a100-2x8.json");
     assert_eq!(p.hosts().collect::<Vec<_>>(), ["a100-n00", "a100-n01"]);
     assert_eq!(p.gpu_count(), Some(16));
     let gpu = &p.nodes[0].gpus().unwrap()[3];
@@ -207,7 +186,7 @@ fn a100_example_models_nvlink3_and_hdr() {
 
 #[test]
 fn degraded_example_has_slow_node_pairs() {
-    let p = example("a100-4x8-degraded.json");
+    let p = common::example_cluster("a100-4x8-degraded.json");
     let healthy = p.node_links.max_link().unwrap();
     let slow: Vec<(usize, usize, f64)> = p
         .node_links
@@ -223,7 +202,7 @@ fn degraded_example_has_slow_node_pairs() {
 
 #[test]
 fn v100_example_models_the_dgx1_cube_mesh() {
-    let p = example("v100-8x8.json");
+    let p = common::example_cluster("v100-8x8.json");
     assert_eq!(p.gpu_count(), Some(64));
     let gpu = &p.nodes[5].gpus().unwrap()[0];
     assert_eq!(gpu.name, "V100-SXM2-32GB");
@@ -257,7 +236,7 @@ fn v100_example_models_the_dgx1_cube_mesh() {
 
 #[test]
 fn mixed_example_holds_v100_pairs_to_edr() {
-    let p = example("a100-v100-mixed-4x8.json");
+    let p = common::example_cluster("a100-v100-mixed-4x8.json");
     let names: Vec<&str> = p
         .nodes
         .iter()
@@ -283,7 +262,7 @@ fn mixed_example_holds_v100_pairs_to_edr() {
 #[test]
 fn h100_examples_model_nvlink4_and_ndr() {
     for (name, nodes) in [("h100-16x8.json", 16), ("h100-128x8.json", 128)] {
-        let p = example(name);
+        let p = common::example_cluster(name);
         assert_eq!(p.nodes.len(), nodes);
         assert_eq!(p.gpu_count(), Some(nodes * 8));
         assert_eq!(p.nodes[0].gpus().unwrap()[0].peak_tflops.bf16, Some(989.0));
@@ -295,7 +274,7 @@ fn h100_examples_model_nvlink4_and_ndr() {
 
 #[test]
 fn the_documented_minimal_profile_loads() {
-    let doc = std::fs::read_to_string(crate_dir().join("docs/cluster-profile.md")).unwrap();
+    let doc = std::fs::read_to_string(common::repo().join("docs/cluster-profile.md")).unwrap();
     let start = doc
         .find("```json\n")
         .expect("docs/cluster-profile.md has a JSON example")
@@ -313,7 +292,7 @@ fn the_documented_minimal_profile_loads() {
 
 #[test]
 fn shared_mpigraph_measurement_loads() {
-    let path = shared_mpigraph_path();
+    let path = common::shared_mpigraph_path();
     let profile = ClusterProfile::load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(profile.nodes.len(), 16);
     assert_eq!(profile.hosts().next(), Some("agpu1475"));
@@ -356,7 +335,7 @@ fn shared_mpigraph_measurement_loads() {
 
 #[test]
 fn imported_profile_gets_default_gpus() {
-    let profile = ClusterProfile::load(shared_mpigraph_path()).unwrap();
+    let profile = ClusterProfile::load(common::shared_mpigraph_path()).unwrap();
     let filled = profile
         .clone()
         .with_default_gpus(a100(0), 8, 240.0)
@@ -760,9 +739,12 @@ fn error_messages_as_users_read_them() {
 
 #[test]
 fn round_trip_is_identity() {
-    let mut profiles: Vec<ClusterProfile> = EXAMPLES.iter().map(|n| example(n)).collect();
+    let mut profiles: Vec<ClusterProfile> = EXAMPLES
+        .iter()
+        .map(|n| common::example_cluster(n))
+        .collect();
 
-    let mut measured = example("a100-2x8.json");
+    let mut measured = common::example_cluster("a100-2x8.json");
     measured.note = None;
     if let GpuInventory::Known { gpus, links } = &mut measured.nodes[1].gpus {
         gpus[2].measured_tflops = vec![MeasuredTflops {
@@ -939,7 +921,7 @@ fn pointers(value: &Value, at: &str) -> Vec<String> {
 /// four NICs per tray; FP8 and FP4 peaks from the datasheet.
 #[test]
 fn the_gb200_nvl72_example_has_four_domains_of_eighteen_trays() {
-    let p = example("gb200-nvl72-4racks.json");
+    let p = common::example_cluster("gb200-nvl72-4racks.json");
     assert_eq!((p.nodes.len(), p.gpu_count()), (72, Some(288)));
     let mut domains: Vec<&str> = p
         .nodes
