@@ -40,8 +40,9 @@ use crate::exit::ExitCode;
 /// An agent's exit code when it lost its leader (the leader or its node died).
 pub const LOST_LEADER: ExitCode = ExitCode::Unreachable;
 
-/// Where notes for the user go (one line each, without a prefix).
-pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
+/// Where notes for the user go (one line each, without a prefix): the command server's
+/// [`Log`](crate::exec::agent::Log), so one sink serves both.
+pub use crate::exec::agent::Log;
 
 /// How the copies find and trust each other.
 #[derive(Debug, Clone)]
@@ -577,14 +578,7 @@ fn join_addr(host: &str, port: u16) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
-
-    fn collecting() -> (Log, Arc<Mutex<Vec<String>>>) {
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&lines);
-        let log: Log = Arc::new(move |line: &str| sink.lock().unwrap().push(line.to_string()));
-        (log, lines)
-    }
+    use crate::exec::agent::collecting;
 
     fn free_port() -> u16 {
         TcpListener::bind("127.0.0.1:0")

@@ -190,13 +190,7 @@ impl Refusals {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn collecting() -> (Log, Arc<Mutex<Vec<String>>>) {
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&lines);
-        let log: Log = Arc::new(move |line: &str| sink.lock().unwrap().push(line.to_string()));
-        (log, lines)
-    }
+    use crate::exec::agent::collecting;
 
     fn peer(last: u8) -> SocketAddr {
         SocketAddr::from(([10, 0, 0, last], 40000 + u16::from(last)))

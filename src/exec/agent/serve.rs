@@ -20,6 +20,15 @@ use crate::exec::{
 /// Where the server's notes go (a connection refused, a command that could not start).
 pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
 
+/// A [`Log`] that gathers its lines, for tests.
+#[cfg(test)]
+pub(crate) fn collecting() -> (Log, Arc<Mutex<Vec<String>>>) {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&lines);
+    let log: Log = Arc::new(move |line: &str| sink.lock().unwrap().push(line.to_string()));
+    (log, lines)
+}
+
 /// How often the accept loop and the command watchers look at the stop flag.
 const POLL: Duration = Duration::from_millis(25);
 
