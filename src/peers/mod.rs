@@ -195,9 +195,8 @@ impl Fleet {
                 while stop_rx.try_recv().is_err() {
                     match listener.accept() {
                         Ok((stream, peer)) => {
-                            let Some(slot) = handshakes.try_start() else {
-                                drop(stream);
-                                refusals.refused(peer, "too many connections at once");
+                            let Some((stream, slot)) = handshakes.admit(stream, peer, &refusals)
+                            else {
                                 continue;
                             };
                             let (secret, tx, refusals) =

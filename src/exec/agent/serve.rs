@@ -102,9 +102,7 @@ fn accept_loop(
     while !stopping.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, peer)) => {
-                let Some(slot) = handshakes.try_start() else {
-                    drop(stream);
-                    refusals.refused(peer, "too many connections at once");
+                let Some((stream, slot)) = handshakes.admit(stream, peer, &refusals) else {
                     continue;
                 };
                 let (secret, log, stopping, refusals) = (
