@@ -1145,6 +1145,11 @@ fn n5_other_spellings_of_one_host_are_refused() {
             "not an IPv4 address as written",
         ),
         ("127.1", "not an IPv4 address as written"),
+        // Fullwidth characters look like `node1` and are another name.
+        (
+            "\u{ff4e}\u{ff4f}\u{ff44}\u{ff45}\u{ff11}",
+            "not ASCII: a host name is ASCII letters",
+        ),
     ] {
         fails(&mut dry_run(d, &["--hosts", hosts]), 66, &[needle]);
     }
