@@ -874,7 +874,15 @@ fn n13_a_calibration_file_is_fully_validated() {
             r#"{"activation_factor": -1}"#,
             "activation_factor is -1, out of range",
         ),
-        (r#"{"gemm_scale": 1e308}"#, "gemm_scale is"),
+        // Absurd values named short, never as hundreds of digits.
+        (
+            r#"{"gemm_scale": 1e308}"#,
+            "gemm_scale is 1e308, out of range",
+        ),
+        (
+            r#"{"compute_efficiency": 1e-320}"#,
+            "compute_efficiency is 1e-320, out of range",
+        ),
         (
             r#"{"calibration": {"activation_factr": 1.2}}"#,
             "unknown field",
@@ -1145,6 +1153,11 @@ fn n5_other_spellings_of_one_host_are_refused() {
             "not an IPv4 address as written",
         ),
         ("127.1", "not an IPv4 address as written"),
+        // Fullwidth characters look like `node1` and are another name.
+        (
+            "\u{ff4e}\u{ff4f}\u{ff44}\u{ff45}\u{ff11}",
+            "not ASCII: a host name is ASCII letters",
+        ),
     ] {
         fails(&mut dry_run(d, &["--hosts", hosts]), 66, &[needle]);
     }

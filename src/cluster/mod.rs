@@ -41,6 +41,10 @@ pub const MAX_SLOTS: u32 = 1024;
 /// so that a bad name is a node-list error, not an unreachable node; the cluster profile
 /// reader applies it too.
 ///
+/// A name with a character outside ASCII is refused (`ｎｏｄｅ１`, fullwidth, looks like
+/// `node1` and is another name; DNS and `/etc/hosts` names are ASCII, an internationalised
+/// one is written in its `xn--` form).
+///
 /// Two spellings that name one node as two are refused too: a name with an empty part
 /// between dots (`x..` was a node beside `x`), and one of digits and dots that is not an
 /// IPv4 address as written (`127.000.000.001` and `127.1` were nodes beside `127.0.0.1`;
@@ -54,6 +58,8 @@ pub fn host_name_problem(host: &str) -> Option<String> {
         ))
     } else if let Some(problem) = crate::exec::host_problem(host) {
         Some(problem.to_string())
+    } else if let Some(c) = host.chars().find(|c| !c.is_ascii()) {
+        Some(not_ascii(host, c))
     } else if name.is_empty() || name.starts_with('.') || name.ends_with('.') || name.contains("..")
     {
         Some("has an empty part between dots (write each dot between two names)".to_string())
@@ -68,6 +74,31 @@ pub fn host_name_problem(host: &str) -> Option<String> {
     } else {
         None
     }
+}
+
+/// Why `host`, holding `first`, the first of its characters outside ASCII, is refused, and
+/// what to write instead: the ASCII it looks like when every such character is a
+/// fullwidth form of one (`ｎｏｄｅ１`, typed with a CJK input method, is `node1`).
+fn not_ascii(host: &str, first: char) -> String {
+    let looks_like: Option<String> = host
+        .chars()
+        .map(|c| match c {
+            '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0),
+            _ => c.is_ascii().then_some(c),
+        })
+        .collect();
+    let instead = match looks_like {
+        Some(name) if host_name_problem(&name).is_none() => {
+            format!("it is written in fullwidth characters: write {name}")
+        }
+        _ => "write its ASCII name, an internationalised name in its xn-- form".to_string(),
+    };
+    format!(
+        "contains '{}' (U+{:04X}), which is not ASCII: a host name is ASCII letters, \
+         digits, '-', '.' and '_' ({instead})",
+        first.escape_default(),
+        first as u32,
+    )
 }
 
 pub use crate::exec::{host_key, same_host};
@@ -166,4 +197,42 @@ pub enum NodeSource {
     ClusterFile { path: String },
     /// One copy of pipette-run per node, which joined the leader (see [`copies`]).
     Copies { pattern: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_name_outside_ascii_is_refused_with_what_to_write() {
+        let fullwidth = host_name_problem("\u{ff4e}\u{ff4f}\u{ff44}\u{ff45}\u{ff11}").unwrap();
+        assert_eq!(
+            fullwidth,
+            "contains '\\u{ff4e}' (U+FF4E), which is not ASCII: a host name is ASCII letters, \
+             digits, '-', '.' and '_' (it is written in fullwidth characters: write node1)"
+        );
+        // Fullwidth among ASCII, with a fullwidth dot: the name it looks like.
+        assert!(host_name_problem("gpu\u{ff0e}rack2")
+            .unwrap()
+            .ends_with("write gpu.rack2)"));
+        let other = host_name_problem("n\u{f6}de1").unwrap();
+        assert!(other.starts_with("contains '\\u{f6}' (U+00F6)"), "{other}");
+        assert!(
+            other.ends_with("an internationalised name in its xn-- form)"),
+            "{other}"
+        );
+        // A fullwidth '-' first would make it no host name at all: no ASCII name offered.
+        assert!(host_name_problem("\u{ff0d}node")
+            .unwrap()
+            .ends_with("in its xn-- form)"));
+        for name in [
+            "node1",
+            "gpu-01.rack_2",
+            "xn--nde1-lua",
+            "10.0.0.1",
+            "fe80::1",
+        ] {
+            assert_eq!(host_name_problem(name), None, "{name}");
+        }
+    }
 }

@@ -1,6 +1,8 @@
 //! The signals pipette-run handles for the whole job, from the first moment (discovery,
-//! profiling, the trial) to the end of its supervision. The handler only counts them (an
-//! atomic store is all a signal handler may safely do); whatever runs reads the counts:
+//! profiling, the trial) to the end of its supervision. The handler only counts them
+//! (atomics: a signal handler may call only what is async-signal-safe), and wakes the thread
+//! that exits when a second stop signal ends pipette-run at once; whatever runs reads the
+//! counts:
 //!
 //! - **stop** signals — INT, TERM, HUP, QUIT (as torchrun handles them): whatever runs is
 //!   stopped in order (a staged job's nodes, see [`super::staged`]; the training's nodes,
@@ -16,9 +18,12 @@
 //!
 //! Owns only the process's signal dispositions and the counts; knows nothing of nodes.
 
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::libc::c_int;
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
@@ -44,6 +49,10 @@ static ANSWERING: AtomicUsize = AtomicUsize::new(0);
 /// How many guards live, and the dispositions the first one replaced.
 static INSTALLED: Mutex<(usize, Vec<(Signal, SigAction)>)> = Mutex::new((0, Vec::new()));
 
+/// The writing end of the pipe the handler wakes the exiting thread through (see
+/// [`start_exiting_thread`]).
+static EXIT_NOW: OnceLock<OwnedFd> = OnceLock::new();
+
 extern "C" fn on_signal(signal: c_int) {
     if let Some(i) = ACT_SIGNALS.iter().position(|s| *s as c_int == signal) {
         ACTS[i].fetch_add(1, Ordering::SeqCst);
@@ -52,10 +61,39 @@ extern "C" fn on_signal(signal: c_int) {
     let _ = FIRST_STOP.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
     let count = STOPS.fetch_add(1, Ordering::SeqCst) + 1;
     if count >= 2 && ANSWERING.load(Ordering::SeqCst) == 0 {
-        // Nobody stops anything in order now: the user asked twice, so go.
-        // SAFETY: `_exit` is async-signal-safe.
-        unsafe { nix::libc::_exit(128 + FIRST_STOP.load(Ordering::SeqCst)) };
+        // Nobody stops anything in order now: the user asked twice, so go. Not from here:
+        // exiting runs atexit handlers and flushes buffers, which a handler may not do
+        // (only async-signal-safe calls), and the one exit that may (`_exit`) is unsafe
+        // libc, not in nix. `write` is async-signal-safe: it wakes the thread that exits.
+        if let Some(exit_now) = EXIT_NOW.get() {
+            let _ = nix::unistd::write(exit_now, &[0]);
+        }
     }
+}
+
+/// Starts, once per process, the thread that ends pipette-run with 128 + the first stop
+/// signal's number as soon as the handler writes to [`EXIT_NOW`]. The pipe is closed on
+/// exec (the commands pipette-run starts do not hold it), and its writing end does not
+/// block (a handler must never wait; one byte is all it takes).
+fn start_exiting_thread() -> nix::Result<()> {
+    if EXIT_NOW.get().is_some() {
+        return Ok(());
+    }
+    let (read_end, write_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    fcntl(&write_end, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    std::thread::Builder::new()
+        .name("pipette-exit".to_string())
+        .spawn(move || loop {
+            match nix::unistd::read(&read_end, &mut [0u8]) {
+                Ok(0) => return,
+                Ok(_) => std::process::exit(128 + FIRST_STOP.load(Ordering::SeqCst)),
+                Err(Errno::EINTR) => continue,
+                Err(_) => return,
+            }
+        })
+        .map_err(|e| e.raw_os_error().map_or(Errno::EAGAIN, Errno::from_raw))?;
+    let _ = EXIT_NOW.set(write_end);
+    Ok(())
 }
 
 /// While one lives, a second stop signal is left to its maker (who stops what runs, and
@@ -106,6 +144,7 @@ impl SignalGuard {
     pub fn install() -> nix::Result<SignalGuard> {
         let mut installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
         if installed.0 == 0 {
+            start_exiting_thread()?;
             reset_counts();
             let action = SigAction::new(
                 SigHandler::Handler(on_signal),
@@ -213,4 +252,45 @@ impl Default for ActSignals {
 /// `SIGTERM` for 15.
 pub fn signal_name(signal: i32) -> String {
     Signal::try_from(signal).map_or_else(|_| format!("signal {signal}"), |s| s.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Set in the copy of the test binary that [`a_second_stop_signal_ends_pipette_run_at_once`]
+    /// starts: that copy receives the signals.
+    const CHILD: &str = "PIPETTE_SIGNALS_TEST_CHILD";
+
+    /// Two stop signals with nothing to answer them end the process with 128 + the first
+    /// one's number, whatever it is doing. Run in a copy of this test binary (this test
+    /// alone), as the signals end it.
+    #[test]
+    fn a_second_stop_signal_ends_pipette_run_at_once() {
+        if std::env::var_os(CHILD).is_some() {
+            let _guard = SignalGuard::install().unwrap();
+            nix::sys::signal::raise(Signal::SIGTERM).unwrap();
+            nix::sys::signal::raise(Signal::SIGINT).unwrap();
+            // The exiting thread ends the process while this one sleeps.
+            std::thread::sleep(std::time::Duration::from_secs(30));
+            panic!("still running after the second stop signal");
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "exec::signals::tests::a_second_stop_signal_ends_pipette_run_at_once",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(128 + Signal::SIGTERM as i32),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

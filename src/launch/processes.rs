@@ -37,14 +37,26 @@ impl Workers for JobProcesses {
     }
 }
 
-/// The POSIX `sh` sweep run on remote nodes: kills every process whose environment holds
-/// both `$1` and `$2` (`NAME=VALUE` words) and prints how many it killed. Reads
-/// `/proc/PID/environ` with GNU grep's `-z` (NUL-separated lines).
-pub const SWEEP_SCRIPT: &str = concat!(
-    "n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ \"$p\" = \"$$\" ] && continue; ",
-    "if grep -qzxF -- \"$1\" \"$d/environ\" 2>/dev/null && grep -qzxF -- \"$2\" \"$d/environ\" 2>/dev/null; ",
-    "then kill -s KILL \"$p\" 2>/dev/null && n=$((n + 1)); fi; done; echo \"$n\""
-);
+/// A POSIX `sh` script for a remote node that runs `$body` (`sh` words, ending in `;`) for
+/// each process there whose environment holds both `$1` and `$2` (`NAME=VALUE` words: the
+/// run's and the node's marks), with the process id in `$p`, and then prints `$n`, which
+/// `$body` counts up. Reads `/proc/PID/environ` with GNU grep's `-z` (NUL-separated lines).
+/// What [`count_on_node`] runs on a remote node; its own shell is skipped.
+macro_rules! for_each_process_of_the_run {
+    ($($body:literal),+) => {
+        concat!(
+            "n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ \"$p\" = \"$$\" ] && continue; ",
+            "grep -qzxF -- \"$1\" \"$d/environ\" 2>/dev/null && grep -qzxF -- \"$2\" \"$d/environ\" 2>/dev/null || continue; ",
+            $($body),+,
+            " done; echo \"$n\""
+        )
+    };
+}
+
+/// The POSIX `sh` sweep run on remote nodes: kills every process of the run on the node
+/// (`$1`, `$2`: see [`for_each_process_of_the_run`]) and prints how many it killed.
+pub const SWEEP_SCRIPT: &str =
+    for_each_process_of_the_run!("kill -s KILL \"$p\" 2>/dev/null && n=$((n + 1));");
 
 /// Kills every process of run `run_id` on `host` that is still there (see the module doc).
 /// Returns how many it killed. On the local transport it reads this machine's `/proc`
@@ -55,29 +67,20 @@ pub fn sweep(
     run_id: &str,
     timeout: Duration,
 ) -> Result<usize, ExecError> {
-    let run = format!("{RUN_ID_VAR}={run_id}");
-    let node = format!("PIPETTE_HOST={host}");
-    if *transport == Transport::Local {
-        return Ok(sweep_here(&run, &node));
-    }
-    let command = NodeCommand::new("sh")
-        .arg("-c")
-        .arg(SWEEP_SCRIPT)
-        .arg("pipette-sweep")
-        .arg(run)
-        .arg(node);
-    let output = exec::run(transport, host, &command, timeout)?;
-    Ok(output.stdout_text().trim().parse().unwrap_or(0))
+    let on_node = NodeScript {
+        name: "pipette-sweep",
+        script: SWEEP_SCRIPT,
+        then: &[],
+    };
+    count_on_node(transport, host, run_id, timeout, on_node, sweep_here)
 }
 
-/// The POSIX `sh` count run on remote nodes: how many processes whose environment holds
-/// both `$1` and `$2` (as [`SWEEP_SCRIPT`]) are stopped (state `T` or `t` in
+/// The POSIX `sh` count run on remote nodes: how many processes of the run on the node
+/// (`$1`, `$2`: see [`for_each_process_of_the_run`]) are stopped (state `T` or `t` in
 /// `/proc/PID/stat`, after the command name's closing parenthesis).
-pub const STOPPED_SCRIPT: &str = concat!(
-    "n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ \"$p\" = \"$$\" ] && continue; ",
-    "if grep -qzxF -- \"$1\" \"$d/environ\" 2>/dev/null && grep -qzxF -- \"$2\" \"$d/environ\" 2>/dev/null; ",
-    "then read -r s < \"$d/stat\" 2>/dev/null || continue; s=${s##*) }; ",
-    "case \"$s\" in T*|t*) n=$((n + 1));; esac; fi; done; echo \"$n\""
+pub const STOPPED_SCRIPT: &str = for_each_process_of_the_run!(
+    "read -r s < \"$d/stat\" 2>/dev/null || continue; s=${s##*) }; ",
+    "case \"$s\" in T*|t*) n=$((n + 1));; esac;"
 );
 
 /// How many processes of run `run_id` on `host` are stopped (SIGSTOP, a debugger): after a
@@ -89,20 +92,54 @@ pub fn stopped_processes(
     run_id: &str,
     timeout: Duration,
 ) -> Result<usize, ExecError> {
+    let on_node = NodeScript {
+        name: "pipette-stopped",
+        script: STOPPED_SCRIPT,
+        then: &[],
+    };
+    count_on_node(transport, host, run_id, timeout, on_node, |run, node| {
+        processes_of(run, node)
+            .into_iter()
+            .filter(|(pid, _)| is_stopped(*pid))
+            .count()
+    })
+}
+
+/// A script that [`count_on_node`] runs on a remote node as `sh -c script name RUN NODE
+/// then...` (`RUN`, `NODE`: the two marks, `NAME=VALUE`), printing a count.
+struct NodeScript<'a> {
+    /// The script's `$0`, naming it in the node's process list.
+    name: &'static str,
+    script: &'static str,
+    /// Its arguments after the two marks.
+    then: &'a [&'a str],
+}
+
+/// Does something to the processes of run `run_id` on `host` and returns how many it did
+/// it to: on the local transport `here(run, node)` reads this machine's `/proc` itself
+/// (`run`, `node`: the marks every process of the run on that node carries, `NAME=VALUE`);
+/// elsewhere `on_node` runs there, bounded by `timeout`. A node that prints no count
+/// counts 0.
+fn count_on_node(
+    transport: &Transport,
+    host: &str,
+    run_id: &str,
+    timeout: Duration,
+    on_node: NodeScript<'_>,
+    here: impl FnOnce(&str, &str) -> usize,
+) -> Result<usize, ExecError> {
     let run = format!("{RUN_ID_VAR}={run_id}");
     let node = format!("PIPETTE_HOST={host}");
     if *transport == Transport::Local {
-        return Ok(processes_of(&run, &node)
-            .into_iter()
-            .filter(|(pid, _)| is_stopped(*pid))
-            .count());
+        return Ok(here(&run, &node));
     }
     let command = NodeCommand::new("sh")
         .arg("-c")
-        .arg(STOPPED_SCRIPT)
-        .arg("pipette-stopped")
+        .arg(on_node.script)
+        .arg(on_node.name)
         .arg(run)
-        .arg(node);
+        .arg(node)
+        .args(on_node.then.iter().copied());
     let output = exec::run(transport, host, &command, timeout)?;
     Ok(output.stdout_text().trim().parse().unwrap_or(0))
 }
@@ -171,16 +208,15 @@ fn environ_sets(environ: &[u8], name: &str) -> bool {
 /// in turn (data loader processes inherit it from their worker).
 const WORKER_VAR: &str = "TORCHELASTIC_RUN_ID";
 
-/// The POSIX `sh` script that passes signal `$1` to the workers of run `$2` on node `$3`
-/// (`NAME=VALUE` words) on a remote node, and prints how many it told: the processes of
-/// the run with [`WORKER_VAR`] whose parent lacks it (see [`signal_workers`]).
-pub const SIGNAL_WORKERS_SCRIPT: &str = concat!(
-    "n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ \"$p\" = \"$$\" ] && continue; ",
-    "grep -qzxF -- \"$2\" \"$d/environ\" 2>/dev/null && grep -qzxF -- \"$3\" \"$d/environ\" 2>/dev/null ",
-    "&& grep -qz '^TORCHELASTIC_RUN_ID=' \"$d/environ\" 2>/dev/null || continue; ",
+/// The POSIX `sh` script that passes signal `$3` to the workers of the run on the node
+/// (`$1`, `$2`: see [`for_each_process_of_the_run`]) on a remote node, and prints how many
+/// it told: the processes of the run with [`WORKER_VAR`] whose parent lacks it (see
+/// [`signal_workers`]).
+pub const SIGNAL_WORKERS_SCRIPT: &str = for_each_process_of_the_run!(
+    "grep -qz '^TORCHELASTIC_RUN_ID=' \"$d/environ\" 2>/dev/null || continue; ",
     "q=$(sed -n 's/^PPid:[[:space:]]*//p' \"$d/status\" 2>/dev/null); ",
     "grep -qz '^TORCHELASTIC_RUN_ID=' \"/proc/$q/environ\" 2>/dev/null && continue; ",
-    "kill -s \"$1\" \"$p\" 2>/dev/null && n=$((n + 1)); done; echo \"$n\""
+    "kill -s \"$3\" \"$p\" 2>/dev/null && n=$((n + 1));"
 );
 
 /// Passes `signal` (an act signal: USR1, USR2) to the training script's processes of run
@@ -201,36 +237,28 @@ pub fn signal_workers(
     signal: Signal,
     timeout: Duration,
 ) -> Result<usize, ExecError> {
-    let run = format!("{RUN_ID_VAR}={run_id}");
-    let node = format!("PIPETTE_HOST={host}");
-    if *transport == Transport::Local {
-        let parent_is_worker = |pid: i32| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let parent = status
-                .lines()
-                .find_map(|l| l.strip_prefix("PPid:"))
-                .and_then(|p| p.trim().parse::<i32>().ok());
-            parent.is_some_and(|p| {
-                std::fs::read(format!("/proc/{p}/environ"))
-                    .is_ok_and(|e| environ_sets(&e, WORKER_VAR))
-            })
-        };
-        let told = processes_of(&run, &node)
+    let parent_is_worker = |pid: i32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let parent = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        parent.is_some_and(|p| {
+            std::fs::read(format!("/proc/{p}/environ")).is_ok_and(|e| environ_sets(&e, WORKER_VAR))
+        })
+    };
+    let on_node = NodeScript {
+        name: "pipette-signal",
+        script: SIGNAL_WORKERS_SCRIPT,
+        then: &[signal.as_str().trim_start_matches("SIG")],
+    };
+    count_on_node(transport, host, run_id, timeout, on_node, |run, node| {
+        processes_of(run, node)
             .into_iter()
             .filter(|(pid, environ)| environ_sets(environ, WORKER_VAR) && !parent_is_worker(*pid))
             .filter(|(pid, _)| kill(Pid::from_raw(*pid), signal).is_ok())
-            .count();
-        return Ok(told);
-    }
-    let command = NodeCommand::new("sh")
-        .arg("-c")
-        .arg(SIGNAL_WORKERS_SCRIPT)
-        .arg("pipette-signal")
-        .arg(signal.as_str().trim_start_matches("SIG"))
-        .arg(run)
-        .arg(node);
-    let output = exec::run(transport, host, &command, timeout)?;
-    Ok(output.stdout_text().trim().parse().unwrap_or(0))
+            .count()
+    })
 }
 
 #[cfg(test)]
@@ -248,6 +276,19 @@ mod tests {
         })
     }
 
+    /// What a remote node runs for run `run_id`'s processes on `node`, run on this machine:
+    /// what it prints.
+    fn run_here(script: &str, run_id: &str, node: &str, then: &[&str]) -> String {
+        let out = std::process::Command::new("sh")
+            .args(["-c", script, "pipette-test"])
+            .arg(format!("{RUN_ID_VAR}={run_id}"))
+            .arg(format!("PIPETTE_HOST={node}"))
+            .args(then)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
     #[test]
     fn a_stopped_process_of_the_run_is_found_on_its_node_only() {
         let run_id = format!("stopped-test-{}", std::process::id());
@@ -261,16 +302,7 @@ mod tests {
         let count = |host: &str| {
             stopped_processes(&Transport::Local, host, &run_id, Duration::from_secs(5)).unwrap()
         };
-        // What the remote nodes run, run here.
-        let remote = || {
-            let out = std::process::Command::new("sh")
-                .args(["-c", STOPPED_SCRIPT, "pipette-stopped"])
-                .arg(format!("{RUN_ID_VAR}={run_id}"))
-                .arg("PIPETTE_HOST=node-x")
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        };
+        let remote = || run_here(STOPPED_SCRIPT, &run_id, "node-x", &[]);
         // The environment is readable once the child has exec'd.
         let end = Instant::now() + Duration::from_secs(10);
         while processes_of(&format!("{RUN_ID_VAR}={run_id}"), "PIPETTE_HOST=node-x").is_empty() {
@@ -342,6 +374,9 @@ mod tests {
             0
         );
         assert!(alive(worker));
+        // What a remote node runs spares another node's processes too.
+        assert_eq!(run_here(SWEEP_SCRIPT, &run_id, "node-y", &[]), "0");
+        assert!(alive(worker));
         assert_eq!(
             sweep(&Transport::Local, "node-x", &run_id, Duration::from_secs(5)).unwrap(),
             1
@@ -401,6 +436,19 @@ mod tests {
         assert_eq!(tell("node-y"), 0);
         // Only the worker was signalled (`tell` counts every process it signalled).
         assert_eq!(std::fs::read_to_string(&got).unwrap(), "worker\n");
+        // What a remote node runs tells the same one.
+        assert_eq!(
+            run_here(SIGNAL_WORKERS_SCRIPT, &run_id, "node-y", &["USR1"]),
+            "0"
+        );
+        assert_eq!(
+            run_here(SIGNAL_WORKERS_SCRIPT, &run_id, "node-x", &["USR1"]),
+            "1"
+        );
+        while std::fs::read_to_string(&got).unwrap() != "worker\nworker\n" {
+            assert!(Instant::now() < end, "the worker never got the second USR1");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let mut job =
             NodeGroup::adopt(vec![("node-x".into(), Ok(running))], Duration::from_secs(2));
         job.stop(&|| false);

@@ -9,6 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::profile::show_number;
+
 /// One GiB, for readable defaults.
 const GIB: u64 = 1 << 30;
 
@@ -177,7 +179,11 @@ impl Calibration {
         ];
         for (name, value, low, high, range) in fields {
             if !(low..=high).contains(&value) {
-                return Err(format!("{name} is {value}, out of range (give {range})"));
+                // As written, but short: 1e-320 and 1e308 were printed as hundreds of digits.
+                return Err(format!(
+                    "{name} is {}, out of range (give {range})",
+                    show_number(value)
+                ));
             }
         }
         if self.overhead_bytes > MAX_OVERHEAD_BYTES {
@@ -235,6 +241,19 @@ mod tests {
         ] {
             let e = c.check().unwrap_err();
             assert!(e.contains("out of range"), "{c:?}: {e}");
+        }
+        // An absurd value is named short, as written.
+        for (value, shown) in [(1e-320, "1e-320"), (1e308, "1e308"), (-1.5, "-1.5")] {
+            let c = Calibration {
+                activation_factor: value,
+                ..d()
+            };
+            assert_eq!(
+                c.check().unwrap_err(),
+                format!(
+                    "activation_factor is {shown}, out of range (give a factor from 0.01 to 100)"
+                )
+            );
         }
         let unknown = serde_json::from_str::<Calibration>(r#"{"activation_factr": 1.2}"#);
         assert!(unknown.unwrap_err().to_string().contains("unknown field"));

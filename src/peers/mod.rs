@@ -40,8 +40,9 @@ use crate::exit::ExitCode;
 /// An agent's exit code when it lost its leader (the leader or its node died).
 pub const LOST_LEADER: ExitCode = ExitCode::Unreachable;
 
-/// Where notes for the user go (one line each, without a prefix).
-pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
+/// Where notes for the user go (one line each, without a prefix): the command server's
+/// [`Log`](crate::exec::agent::Log), so one sink serves both.
+pub use crate::exec::agent::Log;
 
 /// How the copies find and trust each other.
 #[derive(Debug, Clone)]
@@ -177,8 +178,7 @@ impl Fleet {
                 addr: format!("{leader_ip}:{}", options.port),
                 error,
             })?;
-        let started = Instant::now();
-        let deadline = started + options.join_timeout;
+        let mut waiting = Waiting::new(options);
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         // Handshakes under way and refusals logged, both bounded: a flood of connections
         // started one thread and logged one line each, without limit.
@@ -194,9 +194,8 @@ impl Fleet {
                 while stop_rx.try_recv().is_err() {
                     match listener.accept() {
                         Ok((stream, peer)) => {
-                            let Some(slot) = handshakes.try_start() else {
-                                drop(stream);
-                                refusals.refused(peer, "too many connections at once");
+                            let Some((stream, slot)) = handshakes.admit(stream, peer, &refusals)
+                            else {
                                 continue;
                             };
                             let (secret, tx, refusals) =
@@ -221,24 +220,20 @@ impl Fleet {
                 }
             })
         };
-        let mut next_note = started + options.waiting_note;
         while members.len() < copies.count as usize {
             let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            if now >= next_note {
+            let going_on = waiting.goes_on(now, |waited, left| {
                 log(&format!(
-                    "still waiting for node ranks {} ({} of {} copies joined) after {}; giving up in {}",
+                    "still waiting for node ranks {} ({} of {} copies joined) after {waited}; giving up in {left}",
                     missing_ranks(&members, copies.count),
                     members.len(),
                     copies.count,
-                    crate::exec::format_duration(secs(started.elapsed())),
-                    crate::exec::format_duration(secs(deadline - now)),
-                ));
-                next_note += options.waiting_note;
+                ))
+            });
+            if !going_on {
+                break;
             }
-            let wait = deadline.min(next_note).saturating_duration_since(now);
+            let wait = waiting.next().saturating_duration_since(now);
             let (peer, mut channel) = match rx.recv_timeout(wait) {
                 Ok(joining) => joining,
                 Err(mpsc::RecvTimeoutError::Timeout) => continue,
@@ -468,23 +463,13 @@ pub fn follow(copies: &Copies, options: &PeerOptions, log: &Log) -> Result<i32, 
 /// [`PeerOptions::waiting_note`] that it is still waiting, why, and for how long yet: a
 /// missing leader was a silent 600 s wait.
 fn reach(leader: SocketAddr, options: &PeerOptions, log: &Log) -> Result<Channel, PeerError> {
-    let started = Instant::now();
-    let deadline = started + options.join_timeout;
+    let mut waiting = Waiting::new(options);
     let mut last = String::from("no attempt");
-    let mut next_note = started + options.waiting_note;
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            break;
-        }
-        if now >= next_note {
-            log(&format!(
-                "still waiting for the leader (node rank 0) at {leader} after {} (last try: {last}); giving up in {}",
-                crate::exec::format_duration(secs(started.elapsed())),
-                crate::exec::format_duration(secs(deadline - now)),
-            ));
-            next_note += options.waiting_note;
-        }
+    while waiting.goes_on(Instant::now(), |waited, left| {
+        log(&format!(
+            "still waiting for the leader (node rank 0) at {leader} after {waited} (last try: {last}); giving up in {left}",
+        ))
+    }) {
         match TcpStream::connect_timeout(&leader, Duration::from_secs(5)) {
             Ok(stream) => match wire::connect(stream, &options.secret, Purpose::Control) {
                 Ok(channel) => return Ok(channel),
@@ -498,7 +483,7 @@ fn reach(leader: SocketAddr, options: &PeerOptions, log: &Log) -> Result<Channel
             },
             Err(e) => last = e.to_string(),
         }
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = waiting.deadline.saturating_duration_since(Instant::now());
         std::thread::sleep(left.min(Duration::from_millis(200)));
     }
     Err(PeerError::NoLeader {
@@ -506,6 +491,50 @@ fn reach(leader: SocketAddr, options: &PeerOptions, log: &Log) -> Result<Channel
         waited: options.join_timeout,
         detail: last,
     })
+}
+
+/// A wait bounded by the join timeout that says every [`PeerOptions::waiting_note`] that it
+/// goes on, and for how long yet: the leader's for its copies and each copy's for the
+/// leader (a missing leader was a silent 600 s wait).
+struct Waiting {
+    started: Instant,
+    deadline: Instant,
+    every: Duration,
+    next_note: Instant,
+}
+
+impl Waiting {
+    fn new(options: &PeerOptions) -> Waiting {
+        let started = Instant::now();
+        Waiting {
+            started,
+            deadline: started + options.join_timeout,
+            every: options.waiting_note,
+            next_note: started + options.waiting_note,
+        }
+    }
+
+    /// `false` once the join timeout has passed at `now`. Before that, when a note is due,
+    /// `note` gets how long the wait has lasted and how long it will yet ("40 s"), for its
+    /// line.
+    fn goes_on(&mut self, now: Instant, note: impl FnOnce(&str, &str)) -> bool {
+        if now >= self.deadline {
+            return false;
+        }
+        if now >= self.next_note {
+            note(
+                &crate::exec::format_duration(secs(now - self.started)),
+                &crate::exec::format_duration(secs(self.deadline - now)),
+            );
+            self.next_note += self.every;
+        }
+        true
+    }
+
+    /// When the next note or the end is due.
+    fn next(&self) -> Instant {
+        self.deadline.min(self.next_note)
+    }
 }
 
 /// The node ranks that have not joined, for messages: "2, 3".
@@ -577,14 +606,7 @@ fn join_addr(host: &str, port: u16) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
-
-    fn collecting() -> (Log, Arc<Mutex<Vec<String>>>) {
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&lines);
-        let log: Log = Arc::new(move |line: &str| sink.lock().unwrap().push(line.to_string()));
-        (log, lines)
-    }
+    use crate::exec::agent::collecting;
 
     fn free_port() -> u16 {
         TcpListener::bind("127.0.0.1:0")

@@ -99,7 +99,8 @@ pub fn fit_memory(points: &[MemoryPoint], activation_factor: f64, slack: f64) ->
             activation_factor
         };
         notes.push(format!(
-            "the fitted activation factor {factor:.3} is outside {flo}–{fhi}: clamped to {clamped:.3}"
+            "the fitted activation factor {} is outside {flo}–{fhi}: clamped to {clamped:.3}",
+            shown_factor(factor)
         ));
         factor = clamped;
     }
@@ -123,6 +124,16 @@ pub fn fit_memory(points: &[MemoryPoint], activation_factor: f64, slack: f64) ->
         method,
         notes,
     })
+}
+
+/// A fitted factor for a note: three decimals, or three in e-notation outside 0.001–10⁶,
+/// so that one fitted from degenerate points (1e-320, 1e300) stays a short figure.
+fn shown_factor(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-3..1e6).contains(&x.abs()) {
+        format!("{x:.3}")
+    } else {
+        format!("{x:.3e}")
+    }
 }
 
 /// The efficiency `e` at which `model(e)` (ms, falling as `e` grows) equals `measured_ms`,
@@ -211,6 +222,29 @@ mod tests {
         let fit = fit_memory(&points, 1.0, 0.0).unwrap();
         assert_eq!(fit.activation_factor, 0.25);
         assert!(fit.notes.iter().any(|n| n.contains("clamped")), "{fit:?}");
+        // A slope of 2⁶⁰ (one byte more of activations, an exabyte more measured): the note
+        // names it short, never as 19 digits and three decimals.
+        let points = [
+            MemoryPoint {
+                fixed_bytes: 0,
+                activation_bytes: 1,
+                measured_bytes: 0,
+            },
+            MemoryPoint {
+                fixed_bytes: 0,
+                activation_bytes: 2,
+                measured_bytes: 1 << 60,
+            },
+        ];
+        let fit = fit_memory(&points, 1.0, 0.0).unwrap();
+        assert_eq!(fit.activation_factor, 8.0);
+        assert!(
+            fit.notes.contains(
+                &"the fitted activation factor 1.153e18 is outside 0.25–8: clamped to 8.000"
+                    .to_string()
+            ),
+            "{fit:?}"
+        );
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub use types::{
     MeasuredPerf, MeasuredTflops, NodeProfile, NodeSelection, PeakTflops, Provenance, Source,
 };
 
-pub(crate) use error::{count, field_path, index_path, invalid, quote, wrong_type};
+pub(crate) use error::{count, field_path, index_path, invalid, quote, show_number, wrong_type};
 pub(crate) use read::{deserialize, Format};
 pub(crate) use slow::median;
 pub(crate) use validate::{bandwidth_cells, check_hosts, Check, MatrixShape, Unit};

@@ -34,7 +34,9 @@ use serde::{Deserialize, Serialize};
 
 pub use refusals::{Handshakes, Refusals};
 pub use relay::{is_timeout, relay_main, RELAY_FLAG};
-pub use serve::CommandServer;
+#[cfg(test)]
+pub(crate) use serve::collecting;
+pub use serve::{CommandServer, Log};
 pub use wire::{JobSecret, Purpose};
 
 use super::NodeCommand;

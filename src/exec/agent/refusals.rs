@@ -47,6 +47,18 @@ impl Handshakes {
             .map(|_| Slot(Arc::clone(&self.0)))
     }
 
+    /// What an accept loop does with the connection `stream` it just accepted from
+    /// `peer`: a place for its handshake, given back with it; or, when [`MAX_HANDSHAKES`] run
+    /// already, the connection closed unread and counted among the `refusals`.
+    pub fn admit<S>(&self, stream: S, peer: SocketAddr, refusals: &Refusals) -> Option<(S, Slot)> {
+        let Some(slot) = self.try_start() else {
+            drop(stream);
+            refusals.refused(peer, "too many connections at once");
+            return None;
+        };
+        Some((stream, slot))
+    }
+
     /// How many run now.
     pub fn running(&self) -> usize {
         self.0.load(Ordering::SeqCst)
@@ -190,13 +202,7 @@ impl Refusals {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn collecting() -> (Log, Arc<Mutex<Vec<String>>>) {
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&lines);
-        let log: Log = Arc::new(move |line: &str| sink.lock().unwrap().push(line.to_string()));
-        (log, lines)
-    }
+    use crate::exec::agent::collecting;
 
     fn peer(last: u8) -> SocketAddr {
         SocketAddr::from(([10, 0, 0, last], 40000 + u16::from(last)))
@@ -270,5 +276,24 @@ mod tests {
         drop(slots);
         assert_eq!(handshakes.running(), 0);
         assert!(handshakes.try_start().is_some());
+    }
+
+    #[test]
+    fn n16_a_connection_beyond_the_handshakes_is_closed_and_refused() {
+        let (log, lines) = collecting();
+        let refusals = Refusals::new("a connection", "nothing ran", log);
+        let handshakes = Handshakes::default();
+        let admitted: Vec<(u32, Slot)> = (0..MAX_HANDSHAKES as u32)
+            .map(|i| handshakes.admit(i, peer(1), &refusals).expect("a place"))
+            .collect();
+        assert_eq!(admitted[7].0, 7, "the connection comes back with its place");
+        assert!(lines.lock().unwrap().is_empty());
+        assert!(handshakes.admit(99u32, peer(2), &refusals).is_none());
+        assert_eq!(
+            *lines.lock().unwrap(),
+            ["refused a connection from 10.0.0.2:40002: too many connections at once (nothing ran)"]
+        );
+        drop(admitted);
+        assert!(handshakes.admit(100u32, peer(3), &refusals).is_some());
     }
 }

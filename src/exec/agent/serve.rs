@@ -20,6 +20,15 @@ use crate::exec::{
 /// Where the server's notes go (a connection refused, a command that could not start).
 pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
 
+/// A [`Log`] that gathers its lines, for tests.
+#[cfg(test)]
+pub(crate) fn collecting() -> (Log, Arc<Mutex<Vec<String>>>) {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&lines);
+    let log: Log = Arc::new(move |line: &str| sink.lock().unwrap().push(line.to_string()));
+    (log, lines)
+}
+
 /// How often the accept loop and the command watchers look at the stop flag.
 const POLL: Duration = Duration::from_millis(25);
 
@@ -93,9 +102,7 @@ fn accept_loop(
     while !stopping.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, peer)) => {
-                let Some(slot) = handshakes.try_start() else {
-                    drop(stream);
-                    refusals.refused(peer, "too many connections at once");
+                let Some((stream, slot)) = handshakes.admit(stream, peer, &refusals) else {
                     continue;
                 };
                 let (secret, log, stopping, refusals) = (

@@ -294,7 +294,7 @@ pub enum TimeError {
     },
     #[error("cannot cost this configuration: {0}")]
     Config(String),
-    #[error("calibration {field} is {value} ({hint})")]
+    #[error("calibration {field} is {} ({hint})", crate::cluster::profile::show_number(*.value))]
     Calibration {
         field: &'static str,
         value: f64,
