@@ -272,10 +272,19 @@ fn run_case(
             ..options.clone()
         };
         let start = Instant::now();
+        let cpu_before = usage().1;
         let r = plan(&settings, &cluster, &o).unwrap();
         eprintln!(
-            "ranking only: {:.3} s, {} evals",
+            "ranking only: {:.3} s wall, {:.3} CPU s, {} evals",
             start.elapsed().as_secs_f64(),
+            usage().1 - cpu_before,
+            r.stats.evaluations
+        );
+        let cpu_before = usage().1;
+        let r = plan_subset(&settings, &cluster, &o).unwrap();
+        eprintln!(
+            "subset ranking only: {:.3} CPU s, {} evals",
+            usage().1 - cpu_before,
             r.stats.evaluations
         );
     }
@@ -343,11 +352,13 @@ fn run_case(
         if top {
             for t in &result.top {
                 eprintln!(
-                    "  tp{}{} pp{} dp{} mb{} v{}: ident {:.1} searched {:.1} mapped {:.1} evals {}",
+                    "  tp{}{} pp{} dp{} ep{} etp{} mb{} v{}: ident {:.1} searched {:.1} mapped {:.1} evals {}",
                     t.config.tp,
                     cp(t.config.cp),
                     t.config.pp,
                     t.config.dp,
+                    t.config.ep,
+                    t.config.etp,
                     t.config.micro_batch,
                     t.config.vpp.unwrap_or(1),
                     t.iteration_ms,

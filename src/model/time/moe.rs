@@ -738,15 +738,22 @@ impl ConfigCosts {
         }
         let runs = &runs[..count];
         let mut worst = NO_DISPATCH;
+        // The runs on this run's node (itself included), in run order: the members' loop
+        // below visits these alone, in the order a scan of every run would, so the minima
+        // and counts are the same, step for step.
+        let mut same = [0u8; MAX_RUNS];
         for &(from, to) in runs {
             let first = member(from);
             let node = first.node;
             // The members on other nodes, one look-up per run.
             let (mut off, mut near) = (0usize, 0usize);
             let (mut inter, mut near_gb_per_s) = (f64::INFINITY, f64::INFINITY);
-            for &(other_from, other_to) in runs {
+            let mut same_count = 0;
+            for (k, &(other_from, other_to)) in runs.iter().enumerate() {
                 let other = member(other_from);
                 if other.node == node {
+                    same[same_count] = k as u8;
+                    same_count += 1;
                     continue;
                 }
                 let bw = fabric.gb_per_s(first, other);
@@ -761,10 +768,8 @@ impl ConfigCosts {
             for i in from..to {
                 let a = member(i);
                 let (mut on_node, mut intra) = (1 + near, near_gb_per_s);
-                for &(other_from, other_to) in runs {
-                    if member(other_from).node != node {
-                        continue;
-                    }
+                for &k in &same[..same_count] {
+                    let (other_from, other_to) = runs[k as usize];
                     for j in (other_from..other_to).filter(|&j| j != i) {
                         on_node += 1;
                         intra = intra.min(fabric.gb_per_s(a, member(j)));

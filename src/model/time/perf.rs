@@ -31,6 +31,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -196,6 +197,39 @@ pub struct PerfTable {
 
 /// A looked-up shape: table, m, n, k (as bits), layout.
 type ShapeKey = (u64, u64, u64, u64, u8);
+
+/// A multiply-rotate hash of a [`ShapeKey`]'s words (Firefox's `FxHasher` step): the GEMM
+/// memo is looked up several hundred times per configuration priced, and std's SipHash cost
+/// more than the rest of the look-up. Keys are the planner's own shapes, not input an
+/// attacker chooses, so a hash without a secret seed does; only look-ups and inserts, never
+/// iteration order, so the plan does not depend on it.
+#[derive(Default)]
+struct ShapeHasher(u64);
+
+impl Hasher for ShapeHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(u64::from(i));
+    }
+
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        // The product's high bits are its best mixed; the table indexes by the low ones.
+        self.0.rotate_left(26)
+    }
+}
 
 /// The table of every GPU kind a time estimate uses: the shipped ones, or those a cluster
 /// profile's sweep measured where it has them.
@@ -496,8 +530,8 @@ impl PerfTable {
         // shapes: each thread remembers the shapes it has looked up (the same value either
         // way, so the plan does not depend on the threads).
         thread_local! {
-            static SEEN: RefCell<HashMap<ShapeKey, Efficiency>> =
-                RefCell::new(HashMap::new());
+            static SEEN: RefCell<HashMap<ShapeKey, Efficiency, BuildHasherDefault<ShapeHasher>>> =
+                RefCell::new(HashMap::default());
         }
         let key = (self.id, m.to_bits(), n.to_bits(), k.to_bits(), layout as u8);
         if let Some(e) = SEEN.with(|seen| seen.borrow().get(&key).copied()) {

@@ -1,6 +1,7 @@
 //! [`PipetteObjective`]: the Pipette time model evaluated incrementally, with cached
 //! pieces, tournament trees of their extrema and a journal to undo a rejected move.
 
+use super::dispatch::DispatchMemo;
 use super::fabric::Links;
 use super::objective::Objective;
 use crate::model::parallel::Device;
@@ -158,6 +159,8 @@ pub struct PipetteObjective<'a, F: Links + ?Sized> {
     expert_speeds: Vec<Tree>,
     /// Per rank of a stage: its expert-parallel group.
     expert_group_of: Vec<u32>,
+    /// The collectives of expert-parallel groups inside one node, per node and GPU set.
+    dispatch_memo: DispatchMemo,
     value: f64,
     saved: f64,
     generation: u32,
@@ -273,6 +276,7 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
             expert_group_of: (0..stage_ranks)
                 .map(|r| costs.expert_group_of(r) as u32)
                 .collect(),
+            dispatch_memo: DispatchMemo::new(costs, stage_ranks),
             value: f64::NAN,
             saved: f64::NAN,
             generation: 0,
@@ -501,12 +505,19 @@ impl<'a, F: Links + ?Sized> PipetteObjective<'a, F> {
         self.set(self.expert_at + self.pp + s, reduce + gather);
     }
 
+    /// Expert-parallel group `g` of stage `s`'s collective
+    /// ([`ConfigCosts::group_dispatch`], through the memo of groups inside one node).
+    #[inline]
+    fn dispatch_ms(&mut self, devices: &[Device], s: usize, g: usize) -> f64 {
+        let (costs, fabric) = (self.costs, self.fabric);
+        self.dispatch_memo.ms(costs, fabric, devices, s, g)
+    }
+
     /// Fills stage `s`'s expert trees from the ranks (at reset).
     fn build_expert_stage(&mut self, devices: &[Device], s: usize) {
         if let Some(&tree) = self.dispatches.get(s) {
             for g in 0..self.expert_groups {
-                self.cells[tree.base + tree.size + g] =
-                    self.costs.group_dispatch(self.fabric, devices, s, g).ms;
+                self.cells[tree.base + tree.size + g] = self.dispatch_ms(devices, s, g);
             }
             self.build(tree);
         }
@@ -852,7 +863,7 @@ impl<F: Links + ?Sized> PipetteObjective<'_, F> {
         let groups = std::mem::take(&mut self.dispatch_groups.list);
         for &at in &groups {
             let (s, g) = (at / self.expert_groups, at % self.expert_groups);
-            let ms = self.costs.group_dispatch(self.fabric, devices, s, g).ms;
+            let ms = self.dispatch_ms(devices, s, g);
             self.set_leaf(self.dispatches[s], g, ms);
         }
         self.dispatch_groups.list = groups;

@@ -58,6 +58,7 @@
 //! the annealer draws each move one step ahead and prefetches its links ([`Links`]).
 
 mod anneal;
+mod dispatch;
 mod exhaustive;
 mod fabric;
 mod incremental;

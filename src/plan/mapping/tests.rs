@@ -1,5 +1,6 @@
 //! Tests of the mapping searches and the incremental objective.
 
+use super::dispatch::DispatchMemo;
 use super::exhaustive::HeapSwaps;
 use super::space::factorial;
 use super::walker::Move;
@@ -371,6 +372,8 @@ fn incremental_evaluation_equals_the_full_model() {
         let space = MappingSpace::new(&fabric, &hosts).unwrap();
         let mut walker = Walker::new(&space);
         let mut objective = PipetteObjective::new(&costs, &fabric);
+        let stage_ranks = world / pp;
+        let mut memo = DispatchMemo::new(&costs, stage_ranks);
         // Bit for bit: the pieces are the model's own, added up in its order.
         let first = objective.reset(&walker.devices);
         assert_eq!(
@@ -407,6 +410,17 @@ fn incremental_evaluation_equals_the_full_model() {
                         costs.group_dispatch(&fabric, &walker.devices, s, group),
                         costs.pairwise_group_dispatch(&fabric, &walker.devices, s, group),
                         "case {case}: stage {s}, expert group {group}"
+                    );
+                    // A group inside one node: what the memo remembers for its node and
+                    // GPUs (from this or an earlier step) = the figure evaluated now.
+                    assert_eq!(
+                        memo.ms(&costs, &fabric, &walker.devices, s, group)
+                            .to_bits(),
+                        costs
+                            .group_dispatch(&fabric, &walker.devices, s, group)
+                            .ms
+                            .to_bits(),
+                        "case {case}: stage {s}, expert group {group}, from the memo"
                     );
                 }
             }
