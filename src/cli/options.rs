@@ -243,7 +243,8 @@ pub struct SuperviseOptions {
 
     /// A job that makes no progress this long is a failure: no Megatron iteration (or
     /// checkpoint or evaluation) line once iterations have begun. `0` never gives up. Make
-    /// it longer than --log-interval iterations take
+    /// it longer than --log-interval iterations take. Time the job's processes on this
+    /// machine spend waiting for a CPU is not counted: a starved job is slow, not stuck
     #[arg(long = "stall-timeout", env = "PIPETTE_STALL_TIMEOUT", value_name = "DURATION", default_value = "30min", allow_hyphen_values = true, value_parser = parse_duration)]
     pub stall_timeout: std::time::Duration,
 
