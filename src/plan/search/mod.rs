@@ -244,7 +244,7 @@ pub fn plan(
         by_cost((ms, &configs[pairs[p].0]), (other, &configs[pairs[q].0]))
             .then_with(|| pairs[p].1.cmp(&pairs[q].1))
     };
-    let kept = best(fitting.len(), top_k, &bound, &value, &order);
+    let kept = best(fitting.len(), top_k, bound, value, order);
     // With experts, the best of every expert layout too, for the report's comparison
     // (the Pipette model's: the compat models have no expert terms).
     let layout_items = if settings.model.moe.is_some() && options.time_model == TimeModel::Pipette {
@@ -252,7 +252,7 @@ pub fn plan(
             let c = &configs[pairs[fitting[i]].0];
             (c.ep, c.etp)
         };
-        best_per_layout(fitting.len(), layout, &kept, &bound, &value, &order)
+        best_per_layout(fitting.len(), layout, &kept, bound, value, order)
     } else {
         Vec::new()
     };
