@@ -2,15 +2,15 @@
 //! what the plan report holds the pick against to say, term by term, why its expert layout
 //! wins (issue 29). The ranking keeps the best `top_k` overall, which on a mixture of
 //! experts are often all of the pick's layout; here each other layout gets its own best,
-//! found by the same ranking ([`best`]) over that layout's configurations alone.
+//! found from the same bounds and values over that layout's configurations alone.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
+use rayon::prelude::*;
 use serde::Serialize;
 
 use super::options::PlanOptions;
-use super::rank::best;
 use crate::cluster::ClusterProfile;
 use crate::config::Settings;
 use crate::model::memory::estimate_memory;
@@ -40,38 +40,60 @@ pub struct LayoutBest {
     pub time: TimeEstimate,
 }
 
-/// The best item of every layout of the items `0..n` (`layout(i)`), in `order`: for a layout
-/// with an item among `ranked` (the ranking's best `top_k`, in `order`), its first one there
-/// (a better one of the same layout would rank before it); for the others, the best by
-/// [`best`] over that layout's items alone, with the same bounds, values and order, so the
-/// result is what evaluating every item would give. One item per layout, in `order`.
+/// The best item of every layout of the items `0..n` (`layout(i)`), in `order` (values
+/// first, lower first, then a tie-break): for a layout with an item among `ranked` (the
+/// ranking's best `top_k`, in `order`), its first one there (a better one of the same
+/// layout would rank before it); for the others, each layout's items in the order of their
+/// bounds (`bound(i) ≤ value(i)`, a NaN bound bounding nothing, as in the ranking's `best`), evaluated
+/// one by one until the next bound is above the best value found: what evaluating every
+/// item would keep, with the fewest evaluations. Layouts run in parallel. One item per
+/// layout, in `order`.
 pub(super) fn best_per_layout(
     n: usize,
     layout: impl Fn(usize) -> (u64, u64),
     ranked: &[(usize, f64)],
     bound: impl Fn(usize) -> f64 + Sync,
     value: impl Fn(usize) -> f64 + Sync,
-    order: impl Fn((usize, f64), (usize, f64)) -> Ordering,
+    order: impl Fn((usize, f64), (usize, f64)) -> Ordering + Sync,
 ) -> Vec<(usize, f64)> {
     let mut groups: BTreeMap<(u64, u64), Vec<usize>> = BTreeMap::new();
     for i in 0..n {
         groups.entry(layout(i)).or_default().push(i);
     }
     let mut out: Vec<(usize, f64)> = Vec::with_capacity(groups.len());
-    for (key, items) in &groups {
-        if let Some(&first) = ranked.iter().find(|(i, _)| layout(*i) == *key) {
-            out.push(first);
-            continue;
+    let mut unranked: Vec<Vec<usize>> = Vec::new();
+    for (key, items) in groups {
+        match ranked.iter().find(|(i, _)| layout(*i) == key) {
+            Some(&first) => out.push(first),
+            None => unranked.push(items),
         }
-        let kept = best(
-            items.len(),
-            1,
-            |j| bound(items[j]),
-            |j| value(items[j]),
-            |(a, x), (b, y)| order((items[a], x), (items[b], y)),
-        );
-        out.extend(kept.into_iter().map(|(j, ms)| (items[j], ms)));
     }
+    let bound = |i: usize| match bound(i) {
+        b if b.is_nan() => f64::NEG_INFINITY,
+        b => b,
+    };
+    let found: Vec<Option<(usize, f64)>> = unranked
+        .into_par_iter()
+        .map(|mut items| {
+            let bounds: Vec<f64> = items.iter().map(|&i| bound(i)).collect();
+            let mut by_bound: Vec<usize> = (0..items.len()).collect();
+            by_bound.sort_by(|&a, &b| bounds[a].total_cmp(&bounds[b]).then(a.cmp(&b)));
+            let mut kept: Option<(usize, f64)> = None;
+            for j in by_bound {
+                // A bound equal to the best value may tie and win on the tie-break.
+                if kept.is_some_and(|(_, v)| bounds[j].total_cmp(&v).is_gt()) {
+                    break;
+                }
+                let item = (items[j], value(items[j]));
+                if kept.is_none_or(|k| order(item, k).then(item.0.cmp(&k.0)).is_lt()) {
+                    kept = Some(item);
+                }
+            }
+            items.clear();
+            kept
+        })
+        .collect();
+    out.extend(found.into_iter().flatten());
     out.sort_by(|&a, &b| order(a, b).then(a.0.cmp(&b.0)));
     out
 }
@@ -115,6 +137,7 @@ mod tests {
     use rand::{RngExt, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
+    use super::super::rank::best;
     use super::*;
 
     /// Each layout's best is what sorting all of its items by value keeps first, ties

@@ -43,6 +43,8 @@ mod options;
 mod rank;
 mod report;
 
+use std::sync::OnceLock;
+
 use rayon::prelude::*;
 
 use crate::cluster::ClusterProfile;
@@ -244,17 +246,26 @@ pub fn plan(
         by_cost((ms, &configs[pairs[p].0]), (other, &configs[pairs[q].0]))
             .then_with(|| pairs[p].1.cmp(&pairs[q].1))
     };
-    let kept = best(fitting.len(), top_k, bound, value, order);
     // With experts, the best of every expert layout too, for the report's comparison
-    // (the Pipette model's: the compat models have no expert terms).
-    let layout_items = if settings.model.moe.is_some() && options.time_model == TimeModel::Pipette {
+    // (the Pipette model's: the compat models have no expert terms). That pass reads the
+    // ranking's bounds and values again: each is computed once.
+    let layouts_too = options.expert_layouts
+        && settings.model.moe.is_some()
+        && options.time_model == TimeModel::Pipette;
+    let (kept, layout_items) = if layouts_too {
+        let bounds: Vec<f64> = (0..fitting.len()).into_par_iter().map(bound).collect();
+        let values: Vec<OnceLock<f64>> = (0..fitting.len()).map(|_| OnceLock::new()).collect();
+        let bound = |i: usize| bounds[i];
+        let value = |i: usize| *values[i].get_or_init(|| value(i));
+        let kept = best(fitting.len(), top_k, bound, value, order);
         let layout = |i: usize| {
             let c = &configs[pairs[fitting[i]].0];
             (c.ep, c.etp)
         };
-        best_per_layout(fitting.len(), layout, &kept, bound, value, order)
+        let layouts = best_per_layout(fitting.len(), layout, &kept, bound, value, order);
+        (kept, layouts)
     } else {
-        Vec::new()
+        (best(fitting.len(), top_k, bound, value, order), Vec::new())
     };
     // Every fitting configuration is ranked, by its full evaluation or by a bound that
     // puts it behind the best `top_k`: one evaluation each, as the statistics count them.
