@@ -24,9 +24,9 @@ pub mod subset;
 
 pub use mapping::{MappingSearch, MappingState, SearchMethod};
 pub use search::{
-    default_budget, plan, simpler, EvenSplit, HeterogeneousPlan, MappingMode, MemoryHeadroom, Plan,
-    PlanError, PlanEstimate, PlanOptions, PlanStats, RankMapping, RankedConfig, SearchSettings,
-    StagePlan, Ties, COMPAT_BUDGET, DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_MAPPING_THRESHOLD,
-    DEFAULT_TOP_K,
+    default_budget, plan, simpler, EvenSplit, ExpertLayouts, HeterogeneousPlan, LayoutBest,
+    MappingMode, MemoryHeadroom, Plan, PlanError, PlanEstimate, PlanOptions, PlanStats,
+    RankMapping, RankedConfig, SearchSettings, StagePlan, Ties, COMPAT_BUDGET,
+    DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_MAPPING_THRESHOLD, DEFAULT_TOP_K,
 };
 pub use subset::{plan_subset, NodeBounds};

@@ -106,6 +106,7 @@ pub fn plan_subset(
     let mut quick = options.clone();
     quick.mapping = MappingMode::Identity;
     quick.top_k = 1;
+    quick.expert_layouts = false;
     let ranked_counts: Vec<(usize, Result<f64, PlanError>)> = counts
         .par_iter()
         .map(|(&n, shapes)| {

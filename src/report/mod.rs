@@ -4,6 +4,7 @@
 pub mod doctor;
 pub mod dry_run;
 pub mod estimate;
+pub mod layouts;
 pub mod ledger;
 pub mod pictures;
 pub mod plan;

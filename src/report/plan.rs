@@ -72,6 +72,7 @@ fn plan_text(plan: &Plan, runner_up: Option<&TimeEstimate>, throughput: &str) ->
     {
         out.push_str(&crate::log::wrap(&format!("  Time model: {note}\n"), 80));
     }
+    out.push_str(&super::layouts::why_this_layout(plan));
 
     out.push_str("\nTop configurations (memory and time per iteration)\n");
     let mut table = Table::new();
@@ -238,15 +239,32 @@ fn headline(plan: &Plan) -> String {
     // The default order's time is the planner's: so is the mapped time it is held against
     // (a trial's calibration prices the estimate again, not the orders; see recalibrated).
     let mapped = chosen.map_or(e.iteration_ms, |r| r.mapped_ms);
+    // The order the plan runs when the search moved nothing: torchrun's over the hosts as
+    // listed, unless the planner ordered the nodes first (then the table's hosts read
+    // permuted, and the sentence must say why).
+    let kept = match planners_node_order(plan) {
+        None => "torchrun's default order kept".to_string(),
+        Some(why) => format!(
+            "no GPU moved: node ranks in the planner's order of the nodes ({why}), each node's GPUs in index order"
+        ),
+    };
     if searched < plan.baseline_mapping_ms && mapped >= plan.baseline_mapping_ms {
         // Hysteresis: the search found a faster order, by less than the threshold.
         out.push_str(&format!(
-            "  mapping by {} ({} evaluations): torchrun's default order kept, {:.1} ms\n  (the best mapping found, {searched:.1} ms, gains {:.2} %, under the {} % --mapping-threshold)\n",
+            "  mapping by {} ({} evaluations): {kept}, {:.1} ms\n  (the best mapping found, {searched:.1} ms, gains {:.2} %, under the {} % --mapping-threshold)\n",
             method(&plan.mapping.method),
             plan.mapping.evaluations,
             plan.baseline_mapping_ms,
             gain_of(searched),
             100.0 * plan.search.mapping_threshold,
+        ));
+    } else if mapped >= plan.baseline_mapping_ms && planners_node_order(plan).is_some() {
+        // Nothing gained: the planner's node order is what runs.
+        out.push_str(&format!(
+            "  mapping by {} ({} evaluations): {kept}, {:.1} ms\n",
+            method(&plan.mapping.method),
+            plan.mapping.evaluations,
+            plan.baseline_mapping_ms,
         ));
     } else {
         out.push_str(&format!(
@@ -260,6 +278,23 @@ fn headline(plan: &Plan) -> String {
     }
     out.push_str(&spares(&plan.spares));
     out
+}
+
+/// Why the node ranks of a plan that runs its default order do not follow the profile's
+/// host order: the planner ordered the nodes before ranking (the GPU kinds in the order the
+/// pipeline's stages take them on mixed GPUs, [`crate::plan::hetero`]; the nodes measured
+/// slow moved last, [`crate::plan::subset`]). `None` when node rank i is the i-th host the
+/// plan uses, as torchrun's hostfile order would have it.
+fn planners_node_order(plan: &Plan) -> Option<&'static str> {
+    let order = &plan.mapping.state.node_order;
+    if order.windows(2).all(|w| w[0] < w[1]) {
+        return None;
+    }
+    Some(if plan.heterogeneous.is_some() {
+        "the GPU kinds in the order of the pipeline's stages"
+    } else {
+        "the nodes measured slower than the median last"
+    })
 }
 
 /// The nodes the plan leaves out, at most [`SPARES_SHOWN`] of them by name; empty when none.
@@ -310,8 +345,16 @@ fn runner_up_text(plan: &Plan, r: &TimeEstimate) -> Option<String> {
         0.0
     };
     let ties = plan.ties;
-    let relation = if delta >= 0.0 {
+    let relation = if delta.abs() < 0.05 {
+        "as fast to 0.1 ms".to_string()
+    } else if delta >= 0.0 {
         format!("{delta:.1} ms ({share:.1} %) slower")
+    } else if measured_choice(plan) {
+        // The trial measured the candidates: the measurement, not the model, chose.
+        format!(
+            "{:.1} ms ({share:.1} %) faster by the model, but the trial measured the pick faster",
+            -delta
+        )
     } else if position < ties.count && ties.chosen < ties.count {
         format!(
             "{:.1} ms ({share:.1} %) faster, within the model's stated error (± {:.1} %): a tie, and the simpler runs",
@@ -322,9 +365,10 @@ fn runner_up_text(plan: &Plan, r: &TimeEstimate) -> Option<String> {
         format!("{:.1} ms ({share:.1} %) faster", -delta)
     };
     Some(format!(
-        "runner-up #{} {}: {:.1} ms, {relation}; against the pick: {}",
+        "runner-up #{} {}{}: {:.1} ms, {relation}; against the pick: {}",
         position + 1,
         describe(config),
+        unlike(&plan.config, config),
         r.iteration_ms,
         if differences.is_empty() {
             "the same terms".to_string()
@@ -332,6 +376,52 @@ fn runner_up_text(plan: &Plan, r: &TimeEstimate) -> Option<String> {
             differences.join(", ")
         }
     ))
+}
+
+/// Whether the pick is not what the ties alone choose (the simplest of them,
+/// [`crate::plan::simpler`]): the trial's measured choice made another run.
+fn measured_choice(plan: &Plan) -> bool {
+    let count = plan.ties.count.min(plan.top.len());
+    let simplest = (0..count).min_by(|&a, &b| {
+        crate::plan::simpler(&plan.top[a].config, &plan.top[b].config).then(a.cmp(&b))
+    });
+    simplest.is_some_and(|s| s != plan.ties.chosen)
+}
+
+/// What tells `other` from `pick` when [`describe`] reads them alike (` (full recompute
+/// by block of 2 layers; the pick: uniform, 1)`, ` (layers 5,5,6; the pick: 6,5,5)`); empty
+/// when the descriptions differ already.
+fn unlike(pick: &ParallelConfig, other: &ParallelConfig) -> String {
+    if describe(pick) != describe(other) {
+        return String::new();
+    }
+    let full = |r: &Recompute| match r {
+        Recompute::Full { method, num_layers } => {
+            format!("{} of {num_layers}", method.megatron_name())
+        }
+        Recompute::Selective => "selective".to_string(),
+        Recompute::None => "none".to_string(),
+    };
+    let mut parts = Vec::new();
+    if pick.recompute != other.recompute {
+        parts.push(format!(
+            "recompute {}; the pick: {}",
+            full(&other.recompute),
+            full(&pick.recompute)
+        ));
+    }
+    if pick.layers_per_stage != other.layers_per_stage {
+        parts.push(format!(
+            "layers {}; the pick: {}",
+            split(other),
+            split(pick)
+        ));
+    }
+    if parts.is_empty() {
+        // The same configuration on another order of the GPU kinds or nodes.
+        parts.push("the pick's configuration on another placement".to_string());
+    }
+    format!(" ({})", parts.join(", "))
 }
 
 /// The user's own parallel configuration, as the script's Megatron arguments give it,
@@ -862,5 +952,103 @@ mod tests {
         };
         assert_eq!(mapping(&before), mapping(&after), "{before}\n{after}");
         assert!(recalibrated(&p).contains("under the calibration the trial fitted"));
+    }
+
+    /// Found in review: after a measured choice the "why it runs" paragraph named, as the
+    /// runner-up "0.0 ms faster", a configuration that reads as the pick (full recompute by
+    /// another method) and called the choice a tie the simpler won. It now says what tells
+    /// them apart and that the trial chose.
+    #[test]
+    fn a_runner_up_that_reads_as_the_pick_is_told_apart() {
+        use crate::config::{settings_from_megatron_args, RecomputeMethod};
+        use crate::plan::{plan, PlanOptions};
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/clusters/a100-2x8.json");
+        let cluster = ClusterProfile::load(&file).unwrap();
+        let args: Vec<String> = ["--bf16", "--global-batch-size", "64"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let settings = settings_from_megatron_args(&args, Some("gpt3-1.3b"), &[]).unwrap();
+        let options = PlanOptions {
+            budget: Some(2_000),
+            top_k: 3,
+            ..PlanOptions::default()
+        };
+        let mut p = plan(&settings, &cluster, &options).unwrap();
+        let with = |method, num_layers| ParallelConfig {
+            recompute: Recompute::Full { method, num_layers },
+            ..p.config.clone()
+        };
+        // #1 full recompute by block of 2, #2 (the pick, measured faster) uniform of 1.
+        p.top[0].config = with(RecomputeMethod::Block, 2);
+        p.top[1].config = with(RecomputeMethod::Uniform, 1);
+        p.config = p.top[1].config.clone();
+        p.ties = crate::plan::Ties {
+            count: 2,
+            chosen: 1,
+            ..p.ties
+        };
+        let mut runner_up = p.estimate.time.clone();
+        let text = plan_summary(&p, Some(&runner_up), None, 400);
+        assert!(text.contains("why it runs: the runner-up #1"), "{text}");
+        assert!(
+            text.contains("(recompute block of 2; the pick: uniform of 1)"),
+            "{text}"
+        );
+        assert!(text.contains("as fast to 0.1 ms"), "{text}");
+        assert!(!text.contains("0.0 ms (0.0 %)"), "{text}");
+        runner_up.iteration_ms -= 10.0;
+        let text = plan_summary(&p, Some(&runner_up), None, 400);
+        assert!(
+            text.contains("faster by the model, but the trial measured the pick faster"),
+            "{text}"
+        );
+        assert!(!text.contains("the simpler runs"), "{text}");
+    }
+
+    /// The planner put the node with slow GPUs last (node ranks n1, n2, n3, n0) and no
+    /// mapping gained enough to move a GPU: the report said "torchrun's default order
+    /// kept" above a table whose hosts read permuted. It now says which order runs and
+    /// why, searched or not.
+    #[test]
+    fn the_order_that_runs_is_named_when_the_planner_ordered_the_nodes() {
+        use crate::plan::subset::tests::{cluster, settings};
+        use crate::plan::{plan_subset, MappingMode, PlanOptions};
+        // n0 is 7 % slower: one class of GPU, but a node the subset search puts last.
+        let profile = cluster(&[290.0, 312.0, 312.0, 312.0], 8, &[]);
+        let settings = settings(8, 64);
+        for (mapping, threshold) in [(MappingMode::Identity, 0.01), (MappingMode::Auto, 0.99)] {
+            let options = PlanOptions {
+                budget: Some(500),
+                top_k: 2,
+                mapping,
+                mapping_threshold: threshold,
+                ..PlanOptions::default()
+            };
+            let p = plan_subset(&settings, &profile, &options).unwrap();
+            assert_eq!(
+                p.mapping.node_order,
+                ["n1", "n2", "n3", "n0"],
+                "{mapping:?}"
+            );
+            let text = headline(&p);
+            assert!(!text.contains("default order kept"), "{mapping:?}: {text}");
+            assert!(
+                text.contains("no GPU moved: node ranks in the planner's order of the nodes (the nodes measured slower than the median last)"),
+                "{mapping:?}: {text}"
+            );
+        }
+        // Nodes in the profile's order: the sentence is what it was.
+        let even = cluster(&[312.0; 2], 8, &[]);
+        let options = PlanOptions {
+            budget: Some(500),
+            top_k: 2,
+            mapping_threshold: 0.99,
+            ..PlanOptions::default()
+        };
+        let p = plan_subset(&settings, &even, &options).unwrap();
+        assert_eq!(p.mapping.node_order, ["n0", "n1"]);
+        assert_eq!(planners_node_order(&p), None);
     }
 }

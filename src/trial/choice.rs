@@ -147,6 +147,8 @@ pub fn candidate_plan(
         search: plan.search.clone(),
         stats: plan.stats,
         heterogeneous: None,
+        // Held against the plan's own pick, not this one: left out, as the 16-bit figure.
+        expert_layouts: None,
     })
 }
 

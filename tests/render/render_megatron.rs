@@ -885,13 +885,65 @@ fn megatron_accepts_every_planned_moe_configuration() {
     no_sp.retain(|a| a != "--sequence-parallel");
     inputs.push(as_case(&no_sp, tp_case.world(), &tp_spec.nodes[0].env));
 
+    // MoE option combinations Megatron's TransformerConfig refuses (issue 29 item 2): each
+    // appended to a planned list (the last occurrence wins), refused by our reader before
+    // anything launches, and by Megatron.
+    let shared = cases
+        .iter()
+        .find(|c| {
+            c.settings
+                .model
+                .moe
+                .as_ref()
+                .is_some_and(|m| m.shared_expert_ffn.is_some())
+        })
+        .expect("a plan with a shared expert");
+    let shared_spec = shared.render();
+    let refused: [(&str, &str, &str); 4] = [
+        (
+            "--moe-token-dispatcher-type allgather --moe-shared-expert-overlap",
+            "alltoall or flex",
+            "moe_shared_expert_overlap only works with alltoall or flex",
+        ),
+        (
+            "--moe-expert-capacity-factor 1.0 --moe-router-load-balancing-type sinkhorn",
+            "sinkhorn load balancing",
+            "moe_expert_capacity_factor only works with",
+        ),
+        (
+            "--moe-pad-expert-input-to-capacity",
+            "needs --moe-expert-capacity-factor",
+            "moe_expert_capacity_factor must be set",
+        ),
+        (
+            "--moe-router-enable-expert-bias --moe-router-score-function softmax",
+            "score function",
+            "Expert bias for aux-loss-free routing",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (extra, ours, _) in &refused {
+        let mut args = shared_spec.megatron_args.clone();
+        args.extend(words(extra));
+        match settings_from_megatron_args(&args, None, &[]) {
+            Err(e) if e.to_string().contains(ours) => {}
+            other => failures.push(format!("{extra}: our reader gave {other:?}")),
+        }
+        inputs.push(as_case(&args, shared.world(), &shared_spec.nodes[0].env));
+    }
+
     let verdicts = megatron_verdicts(&inputs);
     assert_eq!(verdicts.len(), inputs.len());
-    let mut failures = misread_cases(&cases, &inputs, &verdicts);
-    for (verdict, because) in verdicts[cases.len()..].iter().zip([
-        "expert_tensor_model_pipeline_parallel",
-        "sequence parallelism",
-    ]) {
+    failures.extend(misread_cases(&cases, &inputs, &verdicts));
+    let theirs = refused.iter().map(|(_, _, theirs)| *theirs);
+    for (verdict, because) in verdicts[cases.len()..].iter().zip(
+        [
+            "expert_tensor_model_pipeline_parallel",
+            "sequence parallelism",
+        ]
+        .into_iter()
+        .chain(theirs),
+    ) {
         match verdict.get("error").and_then(Value::as_str) {
             Some(error) if error.contains(because) => {}
             other => failures.push(format!(

@@ -158,6 +158,9 @@ fn moe(raw: &RawArgs, num_layers: u64, ffn: u64) -> Result<Option<MoeSpec>, Args
             ))
         })?,
     };
+    if let Some(why) = moe_rule_error(raw) {
+        return Err(contradiction(why));
+    }
     Ok(Some(MoeSpec {
         num_experts,
         router_topk,
@@ -173,6 +176,43 @@ fn moe(raw: &RawArgs, num_layers: u64, ffn: u64) -> Result<Option<MoeSpec>, Args
         drop_policy: raw.moe_drop_policy.unwrap_or(DropPolicy::Probs),
         expert_bias: raw.moe_expert_bias,
     }))
+}
+
+/// Megatron's rules on the MoE options among themselves and with linear biases, which it
+/// applies before the first step (megatron-core 0.19.2): TransformerConfig's
+/// `__post_init__` (transformer_config.py 1644-1690, 2283-2292), SharedExpertMLP
+/// (moe/shared_experts.py 124) and TEGroupedMLP (moe/experts.py 204-206, 827-848). The
+/// layout rules (ep, etp, sequence parallelism) are the planner's ([`crate::plan::experts`]).
+fn moe_rule_error(raw: &RawArgs) -> Option<String> {
+    let bias = !raw.disable_bias_linear;
+    let dispatcher = raw.moe_dispatcher.unwrap_or(Dispatcher::Allgather);
+    let balancing = raw.moe_load_balancing.unwrap_or(LoadBalancing::AuxLoss);
+    let shared = raw.moe_shared_expert_intermediate_size.is_some();
+    if shared && raw.moe_shared_expert_overlap && dispatcher == Dispatcher::Allgather {
+        return Some("--moe-shared-expert-overlap needs --moe-token-dispatcher-type alltoall or flex, the dispatcher is allgather (Megatron refuses it: change the dispatcher or drop the overlap)".to_string());
+    }
+    if raw.moe_capacity_factor.is_some()
+        && (balancing == LoadBalancing::Sinkhorn || raw.moe_sinkhorn_listed)
+    {
+        return Some("--moe-expert-capacity-factor with sinkhorn load balancing (Megatron drops tokens only under aux_loss, seq_aux_loss, global_aux_loss or none: change --moe-router-load-balancing-type or drop the capacity factor)".to_string());
+    }
+    if raw.moe_pad_to_capacity && raw.moe_capacity_factor.is_none() {
+        return Some("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (Megatron refuses to pad to a capacity it does not have: add the factor or drop the padding)".to_string());
+    }
+    let score = raw.moe_score_function.as_deref().unwrap_or("softmax");
+    if raw.moe_expert_bias && !matches!(score, "sigmoid" | "sqrtsoftplus") {
+        return Some(format!("--moe-router-enable-expert-bias with the {score} score function (Megatron's aux-loss-free expert bias needs --moe-router-score-function sigmoid or sqrtsoftplus: add one, or drop the expert bias)"));
+    }
+    if bias && shared {
+        return Some("--moe-shared-expert-intermediate-size with linear biases (Megatron's shared experts have no bias: add --disable-bias-linear)".to_string());
+    }
+    if bias && raw.moe_grouped_gemm && !raw.no_bias_dropout_fusion {
+        return Some("--moe-grouped-gemm with linear biases and the bias-dropout fusion (Megatron's grouped experts refuse the fusion with biases: add --disable-bias-linear or --no-bias-dropout-fusion)".to_string());
+    }
+    if bias && raw.moe_grouped_gemm && !raw.swiglu && !raw.no_bias_gelu_fusion {
+        return Some("--moe-grouped-gemm with linear biases, GeLU and the bias-GeLU fusion (Megatron's grouped experts fuse bias and activation for SwiGLU only: add --swiglu, --disable-bias-linear or --no-bias-gelu-fusion)".to_string());
+    }
+    None
 }
 
 /// Multi-latent attention with Megatron's defaults (arguments.py `_add_mla_args`).

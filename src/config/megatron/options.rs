@@ -106,6 +106,9 @@ pub enum Field {
     MoePadExpertInputToCapacity,
     MoeTokenDropPolicy,
     MoeRouterEnableExpertBias,
+    MoeRouterScoreFunction,
+    NoBiasDropoutFusion,
+    NoBiasGeluFusion,
     MultiLatentAttention,
     QLoraRank,
     KvLoraRank,
@@ -347,6 +350,11 @@ pub const OPTIONS: &[MegatronOption] = {
             "moe-router-enable-expert-bias",
             Setting(MoeRouterEnableExpertBias),
         ),
+        value("moe-router-score-function", Setting(MoeRouterScoreFunction)),
+        // Read for the MoE layers' bias rules (TEGroupedMLP refuses biases with the
+        // bias-dropout fusion, and fuses bias and activation for SwiGLU only).
+        flag("no-bias-dropout-fusion", Setting(NoBiasDropoutFusion)),
+        flag("no-bias-gelu-fusion", Setting(NoBiasGeluFusion)),
         // Multi-latent attention and multi-token prediction (DeepSeek-V3).
         flag("multi-latent-attention", Setting(MultiLatentAttention)),
         value("q-lora-rank", Setting(QLoraRank)),

@@ -81,6 +81,12 @@ pub(super) struct RawArgs {
     pub(super) moe_pad_to_capacity: bool,
     pub(super) moe_drop_policy: Option<DropPolicy>,
     pub(super) moe_expert_bias: bool,
+    /// `--moe-router-score-function` (softmax by default).
+    pub(super) moe_score_function: Option<String>,
+    /// Sinkhorn among the `--moe-router-load-balancing-type` list (not only first).
+    pub(super) moe_sinkhorn_listed: bool,
+    pub(super) no_bias_dropout_fusion: bool,
+    pub(super) no_bias_gelu_fusion: bool,
     pub(super) multi_latent_attention: bool,
     pub(super) q_lora_rank: Option<u64>,
     pub(super) kv_lora_rank: Option<u64>,
@@ -182,6 +188,8 @@ fn set_flag(raw: &mut RawArgs, read: Read, option: &str) -> Result<(), ArgsError
         Field::MoeGroupedGemm => raw.moe_grouped_gemm = true,
         Field::MoePadExpertInputToCapacity => raw.moe_pad_to_capacity = true,
         Field::MoeRouterEnableExpertBias => raw.moe_expert_bias = true,
+        Field::NoBiasDropoutFusion => raw.no_bias_dropout_fusion = true,
+        Field::NoBiasGeluFusion => raw.no_bias_gelu_fusion = true,
         Field::MultiLatentAttention => raw.multi_latent_attention = true,
         Field::QkLayernorm => raw.qk_layernorm = true,
         Field::GroupQueryAttention => raw.group_query_attention = true,
@@ -361,6 +369,9 @@ fn set_value(raw: &mut RawArgs, read: Read, option: &str, value: &str) -> Result
                 _ => return Err(invalid("a positive number")),
             }
         }
+        Field::MoeRouterScoreFunction => {
+            raw.moe_score_function = Some(choice(&["softmax", "sigmoid", "sqrtsoftplus"])?)
+        }
         Field::MoeTokenDropPolicy => {
             raw.moe_drop_policy = Some(match choice(&["probs", "position"])?.as_str() {
                 "position" => DropPolicy::Position,
@@ -466,6 +477,7 @@ fn set_values(
                 "sinkhorn",
                 "none",
             ];
+            raw.moe_sinkhorn_listed = values.iter().any(|v| v == "sinkhorn");
             raw.moe_load_balancing = Some(match first.as_str() {
                 "aux_loss" => LoadBalancing::AuxLoss,
                 "seq_aux_loss" => LoadBalancing::SeqAuxLoss,
@@ -569,6 +581,15 @@ pub(super) fn merge(preset: RawArgs, user: RawArgs) -> RawArgs {
         moe_pad_to_capacity: user.moe_pad_to_capacity || preset.moe_pad_to_capacity,
         moe_drop_policy: user.moe_drop_policy.or(preset.moe_drop_policy),
         moe_expert_bias: user.moe_expert_bias || preset.moe_expert_bias,
+        moe_score_function: user.moe_score_function.or(preset.moe_score_function),
+        // The user's list replaces the preset's whole.
+        moe_sinkhorn_listed: if user.moe_load_balancing.is_some() {
+            user.moe_sinkhorn_listed
+        } else {
+            preset.moe_sinkhorn_listed
+        },
+        no_bias_dropout_fusion: user.no_bias_dropout_fusion || preset.no_bias_dropout_fusion,
+        no_bias_gelu_fusion: user.no_bias_gelu_fusion || preset.no_bias_gelu_fusion,
         multi_latent_attention: user.multi_latent_attention || preset.multi_latent_attention,
         q_lora_rank: user.q_lora_rank.or(preset.q_lora_rank),
         kv_lora_rank: user.kv_lora_rank.or(preset.kv_lora_rank),

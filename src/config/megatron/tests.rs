@@ -880,7 +880,8 @@ fn reads_mixture_of_experts_with_megatron_defaults() {
          --expert-model-parallel-size 8 --expert-tensor-parallel-size 1 --moe-grouped-gemm \
          --moe-token-dispatcher-type alltoall --moe-router-load-balancing-type seq_aux_loss none \
          --moe-expert-capacity-factor 1.25 --moe-token-drop-policy position \
-         --recompute-granularity selective --recompute-modules moe_act layernorm",
+         --recompute-granularity selective --recompute-modules moe_act layernorm \
+         --disable-bias-linear",
     )
     .unwrap();
     let moe = s.model.moe.unwrap();
@@ -958,6 +959,61 @@ fn moe_arguments_megatron_refuses_are_refused() {
         moe_settings("--recompute-modules everything"),
         Err(ArgsError::InvalidValue { .. })
     ));
+}
+
+/// Megatron's rules among the MoE options and with linear biases (TransformerConfig,
+/// SharedExpertMLP, TEGroupedMLP): each combination it refuses gets our error, naming the
+/// options and the way out; the same options with the way out taken are read. The same
+/// lists are put to Megatron itself in tests/render_megatron.rs.
+#[test]
+fn moe_option_combinations_megatron_refuses_are_refused() {
+    let e = "--num-experts 8 --disable-bias-linear";
+    for (bad, needle, fixed) in [
+        (
+            format!("{e} --moe-shared-expert-intermediate-size 64 --moe-shared-expert-overlap"),
+            "alltoall or flex",
+            format!("{e} --moe-shared-expert-intermediate-size 64 --moe-shared-expert-overlap --moe-token-dispatcher-type alltoall"),
+        ),
+        (
+            format!("{e} --moe-expert-capacity-factor 1.0 --moe-router-load-balancing-type aux_loss sinkhorn"),
+            "sinkhorn",
+            format!("{e} --moe-expert-capacity-factor 1.0 --moe-router-load-balancing-type aux_loss none"),
+        ),
+        (
+            format!("{e} --moe-pad-expert-input-to-capacity"),
+            "needs --moe-expert-capacity-factor",
+            format!("{e} --moe-pad-expert-input-to-capacity --moe-expert-capacity-factor 1.0"),
+        ),
+        (
+            format!("{e} --moe-router-enable-expert-bias"),
+            "score function",
+            format!("{e} --moe-router-enable-expert-bias --moe-router-score-function sigmoid"),
+        ),
+        (
+            "--num-experts 8 --moe-shared-expert-intermediate-size 64".to_string(),
+            "add --disable-bias-linear",
+            format!("{e} --moe-shared-expert-intermediate-size 64"),
+        ),
+        (
+            "--num-experts 8 --moe-grouped-gemm --swiglu".to_string(),
+            "bias-dropout fusion",
+            "--num-experts 8 --moe-grouped-gemm --swiglu --no-bias-dropout-fusion".to_string(),
+        ),
+        (
+            "--num-experts 8 --moe-grouped-gemm --no-bias-dropout-fusion".to_string(),
+            "bias-GeLU fusion",
+            "--num-experts 8 --moe-grouped-gemm --no-bias-dropout-fusion --no-bias-gelu-fusion"
+                .to_string(),
+        ),
+    ] {
+        match moe_settings(&bad) {
+            Err(ArgsError::Contradiction(text)) => assert!(text.contains(needle), "{bad}: {text}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+        moe_settings(&fixed).unwrap_or_else(|e| panic!("{fixed}: {e}"));
+    }
+    // Without experts the options are Megatron's no-ops, and ours.
+    moe_settings("--moe-pad-expert-input-to-capacity --moe-router-enable-expert-bias").unwrap();
 }
 
 #[test]

@@ -38,9 +38,12 @@
 mod balance;
 mod cluster;
 mod error;
+mod layouts;
 mod options;
 mod rank;
 mod report;
+
+use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
@@ -63,6 +66,8 @@ use balance::balanced_configs;
 use cluster::{check_dtype, cluster_shape};
 pub use error::PlanError;
 use error::{no_candidates, nothing_fits, nothing_fits_per_stage, Candidates};
+use layouts::{best_per_layout, layout_best};
+pub use layouts::{ExpertLayouts, LayoutBest};
 pub use options::{
     default_budget, MappingMode, MemoryHeadroom, PlanOptions, COMPAT_BUDGET,
     DEFAULT_EXHAUSTIVE_LIMIT, DEFAULT_MAPPING_THRESHOLD, DEFAULT_TOP_K, MAX_BUDGET,
@@ -217,34 +222,51 @@ pub fn plan(
         .map(|a| placement_kinds(&a.fabric, &identity))
         .collect();
     let top_k = options.top_k.max(1);
-    let kept = best(
-        fitting.len(),
-        top_k,
-        |i| match options.time_model {
-            // The bound is the Pipette model's; the compat formula is ranked in full.
-            TimeModel::Pipette => {
-                let a = pairs[fitting[i]].1;
-                costs[i].lower_bound_ms(&arrangements[a].fabric, &identity, kinds[a])
-            }
-            _ => f64::NEG_INFINITY,
-        },
-        |i| {
-            let (c, a) = pairs[fitting[i]];
-            cost(
-                settings,
-                options.time_model,
-                &costs[i],
-                &configs[c],
-                &arrangements[a].fabric,
-                &identity,
-            )
-        },
-        |(i, ms), (j, other)| {
-            let (p, q) = (fitting[i], fitting[j]);
-            by_cost((ms, &configs[pairs[p].0]), (other, &configs[pairs[q].0]))
-                .then_with(|| pairs[p].1.cmp(&pairs[q].1))
-        },
-    );
+    let bound = |i: usize| match options.time_model {
+        // The bound is the Pipette model's; the compat formula is ranked in full.
+        TimeModel::Pipette => {
+            let a = pairs[fitting[i]].1;
+            costs[i].lower_bound_ms(&arrangements[a].fabric, &identity, kinds[a])
+        }
+        _ => f64::NEG_INFINITY,
+    };
+    let value = |i: usize| {
+        let (c, a) = pairs[fitting[i]];
+        cost(
+            settings,
+            options.time_model,
+            &costs[i],
+            &configs[c],
+            &arrangements[a].fabric,
+            &identity,
+        )
+    };
+    let order = |(i, ms): (usize, f64), (j, other): (usize, f64)| {
+        let (p, q) = (fitting[i], fitting[j]);
+        by_cost((ms, &configs[pairs[p].0]), (other, &configs[pairs[q].0]))
+            .then_with(|| pairs[p].1.cmp(&pairs[q].1))
+    };
+    // With experts, the best of every expert layout too, for the report's comparison
+    // (the Pipette model's: the compat models have no expert terms). That pass reads the
+    // ranking's bounds and values again: each is computed once.
+    let layouts_too = options.expert_layouts
+        && settings.model.moe.is_some()
+        && options.time_model == TimeModel::Pipette;
+    let (kept, layout_items) = if layouts_too {
+        let bounds: Vec<f64> = (0..fitting.len()).into_par_iter().map(bound).collect();
+        let values: Vec<OnceLock<f64>> = (0..fitting.len()).map(|_| OnceLock::new()).collect();
+        let bound = |i: usize| bounds[i];
+        let value = |i: usize| *values[i].get_or_init(|| value(i));
+        let kept = best(fitting.len(), top_k, bound, value, order);
+        let layout = |i: usize| {
+            let c = &configs[pairs[fitting[i]].0];
+            (c.ep, c.etp)
+        };
+        let layouts = best_per_layout(fitting.len(), layout, &kept, bound, value, order);
+        (kept, layouts)
+    } else {
+        (best(fitting.len(), top_k, bound, value, order), Vec::new())
+    };
     // Every fitting configuration is ranked, by its full evaluation or by a bound that
     // puts it behind the best `top_k`: one evaluation each, as the statistics count them.
     let ranking_evaluations = fitting.len() as u64;
@@ -438,6 +460,46 @@ pub fn plan(
     };
     let mapping = rank_mapping(cluster, &state, best.method, best.evaluations);
     let experts = ExpertPlan::new(&settings.model, &best.config, &placement);
+    // The pick and the best of every other expert layout on the default order of their
+    // arrangements, in the profile's positions.
+    let expert_layouts = if layout_items.is_empty() {
+        None
+    } else {
+        let default_devices = |a: usize| -> Vec<Device> {
+            identity
+                .iter()
+                .map(|d| Device {
+                    node: arrangements[a].order[d.node],
+                    gpu: d.gpu,
+                })
+                .collect()
+        };
+        let pick_layout = (best.config.ep, best.config.etp);
+        let pick = layout_best(
+            settings,
+            options,
+            &best.config,
+            &fabric,
+            cluster,
+            &default_devices(arrangement),
+        )?;
+        let others = layout_items
+            .par_iter()
+            .map(|&(i, _)| pairs[fitting[i]])
+            .filter(|&(c, _)| (configs[c].ep, configs[c].etp) != pick_layout)
+            .map(|(c, a)| {
+                layout_best(
+                    settings,
+                    options,
+                    &configs[c],
+                    &fabric,
+                    cluster,
+                    &default_devices(a),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Some(ExpertLayouts { pick, others })
+    };
     Ok(Plan {
         config: best.config.clone(),
         spares: Vec::new(),
@@ -475,6 +537,7 @@ pub fn plan(
         },
         heterogeneous,
         experts,
+        expert_layouts,
     })
 }
 

@@ -79,6 +79,10 @@ pub struct PlanOptions {
     /// How many of the profile's nodes a plan may use: read by
     /// [`crate::plan::plan_subset`], not by [`super::plan`], which uses every node.
     pub nodes: NodeBounds,
+    /// With experts, also find the best configuration of every other expert layout for the
+    /// report's comparison ([`super::Plan::expert_layouts`]); off for the node-count
+    /// search's quick plans, which no report shows.
+    pub expert_layouts: bool,
 }
 
 impl Default for PlanOptions {
@@ -96,6 +100,7 @@ impl Default for PlanOptions {
             top_k: DEFAULT_TOP_K,
             mapping_threshold: DEFAULT_MAPPING_THRESHOLD,
             nodes: NodeBounds::default(),
+            expert_layouts: true,
         }
     }
 }

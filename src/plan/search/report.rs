@@ -44,6 +44,11 @@ pub struct Plan {
     /// expert, where the all-to-all runs. Absent for a dense model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts: Option<crate::plan::experts::ExpertPlan>,
+    /// A mixture-of-experts model's pick and the best configuration of every other expert
+    /// layout (ep × etp) that fits, each with every term of its estimate on torchrun's
+    /// default order: why the pick's layout wins. Absent for a dense model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_layouts: Option<super::ExpertLayouts>,
 }
 
 impl Plan {
