@@ -43,8 +43,8 @@ use crate::render::{self, LaunchSpec, RenderError, ScriptInvocation, Templates};
 pub use crate::exec::group::NodeStop;
 pub use checkpoint::{read_checkpoint, CheckpointState};
 pub use processes::{
-    signal_workers, stopped_processes, sweep, JobProcesses, SIGNAL_WORKERS_SCRIPT, STOPPED_SCRIPT,
-    SWEEP_SCRIPT,
+    environ_has, signal_workers, stopped_processes, sweep, JobProcesses, SIGNAL_WORKERS_SCRIPT,
+    STOPPED_SCRIPT, SWEEP_SCRIPT,
 };
 
 /// The variable that marks every process of one pipette-run invocation.

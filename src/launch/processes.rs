@@ -191,7 +191,7 @@ fn processes_of(run: &str, node: &str) -> Vec<(i32, Vec<u8>)> {
 }
 
 /// Whether a `/proc/PID/environ` holds exactly `want` (`NAME=VALUE`).
-fn environ_has(environ: &[u8], want: &str) -> bool {
+pub fn environ_has(environ: &[u8], want: &str) -> bool {
     environ.split(|b| *b == 0).any(|v| v == want.as_bytes())
 }
 

@@ -100,7 +100,7 @@ fn job_thread_waits(marker: &str, is_job: &mut BTreeMap<i32, bool>) -> BTreeMap<
     for pid in pids {
         let ours = *is_job.entry(pid).or_insert_with(|| {
             std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
+                .is_ok_and(|e| crate::launch::environ_has(&e, marker))
         });
         if !ours {
             continue;
