@@ -5,11 +5,14 @@
 //! nothing running, a killed node is left out and the script runs again on the survivors.
 //!
 //! Two local "nodes" (`node-a`, `node-b`, both this machine through the local transport,
-//! or 127.0.0.1 and 127.0.0.2 through a real sshd) of two CPU workers each, PyTorch's real
-//! torchrun from the venv. The ranks are checked against torchrun's rule for
-//! `--nnodes 2 --nproc-per-node 2 --node-rank N` with the static rendezvous: rank =
-//! N·2 + local rank, world size 4. Every job's processes carry the test's temp dir on
-//! their command line (`--tag`), by which the process table is checked afterwards.
+//! or 127.0.0.1 and 127.0.0.2 through a real sshd), PyTorch's real torchrun from the venv.
+//! The plain runs have two CPU workers per node: their ranks are checked against
+//! torchrun's rule for `--nnodes 2 --nproc-per-node 2 --node-rank N` with the static
+//! rendezvous (rank = N·2 + local rank, world size 4), which one worker per node (torchrun's
+//! default) could not tell from a lost `--nproc-per-node`. The failure and re-launch tests
+//! are about supervision and run one worker per node (world size 2): each worker costs a
+//! PyTorch start-up. Every job's processes carry the test's temp dir on their command line
+//! (`--tag`), by which the process table is checked afterwards.
 //!
 //! They hold on a busy machine: they wait for what the job prints and for pipette-run to
 //! exit, never for a fixed time. They run one at a time (two CPU cores cannot hold two
@@ -36,11 +39,12 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 const LOCAL: [&str; 2] = ["node-a", "node-b"];
 
-/// Starts `pipette-run` with `options` on `examples/ddp.py` with `script_args`.
-fn start(hosts: &[&str], options: &[&str], script_args: &[&str]) -> RunningJob {
+/// Starts `pipette-run` with `options` on `examples/ddp.py` with `script_args`, `workers`
+/// per node.
+fn start(hosts: &[&str], workers: u64, options: &[&str], script_args: &[&str]) -> RunningJob {
     let mut job = JobBuilder::new(env!("CARGO_BIN_EXE_pipette-run"), "pipette-any-script-");
     let tag = job.dir().to_path_buf();
-    job.hosts(hosts, 2)
+    job.hosts(hosts, workers as usize)
         .launch_basics(&common::torchrun())
         .args(["--grace", "5s", "--health-timeout", "15s"])
         .args(options)
@@ -71,18 +75,18 @@ fn rank_lines(text: &str) -> Vec<RankLine> {
     lines
 }
 
-/// What torchrun gives `hosts.len()` nodes of two workers with the static rendezvous and
-/// node ranks in the order of `hosts`.
-fn torchrun_ranks(hosts: &[&str]) -> Vec<RankLine> {
-    let world = hosts.len() as u64 * 2;
+/// What torchrun gives `hosts.len()` nodes of `workers` each with the static rendezvous
+/// and node ranks in the order of `hosts`.
+fn torchrun_ranks(hosts: &[&str], workers: u64) -> Vec<RankLine> {
+    let world = hosts.len() as u64 * workers;
     (0..world)
         .map(|rank| {
-            let node = rank / 2;
+            let node = rank / workers;
             (
                 rank,
                 world,
-                rank % 2,
-                2,
+                rank % workers,
+                workers,
                 node,
                 hosts[node as usize].to_string(),
             )
@@ -93,11 +97,11 @@ fn torchrun_ranks(hosts: &[&str]) -> Vec<RankLine> {
 /// A plain DDP run on `hosts` through `options`: every rank as torchrun numbers it, the
 /// world of four, exit 0, planning off said once, the events of one attempt.
 fn assert_plain_ddp_runs(hosts: &[&str], options: &[&str], transport: &str) {
-    let mut job = start(hosts, options, &["--steps", "2"]);
+    let mut job = start(hosts, 2, options, &["--steps", "2"]);
     let status = job.wait(Patience::total(Duration::from_secs(300)));
     let (stdout, stderr) = (job.stdout(), job.stderr());
     assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
-    assert_eq!(rank_lines(&stdout), torchrun_ranks(hosts), "{stdout}");
+    assert_eq!(rank_lines(&stdout), torchrun_ranks(hosts, 2), "{stdout}");
     assert!(stdout.contains("ddp: step 1 world 4"), "{stdout}");
     let unstamped = common::unstamped_log(&stderr);
     let off: Vec<&str> = unstamped
@@ -144,10 +148,12 @@ fn any_script_plain_ddp_over_ssh() {
 #[test]
 fn any_script_rank_raising_fails_the_job_with_its_exception() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // One worker per node: worker rank 1 is node-b's (node rank 1, the `[node-b r1]` prefix).
     let mut job = start(
         &LOCAL,
+        1,
         &["--launcher", "local", "--max-replans", "0"],
-        &["--steps", "3", "--fail-rank", "3"],
+        &["--steps", "3", "--fail-rank", "1"],
     );
     let status = job.wait(Patience::total(Duration::from_secs(300)));
     let stderr = job.stderr();
@@ -155,13 +161,13 @@ fn any_script_rank_raising_fails_the_job_with_its_exception() {
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(
         stderr.lines().any(|l| l.starts_with("[node-b r1]")
-            && l.contains("RuntimeError: rank 3 fails on purpose after step 0")),
+            && l.contains("RuntimeError: rank 1 fails on purpose after step 0")),
         "{stderr}"
     );
     let events = job.events();
     let failed = find(&events, "node_failed");
     assert_eq!(failed[0]["host"], "node-b", "{failed:?}");
-    assert_eq!(failed[0]["worker_rank"], 3, "{failed:?}");
+    assert_eq!(failed[0]["worker_rank"], 1, "{failed:?}");
     assert!(find(&events, "replan").is_empty());
     assert_eq!(find(&events, "exit")[0]["code"], 1);
     assert!(
@@ -177,17 +183,18 @@ fn any_script_node_killed_relaunches_on_the_survivor() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let mut job = start(
         &LOCAL,
+        1,
         &["--launcher", "local", "--max-replans", "1"],
         &["--steps", "12", "--step-seconds", "0.5"],
     );
     job.wait_for_output(
-        "ddp: step 2 world 4",
+        "ddp: step 2 world 2",
         Patience::total(Duration::from_secs(240)),
     );
     let procs = node_processes(&job.marker(), "node-b");
     assert!(
-        procs.len() >= 3,
-        "node-b should run torchrun and two workers: {procs:?}"
+        procs.len() >= 2,
+        "node-b should run torchrun and its worker: {procs:?}"
     );
     for p in &procs {
         kill(Pid::from_raw(p.pid), Signal::SIGKILL).unwrap();
@@ -205,22 +212,22 @@ fn any_script_node_killed_relaunches_on_the_survivor() {
     assert_eq!(replan[0]["nodes"], serde_json::json!(["node-a"]));
     assert_eq!(replan[0]["from"], Value::Null);
     assert_eq!(replan[0]["to"], Value::Null);
-    assert_eq!(replan[0]["world_sizes"], serde_json::json!([4, 2]));
+    assert_eq!(replan[0]["world_sizes"], serde_json::json!([2, 1]));
     let launch = find(&events, "launch");
     assert_eq!(launch.len(), 2, "{events:?}");
-    assert_eq!(launch[1]["world_size"], 2);
+    assert_eq!(launch[1]["world_size"], 1);
     assert_eq!(launch[1]["nodes"][0]["host"], "node-a");
     // The same script and arguments on the survivor's world, to the end.
     let attempt_2 = job.attempt_logs(2);
     assert_eq!(
         rank_lines(&attempt_2),
-        torchrun_ranks(&["node-a"]),
+        torchrun_ranks(&["node-a"], 1),
         "{attempt_2}"
     );
-    assert!(attempt_2.contains("ddp: step 11 world 2"), "{attempt_2}");
+    assert!(attempt_2.contains("ddp: step 11 world 1"), "{attempt_2}");
     assert!(
         common::unwrapped_log(&stderr).contains(
-            "pipette-run: warning: relaunched: 1 node(s) left (left out node-b); world size 4 → 2"
+            "pipette-run: warning: relaunched: 1 node(s) left (left out node-b); world size 2 → 1"
         ),
         "{stderr}"
     );
