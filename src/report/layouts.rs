@@ -7,7 +7,7 @@
 use crate::model::time::TimeEstimate;
 use crate::plan::{ExpertLayouts, LayoutBest, Plan};
 
-use super::plan::context_text;
+use super::plan::shape_text;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -89,15 +89,8 @@ fn comparison(layouts: &ExpertLayouts, other: &LayoutBest, detailed: bool) -> St
         }
         return out;
     }
-    out.push_str(&format!(
-        " as tp {} × pp {} × dp {}{}, micro-batch {}{}",
-        c.tp,
-        c.pp,
-        c.dp,
-        context_text(c),
-        c.micro_batch,
-        c.options_text()
-    ));
+    // The layout's ep × etp opens the line already.
+    out.push_str(&format!(" as {}", shape_text(c, "")));
     out.push('\n');
     for (d, why, _) in deltas.iter().take(TERMS_SHOWN) {
         out.push_str(&format!("    {d:>+10.1} ms  {why}\n"));

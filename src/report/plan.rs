@@ -838,6 +838,12 @@ pub fn describe(c: &ParallelConfig) -> String {
     } else {
         String::new()
     };
+    shape_text(c, &experts)
+}
+
+/// `c`'s tp × pp × dp, context parallelism, micro-batch and options, with `experts` (the
+/// expert layout's words, or nothing where the caller names it already) after the sizes.
+pub fn shape_text(c: &ParallelConfig, experts: &str) -> String {
     format!(
         "tp {} × pp {} × dp {}{}{experts}, micro-batch {}{}",
         c.tp,
